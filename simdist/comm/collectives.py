@@ -1,0 +1,224 @@
+"""Per-collective plans: which flat buffers each rank's messages read and write, and what happens at the end.
+
+A :class:`Plan` turns the matched calls of one collective into per-rank flat buffers for the algorithm
+schedule, plus a ``finish(r)`` step run when rank ``r``'s part completes (copying out of internal buffers,
+dividing for AVG). Buffers are views of the user's tensors wherever the collective writes them in place, so
+data lands in the user's memory at the simulated times of the messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from simdist.comm import algorithms
+from simdist.comm.algorithms import Msg
+
+
+@dataclass
+class Plan:
+    """Buffers and schedule of one collective instance."""
+
+    msgs: list[Msg]
+    src: list[torch.Tensor | None]
+    dst: list[torch.Tensor | None]
+    reduce_op: str = "sum"
+    finish: list[Callable[[], None]] = field(default_factory=list)
+
+
+def flat_view(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """A flat buffer over ``t`` and whether it aliases ``t`` (False: a copy to write back)."""
+    if t.is_contiguous():
+        return t.view(-1), True
+    return t.contiguous().view(-1), False
+
+
+def _avg(buf: torch.Tensor, n: int) -> None:
+    if buf.dtype.is_floating_point or buf.dtype.is_complex:
+        buf.div_(n)
+    else:
+        buf.copy_(torch.div(buf, n, rounding_mode="trunc"))
+
+
+def _finisher(ws: torch.Tensor, target: torch.Tensor | None, aliased: bool, avg_n: int | None) -> Callable[[], None]:
+    def finish() -> None:
+        if avg_n:
+            _avg(ws, avg_n)
+        if target is not None and not aliased:
+            target.copy_(ws.view(target.shape))
+
+    return finish
+
+
+def plan_all_reduce(tensors: list[torch.Tensor], op: str, algo: str, coalesced: bool = False) -> Plan:
+    """In place on each rank's tensor (``tensors[r]``; a coalesced call passes one flat buffer per rank)."""
+    n = len(tensors)
+    bufs, fins = [], []
+    for t in tensors:
+        ws, aliased = flat_view(t)
+        bufs.append(ws)
+        fins.append(_finisher(ws, t, aliased, n if op == "avg" else None))
+    msgs = algorithms.build("all_reduce", algo, n, bufs[0].numel(), bufs[0].element_size())
+    return Plan(msgs, bufs, bufs, op, fins)
+
+
+def plan_broadcast(tensors: list[torch.Tensor], root: int, algo: str) -> Plan:
+    """Root's tensor is copied into every rank's tensor."""
+    n = len(tensors)
+    bufs, fins = [], []
+    for t in tensors:
+        ws, aliased = flat_view(t)
+        bufs.append(ws)
+        fins.append(_finisher(ws, t, aliased, None))
+    msgs = algorithms.build("broadcast", algo, n, bufs[0].numel(), bufs[0].element_size(), root=root)
+    return Plan(msgs, bufs, bufs, "sum", fins)
+
+
+def plan_reduce(tensors: list[torch.Tensor], root: int, op: str, algo: str) -> Plan:
+    """Root's tensor receives the reduction; other ranks' tensors are left unchanged."""
+    n = len(tensors)
+    bufs, fins = [], []
+    for r, t in enumerate(tensors):
+        if r == root:
+            ws, aliased = flat_view(t)
+            fins.append(_finisher(ws, t, aliased, n if op == "avg" else None))
+        else:
+            ws = t.reshape(-1).clone()
+            fins.append(lambda: None)
+        bufs.append(ws)
+    msgs = algorithms.build("reduce", algo, n, bufs[0].numel(), bufs[0].element_size(), root=root)
+    return Plan(msgs, bufs, bufs, op, fins)
+
+
+def plan_all_gather(inputs: list[torch.Tensor], outputs: list[list[torch.Tensor] | torch.Tensor], algo: str) -> Plan:
+    """Rank r's input lands in chunk r of every rank's output (a flat tensor or a list of n tensors)."""
+    n = len(inputs)
+    m = inputs[0].numel()
+    bufs, fins = [], []
+    for r, (inp, out) in enumerate(zip(inputs, outputs)):
+        if isinstance(out, torch.Tensor):
+            ws, aliased = flat_view(out)
+            fin = _finisher(ws, out, aliased, None)
+        else:
+            ws = torch.empty(n * m, dtype=inp.dtype)
+            fin = _copy_out_chunks(ws, out)
+        ws[r * m : (r + 1) * m].copy_(inp.reshape(-1))
+        bufs.append(ws)
+        fins.append(fin)
+    msgs = algorithms.build("all_gather", algo, n, n * m, inputs[0].element_size())
+    return Plan(msgs, bufs, bufs, "sum", fins)
+
+
+def _copy_out_chunks(ws: torch.Tensor, outs: list[torch.Tensor], order: list[int] | None = None) -> Callable[[], None]:
+    def finish() -> None:
+        off = 0
+        idx = order if order is not None else list(range(len(outs)))
+        for i in idx:
+            o = outs[i]
+            o.copy_(ws[off : off + o.numel()].view(o.shape))
+            off += o.numel()
+
+    return finish
+
+
+def plan_reduce_scatter(
+    inputs: list[list[torch.Tensor] | torch.Tensor], outputs: list[torch.Tensor], op: str, algo: str
+) -> Plan:
+    """Chunk r of the element-wise reduction of every rank's input lands in rank r's output."""
+    n = len(outputs)
+    m = outputs[0].numel()
+    bufs, fins = [], []
+    for r, (inp, out) in enumerate(zip(inputs, outputs)):
+        if isinstance(inp, torch.Tensor):
+            ws = inp.reshape(-1).clone()
+        else:
+            ws = torch.cat([t.reshape(-1) for t in inp]) if inp else torch.empty(0, dtype=out.dtype)
+        bufs.append(ws)
+        fins.append(_chunk_to(ws, r * m, m, out, n if op == "avg" else None))
+    msgs = algorithms.build("reduce_scatter", algo, n, n * m, outputs[0].element_size())
+    return Plan(msgs, bufs, bufs, op, fins)
+
+
+def _chunk_to(ws: torch.Tensor, lo: int, m: int, out: torch.Tensor, avg_n: int | None) -> Callable[[], None]:
+    def finish() -> None:
+        chunk = ws[lo : lo + m]
+        if avg_n:
+            _avg(chunk, avg_n)
+        out.copy_(chunk.view(out.shape))
+
+    return finish
+
+
+def plan_gather(inputs: list[torch.Tensor], root_outputs: list[torch.Tensor], root: int, algo: str) -> Plan:
+    """Every rank's input lands in ``root_outputs[rank]`` on the root (relative-rank buffers, rotated)."""
+    n = len(inputs)
+    m = inputs[0].numel()
+    bufs, fins = [None] * n, [None] * n
+    for r, inp in enumerate(inputs):
+        v = (r - root) % n
+        ws = torch.empty(n * m, dtype=inp.dtype)
+        ws[v * m : (v + 1) * m].copy_(inp.reshape(-1))
+        bufs[v] = ws
+        if r == root:
+            order = [(v2 + root) % n for v2 in range(n)]
+            fins[r] = _copy_out_chunks(ws, root_outputs, order)
+        else:
+            fins[r] = lambda: None
+    msgs = _rotate(algorithms.build("gather", algo, n, n * m, inputs[0].element_size()), n, root)
+    bufs = [bufs[(r - root) % n] for r in range(n)]
+    return Plan(msgs, bufs, bufs, "sum", fins)
+
+
+def plan_scatter(root_inputs: list[torch.Tensor], outputs: list[torch.Tensor], root: int, algo: str) -> Plan:
+    """``root_inputs[rank]`` on the root lands in each rank's output."""
+    n = len(outputs)
+    m = outputs[0].numel()
+    bufs, fins = [], []
+    for r, out in enumerate(outputs):
+        v = (r - root) % n
+        if r == root:
+            ws = torch.cat([root_inputs[(v2 + root) % n].reshape(-1) for v2 in range(n)])
+        else:
+            ws = torch.empty(n * m, dtype=out.dtype)
+        bufs.append(ws)
+        fins.append(_chunk_to(ws, v * m, m, out, None))
+    msgs = _rotate(algorithms.build("scatter", algo, n, n * m, outputs[0].element_size()), n, root)
+    return Plan(msgs, bufs, bufs, "sum", fins)
+
+
+def _rotate(msgs: list[Msg], n: int, root: int) -> list[Msg]:
+    """Map relative ranks (root = 0) of a schedule to group ranks."""
+    return [m._replace(src=(m.src + root) % n, dst=(m.dst + root) % n) for m in msgs]
+
+
+def plan_all_to_all(
+    inputs: list[torch.Tensor], outputs: list[torch.Tensor], in_splits: list[list[int]], out_splits: list[list[int]]
+) -> Plan:
+    """Rank r's input block j lands in rank j's output block r (blocks along dim 0, sizes in rows)."""
+    n = len(inputs)
+    src, dst, fins, in_el, out_el = [], [], [], [], []
+    for r in range(n):
+        inp, out = inputs[r], outputs[r]
+        row_in = inp[0].numel() if inp.dim() > 0 and inp.shape[0] else 1
+        row_out = out[0].numel() if out.dim() > 0 and out.shape[0] else 1
+        in_el.append([s * row_in for s in in_splits[r]])
+        out_el.append([s * row_out for s in out_splits[r]])
+        s_ws = inp.reshape(-1).clone()
+        d_ws, aliased = flat_view(out)
+        src.append(s_ws)
+        dst.append(d_ws)
+        fins.append(_finisher(d_ws, out, aliased, None))
+        i_off = algorithms.split_offsets_from_sizes(in_el[r])
+        o_off = algorithms.split_offsets_from_sizes(out_el[r])
+        d_ws[o_off[r] : o_off[r + 1]].copy_(s_ws[i_off[r] : i_off[r + 1]])
+    msgs = algorithms.all_to_all_direct(n, in_el, out_el) if n > 1 else []
+    return Plan(msgs, src, dst, "sum", fins)
+
+
+def plan_barrier(n: int, algo: str) -> Plan:
+    """A one-element all-reduce on internal buffers (what NCCL's barrier does)."""
+    bufs = [torch.zeros(1) for _ in range(n)]
+    msgs = algorithms.build("barrier", algo, n, 1, 4)
+    return Plan(msgs, bufs, bufs, "sum", [lambda: None for _ in range(n)])

@@ -1,0 +1,131 @@
+"""Executes a message schedule (:mod:`simdist.comm.algorithms`) on the network with real data.
+
+Each message's payload is a snapshot of the sender's buffer taken when the message leaves, and it is reduced
+into or copied to the receiver's buffer when it arrives, at the simulated times the network computes. A
+rank issues its sends of step ``k`` once every message addressed to it with a smaller step has arrived.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from simdist.comm.algorithms import Msg
+from simdist.trace.trace import Message
+
+
+def _reduce_fn(op: str, dtype: torch.dtype) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """In-place ``dst = dst (op) payload``."""
+    if op in ("sum", "avg"):
+        if dtype == torch.bool:
+            return lambda d, p: d.logical_or_(p)
+        return lambda d, p: d.add_(p)
+    if op == "product":
+        if dtype == torch.bool:
+            return lambda d, p: d.logical_and_(p)
+        return lambda d, p: d.mul_(p)
+    if op == "min":
+        return lambda d, p: torch.minimum(d, p, out=d)
+    if op == "max":
+        return lambda d, p: torch.maximum(d, p, out=d)
+    if op == "band":
+        return lambda d, p: d.bitwise_and_(p)
+    if op == "bor":
+        return lambda d, p: d.bitwise_or_(p)
+    if op == "bxor":
+        return lambda d, p: d.bitwise_xor_(p)
+    raise ValueError(f"unsupported reduce op {op!r}")
+
+
+class ScheduleRun:
+    """One collective's schedule running across the ranks of a group.
+
+    ``src_bufs[r]``/``dst_bufs[r]`` are flat 1-D tensors of group rank ``r``; ``global_ranks[r]`` its global
+    rank for routing. ``on_rank_done(r)`` is called (in simulated time) once rank ``r`` has issued all its
+    sends and received all its messages.
+    """
+
+    def __init__(
+        self,
+        sim: Any,
+        msgs: list[Msg],
+        n: int,
+        src_bufs: list[torch.Tensor | None],
+        dst_bufs: list[torch.Tensor | None],
+        reduce_op: str,
+        global_ranks: list[int],
+        on_rank_done: Callable[[int], None],
+        stream: str,
+        name: str,
+    ) -> None:
+        self.sim = sim
+        self.n = n
+        self.src_bufs = src_bufs
+        self.dst_bufs = dst_bufs
+        self.global_ranks = global_ranks
+        self.on_rank_done = on_rank_done
+        self.stream = stream
+        self.name = name
+        dtype = next((b.dtype for b in dst_bufs if b is not None), torch.float32)
+        self.itemsize = torch.empty((), dtype=dtype).element_size()
+        self.reduce = _reduce_fn(reduce_op, dtype)
+        nsteps = 1 + max((m.step for m in msgs), default=-1)
+        self.nsteps = nsteps
+        self.sends: list[list[list[Msg]]] = [[[] for _ in range(nsteps)] for _ in range(n)]
+        self.missing: list[list[int]] = [[0] * (nsteps + 1) for _ in range(n)]
+        for m in msgs:
+            self.sends[m.src][m.step].append(m)
+            self.missing[m.dst][m.step] += 1
+        self.next_step = [0] * n
+        self.first_missing = [0] * n
+        self.done = [False] * n
+        for r in range(n):
+            self._skip_complete(r)
+
+    def _skip_complete(self, r: int) -> None:
+        miss = self.missing[r]
+        k = self.first_missing[r]
+        while k < self.nsteps and miss[k] == 0:
+            k += 1
+        self.first_missing[r] = k
+
+    def start(self) -> None:
+        """Begin at the current simulated time (every rank is ready)."""
+        for r in range(self.n):
+            self._advance(r)
+
+    def _advance(self, r: int) -> None:
+        sends = self.sends[r]
+        while self.next_step[r] < self.nsteps and self.next_step[r] <= self.first_missing[r]:
+            for m in sends[self.next_step[r]]:
+                self._send(m)
+            self.next_step[r] += 1
+        if not self.done[r] and self.next_step[r] >= self.nsteps and self.first_missing[r] >= self.nsteps:
+            self.done[r] = True
+            self.on_rank_done(r)
+
+    def _send(self, m: Msg) -> None:
+        buf = self.src_bufs[m.src]
+        count = m.shi - m.slo
+        payload = buf[m.slo : m.shi].clone() if count and buf is not None else None
+        src_g, dst_g = self.global_ranks[m.src], self.global_ranks[m.dst]
+        trace = self.sim.trace
+
+        def arrive(start: float, end: float) -> None:
+            if payload is not None:
+                dst = self.dst_bufs[m.dst][m.dlo : m.dhi]
+                if m.kind == "reduce":
+                    self.reduce(dst, payload)
+                else:
+                    dst.copy_(payload)
+            if trace.record_messages:
+                trace.message(
+                    Message(src_g, dst_g, self.stream, self.stream, start, end, count * self.itemsize, self.name)
+                )
+            self.missing[m.dst][m.step] -= 1
+            self._skip_complete(m.dst)
+            self._advance(m.dst)
+
+        self.sim.network.transfer(src_g, dst_g, count * self.itemsize, arrive)

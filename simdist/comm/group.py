@@ -1,0 +1,123 @@
+"""A process group's shared state: matching collectives across ranks, checking they agree, and ordering them.
+
+Every rank numbers the collectives it issues on a group; call number ``k`` of every rank forms one
+:class:`Instance`. When all ranks have joined it, their calls are compared (op, shapes, dtypes, reduce op,
+root): any difference is a :class:`CollectiveMismatchError` naming every rank's call and call site. Each
+(rank, group) pair has one communication stream, NCCL-like: an instance starts once every rank has joined it
+and every rank's previous instance on that group has finished.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from simdist.comm.work import SimWork
+from simdist.errors import CollectiveMismatchError
+
+
+@dataclass
+class Call:
+    """One rank's call of a collective."""
+
+    op: str
+    rank: int  # group rank
+    signature: tuple
+    site: str
+    work: SimWork
+    #: op-specific data the collective implementation needs (tensors, root, reduce op, ...)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """``all_reduce(shape=(4,), dtype=float32, op=sum)`` style text."""
+        inner = ", ".join(f"{k}={v}" for k, v in self.signature)
+        return f"{self.op}({inner})"
+
+
+@dataclass
+class Instance:
+    """Call number ``seq`` on a group, across all its ranks."""
+
+    seq: int
+    calls: dict[int, Call] = field(default_factory=dict)
+    ready: set[int] = field(default_factory=set)
+    started: bool = False
+    done_ranks: set[int] = field(default_factory=set)
+    start_time: float | None = None
+    on_rank_done: list[Callable[[int], None]] = field(default_factory=list)
+
+
+class GroupState:
+    """Shared by the ``SimProcessGroup`` objects of one group on every member rank."""
+
+    def __init__(self, sim: Any, name: str, global_ranks: list[int], index: int) -> None:
+        self.sim = sim
+        self.name = name
+        self.global_ranks = global_ranks
+        self.size = len(global_ranks)
+        self.index = index
+        self.stream = f"comm:{name}" if name else "comm"
+        self.algorithms: dict[str, str] = {}
+        self.timeout: float | None = None
+        self._seq = [0] * self.size
+        self._tail: list[Instance | None] = [None] * self.size
+        self.instances: dict[int, Instance] = {}
+
+    def join(self, call: Call, start: Callable[[Instance], None]) -> None:
+        """Register ``call``; ``start(instance)`` runs once every rank has joined and its stream is free."""
+        r = call.rank
+        seq = self._seq[r]
+        self._seq[r] += 1
+        inst = self.instances.get(seq)
+        if inst is None:
+            inst = self.instances[seq] = Instance(seq)
+        inst.calls[r] = call
+        if len(inst.calls) == self.size:
+            self._check(inst)
+        prev = self._tail[r]
+        self._tail[r] = inst
+        if prev is None or r in prev.done_ranks:
+            self._mark_ready(inst, r, start)
+        else:
+            prev.on_rank_done.append(lambda rank, i=inst, me=r: rank == me and self._mark_ready(i, me, start))
+
+    def _mark_ready(self, inst: Instance, r: int, start: Callable[[Instance], None]) -> None:
+        inst.ready.add(r)
+        if len(inst.ready) == self.size and len(inst.calls) == self.size and not inst.started:
+            inst.started = True
+            inst.start_time = self.sim.env.now
+            start(inst)
+
+    def rank_done(self, inst: Instance, r: int) -> None:
+        """Rank ``r``'s part of ``inst`` finished: release its stream."""
+        inst.done_ranks.add(r)
+        for cb in list(inst.on_rank_done):
+            cb(r)
+        if len(inst.done_ranks) == self.size:
+            self.instances.pop(inst.seq, None)
+
+    def _check(self, inst: Instance) -> None:
+        calls = [inst.calls[r] for r in range(self.size)]
+        first = calls[0]
+        if all(c.op == first.op and c.signature == first.signature for c in calls):
+            return
+        lines = [f"collective #{inst.seq} on group {self.name or 'default'} does not match across ranks:"]
+        for c in calls:
+            lines.append(f"  rank {self.global_ranks[c.rank]}: {c.describe()} at {c.site}")
+        lines.append("Every rank of a group must issue the same collectives, with the same shapes, dtypes,")
+        lines.append("reduce op and root, in the same order.")
+        raise CollectiveMismatchError("\n".join(lines))
+
+    def missing_ranks(self, seq: int) -> list[int]:
+        """Global ranks that have not yet issued call ``seq``."""
+        inst = self.instances.get(seq)
+        joined = set(inst.calls) if inst else set()
+        return [self.global_ranks[r] for r in range(self.size) if r not in joined]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``float32`` for ``torch.float32``."""
+    return str(dtype).removeprefix("torch.")

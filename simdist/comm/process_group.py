@@ -1,0 +1,481 @@
+"""The ``"simdist"`` torch.distributed backend: a Python ``ProcessGroup`` whose collectives run in simulated time.
+
+One ``SimProcessGroup`` object exists per (rank, group); the ranks of a group share a :class:`GroupState`.
+Each call records the user's call site, joins the group's matching instance and returns a :class:`SimWork`;
+torch's own front end (``dist.all_reduce`` and friends) validates arguments, converts complex tensors and
+calls ``wait()`` for synchronous calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from simdist.comm import algorithms, collectives
+from simdist.comm.group import Call, GroupState, Instance, dtype_name
+from simdist.comm.work import SimWork
+from simdist.trace.trace import Span
+
+_RED = dist.ReduceOp.RedOpType
+_REDUCE_NAMES = {
+    _RED.SUM: "sum",
+    _RED.AVG: "avg",
+    _RED.PRODUCT: "product",
+    _RED.MIN: "min",
+    _RED.MAX: "max",
+    _RED.BAND: "band",
+    _RED.BOR: "bor",
+    _RED.BXOR: "bxor",
+}
+
+
+def reduce_op_name(op: Any) -> str:
+    """``"sum"`` for ``ReduceOp.SUM``; a clear error for ops simdist does not implement."""
+    kind = getattr(op, "op", op)
+    name = _REDUCE_NAMES.get(kind)
+    if name is None:
+        raise ValueError(f"simdist does not implement reduce op {op}; use SUM, AVG, PRODUCT, MIN, MAX or a bitwise op")
+    return name
+
+
+def _check_tensor(t: Any, what: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise ValueError(f"{what}: only dense (strided) tensors are supported, got layout {t.layout}")
+    if t.device.type not in ("cpu", "meta"):
+        raise ValueError(f"{what}: simulated ranks hold CPU tensors, got a tensor on {t.device}")
+    return t
+
+
+def _sig_tensor(t: torch.Tensor) -> tuple:
+    return (tuple(t.shape), dtype_name(t.dtype))
+
+
+class SimProcessGroup(dist.ProcessGroup):
+    """One rank's handle on one simulated process group."""
+
+    def __init__(self, sim: Any, state: GroupState, group_rank: int) -> None:
+        super().__init__(group_rank, state.size)
+        self.sim = sim
+        self.state = state
+        self.grank = group_rank
+
+    # ------------------------------------------------------------------ identity
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return "simdist"
+
+    @property
+    def global_rank(self) -> int:
+        """This rank's global rank."""
+        return self.state.global_ranks[self.grank]
+
+    # ------------------------------------------------------------------ machinery
+    def _issue(self, op: str, signature: tuple, outputs: list[torch.Tensor], data: dict[str, Any]) -> SimWork:
+        sim = self.sim
+        sim.settle()
+        site = sim.call_site()
+        seq = self.state._seq[self.grank]
+        desc = (
+            f"rank {self.global_rank} waits in {op} #{seq} on group {self.state.name or 'default'} "
+            f"(issued at {site})"
+        )
+        work = SimWork(sim, desc, outputs, self.state.timeout)
+        work.group_state, work.seq = self.state, seq
+        call = Call(op, self.grank, tuple(signature), site, work, data)
+        self.state.join(call, self._start)
+        return work
+
+    def _start(self, inst: Instance) -> None:
+        sim = self.sim
+        st = self.state
+        n = st.size
+        calls = [inst.calls[r] for r in range(n)]
+        op = calls[0].op
+        d = [c.data for c in calls]
+        nbytes = d[0].get("nbytes", 0)
+        coll = op if op in algorithms.SUPPORTED else _ALGO_FAMILY.get(op, op)
+        algo = sim.algorithm_for(st, coll, nbytes)
+        if op in ("all_reduce", "all_reduce_coalesced"):
+            plan = collectives.plan_all_reduce([x["tensor"] for x in d], d[0]["reduce_op"], algo)
+        elif op == "broadcast":
+            plan = collectives.plan_broadcast([x["tensor"] for x in d], d[0]["root"], algo)
+        elif op == "reduce":
+            plan = collectives.plan_reduce([x["tensor"] for x in d], d[0]["root"], d[0]["reduce_op"], algo)
+        elif op in ("all_gather", "all_gather_into_tensor"):
+            plan = collectives.plan_all_gather([x["input"] for x in d], [x["output"] for x in d], algo)
+        elif op in ("reduce_scatter", "reduce_scatter_tensor"):
+            plan = collectives.plan_reduce_scatter(
+                [x["input"] for x in d], [x["output"] for x in d], d[0]["reduce_op"], algo
+            )
+        elif op == "gather":
+            root = d[0]["root"]
+            plan = collectives.plan_gather([x["input"] for x in d], d[root]["outputs"], root, algo)
+        elif op == "scatter":
+            root = d[0]["root"]
+            plan = collectives.plan_scatter(d[root]["inputs"], [x["output"] for x in d], root, algo)
+        elif op in ("all_to_all_single", "all_to_all"):
+            plan = _plan_all_to_all(calls)
+        elif op == "barrier":
+            plan = collectives.plan_barrier(n, algo)
+        else:  # pragma: no cover - every op issued above is handled
+            raise AssertionError(op)
+        name = f"{sim.progress}:{op}"
+        start_time = sim.env.now
+
+        def rank_done(r: int) -> None:
+            plan.finish[r]()
+            g = st.global_ranks[r]
+            c = calls[r]
+            sim.trace.spans.append(
+                Span(
+                    g,
+                    st.stream,
+                    name,
+                    start_time,
+                    sim.env.now,
+                    {
+                        "Collective name": op,
+                        "In msg nelems": c.data.get("in_nelems", 0),
+                        "Out msg nelems": c.data.get("out_nelems", 0),
+                        "Group size": n,
+                        "dtype": c.data.get("dtype", ""),
+                        "Process Group Name": st.name or "default",
+                        "Seq": inst.seq,
+                        "algorithm": algo,
+                        "issued": c.work.issued_at,
+                    },
+                )
+            )
+            c.work.complete()
+            st.rank_done(inst, r)
+
+        from simdist.comm.executor import ScheduleRun
+
+        run = ScheduleRun(sim, plan.msgs, n, plan.src, plan.dst, plan.reduce_op, st.global_ranks, rank_done, st.stream, name)
+        run.start()
+
+    # ------------------------------------------------------------------ collectives
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
+        (t,) = tensors
+        _check_tensor(t, "all_reduce tensor")
+        red = reduce_op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        return self._issue(
+            "all_reduce",
+            (("shape", tuple(t.shape)), ("dtype", dtype_name(t.dtype)), ("op", red)),
+            [t],
+            {"tensor": t, "reduce_op": red, **_meta(t, t)},
+        )
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
+        for t in tensors:
+            _check_tensor(t, "all_reduce_coalesced tensor")
+        if len({t.dtype for t in tensors}) > 1:
+            raise ValueError("all_reduce_coalesced: all tensors must have the same dtype")
+        red = reduce_op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
+        work = self._issue(
+            "all_reduce_coalesced",
+            (("shapes", tuple(tuple(t.shape) for t in tensors)), ("dtype", dtype_name(flat.dtype)), ("op", red)),
+            list(tensors),
+            {"tensor": flat, "reduce_op": red, **_meta(flat, flat)},
+        )
+        _scatter_back_on_completion(work, flat, tensors)
+        return work
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> SimWork:
+        (t,) = tensors
+        _check_tensor(t, "broadcast tensor")
+        root = opts.rootRank
+        return self._issue(
+            "broadcast",
+            (("shape", tuple(t.shape)), ("dtype", dtype_name(t.dtype)), ("root", root)),
+            [t],
+            {"tensor": t, "root": root, **_meta(t, t)},
+        )
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> SimWork:
+        (t,) = tensors
+        _check_tensor(t, "reduce tensor")
+        red = reduce_op_name(opts.reduceOp)
+        root = opts.rootRank
+        return self._issue(
+            "reduce",
+            (("shape", tuple(t.shape)), ("dtype", dtype_name(t.dtype)), ("op", red), ("root", root)),
+            [t],
+            {"tensor": t, "root": root, "reduce_op": red, **_meta(t, t)},
+        )
+
+    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
+        (outs,) = output_tensors
+        (inp,) = input_tensors
+        _check_tensor(inp, "all_gather input")
+        n = self.state.size
+        if len(outs) != n:
+            raise ValueError(f"all_gather: tensor_list has {len(outs)} tensors, the group has {n} ranks")
+        for o in outs:
+            _check_tensor(o, "all_gather output")
+            if o.numel() != inp.numel() or o.dtype != inp.dtype:
+                raise ValueError(
+                    f"all_gather: every output tensor must match the input ({tuple(inp.shape)}, {inp.dtype}); "
+                    f"got {tuple(o.shape)}, {o.dtype}"
+                )
+        return self._issue(
+            "all_gather",
+            (("shape", tuple(inp.shape)), ("dtype", dtype_name(inp.dtype))),
+            list(outs),
+            {"input": inp, "output": list(outs), **_meta(inp, inp, out_nelems=inp.numel() * n)},
+        )
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:  # noqa: A002
+        _check_tensor(output, "all_gather_into_tensor output")
+        _check_tensor(input, "all_gather_into_tensor input")
+        n = self.state.size
+        if output.numel() != n * input.numel() or output.dtype != input.dtype:
+            raise ValueError(
+                f"all_gather_into_tensor: output must have world_size ({n}) x input.numel() = "
+                f"{n * input.numel()} elements of {input.dtype}; got {output.numel()} of {output.dtype}"
+            )
+        return self._issue(
+            "all_gather_into_tensor",
+            (("shape", tuple(input.shape)), ("dtype", dtype_name(input.dtype))),
+            [output],
+            {"input": input, "output": output, **_meta(input, input, out_nelems=output.numel())},
+        )
+
+    _allgather_base = all_gather_single
+
+    def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any) -> SimWork:
+        (out,) = output_tensors
+        (ins,) = input_tensors
+        _check_tensor(out, "reduce_scatter output")
+        n = self.state.size
+        if len(ins) != n:
+            raise ValueError(f"reduce_scatter: input_list has {len(ins)} tensors, the group has {n} ranks")
+        for t in ins:
+            _check_tensor(t, "reduce_scatter input")
+            if t.numel() != out.numel() or t.dtype != out.dtype:
+                raise ValueError(
+                    f"reduce_scatter: every input must match the output ({tuple(out.shape)}, {out.dtype}); "
+                    f"got {tuple(t.shape)}, {t.dtype}"
+                )
+        red = reduce_op_name(opts.reduceOp)
+        return self._issue(
+            "reduce_scatter",
+            (("shape", tuple(out.shape)), ("dtype", dtype_name(out.dtype)), ("op", red)),
+            [out],
+            {"input": list(ins), "output": out, "reduce_op": red, **_meta(out, out, in_nelems=out.numel() * n)},
+        )
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> SimWork:  # noqa: A002
+        _check_tensor(output, "reduce_scatter_tensor output")
+        _check_tensor(input, "reduce_scatter_tensor input")
+        n = self.state.size
+        if input.numel() != n * output.numel() or output.dtype != input.dtype:
+            raise ValueError(
+                f"reduce_scatter_tensor: input must have world_size ({n}) x output.numel() = "
+                f"{n * output.numel()} elements of {output.dtype}; got {input.numel()} of {input.dtype}"
+            )
+        red = reduce_op_name(opts.reduceOp)
+        return self._issue(
+            "reduce_scatter_tensor",
+            (("shape", tuple(output.shape)), ("dtype", dtype_name(output.dtype)), ("op", red)),
+            [output],
+            {"input": input, "output": output, "reduce_op": red, **_meta(input, output)},
+        )
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any) -> SimWork:
+        (inp,) = input_tensors
+        _check_tensor(inp, "gather input")
+        root = opts.rootRank
+        n = self.state.size
+        outs = output_tensors[0] if output_tensors else []
+        if self.grank == root:
+            if len(outs) != n:
+                raise ValueError(f"gather: gather_list on the root has {len(outs)} tensors, the group has {n} ranks")
+            for o in outs:
+                _check_tensor(o, "gather output")
+                if o.numel() != inp.numel() or o.dtype != inp.dtype:
+                    raise ValueError(f"gather: output {tuple(o.shape)} {o.dtype} does not match input {tuple(inp.shape)} {inp.dtype}")
+        return self._issue(
+            "gather",
+            (("shape", tuple(inp.shape)), ("dtype", dtype_name(inp.dtype)), ("root", root)),
+            list(outs),
+            {"input": inp, "outputs": list(outs), "root": root, **_meta(inp, inp)},
+        )
+
+    def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any) -> SimWork:
+        (out,) = output_tensors
+        _check_tensor(out, "scatter output")
+        root = opts.rootRank
+        n = self.state.size
+        ins = input_tensors[0] if input_tensors else []
+        if self.grank == root:
+            if len(ins) != n:
+                raise ValueError(f"scatter: scatter_list on the root has {len(ins)} tensors, the group has {n} ranks")
+            for t in ins:
+                _check_tensor(t, "scatter input")
+                if t.numel() != out.numel() or t.dtype != out.dtype:
+                    raise ValueError(f"scatter: input {tuple(t.shape)} {t.dtype} does not match output {tuple(out.shape)} {out.dtype}")
+        return self._issue(
+            "scatter",
+            (("shape", tuple(out.shape)), ("dtype", dtype_name(out.dtype)), ("root", root)),
+            [out],
+            {"output": out, "inputs": list(ins), "root": root, **_meta(out, out)},
+        )
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,  # noqa: A002
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: Any = None,
+    ) -> SimWork:
+        _check_tensor(output, "all_to_all_single output")
+        _check_tensor(input, "all_to_all_single input")
+        n = self.state.size
+        in_splits = _splits(input, input_split_sizes, n, "input")
+        out_splits = _splits(output, output_split_sizes, n, "output")
+        if input.dtype != output.dtype:
+            raise ValueError(f"all_to_all_single: input dtype {input.dtype} != output dtype {output.dtype}")
+        return self._issue(
+            "all_to_all_single",
+            (("dtype", dtype_name(input.dtype)), ("row", tuple(input.shape[1:]))),
+            [output],
+            {"input": input, "output": output, "in_splits": in_splits, "out_splits": out_splits, **_meta(input, output)},
+        )
+
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
+        n = self.state.size
+        if len(output_tensors) != n or len(input_tensors) != n:
+            raise ValueError(f"all_to_all: expected {n} input and {n} output tensors")
+        for t in list(output_tensors) + list(input_tensors):
+            _check_tensor(t, "all_to_all tensor")
+        dtype = input_tensors[0].dtype
+        flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
+        flat_out = torch.empty(sum(t.numel() for t in output_tensors), dtype=dtype)
+        work = self._issue(
+            "all_to_all",
+            (("dtype", dtype_name(dtype)),),
+            list(output_tensors),
+            {
+                "input": flat_in,
+                "output": flat_out,
+                "in_splits": [t.numel() for t in input_tensors],
+                "out_splits": [t.numel() for t in output_tensors],
+                **_meta(flat_in, flat_out),
+            },
+        )
+        _scatter_back_on_completion(work, flat_out, output_tensors)
+        return work
+
+    def barrier(self, opts: Any = None) -> SimWork:
+        return self._issue("barrier", (), [], {"nbytes": 4})
+
+    # ------------------------------------------------------------------ point to point
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> SimWork:  # noqa: N803
+        (t,) = tensors
+        _check_tensor(t, "send tensor")
+        return self._p2p("send", t, dstRank, tag)
+
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> SimWork:  # noqa: N803
+        (t,) = tensors
+        _check_tensor(t, "recv tensor")
+        return self._p2p("recv", t, srcRank, tag)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> SimWork:
+        (t,) = tensors
+        _check_tensor(t, "recv tensor")
+        return self._p2p("recv", t, None, tag)
+
+    def _p2p(self, kind: str, t: torch.Tensor, peer: int | None, tag: int) -> SimWork:
+        sim = self.sim
+        st = self.state
+        sim.settle()
+        site = sim.call_site()
+        me = self.global_rank
+        if peer is not None and not 0 <= peer < st.size:
+            raise ValueError(f"{kind}: peer rank {peer} is not in the group of size {st.size}")
+        if peer is not None and peer == self.grank:
+            raise ValueError(f"{kind}: rank {me} cannot {kind} to/from itself")
+        g_peer = None if peer is None else st.global_ranks[peer]
+        what = f"{'send to' if kind == 'send' else 'recv from'} rank {'any' if g_peer is None else g_peer}"
+        desc = f"rank {me} waits in {what} (tag {tag}, {tuple(t.shape)} {dtype_name(t.dtype)}, issued at {site})"
+        work = SimWork(sim, desc, [t], st.timeout)
+        if kind == "send":
+            sim.p2p.post_send(st.name, me, g_peer, tag, t, work, site)
+        else:
+            sim.p2p.post_recv(st.name, g_peer, me, tag, t, work, site)
+        return work
+
+
+_ALGO_FAMILY = {
+    "all_reduce_coalesced": "all_reduce",
+    "all_gather_into_tensor": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "all_to_all_single": "all_to_all",
+}
+
+
+def _meta(inp: torch.Tensor, out: torch.Tensor, in_nelems: int | None = None, out_nelems: int | None = None) -> dict:
+    return {
+        "nbytes": inp.numel() * inp.element_size(),
+        "in_nelems": inp.numel() if in_nelems is None else in_nelems,
+        "out_nelems": out.numel() if out_nelems is None else out_nelems,
+        "dtype": dtype_name(inp.dtype),
+    }
+
+
+def _splits(t: torch.Tensor, sizes: list[int] | None, n: int, what: str) -> list[int]:
+    rows = t.shape[0] if t.dim() > 0 else t.numel()
+    if not sizes:
+        if rows % n:
+            raise ValueError(
+                f"all_to_all_single: {what} has {rows} rows, not divisible by the group size {n}; pass split sizes"
+            )
+        return [rows // n] * n
+    sizes = list(sizes)
+    if len(sizes) != n or sum(sizes) != rows or any(s < 0 for s in sizes):
+        raise ValueError(f"all_to_all_single: {what} split sizes {sizes} must be {n} non-negative counts summing to {rows}")
+    return sizes
+
+
+def _plan_all_to_all(calls: list[Call]) -> collectives.Plan:
+    n = len(calls)
+    for r, c in enumerate(calls):
+        for j in range(n):
+            sent, expected = c.data["in_splits"][j], calls[j].data["out_splits"][r]
+            row_in = c.data["input"].numel() // max(1, sum(c.data["in_splits"]))
+            row_out = calls[j].data["output"].numel() // max(1, sum(calls[j].data["out_splits"]))
+            if sent * row_in != expected * row_out:
+                from simdist.errors import CollectiveMismatchError
+
+                raise CollectiveMismatchError(
+                    f"all_to_all: rank {r} sends {sent} rows to rank {j} (at {c.site}) but rank {j} expects "
+                    f"{expected} rows from rank {r} (at {calls[j].site})"
+                )
+    return collectives.plan_all_to_all(
+        [c.data["input"] for c in calls],
+        [c.data["output"] for c in calls],
+        [c.data["in_splits"] for c in calls],
+        [c.data["out_splits"] for c in calls],
+    )
+
+
+def _scatter_back_on_completion(work: SimWork, flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    """Copy a flat internal buffer back into the user's list of tensors when the work completes."""
+    orig = work.complete
+
+    def complete() -> None:
+        off = 0
+        for t in tensors:
+            t.copy_(flat[off : off + t.numel()].view(t.shape))
+            off += t.numel()
+        orig()
+
+    work.complete = complete  # type: ignore[method-assign]

@@ -1,0 +1,11 @@
+"""Functions rank code may call to read or spend simulated time (no-ops outside a simulated run)."""
+
+from __future__ import annotations
+
+from simdist.engine.world import _state
+
+
+def now() -> float:
+    """The calling rank's simulated time in seconds (0.0 outside a simulated run)."""
+    sim = _state["sim"]
+    return sim.now() if sim is not None else 0.0

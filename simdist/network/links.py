@@ -1,0 +1,61 @@
+"""Timed transfers over the cluster's directed links.
+
+A transfer reserves every link of its route at once, first come first served in simulated-time order: it
+starts when the sender issues it or when the last earlier transfer on any of those links has left, occupies
+the links for ``bytes / min(bandwidth)`` seconds, and arrives after the route's summed latency on top. Two
+transfers that share a link therefore take as long as the link needs for both, and an uncontended transfer
+costs ``latency + bytes / bandwidth`` (the alpha-beta model). Routes come from the :class:`Cluster`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import simpy
+
+
+class Network:
+    """Link occupancy for one simulated run."""
+
+    def __init__(self, env: simpy.Environment, cluster: Any) -> None:
+        self.env = env
+        self.cluster = cluster
+        self._free_at = [0.0] * len(cluster.links)
+        self._bw = [link.bandwidth for link in cluster.links]
+        self._lat = [link.latency for link in cluster.links]
+        self._routes: dict[tuple[int, int], tuple[tuple[int, ...], float, float]] = {}
+        self.messages = 0
+        self.bytes = 0
+
+    def _route(self, src: int, dst: int) -> tuple[tuple[int, ...], float, float]:
+        key = (src, dst)
+        hit = self._routes.get(key)
+        if hit is None:
+            route = tuple(self.cluster.route(src, dst))
+            bw = min((self._bw[i] for i in route), default=float("inf"))
+            lat = sum(self._lat[i] for i in route)
+            hit = self._routes[key] = (route, 1.0 / bw, lat)
+        return hit
+
+    def transfer(self, src: int, dst: int, nbytes: int, on_arrival: Callable[[float, float], None]) -> None:
+        """Send ``nbytes`` from global rank ``src`` to ``dst`` now; call ``on_arrival(start, end)`` on arrival."""
+        env = self.env
+        now = env.now
+        self.messages += 1
+        self.bytes += nbytes
+        if src == dst:
+            on_arrival(now, now)
+            return
+        route, inv_bw, lat = self._route(src, dst)
+        free = self._free_at
+        start = now
+        for i in route:
+            if free[i] > start:
+                start = free[i]
+        leave = start + nbytes * inv_bw
+        for i in route:
+            free[i] = leave
+        arrive = leave + lat
+        ev = env.timeout(arrive - now)
+        ev.callbacks.append(lambda _ev: on_arrival(start, arrive))

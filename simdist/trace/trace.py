@@ -1,0 +1,151 @@
+"""The record of a simulated run: compute spans, collectives and messages, in simulated seconds.
+
+Exported as Chrome/Perfetto trace JSON (``pid`` = rank, one ``tid`` per stream, flow events for messages,
+argument names as torch's profiler writes them). :meth:`Trace.hash` is a digest of every recorded event, so
+two runs with the same (program, cluster, seed, options) have the same hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: ``"messages"`` records every message; ``"collectives"`` only compute spans and collectives
+TRACE_LEVELS = ("messages", "collectives")
+
+
+@dataclass
+class Span:
+    """One interval on one rank's stream (seconds)."""
+
+    rank: int
+    stream: str
+    name: str
+    start: float
+    end: float
+    args: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def duration(self) -> float:
+        """Length of the span in seconds."""
+        return self.end - self.start
+
+
+@dataclass
+class Message:
+    """One point-to-point transfer between global ranks (seconds, bytes)."""
+
+    src: int
+    dst: int
+    src_stream: str
+    dst_stream: str
+    start: float
+    end: float
+    nbytes: int
+    name: str
+
+
+class Trace:
+    """Spans and messages of one run."""
+
+    def __init__(self, level: str = "messages") -> None:
+        if level not in TRACE_LEVELS:
+            raise ValueError(f"trace level must be one of {TRACE_LEVELS}, got {level!r}")
+        self.level = level
+        self.spans: list[Span] = []
+        self.messages: list[Message] = []
+
+    @property
+    def record_messages(self) -> bool:
+        """Whether individual messages are recorded."""
+        return self.level == "messages"
+
+    def span(self, rank: int, stream: str, name: str, start: float, end: float, args: dict | None = None) -> None:
+        """Record an interval on ``rank``'s ``stream``."""
+        self.spans.append(Span(rank, stream, name, start, end, args or {}))
+
+    def message(self, msg: Message) -> None:
+        """Record a transfer."""
+        self.messages.append(msg)
+
+    # ------------------------------------------------------------------ queries
+    def busy_time(self, rank: int, stream_prefix: str) -> float:
+        """Seconds of spans on ``rank`` whose stream name starts with ``stream_prefix`` (overlaps counted once)."""
+        ivs = sorted((s.start, s.end) for s in self.spans if s.rank == rank and s.stream.startswith(stream_prefix))
+        total, cur_s, cur_e = 0.0, None, None
+        for s, e in ivs:
+            if cur_e is None or s > cur_e:
+                if cur_e is not None:
+                    total += cur_e - cur_s
+                cur_s, cur_e = s, e
+            else:
+                cur_e = max(cur_e, e)
+        if cur_e is not None:
+            total += cur_e - cur_s
+        return total
+
+    def collectives(self, rank: int | None = None) -> list[Span]:
+        """Collective spans (on communication streams), optionally of one rank."""
+        return [s for s in self.spans if s.stream != "compute" and (rank is None or s.rank == rank)]
+
+    # ------------------------------------------------------------------ identity
+    def hash(self) -> str:
+        """SHA-256 of every event, stable across processes and ``PYTHONHASHSEED``."""
+        h = hashlib.sha256()
+        for s in self.spans:
+            h.update(repr((s.rank, s.stream, s.name, s.start, s.end, sorted(s.args.items()))).encode())
+        for m in self.messages:
+            h.update(repr((m.src, m.dst, m.src_stream, m.dst_stream, m.start, m.end, m.nbytes, m.name)).encode())
+        return h.hexdigest()
+
+    # ------------------------------------------------------------------ export
+    def to_chrome(self) -> dict[str, Any]:
+        """Chrome trace-event JSON object (timestamps in microseconds)."""
+        tids: dict[tuple[int, str], int] = {}
+        per_rank: dict[int, int] = {}
+        events: list[dict[str, Any]] = []
+
+        def tid(rank: int, stream: str) -> int:
+            key = (rank, stream)
+            if key not in tids:
+                if stream == "compute":
+                    tids[key] = 0
+                else:
+                    tids[key] = per_rank[rank] = per_rank.get(rank, 0) + 1
+                events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tids[key], "args": {"name": stream}})
+            return tids[key]
+
+        ranks = sorted({s.rank for s in self.spans} | {m.src for m in self.messages} | {m.dst for m in self.messages})
+        for r in ranks:
+            events.append({"ph": "M", "name": "process_name", "pid": r, "args": {"name": f"rank {r}"}})
+            events.append({"ph": "M", "name": "process_sort_index", "pid": r, "args": {"sort_index": r}})
+        for s in self.spans:
+            events.append(
+                {
+                    "ph": "X",
+                    "name": s.name,
+                    "cat": "kernel" if s.stream == "compute" else "comm",
+                    "pid": s.rank,
+                    "tid": tid(s.rank, s.stream),
+                    "ts": s.start * 1e6,
+                    "dur": (s.end - s.start) * 1e6,
+                    "args": s.args,
+                }
+            )
+        for i, m in enumerate(self.messages):
+            common = {"name": m.name, "cat": "message", "id": i}
+            src_tid, dst_tid = tid(m.src, m.src_stream), tid(m.dst, m.dst_stream)
+            events.append({**common, "ph": "s", "pid": m.src, "tid": src_tid, "ts": m.start * 1e6})
+            events.append({**common, "ph": "f", "bp": "e", "pid": m.dst, "tid": dst_tid, "ts": m.end * 1e6})
+        return {"traceEvents": events, "displayTimeUnit": "ns"}
+
+    def save_chrome(self, path: str | Path) -> Path:
+        """Write the Chrome/Perfetto JSON to ``path`` (opens in ui.perfetto.dev or chrome://tracing)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w") as f:
+            json.dump(self.to_chrome(), f)
+        return path
