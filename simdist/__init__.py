@@ -26,6 +26,7 @@ __all__ = [
     "SimTimeoutError",
     "SimdistError",
     "Trace",
+    "charge",
     "load_cluster",
     "now",
     "run",
@@ -53,8 +54,8 @@ def __getattr__(name: str):  # lazy: importing simdist stays cheap and free of i
         from simdist.comm.work import SimTimeoutError
 
         return SimTimeoutError
-    if name == "now":
-        from simdist.engine.api import now
+    if name in ("now", "charge"):
+        from simdist.engine import api
 
-        return now
+        return getattr(api, name)
     raise AttributeError(f"module 'simdist' has no attribute {name!r}")

@@ -96,7 +96,7 @@ def ring_all_gather(n: int, off: list[int], step0: int = 0) -> list[Msg]:
 
 
 def ring_broadcast(n: int, numel: int, nbytes: int, root: int) -> list[Msg]:
-    """Pipelined chain broadcast root -> root+1 -> ... in K pieces: (n-2+K) steps of (alpha + beta*m/K)."""
+    """Pipelined chain broadcast root -> root+1 -> ... in K pieces: (n-1) alpha + (n-2+K) beta m/K."""
     k_pieces = pipeline_chunks(nbytes, numel)
     off = split_offsets(numel, k_pieces)
     msgs = []
@@ -363,8 +363,10 @@ def estimate(
         return alpha + frac * m * beta
     if collective in ("broadcast", "reduce"):
         if algorithm == "ring":
+            # a chain of n-1 links carrying K pieces back to back: the latency is paid once per hop and
+            # the last piece leaves the root after K piece-times, then crosses n-2 more links
             k = pipeline_chunks(m, numel if numel is not None else max(1, m))
-            return (n - 2 + k) * (alpha + m / k * beta)
+            return (n - 1) * alpha + (n - 2 + k) * m / k * beta
         if algorithm == "tree":
             return lg * (alpha + m * beta)
         return alpha + (n - 1) * m * beta

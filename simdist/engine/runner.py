@@ -113,7 +113,7 @@ def run(
 
 
 def _local_world_size(cluster: Any) -> int:
-    per_node = getattr(cluster, "gpus_per_node", None)
+    per_node = getattr(cluster, "ranks_per_node", None)
     return int(per_node) if per_node else cluster.world_size
 
 
