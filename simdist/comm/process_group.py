@@ -16,6 +16,7 @@ import torch.distributed as dist
 from simdist.comm import algorithms, collectives
 from simdist.comm.group import Call, GroupState, Instance, dtype_name
 from simdist.comm.work import SimWork
+from simdist.engine.internal import internal
 from simdist.trace.trace import Span
 
 _RED = dist.ReduceOp.RedOpType
@@ -74,6 +75,10 @@ class SimProcessGroup(dist.ProcessGroup):
 
     # ------------------------------------------------------------------ machinery
     def _issue(self, op: str, signature: tuple, outputs: list[torch.Tensor], data: dict[str, Any]) -> SimWork:
+        with internal():
+            return self._issue_internal(op, signature, outputs, data)
+
+    def _issue_internal(self, op: str, signature: tuple, outputs: list[torch.Tensor], data: dict[str, Any]) -> SimWork:
         sim = self.sim
         sim.settle()
         site = sim.call_site()
@@ -175,7 +180,8 @@ class SimProcessGroup(dist.ProcessGroup):
         if len({t.dtype for t in tensors}) > 1:
             raise ValueError("all_reduce_coalesced: all tensors must have the same dtype")
         red = reduce_op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
+        with internal():
+            flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
         work = self._issue(
             "all_reduce_coalesced",
             (("shapes", tuple(tuple(t.shape) for t in tensors)), ("dtype", dtype_name(flat.dtype)), ("op", red)),
@@ -357,8 +363,9 @@ class SimProcessGroup(dist.ProcessGroup):
         for t in list(output_tensors) + list(input_tensors):
             _check_tensor(t, "all_to_all tensor")
         dtype = input_tensors[0].dtype
-        flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
-        flat_out = torch.empty(sum(t.numel() for t in output_tensors), dtype=dtype)
+        with internal():
+            flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
+            flat_out = torch.empty(sum(t.numel() for t in output_tensors), dtype=dtype)
         work = self._issue(
             "all_to_all",
             (("dtype", dtype_name(dtype)),),
@@ -394,6 +401,10 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._p2p("recv", t, None, tag)
 
     def _p2p(self, kind: str, t: torch.Tensor, peer: int | None, tag: int) -> SimWork:
+        with internal():
+            return self._p2p_internal(kind, t, peer, tag)
+
+    def _p2p_internal(self, kind: str, t: torch.Tensor, peer: int | None, tag: int) -> SimWork:
         sim = self.sim
         st = self.state
         sim.settle()

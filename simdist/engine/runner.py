@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -137,36 +138,89 @@ def _run_context(sim: Simulation, baton: Baton, n: int, local_world: int) -> Ite
     rng = torch.get_rng_state()
     threads = torch.get_num_threads()
     hook = sys.excepthook
-    env_keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
-    saved_env = {k: os.environ.get(k) for k in env_keys}
+    gc_threshold = gc.get_threshold()
     affinity = _pin_to_one_cpu()
     torch.set_num_threads(1)
-    os.environ.update(
-        {"WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(local_world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
-    )
-    baton.on_switch = lambda rank: _set_rank_env(rank, local_world)
+    real_environ = os.environ
+    os.environ = RankEnviron(real_environ, n, local_world)  # type: ignore[assignment]
+    # Thousands of live rank threads, groups and tensors make every full collection slow; freezing what
+    # exists and collecting the young generation less often keeps collection off the hot path.
+    gc.freeze()
+    gc.set_threshold(50_000, 50, 1000)
+    # Simulated ranks hold CPU tensors only. torch.manual_seed also queues a lazy CUDA/XPU/MTIA seeding with
+    # a formatted stack trace per call (about a millisecond on a CPU-only build): seed the CPU generator only.
+    seed_fns = (torch.manual_seed, torch.random.manual_seed)
+    torch.manual_seed = torch.random.manual_seed = _seed_cpu_only
     world.install(sim)
     try:
         yield
     finally:
         world.uninstall()
+        torch.manual_seed, torch.random.manual_seed = seed_fns
+        os.environ = real_environ
+        gc.unfreeze()
+        gc.set_threshold(*gc_threshold)
         torch.set_rng_state(rng)
         torch.set_num_threads(threads)
         sys.excepthook = hook
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         if affinity is not None:
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(0, affinity)
 
 
-def _set_rank_env(rank: int, local_world: int) -> None:
-    os.environ["RANK"] = str(rank)
-    os.environ["LOCAL_RANK"] = str(rank % local_world)
-    os.environ["GROUP_RANK"] = str(rank // local_world)
+def _seed_cpu_only(seed: int) -> torch.Generator:
+    """``torch.manual_seed`` for CPU-only simulated ranks."""
+    return torch.default_generator.manual_seed(int(seed))
+
+
+class RankEnviron(MutableMapping):
+    """``os.environ`` as each rank thread sees it: torchrun's variables with that rank's values.
+
+    Swapping the mapping costs nothing per baton hand-off (setting real environment variables at every
+    hand-off would); code outside rank threads sees the real environment.
+    """
+
+    def __init__(self, real: MutableMapping[str, str], world_size: int, local_world: int) -> None:
+        self._real = real
+        self._fixed = {
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(local_world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29500",
+        }
+        self._local_world = local_world
+
+    def _rank_vars(self) -> dict[str, str]:
+        state = current_rank_state()
+        if state is None:
+            return {}
+        r = state.rank
+        return {
+            **self._fixed,
+            "RANK": str(r),
+            "LOCAL_RANK": str(r % self._local_world),
+            "GROUP_RANK": str(r // self._local_world),
+        }
+
+    def __getitem__(self, key: str) -> str:
+        ranked = self._rank_vars()
+        return ranked[key] if key in ranked else self._real[key]
+
+    def __setitem__(self, key: str, value: str) -> None:
+        self._real[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self._real[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys([*self._real, *self._rank_vars()]))
+
+    def __len__(self) -> int:
+        return len(set(self._real) | set(self._rank_vars()))
+
+    def copy(self) -> dict[str, str]:
+        """A plain dict of what this rank sees (``os.environ.copy()`` for subprocess environments)."""
+        return dict(self.items())
 
 
 def _pin_to_one_cpu() -> set[int] | None:

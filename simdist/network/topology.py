@@ -205,6 +205,7 @@ class Cluster:
             self._out[src].append((dst, link.id, round(link.latency * _PS_PER_S)))
             self._link_src.append(src)
         self._trees: dict[int, array] = {}
+        self._keys: dict[int, list[tuple[int, int, int] | None]] = {}
         self._routes: dict[tuple[int, int], tuple[int, ...]] = {}
         self._latencies: dict[tuple[int, int], float] = {}
         self._bandwidths: dict[tuple[int, int], float] = {}
@@ -273,6 +274,7 @@ class Cluster:
                         heapq.heappush(heap, (candidate[0], candidate[1], v))
         tree = array("l", (-1 if key is None else key[2] for key in best))
         self._trees[src] = tree
+        self._keys[src] = best
         return tree
 
     def _check_rank(self, rank: object, what: str) -> int:
@@ -292,9 +294,38 @@ class Cluster:
     def _compute_route(self, src: int, dst: int) -> tuple[int, ...]:
         """Compute, memoise and return the route from ``src`` to ``dst`` (the cache-miss path of ``route``)."""
         s, d = self._check_rank(src, "route source"), self._check_rank(dst, "route destination")
+        if s != d and s not in self._trees and all(v >= self.world_size for v, _, _ in self._out[s]):
+            route = self._route_via_switches(s, d)
+            self._routes[(src, dst)] = route
+            return route
         tree = self._trees.get(s)
         if tree is None:
             tree = self._tree(s)
+        route = self._walk(tree, s, d)
+        self._routes[(src, dst)] = route
+        return route
+
+    def _route_via_switches(self, s: int, d: int) -> tuple[int, ...]:
+        """Best route from a rank whose links all lead to switches: first link + the switch's own best route.
+
+        Switches are few, so this needs one search per switch instead of one per source rank (thousands of
+        ranks behind one switch would otherwise cost a full search each).
+        """
+        best: tuple[int, int, int, int] | None = None
+        for v, link_id, latency in self._out[s]:
+            if v not in self._trees:
+                self._tree(v)
+            key = self._keys[v][d]
+            if key is None:
+                continue
+            candidate = (latency + key[0], 1 + key[1], link_id, v)
+            if best is None or candidate < best:
+                best = candidate
+        assert best is not None, "clusters are checked to be connected"
+        return (best[2],) + self._walk(self._trees[best[3]], best[3], d)
+
+    def _walk(self, tree: array, s: int, d: int) -> tuple[int, ...]:
+        """Links from vertex index ``s`` to ``d`` read back from ``s``'s last-link tree."""
         path: list[int] = []
         vertex = d
         while vertex != s:
@@ -302,9 +333,7 @@ class Cluster:
             path.append(link_id)
             vertex = self._link_src[link_id]
         path.reverse()
-        route = tuple(path)
-        self._routes[(src, dst)] = route
-        return route
+        return tuple(path)
 
     def route(self, src: int, dst: int) -> tuple[int, ...]:
         """Return the link ids from rank ``src`` to rank ``dst`` on the minimum-latency route (``()`` if equal)."""

@@ -1,0 +1,6 @@
+"""Compute-time model: device specs and the per-op roofline cost charged to simulated time (seconds)."""
+
+from simdist.compute.cost import ComputeCostMode, estimate, op_cost, op_flops
+from simdist.compute.devices import DEVICES, DeviceSpec, get_device
+
+__all__ = ["DEVICES", "ComputeCostMode", "DeviceSpec", "estimate", "get_device", "op_cost", "op_flops"]

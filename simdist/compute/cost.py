@@ -1,0 +1,303 @@
+"""Roofline time of one aten op on a modelled device, and a dispatch mode that charges it per op (seconds)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from math import prod
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from simdist.compute.devices import DeviceSpec, get_device
+
+# A FLOP formula gets (args, out) of one call and returns (flops, dtype whose peak applies).
+_FlopFn = Callable[[Sequence[Any], Any], tuple[float, torch.dtype]]
+
+
+# Matmul formulas read the output's element count: each output element is one length-K dot product
+# (2K FLOPs). Reading numel() once is cheaper than indexing three shapes, and this runs on every matmul.
+
+
+def _mm(args: Sequence[Any], out: Any) -> tuple[float, torch.dtype]:
+    a = args[0]  # mm(self[M,K], mat2[K,N]) -> [M,N]; also bmm(self[B,M,K], mat2[B,K,N]) -> [B,M,N]
+    return 2.0 * out.numel() * a.shape[-1], a.dtype
+
+
+def _addmm(args: Sequence[Any], out: Any) -> tuple[float, torch.dtype]:
+    a = args[1]  # addmm(self, mat1[M,K], mat2[K,N]) and baddbmm(self, batch1[B,M,K], batch2[B,K,N])
+    return 2.0 * out.numel() * a.shape[-1], a.dtype  # the bias add is left to the memory term
+
+
+def _addbmm(args: Sequence[Any], out: Any) -> tuple[float, torch.dtype]:
+    a = args[1]  # addbmm(self, batch1[B,M,K], batch2[B,K,N]) -> [M,N], summed over the batch
+    return 2.0 * out.numel() * a.shape[0] * a.shape[2], a.dtype
+
+
+def _mv(args: Sequence[Any], out: Any) -> tuple[float, torch.dtype]:
+    a = args[0]  # mv(self[M,N], vec[N]) -> [M]
+    return 2.0 * out.numel() * a.shape[1], a.dtype
+
+
+def _addmv(args: Sequence[Any], out: Any) -> tuple[float, torch.dtype]:
+    a = args[1]  # addmv(self, mat[M,N], vec[N]) -> [M]
+    return 2.0 * out.numel() * a.shape[1], a.dtype
+
+
+def _dot(args: Sequence[Any], out: Any) -> tuple[float, torch.dtype]:
+    a = args[0]  # dot/vdot(self[N], tensor[N]) -> scalar
+    return 2.0 * a.shape[0], a.dtype
+
+
+def _conv_macs(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, transposed: bool) -> float:
+    # A convolution does one multiply-add per weight element per spatial position of its "wide" side:
+    # the output for a normal conv, the input for a transposed one. prod(weight.shape) already divides
+    # by groups, since the weight holds in_channels / groups (resp. out_channels / groups).
+    wide = x if transposed else y
+    return float(wide.shape[0] * prod(wide.shape[2:]) * prod(weight.shape))
+
+
+def _convolution(args: Sequence[Any], out: Any) -> tuple[float, torch.dtype]:
+    x, weight, transposed = (
+        args[0],
+        args[1],
+        args[6],
+    )  # convolution(input, weight, bias, stride, ..., transposed, ...)
+    return 2.0 * _conv_macs(x, weight, out, transposed), x.dtype
+
+
+def _convolution_backward(args: Sequence[Any], out: Any) -> tuple[float, torch.dtype]:
+    # convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+    #                      output_padding, groups, output_mask). grad_input and grad_weight are each a
+    # convolution with the forward's multiply-add count; grad_bias is a reduction (memory term only).
+    grad_out, x, weight, transposed, mask = args[0], args[1], args[2], args[7], args[10]
+    macs = _conv_macs(x, weight, grad_out, transposed)
+    return 2.0 * macs * (int(bool(mask[0])) + int(bool(mask[1]))), grad_out.dtype
+
+
+def _attention_dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int, int]:
+    # Dense (batch, heads, seq, dim) layout. Grouped-query attention broadcasts key/value heads to the query's.
+    return q.shape[0] * q.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3]
+
+
+def _sdpa(args: Sequence[Any], out: Any) -> tuple[float, torch.dtype]:
+    q, k, v = args[0], args[1], args[2]
+    if q.dim() != 4:
+        return 0.0, q.dtype  # nested/jagged layout: no closed form here, the memory term applies
+    bh, sq, sk, dq, dv = _attention_dims(q, k, v)
+    # scores = q @ k^T, out = softmax(scores) @ v; a causal mask is not discounted.
+    return 2.0 * bh * sq * sk * (dq + dv), q.dtype
+
+
+def _sdpa_backward(args: Sequence[Any], out: Any) -> tuple[float, torch.dtype]:
+    q, k, v = args[1], args[2], args[3]  # every *_backward variant starts (grad_out, query, key, value, ...)
+    if q.dim() != 4:
+        return 0.0, q.dtype
+    bh, sq, sk, dq, dv = _attention_dims(q, k, v)
+    # Five matmuls: recompute q @ k^T (dq), grad_scores = grad_out @ v^T (dv), grad_v (dv), grad_q (dq),
+    # grad_k (dq). Same count as torch.utils.flop_counter.
+    return 2.0 * bh * sq * sk * (3 * dq + 2 * dv), q.dtype
+
+
+def _aten(name: str) -> str:
+    return f"aten::{name}"
+
+
+_FLOP_FORMULAS: dict[str, _FlopFn] = {
+    _aten("mm"): _mm,
+    _aten("_int_mm"): _mm,
+    _aten("addmm"): _addmm,
+    _aten("_addmm_activation"): _addmm,
+    _aten("bmm"): _mm,
+    _aten("baddbmm"): _addmm,
+    _aten("addbmm"): _addbmm,
+    _aten("mv"): _mv,
+    _aten("addmv"): _addmv,
+    _aten("dot"): _dot,
+    _aten("vdot"): _dot,
+    _aten("convolution"): _convolution,
+    _aten("convolution_backward"): _convolution_backward,
+    **{
+        _aten(f"_scaled_dot_product_{kind}"): _sdpa
+        for kind in (
+            "flash_attention",
+            "flash_attention_for_cpu",
+            "efficient_attention",
+            "cudnn_attention",
+            "fused_attention_overrideable",
+        )
+    },
+    **{
+        _aten(f"_scaled_dot_product_{kind}_backward"): _sdpa_backward
+        for kind in (
+            "flash_attention",
+            "flash_attention_for_cpu",
+            "efficient_attention",
+            "cudnn_attention",
+            "fused_attention_overrideable",
+        )
+    },
+}
+
+# Ops that run no kernel although their schema does not mark them as views: in-place metadata changes,
+# _unsafe_view (a view that autograd does not track), and allocation without initialisation.
+_NO_KERNEL: frozenset[str] = frozenset(
+    _aten(n)
+    for n in (
+        "_unsafe_view",
+        "t_",
+        "transpose_",
+        "swapdims_",
+        "swapaxes_",
+        "squeeze_",
+        "unsqueeze_",
+        "as_strided_",
+        "detach_",
+        "resize_",
+        "resize_as_",
+        "set_",
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "empty_permuted",
+        "new_empty",
+        "new_empty_strided",
+        "size",
+        "stride",
+        "sym_size",
+        "sym_stride",
+        "sym_numel",
+        "sym_storage_offset",
+        "is_same_size",
+    )
+)
+
+# Collectives and profiler markers are not compute: the network model times collectives, so charging
+# them here would count their time twice.
+_NO_COMPUTE_NAMESPACES: frozenset[str] = frozenset(
+    {"c10d", "_c10d_functional", "c10d_functional", "profiler"}
+)
+
+
+class _OpInfo:
+    """What op_cost needs to know about one OpOverload, computed once per overload."""
+
+    __slots__ = ("flops", "free", "name", "out_args")
+
+    def __init__(self, func: torch._ops.OpOverload) -> None:
+        schema = func._schema
+        self.name: str = schema.name
+        namespace = self.name.split("::", 1)[0]
+        self.free: bool = bool(func.is_view) or self.name in _NO_KERNEL or namespace in _NO_COMPUTE_NAMESPACES
+        self.flops: _FlopFn | None = _FLOP_FORMULAS.get(self.name)
+        # out= arguments are written, not read: they are counted once, through the returned value.
+        self.out_args: frozenset[str] = frozenset(a.name for a in schema.arguments if a.is_out)
+
+
+# Shared by all rank threads; a racing first insert stores an identical value, so no lock is needed.
+_INFO: dict[Any, _OpInfo] = {}
+
+
+def _op_info(func: Any) -> _OpInfo:
+    info = _INFO.get(func)
+    if info is None:
+        info = _INFO[func] = _OpInfo(func)
+    return info
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    try:
+        return t.nbytes  # numel * element_size, not the storage size (an expanded view counts in full)
+    except RuntimeError:
+        return t.numel() * t.element_size()  # sparse and other layouts without a dense nbytes
+
+
+def _tree_bytes(x: Any) -> int:
+    if isinstance(x, torch.Tensor):
+        return _nbytes(x)
+    if isinstance(x, (list, tuple)):
+        return sum(_tree_bytes(y) for y in x)
+    return 0
+
+
+def _info_cost(
+    info: _OpInfo, args: Sequence[Any], kwargs: dict[str, Any] | None, out: Any, device: DeviceSpec
+) -> float:
+    if info.free:
+        return 0.0
+    # Runs once per op on every rank thread: plain tensors and flat lists are handled inline, without
+    # a generic pytree walk, to keep the per-op cost to a microsecond or two.
+    tensor = torch.Tensor
+    moved = _nbytes(out) if isinstance(out, tensor) else _tree_bytes(out)
+    for a in args:
+        if isinstance(a, tensor):
+            moved += _nbytes(a)
+        elif isinstance(a, (list, tuple)):
+            moved += _tree_bytes(a)
+    if kwargs:
+        out_args = info.out_args
+        for key, a in kwargs.items():
+            if key not in out_args:
+                moved += _tree_bytes(a)
+    seconds = moved / device.memory_bandwidth
+    if info.flops is not None:
+        flops, dtype = info.flops(args, out)
+        seconds = max(seconds, flops / device.flops_for(dtype))
+    return seconds + device.launch_overhead
+
+
+def op_cost(
+    func: Any, args: Sequence[Any], kwargs: dict[str, Any] | None, out: Any, device: DeviceSpec
+) -> float:
+    """Seconds one aten op takes on ``device``: max(flops / peak, bytes moved / bandwidth) + launch overhead.
+
+    ``func`` is the OpOverload seen by a dispatch mode, ``args``/``kwargs`` its inputs and ``out`` its result.
+    FLOPs come from closed forms for the matmul, convolution and attention families; every other op is
+    memory-bound with bytes = tensor inputs + tensor outputs. Views and allocation-only ops cost 0.
+    """
+    if device.is_zero_cost:
+        return 0.0
+    return _info_cost(_op_info(func), args, kwargs, out, device)
+
+
+def op_flops(func: Any, args: Sequence[Any], kwargs: dict[str, Any] | None, out: Any) -> float:
+    """FLOPs the closed-form formulas assign to one op (0 for ops treated as memory-bound)."""
+    formula = _op_info(func).flops
+    return 0.0 if formula is None else formula(args, out)[0]
+
+
+class ComputeCostMode(TorchDispatchMode):
+    """Runs every op for real and calls ``charge(seconds, "aten::name")`` with its modelled time when > 0.
+
+    Dispatch modes are thread-local: enter one instance per rank thread. Autograd's backward ops pass
+    through the mode of the thread that called ``backward()``.
+    """
+
+    def __init__(self, device: DeviceSpec, charge: Callable[[float, str], None]) -> None:
+        super().__init__()
+        self.device = device
+        self._charge = charge
+        self._zero_cost = device.is_zero_cost
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if not self._zero_cost:
+            info = _op_info(func)
+            if not info.free:
+                seconds = _info_cost(info, args, kwargs, out, self.device)
+                if seconds > 0:
+                    self._charge(seconds, info.name)
+        return out
+
+
+def estimate(
+    fn: Callable[..., Any], *args: Any, device: DeviceSpec | str, **kwargs: Any
+) -> tuple[float, list[tuple[str, float]]]:
+    """Run ``fn(*args, **kwargs)`` under ComputeCostMode; return (total seconds, [(op name, seconds), ...])."""
+    spec = get_device(device) if isinstance(device, str) else device
+    charges: list[tuple[str, float]] = []
+    with ComputeCostMode(spec, lambda seconds, name: charges.append((name, seconds))):
+        fn(*args, **kwargs)
+    return sum(s for _, s in charges), charges

@@ -1,0 +1,162 @@
+"""Accelerator specifications: peak dense FLOP/s per dtype, memory bandwidth and per-kernel launch overhead."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import torch
+
+from simdist.errors import ClusterSpecError
+
+# Fixed cost charged for every kernel, in seconds. Not a datasheet figure: it is an order-of-magnitude estimate
+# of CUDA kernel launch latency (a few microseconds) plus eager PyTorch dispatch for one op, which together
+# put a floor under small ops on a real GPU. Override per device with dataclasses.replace() when calibrating.
+DEFAULT_LAUNCH_OVERHEAD = 5e-6
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One accelerator: dense peak FLOP/s per dtype, HBM bandwidth (bytes/s), launch overhead (seconds per kernel).
+
+    ``peak_flops`` must contain ``torch.float32``; dtypes without an entry use that figure (see ``flops_for``).
+    A device whose every peak and bandwidth is infinite and whose launch overhead is zero is *zero-cost*:
+    every op takes 0 s, so only communication advances simulated time.
+    """
+
+    name: str
+    peak_flops: Mapping[torch.dtype, float] = field(hash=False)
+    memory_bandwidth: float
+    launch_overhead: float = DEFAULT_LAUNCH_OVERHEAD
+    source: str = ""
+    _zero_cost: bool = field(init=False, repr=False, compare=False, hash=False, default=False)
+
+    def __post_init__(self) -> None:
+        if torch.float32 not in self.peak_flops:
+            raise ClusterSpecError(
+                f"device {self.name!r}: peak_flops has no torch.float32 entry (found {sorted(map(str, self.peak_flops))}); "
+                "add one, it is the fallback for dtypes without their own figure"
+            )
+        for dtype, flops in self.peak_flops.items():
+            if not isinstance(dtype, torch.dtype) or not flops > 0:
+                raise ClusterSpecError(
+                    f"device {self.name!r}: peak_flops must map torch.dtype to a positive FLOP/s figure, "
+                    f"found {dtype!r}: {flops!r}"
+                )
+        if not self.memory_bandwidth > 0:
+            raise ClusterSpecError(
+                f"device {self.name!r}: memory_bandwidth must be a positive number of bytes/s, "
+                f"found {self.memory_bandwidth!r}"
+            )
+        if not (self.launch_overhead >= 0 and math.isfinite(self.launch_overhead)):
+            raise ClusterSpecError(
+                f"device {self.name!r}: launch_overhead must be a finite number of seconds >= 0, "
+                f"found {self.launch_overhead!r}"
+            )
+        # Copy into a read-only view so the frozen spec cannot change under a running simulation.
+        object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
+        zero = (
+            self.launch_overhead == 0
+            and math.isinf(self.memory_bandwidth)
+            and all(math.isinf(f) for f in self.peak_flops.values())
+        )
+        object.__setattr__(self, "_zero_cost", zero)
+
+    def __reduce__(self) -> tuple[type[DeviceSpec], tuple[str, dict[torch.dtype, float], float, float, str]]:
+        # The read-only peak table is a mappingproxy, which pickle cannot handle; rebuild from a plain dict.
+        return (
+            DeviceSpec,
+            (self.name, dict(self.peak_flops), self.memory_bandwidth, self.launch_overhead, self.source),
+        )
+
+    @property
+    def is_zero_cost(self) -> bool:
+        """True when every op on this device takes 0 seconds."""
+        return self._zero_cost
+
+    def flops_for(self, dtype: torch.dtype) -> float:
+        """Dense peak FLOP/s for ``dtype``; dtypes without an entry get the float32 figure."""
+        flops = self.peak_flops.get(dtype)
+        return self.peak_flops[torch.float32] if flops is None else flops
+
+
+# Figure choices, shared by every GPU below:
+# - float32 is the plain (non-tensor-core) FP32 rate. PyTorch's default for CUDA matmul is
+#   torch.backends.cuda.matmul.allow_tf32 = False, so FP32 matmuls do not use TF32 tensor cores by default.
+# - bfloat16/float16/float8/int8 are dense tensor-core rates. NVIDIA datasheets quote these "with sparsity"
+#   (2:4 structured); the dense rate is half that figure.
+# - float64 is the FP64 tensor-core rate (cuBLAS DGEMM uses it).
+
+H100 = DeviceSpec(
+    name="H100",
+    peak_flops={
+        torch.float64: 67e12,
+        torch.float32: 67e12,
+        torch.bfloat16: 1979e12 / 2,
+        torch.float16: 1979e12 / 2,
+        torch.float8_e4m3fn: 3958e12 / 2,
+        torch.float8_e5m2: 3958e12 / 2,
+        torch.int8: 3958e12 / 2,
+    },
+    memory_bandwidth=3.35e12,
+    source="NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column (80 GB HBM3, 3.35 TB/s)",
+)
+
+H200 = DeviceSpec(
+    name="H200",
+    peak_flops={
+        torch.float64: 67e12,
+        torch.float32: 67e12,
+        torch.bfloat16: 1979e12 / 2,
+        torch.float16: 1979e12 / 2,
+        torch.float8_e4m3fn: 3958e12 / 2,
+        torch.float8_e5m2: 3958e12 / 2,
+        torch.int8: 3958e12 / 2,
+    },
+    memory_bandwidth=4.8e12,
+    source="NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column (141 GB HBM3e, 4.8 TB/s)",
+)
+
+A100 = DeviceSpec(
+    name="A100",
+    peak_flops={
+        torch.float64: 19.5e12,
+        torch.float32: 19.5e12,
+        torch.bfloat16: 624e12 / 2,
+        torch.float16: 624e12 / 2,
+        torch.int8: 1248e12 / 2,
+    },
+    memory_bandwidth=2.039e12,
+    source="NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM column (80 GB HBM2e, 2,039 GB/s)",
+)
+
+CPU = DeviceSpec(
+    name="cpu",
+    peak_flops={torch.float32: math.inf},
+    memory_bandwidth=math.inf,
+    launch_overhead=0.0,
+    source="zero-cost placeholder: compute takes no simulated time",
+)
+
+DEVICES: Mapping[str, DeviceSpec] = MappingProxyType({d.name: d for d in (H100, H200, A100, CPU)})
+"""Built-in devices by canonical name."""
+
+_ALIASES: Mapping[str, str] = {"h100-sxm": "H100", "h200-sxm": "H200", "a100-sxm": "A100"}
+_BY_LOWER: Mapping[str, DeviceSpec] = {
+    **{name.lower(): spec for name, spec in DEVICES.items()},
+    **{alias: DEVICES[name] for alias, name in _ALIASES.items()},
+}
+
+
+def get_device(name: str) -> DeviceSpec:
+    """The built-in device called ``name`` (case-insensitive; aliases such as "H100-SXM" accepted)."""
+    spec = _BY_LOWER.get(name.lower()) if isinstance(name, str) else None
+    if spec is None:
+        known = ", ".join([*DEVICES, *(a.upper() for a in _ALIASES)])
+        raise ClusterSpecError(
+            f"unknown device {name!r}; known devices: {known}. "
+            "Pass one of these, or build a DeviceSpec with your own figures"
+        )
+    return spec
