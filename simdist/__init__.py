@@ -30,6 +30,7 @@ __all__ = [
     "load_cluster",
     "now",
     "run",
+    "set_algorithms",
 ]
 
 
@@ -54,7 +55,7 @@ def __getattr__(name: str):  # lazy: importing simdist stays cheap and free of i
         from simdist.comm.work import SimTimeoutError
 
         return SimTimeoutError
-    if name in ("now", "charge"):
+    if name in ("now", "charge", "set_algorithms"):
         from simdist.engine import api
 
         return getattr(api, name)

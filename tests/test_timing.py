@@ -128,3 +128,21 @@ def test_collectives_on_one_group_run_in_issue_order():
     small = algorithms.estimate("all_reduce", "ring", 4, 64, LAT, 1 / BW)
     # the small all-reduce waits for the big one issued before it on the same stream
     assert max(res.returns) == pytest.approx(big + small, rel=0.01)
+
+
+def _per_group_algorithm():
+    simdist.set_algorithms(all_reduce="tree")
+    sub = dist.new_group([0, 1, 2, 3])
+    simdist.set_algorithms(sub, all_reduce="ring")
+    t = torch.ones(64)
+    dist.all_reduce(t)
+    dist.all_reduce(t, group=sub)
+    return t[0].item()
+
+
+def test_algorithm_selectable_per_group():
+    cluster = simdist.Cluster.switch(4, bandwidth=BW, latency=LAT, device="cpu", algorithms={"all_reduce": "rhd"})
+    res = simdist.run(_per_group_algorithm, cluster)
+    assert res.returns == [16.0] * 4
+    used = {s.stream: s.args["algorithm"] for s in res.trace.collectives(0)}
+    assert sorted(used.values()) == ["ring", "tree"]

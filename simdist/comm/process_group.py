@@ -91,6 +91,7 @@ class SimProcessGroup(dist.ProcessGroup):
         work.group_state, work.seq = self.state, seq
         call = Call(op, self.grank, tuple(signature), site, work, data)
         self.state.join(call, self._start)
+        drain_at_end_of_backward(work)
         return work
 
     def _start(self, inst: Instance) -> None:
@@ -423,6 +424,34 @@ class SimProcessGroup(dist.ProcessGroup):
         else:
             sim.p2p.post_recv(st.name, g_peer, me, tag, t, work, site)
         return work
+
+
+def drain_at_end_of_backward(work: SimWork) -> None:
+    """Wait, in Python, for collectives issued inside a backward pass before that backward returns.
+
+    torch's C++ DDP reducer waits on the futures of its bucket all-reduces from an autograd engine callback,
+    in C++, where a simulated rank cannot hand the baton back. A callback queued here, when the first
+    collective of a backward is issued, runs before the reducer's (callbacks run in queue order, and the
+    reducer queues its own after the last bucket is launched) and waits on every work issued in that
+    backward through the baton, so the futures are complete when C++ looks at them.
+    """
+    task = torch._C._current_graph_task_id()
+    if task == -1:
+        return
+    from simdist.engine.baton import current_rank_state
+
+    state = current_rank_state()
+    pending = state.backward_works
+    if pending.get("task") != task:
+        pending["task"] = task
+        pending["works"] = []
+
+        def drain(works: list[SimWork] = pending["works"]) -> None:
+            for w in works:
+                w.wait()
+
+        torch.autograd.Variable._execution_engine.queue_callback(drain)
+    pending["works"].append(work)
 
 
 _ALGO_FAMILY = {

@@ -18,3 +18,28 @@ def charge(seconds: float, name: str = "compute") -> None:
     sim = _state["sim"]
     if sim is not None:
         sim.charge(seconds, name)
+
+
+def set_algorithms(group: object | None = None, **algorithms: str) -> None:
+    """Fix the algorithm of collectives on ``group`` (the default group when None), e.g. ``all_reduce="tree"``.
+
+    Call it from rank code; it applies to every rank of the group and overrides the cluster's choice.
+    Algorithms: ``ring``, ``tree``, ``direct``, ``rhd`` (recursive halving/doubling) or ``auto``.
+    """
+    import torch.distributed as dist
+
+    from simdist.comm.algorithms import SUPPORTED
+
+    pg = group if group is not None else dist.group.WORLD
+    state = getattr(pg, "state", None)
+    if state is None:
+        raise RuntimeError("set_algorithms needs a group of a simulated run (call it from rank code)")
+    for coll, algo in algorithms.items():
+        if coll not in SUPPORTED:
+            raise ValueError(f"unknown collective {coll!r}; choose from {sorted(SUPPORTED)}")
+        if algo != "auto" and algo not in SUPPORTED[coll]:
+            raise ValueError(f"algorithm {algo!r} does not implement {coll}; choose from {SUPPORTED[coll]} or 'auto'")
+    state.algorithms.update({c: a for c, a in algorithms.items() if a != "auto"})
+    for c, a in algorithms.items():
+        if a == "auto":
+            state.algorithms.pop(c, None)

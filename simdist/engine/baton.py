@@ -49,6 +49,8 @@ class RankState:
     pending: float = 0.0
     #: simulated time (seconds) at which the rank's function returned
     finish_time: float = 0.0
+    #: collectives issued inside the current autograd backward (see comm.process_group.drain_at_end_of_backward)
+    backward_works: dict[str, Any] = field(default_factory=dict)
 
 
 _current = threading.local()

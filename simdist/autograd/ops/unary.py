@@ -1,0 +1,100 @@
+"""Elementwise functions of one tensor: exp, log, tanh, sigmoid, relu."""
+
+from __future__ import annotations
+
+from simdist.autograd.dispatch import emit1
+from simdist.autograd.executor import TensorMeta
+from simdist.autograd.function import Function
+from simdist.autograd.graph import Node
+from simdist.autograd.ops.compare import compare, where
+from simdist.autograd.shapes import float_dtype
+from simdist.autograd.tensor import Tensor
+
+
+def _floating(op: str, x: Tensor) -> Tensor:
+    return emit1(op, (x,), TensorMeta(x.shape, float_dtype(x.dtype)))
+
+
+class Exp(Function):
+    """e ** x; backward reuses the output."""
+
+    op = "exp"
+
+    @staticmethod
+    def forward(ctx: Node, x: Tensor) -> Tensor:
+        out = _floating("exp", x)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Node, grad: Tensor) -> Tensor:
+        (out,) = ctx.saved_tensors
+        return grad * out
+
+
+class Log(Function):
+    """Natural log of x."""
+
+    op = "log"
+
+    @staticmethod
+    def forward(ctx: Node, x: Tensor) -> Tensor:
+        ctx.save_for_backward(x)
+        return _floating("log", x)
+
+    @staticmethod
+    def backward(ctx: Node, grad: Tensor) -> Tensor:
+        (x,) = ctx.saved_tensors
+        return grad / x
+
+
+class Tanh(Function):
+    """tanh(x); backward is 1 - tanh(x)**2 from the output."""
+
+    op = "tanh"
+
+    @staticmethod
+    def forward(ctx: Node, x: Tensor) -> Tensor:
+        out = _floating("tanh", x)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Node, grad: Tensor) -> Tensor:
+        (out,) = ctx.saved_tensors
+        return grad * (1.0 - out * out)
+
+
+class Sigmoid(Function):
+    """1 / (1 + e ** -x); backward is s * (1 - s) from the output s."""
+
+    op = "sigmoid"
+
+    @staticmethod
+    def forward(ctx: Node, x: Tensor) -> Tensor:
+        out = _floating("sigmoid", x)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Node, grad: Tensor) -> Tensor:
+        (out,) = ctx.saved_tensors
+        return grad * (1.0 - out) * out
+
+
+class Relu(Function):
+    """max(x, 0); the gradient passes where the output is positive (0 at x == 0, as in torch)."""
+
+    op = "relu"
+
+    @staticmethod
+    def forward(ctx: Node, x: Tensor) -> Tensor:
+        out = emit1("relu", (x,), TensorMeta(x.shape, x.dtype))
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Node, grad: Tensor) -> Tensor:
+        (out,) = ctx.saved_tensors
+        # A mask, not a product: grad * 0 would turn an inf or nan gradient into nan where torch gives 0.
+        return where(compare("gt", out, out._lift(0)), grad, 0.0)
