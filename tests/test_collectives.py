@@ -194,16 +194,22 @@ def test_gather_scatter(n, data, seed, algo):
 def _non_contiguous():
     rank = dist.get_rank()
     base = torch.arange(12, dtype=torch.float32).reshape(3, 4) * (rank + 1)
-    t = base.t()  # a transposed view
-    dist.all_reduce(t)
-    return base
+    dist.all_reduce(base.t())  # a transposed view covering its whole block of memory
+    col = torch.arange(12, dtype=torch.float32).reshape(3, 4) * (rank + 1)
+    dist.broadcast(col[:, 1], src=0)  # a column: gloo (and simdist) write 3 contiguous elements from col[0, 1]
+    return base, col
 
 
-def test_non_contiguous_all_reduce_writes_through_the_view():
-    res = simdist.run(_non_contiguous, cluster(3))
+def test_non_contiguous_tensors_behave_as_on_gloo():
+    with pytest.warns(UserWarning, match="not contiguous"):
+        res = simdist.run(_non_contiguous, cluster(3))
     want = np.arange(12, dtype=np.float32).reshape(3, 4) * 6
     for r in range(3):
-        np.testing.assert_array_equal(res.returns[r].numpy(), want)
+        base, col = res.returns[r]
+        np.testing.assert_array_equal(base.numpy(), want)
+        raw = (np.arange(12, dtype=np.float32) * (r + 1))
+        raw[1:4] = np.arange(1, 4)  # rank 0's memory block from its element [0, 1]
+        np.testing.assert_array_equal(col.numpy().reshape(-1), raw)
 
 
 def _p2p_ring(shape):

@@ -28,11 +28,31 @@ class Plan:
     finish: list[Callable[[], None]] = field(default_factory=list)
 
 
-def flat_view(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """A flat buffer over ``t`` and whether it aliases ``t`` (False: a copy to write back)."""
+def raw_flat(t: torch.Tensor) -> torch.Tensor:
+    """The ``numel`` elements of memory starting at ``t``'s first element, as gloo reads and writes them.
+
+    For a contiguous tensor that is ``t.view(-1)``. gloo hands collectives the tensor's data pointer and
+    element count and ignores strides, so for a non-contiguous view it works on the block of memory the
+    view starts at, not on the elements the view shows (an all-reduce of a transposed tensor still comes
+    out right; a broadcast of a column does not). simdist does the same, so simulated results equal gloo's,
+    and warns (see ``process_group._check_tensor``).
+    """
     if t.is_contiguous():
-        return t.view(-1), True
-    return t.contiguous().view(-1), False
+        return t.view(-1)
+    n = t.numel()
+    capacity = t.untyped_storage().nbytes() // t.element_size()
+    if t.storage_offset() + n > capacity:
+        raise ValueError(
+            f"a non-contiguous tensor of shape {tuple(t.shape)} and strides {t.stride()} does not own "
+            f"{n} elements of memory from its first element (gloo would read past its storage); "
+            f"pass tensor.contiguous()"
+        )
+    return t.as_strided((n,), (1,), t.storage_offset())
+
+
+def flat_view(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """A flat buffer over ``t``'s memory (gloo's view of it) and whether it aliases ``t`` (always True)."""
+    return raw_flat(t), True
 
 
 def _avg(buf: torch.Tensor, n: int) -> None:
@@ -85,7 +105,7 @@ def plan_reduce(tensors: list[torch.Tensor], root: int, op: str, algo: str) -> P
             ws, aliased = flat_view(t)
             fins.append(_finisher(ws, t, aliased, n if op == "avg" else None))
         else:
-            ws = t.reshape(-1).clone()
+            ws = raw_flat(t).clone()
             fins.append(lambda: None)
         bufs.append(ws)
     msgs = algorithms.build("reduce", algo, n, bufs[0].numel(), bufs[0].element_size(), root=root)
@@ -104,7 +124,7 @@ def plan_all_gather(inputs: list[torch.Tensor], outputs: list[list[torch.Tensor]
         else:
             ws = torch.empty(n * m, dtype=inp.dtype)
             fin = _copy_out_chunks(ws, out)
-        ws[r * m : (r + 1) * m].copy_(inp.reshape(-1))
+        ws[r * m : (r + 1) * m].copy_(raw_flat(inp))
         bufs.append(ws)
         fins.append(fin)
     msgs = algorithms.build("all_gather", algo, n, n * m, inputs[0].element_size())
@@ -132,9 +152,9 @@ def plan_reduce_scatter(
     bufs, fins = [], []
     for r, (inp, out) in enumerate(zip(inputs, outputs)):
         if isinstance(inp, torch.Tensor):
-            ws = inp.reshape(-1).clone()
+            ws = raw_flat(inp).clone()
         else:
-            ws = torch.cat([t.reshape(-1) for t in inp]) if inp else torch.empty(0, dtype=out.dtype)
+            ws = torch.cat([raw_flat(t) for t in inp]) if inp else torch.empty(0, dtype=out.dtype)
         bufs.append(ws)
         fins.append(_chunk_to(ws, r * m, m, out, n if op == "avg" else None))
     msgs = algorithms.build("reduce_scatter", algo, n, n * m, outputs[0].element_size())
@@ -159,7 +179,7 @@ def plan_gather(inputs: list[torch.Tensor], root_outputs: list[torch.Tensor], ro
     for r, inp in enumerate(inputs):
         v = (r - root) % n
         ws = torch.empty(n * m, dtype=inp.dtype)
-        ws[v * m : (v + 1) * m].copy_(inp.reshape(-1))
+        ws[v * m : (v + 1) * m].copy_(raw_flat(inp))
         bufs[v] = ws
         if r == root:
             order = [(v2 + root) % n for v2 in range(n)]
@@ -179,7 +199,7 @@ def plan_scatter(root_inputs: list[torch.Tensor], outputs: list[torch.Tensor], r
     for r, out in enumerate(outputs):
         v = (r - root) % n
         if r == root:
-            ws = torch.cat([root_inputs[(v2 + root) % n].reshape(-1) for v2 in range(n)])
+            ws = torch.cat([raw_flat(root_inputs[(v2 + root) % n]) for v2 in range(n)])
         else:
             ws = torch.empty(n * m, dtype=out.dtype)
         bufs.append(ws)
@@ -205,7 +225,7 @@ def plan_all_to_all(
         row_out = out[0].numel() if out.dim() > 0 and out.shape[0] else 1
         in_el.append([s * row_in for s in in_splits[r]])
         out_el.append([s * row_out for s in out_splits[r]])
-        s_ws = inp.reshape(-1).clone()
+        s_ws = raw_flat(inp).clone()
         d_ws, aliased = flat_view(out)
         src.append(s_ws)
         dst.append(d_ws)

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from simdist.comm.collectives import raw_flat
 from simdist.comm.work import SimWork
 from simdist.trace.trace import Message, Span
 
@@ -89,16 +90,14 @@ class P2P:
                 f"{tuple(recv.tensor.shape)} {recv.tensor.dtype} at {recv.site}; sizes and dtypes must agree"
             )
         sim = self.sim
-        payload = send.tensor.detach().reshape(-1).clone()
+        payload = raw_flat(send.tensor.detach()).clone()
         nbytes = payload.numel() * payload.element_size()
         recv.work.source_rank = send.src
         t0 = sim.env.now
 
         def arrive(start: float, end: float) -> None:
             with torch.no_grad():
-                recv.tensor.view(-1).copy_(payload) if recv.tensor.is_contiguous() else recv.tensor.copy_(
-                    payload.view(recv.tensor.shape)
-                )
+                raw_flat(recv.tensor).copy_(payload)
             trace = sim.trace
             trace.spans.append(Span(send.src, "p2p", "send", t0, end, {"dst": send.dst, "tag": send.tag, "bytes": nbytes}))
             trace.spans.append(Span(send.dst, "p2p", "recv", t0, end, {"src": send.src, "tag": send.tag, "bytes": nbytes}))

@@ -8,6 +8,7 @@ calls ``wait()`` for synchronous calls.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -48,6 +49,14 @@ def _check_tensor(t: Any, what: str) -> torch.Tensor:
         raise ValueError(f"{what}: only dense (strided) tensors are supported, got layout {t.layout}")
     if t.device.type not in ("cpu", "meta"):
         raise ValueError(f"{what}: simulated ranks hold CPU tensors, got a tensor on {t.device}")
+    if not t.is_contiguous():
+        warnings.warn(
+            f"{what} is not contiguous (shape {tuple(t.shape)}, strides {t.stride()}): like gloo, simdist "
+            f"reads and writes its {t.numel()} elements as one block of memory from its first element, which "
+            f"is what the view shows only if the view covers that whole block. NCCL rejects such tensors; "
+            f"pass tensor.contiguous() and copy the result back.",
+            stacklevel=4,
+        )
     return t
 
 

@@ -1,0 +1,122 @@
+"""Rank functions run both by simdist and by real gloo processes (tests/test_sim_vs_real.py)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool"]
+
+
+def _data(rank: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(rank)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (numel,), generator=g).bool()
+    return torch.randint(0, 4, (numel,), generator=g).to(dtype)
+
+
+def _try(fn):
+    try:
+        return ("ok", fn())
+    except Exception as e:  # noqa: BLE001 - the error type is the result compared with gloo
+        return ("error", type(e).__name__)
+
+
+def collectives_by_dtype(numel: int) -> dict:
+    """Every collective on every dtype, with a size not divisible by the world size where it may be."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    out = {}
+    for name in DTYPES:
+        dt = getattr(torch, name)
+
+        def ar(op):
+            t = _data(rank, numel, dt)
+            dist.all_reduce(t, op=op)
+            return t
+
+        out[(name, "all_reduce_sum")] = _try(lambda: ar(dist.ReduceOp.SUM))
+        out[(name, "all_reduce_max")] = _try(lambda: ar(dist.ReduceOp.MAX))
+        out[(name, "all_reduce_product")] = _try(lambda: ar(dist.ReduceOp.PRODUCT))
+
+        def bc():
+            t = _data(rank, numel, dt)
+            dist.broadcast(t, src=n - 1)
+            return t
+
+        out[(name, "broadcast")] = _try(bc)
+
+        def ag():
+            outs = [torch.zeros(numel, dtype=dt) for _ in range(n)]
+            dist.all_gather(outs, _data(rank, numel, dt))
+            return torch.stack(outs)
+
+        out[(name, "all_gather")] = _try(ag)
+
+        def red():
+            t = _data(rank, numel, dt)
+            dist.reduce(t, dst=0)
+            return t if rank == 0 else None
+
+        out[(name, "reduce")] = _try(red)
+    return out
+
+
+def non_contiguous() -> dict:
+    rank = dist.get_rank()
+    out = {}
+
+    def ar():
+        base = torch.arange(12, dtype=torch.float32).reshape(3, 4) * (rank + 1)
+        dist.all_reduce(base.t())
+        return base
+
+    def bc():
+        base = torch.arange(12, dtype=torch.float32).reshape(3, 4) * (rank + 1)
+        dist.broadcast(base[:, 1], src=0)
+        return base
+
+    out["all_reduce_transposed"] = _try(ar)
+    out["broadcast_column"] = _try(bc)
+    return out
+
+
+def scatter_gather_alltoall(numel: int) -> dict:
+    n, rank = dist.get_world_size(), dist.get_rank()
+    res = {}
+    inp = torch.arange(numel * n, dtype=torch.float32) + 100 * rank
+    out = torch.zeros(numel * n)
+    dist.all_to_all_single(out, inp)
+    res["all_to_all_single"] = out
+    o = torch.zeros(numel)
+    dist.scatter(o, [torch.full((numel,), float(j)) for j in range(n)] if rank == 1 else None, src=1)
+    res["scatter"] = o
+    gl = [torch.zeros(numel) for _ in range(n)] if rank == 0 else None
+    dist.gather(torch.full((numel,), float(rank)), gl, dst=0)
+    res["gather"] = torch.stack(gl) if gl else None
+    rs = torch.zeros(numel)
+    dist.reduce_scatter_tensor(rs, torch.arange(numel * n, dtype=torch.float32) * (rank + 1))
+    res["reduce_scatter_tensor"] = rs
+    agt = torch.zeros(numel * n)
+    dist.all_gather_into_tensor(agt, torch.full((numel,), float(rank)))
+    res["all_gather_into_tensor"] = agt
+    sub = dist.new_group([0, n - 1])
+    t = torch.ones(3) * rank
+    if rank in (0, n - 1):
+        dist.all_reduce(t, group=sub)
+    res["subgroup"] = t
+    peer = (rank + 1) % n
+    recv = torch.zeros(2)
+    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((2,), float(rank)), peer), dist.P2POp(dist.irecv, recv, (rank - 1) % n)])
+    for r in reqs:
+        r.wait()
+    res["batch_isend_irecv"] = recv
+    return res
+
+
+def everything(numel: int) -> dict:
+    """All of the above in one launch (each real launch costs seconds of process start-up)."""
+    return {
+        "dtypes": collectives_by_dtype(numel),
+        "non_contiguous": non_contiguous(),
+        "misc": scatter_gather_alltoall(numel),
+    }
