@@ -1,0 +1,66 @@
+"""Per-rank status files through which workers tell the launcher how far they got and why they failed."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+STARTED = "started"
+RETURNED = "returned"
+
+
+class StatusDir:
+    """A directory holding ``rank<R>.<kind>`` files, written by workers and read by the launcher."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def path(self, rank: int, kind: str) -> Path:
+        """The file of ``kind`` for ``rank``."""
+        return self.root / f"rank{rank}.{kind}"
+
+    def mark(self, rank: int, kind: str) -> None:
+        """Record that ``rank`` reached stage ``kind`` (STARTED, RETURNED)."""
+        self.path(rank, kind).touch()
+
+    def has(self, rank: int, kind: str) -> bool:
+        """Whether ``rank`` reached stage ``kind``."""
+        return self.path(rank, kind).exists()
+
+    def record_error(self, rank: int, exc: BaseException, skip_file: str | None = None) -> None:
+        """Save ``exc`` raised on ``rank`` with the time it was caught (to order failures across ranks).
+
+        Leading traceback frames from ``skip_file`` (the launcher's own worker code) are left out.
+        """
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename == skip_file:
+            tb = tb.tb_next
+        data = {
+            "time": time.time(),
+            "type": type(exc).__name__,
+            "summary": "".join(traceback.format_exception_only(type(exc), exc)).strip(),
+            "traceback": "".join(traceback.format_exception(type(exc), exc, tb)),
+        }
+        # Written then renamed so the launcher never reads half a file.
+        tmp = self.path(rank, "error.tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, self.path(rank, "error.json"))
+
+    def error(self, rank: int) -> dict[str, Any] | None:
+        """The error ``rank`` recorded, or None."""
+        path = self.path(rank, "error.json")
+        if not path.exists():
+            return None
+        return json.loads(path.read_text())
+
+    def stack(self, rank: int) -> str | None:
+        """The Python stacks ``rank`` dumped when asked at the timeout, or None if it dumped nothing."""
+        path = self.path(rank, "stack.txt")
+        if not path.exists():
+            return None
+        text = path.read_text().strip()
+        return text or None

@@ -1,0 +1,58 @@
+"""Rank functions for tests/test_real.py, importable by the spawned worker processes.
+
+Also a script in the shared convention, with ``main()`` as its entry:
+``python -m real tests/real_fns.py --nproc 2``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def all_reduce_arange(n: int) -> dict[str, Any]:
+    """Each rank contributes ``arange(n) * (rank + 1)``; returns the sum and what the rank saw."""
+    rank = dist.get_rank()
+    tensor = torch.arange(n, dtype=torch.float64) * (rank + 1)
+    dist.all_reduce(tensor)
+    return {
+        "sum": tensor,
+        "rank": rank,
+        "world": dist.get_world_size(),
+        "backend": dist.get_backend(),
+        "env": {key: os.environ[key] for key in _LAUNCHER_VARS},
+        "extra": os.environ.get("REAL_TEST_EXTRA"),
+        "omp_threads": torch.get_num_threads(),
+    }
+
+
+def fail_on_rank_1() -> float:
+    """Rank 1 raises while rank 0 waits in a collective that can never complete."""
+    if dist.get_rank() == 1:
+        raise ValueError("rank 1 refuses to reduce")
+    tensor = torch.ones(2)
+    dist.all_reduce(tensor)
+    return float(tensor.sum())
+
+
+def hang() -> None:
+    """Never returns: only the launcher's timeout ends it."""
+    while True:
+        time.sleep(0.1)
+
+
+def main(scale: int = 1) -> int:
+    """Script entry: returns ``scale * sum(rank + 1 for every rank)``."""
+    tensor = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(tensor)
+    return int(tensor.item()) * scale
+
+
+if __name__ == "__main__":
+    print("run me with: python -m real tests/real_fns.py --nproc 2")

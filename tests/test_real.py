@@ -1,0 +1,303 @@
+"""The real launcher: rank functions on real processes through torch's elastic launcher.
+
+Tests marked ``real`` start processes (a few seconds each on a small machine); the rest check what
+must be rejected before any process starts.
+"""
+
+from __future__ import annotations
+
+import collections
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import real_fns
+import torch
+
+import real
+from real import RealConfigError, RealRunError
+from real.__main__ import main as cli_main
+from real.report import failure_error
+from real.status import StatusDir
+from real.target import ScriptTarget, target_for
+from real.worker import _to_cpu
+from simdist.script import ScriptError, load_entry
+
+Pair = collections.namedtuple("Pair", "a b")
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = str(REPO / "tests" / "real_fns.py")
+
+
+@pytest.fixture
+def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make any attempt to start processes fail the test: these errors must come before launching."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the launcher was started although the run should have been rejected")
+
+    monkeypatch.setattr("real.launcher.elastic_launch", refuse)
+
+
+# --- real processes ----------------------------------------------------------------------------------
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_all_reduce_on_real_processes_matches_arithmetic(nproc: int) -> None:
+    n = 6
+    sigint_before = signal.getsignal(signal.SIGINT)
+    result = real.run(real_fns.all_reduce_arange, nproc, args=(n,), env={"REAL_TEST_EXTRA": "yes"})
+
+    expected = np.arange(n) * sum(range(1, nproc + 1))
+    assert (result.nproc, result.backend, len(result.returns)) == (nproc, "gloo", nproc)
+    assert result.wall_time > 0
+    for rank, value in enumerate(result.returns):
+        np.testing.assert_array_equal(value["sum"].numpy(), expected)
+        assert (value["rank"], value["world"], value["backend"]) == (rank, nproc, "gloo")
+        assert value["env"]["RANK"] == value["env"]["LOCAL_RANK"] == str(rank)
+        assert value["env"]["WORLD_SIZE"] == str(nproc)
+        assert value["env"]["MASTER_ADDR"] == "127.0.0.1"
+        assert value["extra"] == "yes"
+        assert value["omp_threads"] == 1  # as torchrun does for several processes per node
+    # Every rank rendezvoused through the same store.
+    assert len({value["env"]["MASTER_PORT"] for value in result.returns}) == 1
+    # The agent ran off the main thread: the caller's Ctrl-C handling is untouched.
+    assert signal.getsignal(signal.SIGINT) is sigint_before
+
+
+@pytest.mark.real
+def test_worker_exception_names_the_rank_and_carries_its_traceback() -> None:
+    with pytest.raises(RealRunError) as info:
+        real.run(real_fns.fail_on_rank_1, 2, timeout=120)
+    error = info.value
+    assert error.first_rank == 1 and not error.timed_out
+    assert "rank 1 failed" in str(error)
+    assert "ValueError: rank 1 refuses to reduce" in str(error)
+    assert "fail_on_rank_1" in error.failures[1]  # the traceback reaches into the rank code
+
+
+@pytest.mark.real
+def test_timeout_kills_a_hung_run_and_shows_where_it_was_stuck() -> None:
+    # One process keeps this quick; the timeout covers starting it even on a busy machine.
+    with pytest.raises(RealRunError) as info:
+        real.run(real_fns.hang, 1, timeout=10)
+    error = info.value
+    assert error.timed_out
+    assert "timed out after 10 s" in str(error) and "still running: ranks 0" in str(error)
+    assert set(error.stacks) == {0}
+    assert "in hang" in error.stacks[0]
+
+
+@pytest.mark.real
+def test_run_script_loads_the_script_in_each_worker() -> None:
+    result = real.run_script(SCRIPT, 2, kwargs={"scale": 10})
+    assert result.returns == [30, 30]
+
+
+@pytest.mark.real
+def test_cli_prints_each_ranks_return_value() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "real", "tests/real_fns.py", "--nproc", "2"],
+        cwd=REPO,
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 0, completed.stderr
+    lines = completed.stdout.splitlines()
+    assert lines[:2] == ["rank 0: 3", "rank 1: 3"]
+    assert lines[2].startswith("wall time: ")
+
+
+@pytest.mark.real
+def test_cli_reports_a_failing_rank_with_exit_code_1(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main([SCRIPT, "--nproc", "2", "--entry", "fail_on_rank_1"]) == 1
+    err = capsys.readouterr().err
+    assert "rank 1 failed" in err and "ValueError: rank 1 refuses to reduce" in err
+
+
+# --- rejected before launching -----------------------------------------------------------------------
+
+
+def _closure() -> object:
+    scale = 2
+
+    def inner() -> int:
+        return scale
+
+    return inner
+
+
+def test_lambda_is_rejected_before_launching(no_launch: None) -> None:
+    with pytest.raises(RealConfigError, match="lambda.*run_script"):
+        real.run(lambda: 1, 2)
+
+
+def test_closure_is_rejected_before_launching(no_launch: None) -> None:
+    with pytest.raises(RealConfigError, match="inside another function"):
+        real.run(_closure(), 2)
+
+
+def test_function_of_a_module_not_on_sys_path_is_rejected(no_launch: None, tmp_path: Path) -> None:
+    # Loaded by path under a name no fresh process can import: pickle by reference would work here
+    # and fail in every worker.
+    import importlib.util
+
+    (tmp_path / "path_only_module.py").write_text("def f():\n    return 1\n")
+    spec = importlib.util.spec_from_file_location("path_only_module", tmp_path / "path_only_module.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["path_only_module"] = module
+    try:
+        spec.loader.exec_module(module)
+        with pytest.raises(RealConfigError, match="'path_only_module', which a fresh process cannot import"):
+            real.run(module.f, 2)
+    finally:
+        del sys.modules["path_only_module"]
+
+
+def test_function_defined_in_main_is_rejected(no_launch: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # What a function written in a script run as `python script.py` looks like: module __main__,
+    # reachable by name there, so pickle succeeds in the parent but cannot resolve in a worker.
+    rank_fn = types.FunctionType(real_fns.main.__code__, {"__name__": "__main__"}, "rank_fn")
+    rank_fn.__qualname__ = "rank_fn"
+    monkeypatch.setattr(sys.modules["__main__"], "rank_fn", rank_fn, raising=False)
+    with pytest.raises(RealConfigError, match="fn 'rank_fn' is defined in __main__"):
+        real.run(rank_fn, 2)
+
+
+def test_argument_of_a_class_defined_in_main_is_rejected(
+    no_launch: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    payload_type = type("Payload", (), {"__module__": "__main__", "__qualname__": "Payload"})
+    monkeypatch.setattr(sys.modules["__main__"], "Payload", payload_type, raising=False)
+    with pytest.raises(RealConfigError, match="'Payload' is defined in __main__"):
+        real.run(real_fns.main, 2, args=(payload_type(),))
+
+
+def test_unpicklable_argument_is_rejected(no_launch: None) -> None:
+    with pytest.raises(RealConfigError, match="cannot send"):
+        real.run(real_fns.main, 2, args=(lambda: 1,))
+
+
+def test_script_function_is_sent_as_its_path() -> None:
+    fn = load_entry(SCRIPT, "fail_on_rank_1")
+    assert target_for(fn) == ScriptTarget(SCRIPT, "fail_on_rank_1")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"nproc": 0}, "nproc must be a positive int"),
+        ({"nproc": 2, "timeout": 0}, "timeout must be a positive"),
+        ({"nproc": 2, "env": {"RANK": "3"}}, "env may not set RANK"),
+        ({"nproc": 2, "backend": "mpi"}, "backend 'mpi' is not supported"),
+        ({"nproc": 2, "master_port": 70000}, "master_port must be"),
+    ],
+)
+def test_bad_arguments_are_rejected(no_launch: None, kwargs: dict, match: str) -> None:
+    with pytest.raises(RealConfigError, match=match):
+        real.run(real_fns.main, **kwargs)
+
+
+def test_nccl_without_cuda_is_a_clear_error(no_launch: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RealConfigError, match="backend 'nccl' needs CUDA GPUs.*use backend='gloo'"):
+        real.run(real_fns.main, 2, backend="nccl")
+
+
+def test_nccl_with_fewer_gpus_than_processes_is_a_clear_error(
+    no_launch: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(RealConfigError, match=r"nproc=2 > 1 visible CUDA device"):
+        real.run(real_fns.main, 2, backend="nccl")
+
+
+def test_auto_backend_falls_back_to_gloo_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    from real.backend import resolve_backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_backend("auto", 2) == resolve_backend(None, 2) == "gloo"
+
+
+def test_cli_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert cli_main([str(tmp_path / "missing.py"), "--nproc", "2"]) == 2
+    assert "not found" in capsys.readouterr().err
+    assert cli_main([SCRIPT, "--nproc", "2", "--entry", "no_such_function"]) == 2
+    assert "defines no 'no_such_function'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        cli_main([SCRIPT, "--nproc", "0"])
+    assert info.value.code == 2
+
+
+# --- pieces ------------------------------------------------------------------------------------------
+
+
+def test_earliest_recorded_failure_is_reported_as_the_root_cause(tmp_path: Path) -> None:
+    status = StatusDir(tmp_path)
+    for rank, message in [(2, "first"), (0, "second")]:
+        try:
+            raise RuntimeError(message)
+        except RuntimeError as exc:
+            status.record_error(rank, exc)
+    error = failure_error(status, 3, "gloo", None, timed_out=False, timeout=10)
+    assert error.first_rank == 2
+    assert str(error).startswith("rank 2 failed on 3 real processes (backend gloo):")
+    assert "rank 0: RuntimeError: second" in str(error)
+    assert "No worker reached real's entry point" in str(error)  # no rank marked itself started
+
+
+def test_returns_are_moved_to_cpu_keeping_their_containers() -> None:
+    counts = collections.defaultdict(list, {"x": torch.ones(2, requires_grad=True) * 2})
+    moved = _to_cpu({"pair": Pair(torch.zeros(1), [torch.ones(1)]), "counts": counts, "n": 3})
+    assert isinstance(moved["pair"], Pair) and isinstance(moved["counts"], collections.defaultdict)
+    assert not moved["counts"]["x"].requires_grad  # detached, so it pickles
+    pickle.dumps(moved)
+    assert moved["n"] == 3
+
+
+def test_load_entry_imports_the_script_like_python_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))  # load_entry adds the script's directory
+    (tmp_path / "helper_for_real_test.py").write_text("VALUE = 41\n")
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import helper_for_real_test
+            ran_as_main = False
+
+            def main():
+                return helper_for_real_test.VALUE + 1
+
+            if __name__ == "__main__":
+                ran_as_main = True
+            """
+        )
+    )
+    monkeypatch.delitem(sys.modules, "helper_for_real_test", raising=False)
+    fn = load_entry(script)
+    assert fn() == 42  # the script imported its neighbour: its directory is on sys.path
+    assert sys.path[0] == str(tmp_path)
+    assert sys.modules[fn.__module__].ran_as_main is False
+
+
+def test_load_entry_errors_say_what_was_expected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    with pytest.raises(ScriptError, match="not found"):
+        load_entry(tmp_path / "absent.py")
+    script = tmp_path / "s.py"
+    script.write_text("main = 3\ndef other():\n    pass\n")
+    with pytest.raises(ScriptError, match=r"'main' in script .* is int 3, not a function"):
+        load_entry(script)
+    with pytest.raises(ScriptError, match=r"defines no 'train'.*functions it defines: other"):
+        load_entry(script, "train")
