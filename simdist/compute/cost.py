@@ -273,6 +273,13 @@ class ComputeCostMode(TorchDispatchMode):
     through the mode of the thread that called ``backward()``.
     """
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in a dynamo-disabling shim unless this says no; the shim
+        # costs microseconds on every op and its first use imports torch._dynamo (seconds). Nothing here
+        # is meant to be compiled, so the shim buys nothing.
+        return False
+
     def __init__(self, device: DeviceSpec, charge: Callable[[float, str], None]) -> None:
         super().__init__()
         self.device = device

@@ -12,6 +12,7 @@ callback hands the baton to that rank and waits until the rank hands it back (it
 
 from __future__ import annotations
 
+import _thread
 import sys
 import threading
 import traceback
@@ -36,7 +37,7 @@ class RankState:
 
     rank: int
     thread: threading.Thread | None = None
-    sem: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
+    sem: Any = field(default_factory=lambda: _signal())
     started: bool = False
     finished: bool = False
     result: Any = None
@@ -54,6 +55,17 @@ class RankState:
 
 
 _current = threading.local()
+
+
+def _signal() -> Any:
+    """A binary signal: ``release()`` raises it, ``acquire()`` waits for it and lowers it.
+
+    A raw lock created locked; unlike ``threading.Semaphore`` (a Condition that allocates a lock per wait)
+    it costs one futex operation per hand-off.
+    """
+    lock = _thread.allocate_lock()
+    lock.acquire()
+    return lock
 
 
 def current_rank_state() -> RankState | None:
@@ -81,7 +93,7 @@ class Baton:
         self.env = env
         self.target = target
         self.ranks = [RankState(r) for r in range(world_size)]
-        self._main_sem = threading.Semaphore(0)
+        self._main_sem = _signal()
         self._initial_rng = initial_rng_state
         self._stack_size = stack_size
         self.failure: BaseException | None = None

@@ -83,7 +83,7 @@ def run(
     local_world = _local_world_size(cluster)
 
     def target(rank: int) -> Any:
-        c10d.init_process_group("simdist", rank=rank, world_size=n, store=store)
+        world.init_default_group(rank, n, store)
         try:
             mode = ComputeCostMode(device, sim.charge) if compute and not device.is_zero_cost else None
             with mode if mode is not None else contextlib.nullcontext():

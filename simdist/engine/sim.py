@@ -54,13 +54,13 @@ class Simulation:
         self.device = device
         self.network = Network(self.env, cluster)
         self.p2p = P2P(self)
-        self.groups: dict[tuple, GroupState] = {}
+        self.groups: dict[object, GroupState] = {}
         self.baton: Baton | None = None
         self.default_timeout: float | None = None
-        self._alpha_beta: dict[tuple, tuple[float, float]] = {}
+        self._alpha_beta: dict[int, tuple] = {}
 
     # ------------------------------------------------------------------ groups
-    def group_state(self, key: tuple, name: str, global_ranks: list[int], timeout: float | None) -> GroupState:
+    def group_state(self, key: object, name: str, global_ranks: list[int], timeout: float | None) -> GroupState:
         """The shared state of a group, created by the first member rank that builds it."""
         st = self.groups.get(key)
         if st is None:
@@ -83,7 +83,7 @@ class Simulation:
 
     def _group_alpha_beta(self, st: GroupState) -> tuple[tuple[float, float], tuple[float, float]]:
         """(alpha, beta) between ring neighbours and between the group's farthest-apart ranks."""
-        key = tuple(st.global_ranks)
+        key = st.index
         ab = self._alpha_beta.get(key)
         if ab is None:
             if st.size < 2:

@@ -77,11 +77,21 @@ def _create_backend(opts: Any, backend_options: Any) -> dist.ProcessGroup:
         raise RuntimeError(
             "the 'simdist' backend only exists inside simdist.run(); use 'gloo' or 'nccl' for real processes"
         )
-    ranks = list(opts.global_ranks_in_group) or list(range(opts.group_size))
     timeout = opts.timeout.total_seconds() if isinstance(opts.timeout, timedelta) else None
     if timeout is not None and abs(timeout - c10d.default_pg_timeout.total_seconds()) < 1e-9:
         timeout = sim.default_timeout  # torch's default: no simulated timeout unless the user set one
-    state = sim.group_state((opts.group_id, tuple(ranks)), str(opts.group_id), ranks, timeout)
+    # Group names are the same on every member rank (torch derives them from a per-world counter or a hash
+    # of the ranks), so the name alone finds the shared state; building the rank list once per group, not
+    # once per member, keeps the default group O(n) rather than O(n^2) at thousands of ranks.
+    state = sim.groups.get(opts.group_id)
+    if state is None:
+        ranks = list(opts.global_ranks_in_group) or list(range(opts.group_size))
+        state = sim.group_state(opts.group_id, str(opts.group_id), ranks, timeout)
+    elif state.size != opts.group_size:
+        raise RuntimeError(
+            f"process group {opts.group_id!r} was created with {state.size} ranks on one rank and "
+            f"{opts.group_size} on another: every rank must create groups in the same order"
+        )
     return SimProcessGroup(sim, state, opts.group_rank)
 
 
@@ -108,6 +118,32 @@ def _patched_init_process_group(backend: str | None = None, *args: Any, timeout:
     return None
 
 
+def init_default_group(rank: int, world_size: int, store: Any) -> None:
+    """What ``init_process_group("simdist", rank=rank, world_size=world_size, store=store)`` does, for one rank.
+
+    torch's own version builds a ``{rank: rank}`` map of the whole world for every rank: O(n^2) time and
+    memory across n rank threads (1.6 GB at 4096 ranks). Here every rank thread shares one read-only map.
+    """
+    backend = dist.Backend(BACKEND)
+    timeout = c10d._get_default_timeout(backend)
+    group_name = c10d._process_group_name([], use_hashed_name=False)
+    pg, _ = c10d._new_process_group_helper(
+        world_size,
+        rank,
+        [],
+        backend,
+        c10d.PrefixStore("default_pg", store),
+        group_name,
+        timeout=timeout,
+        group_desc="default_pg",
+    )
+    c10d._update_default_pg(pg)
+    identity = _state.get("identity")
+    if identity is None or len(identity) != world_size:
+        identity = _state["identity"] = {i: i for i in range(world_size)}
+    _data().pg_group_ranks[pg] = identity
+
+
 def install(sim: Any) -> None:
     """Make torch.distributed's world per-thread and route the ``simdist`` backend to ``sim``."""
     if BACKEND.upper() not in dist.Backend._plugins:
@@ -131,6 +167,7 @@ def uninstall() -> None:
     c10d.init_process_group = init
     dist.init_process_group = init
     _state["sim"] = None
+    _state.pop("identity", None)
 
 
 def installed() -> bool:
