@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+import simdist
 from simdist.bench import bench, bus_factor
 from simdist.cli import main
 from simdist.comm import algorithms
-import simdist
 
 ROOT = Path(__file__).resolve().parent.parent
 

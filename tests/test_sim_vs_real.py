@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import sim_vs_real_fns as fns
 import torch
 
 import real
 import simdist
-import sim_vs_real_fns as fns
 
 
 def assert_same(a, b, where: str) -> None:

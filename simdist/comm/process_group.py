@@ -74,7 +74,7 @@ class SimProcessGroup(dist.ProcessGroup):
         self.grank = group_rank
 
     # ------------------------------------------------------------------ identity
-    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+    def getBackendName(self) -> str:
         return "simdist"
 
     @property
@@ -245,7 +245,7 @@ class SimProcessGroup(dist.ProcessGroup):
             {"input": inp, "output": list(outs), **_meta(inp, inp, out_nelems=inp.numel() * n)},
         )
 
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:  # noqa: A002
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         _check_tensor(output, "all_gather_into_tensor output")
         _check_tensor(input, "all_gather_into_tensor input")
         n = self.state.size
@@ -285,7 +285,7 @@ class SimProcessGroup(dist.ProcessGroup):
             {"input": list(ins), "output": out, "reduce_op": red, **_meta(out, out, in_nelems=out.numel() * n)},
         )
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> SimWork:  # noqa: A002
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> SimWork:
         _check_tensor(output, "reduce_scatter_tensor output")
         _check_tensor(input, "reduce_scatter_tensor input")
         n = self.state.size
@@ -347,7 +347,7 @@ class SimProcessGroup(dist.ProcessGroup):
     def all_to_all_single(
         self,
         output: torch.Tensor,
-        input: torch.Tensor,  # noqa: A002
+        input: torch.Tensor,
         output_split_sizes: list[int],
         input_split_sizes: list[int],
         opts: Any = None,
@@ -395,12 +395,12 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._issue("barrier", (), [], {"nbytes": 4})
 
     # ------------------------------------------------------------------ point to point
-    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> SimWork:  # noqa: N803
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> SimWork:
         (t,) = tensors
         _check_tensor(t, "send tensor")
         return self._p2p("send", t, dstRank, tag)
 
-    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> SimWork:  # noqa: N803
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> SimWork:
         (t,) = tensors
         _check_tensor(t, "recv tensor")
         return self._p2p("recv", t, srcRank, tag)

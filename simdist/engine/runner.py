@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 from simdist.compute.cost import ComputeCostMode
 from simdist.compute.devices import get_device
@@ -142,7 +141,7 @@ def _run_context(sim: Simulation, baton: Baton, n: int, local_world: int) -> Ite
     affinity = _pin_to_one_cpu()
     torch.set_num_threads(1)
     real_environ = os.environ
-    os.environ = RankEnviron(real_environ, n, local_world)  # type: ignore[assignment]
+    os.environ = RankEnviron(real_environ, n, local_world)  # type: ignore[assignment]  # noqa: B003
     # Thousands of live rank threads, groups and tensors make every full collection slow; freezing what
     # exists and collecting the young generation less often keeps collection off the hot path.
     gc.freeze()
@@ -157,7 +156,7 @@ def _run_context(sim: Simulation, baton: Baton, n: int, local_world: int) -> Ite
     finally:
         world.uninstall()
         torch.manual_seed, torch.random.manual_seed = seed_fns
-        os.environ = real_environ
+        os.environ = real_environ  # noqa: B003
         gc.unfreeze()
         gc.set_threshold(*gc_threshold)
         torch.set_rng_state(rng)
