@@ -14,7 +14,7 @@ from simdist.autograd.errors import (
 )
 from simdist.autograd.executor import TensorMeta
 from simdist.autograd.grad_mode import MODE
-from simdist.autograd.graph import Edge, Graph, Node, topological_order
+from simdist.autograd.graph import _CURRENT, Edge, Graph, Node, current_graph, topological_order
 from simdist.autograd.leaf import edge_of
 from simdist.autograd.tensor import Tensor
 
@@ -181,7 +181,7 @@ class BackwardPass:
             for k, (node, index) in enumerate(captures):
                 capture_at.setdefault(node, []).append((index, k))
             run = _nodes_leading_to(order, capture_at)
-        self._validate(order, run)
+        graph = self._validate(order, run)
 
         buffers: dict[Node, list[Tensor | None]] = {}
         for (node, index), seed in zip(roots, seeds):
@@ -191,6 +191,10 @@ class BackwardPass:
 
         previous = MODE.enabled
         MODE.enabled = create
+        # With create_graph, the backward's own ops are recorded into the graph of the nodes they differentiate,
+        # so a later pass over that graph accepts them.
+        graphs = _CURRENT.stack
+        graphs.append(graph if graph is not None else current_graph())
         try:
             for node in order:
                 buf = buffers.pop(node, None)
@@ -241,6 +245,7 @@ class BackwardPass:
                     node.release()
         finally:
             MODE.enabled = previous
+            graphs.pop()
 
         if captures is None:
             return None
@@ -252,11 +257,12 @@ class BackwardPass:
                 )
         return tuple(captured)
 
-    def _validate(self, order: list[Node], run: set[Node] | None) -> None:
-        """Refuse before any gradient is computed, so a failing pass leaves every .grad untouched."""
+    def _validate(self, order: list[Node], run: set[Node] | None) -> Graph | None:
+        """Refuse before any gradient is computed, so a failing pass leaves every .grad untouched; return the
+        graph the pass runs over."""
         graph = self.graph
-        if graph is None and order and order[0].graph is not None:
-            graph = order[0].graph
+        if graph is None:  # the graph of the first op node (leaf accumulators belong to none)
+            graph = next((node.graph for node in order if node.graph is not None), None)
         for node in order:
             if run is not None and node not in run:
                 continue
@@ -278,6 +284,7 @@ class BackwardPass:
                     "to tensors that require grad; expected only differentiable ops on that path. detach() the "
                     f"op's input (or output) if no gradient should flow there, or give {node.fn.__name__} a backward"
                 )
+        return graph
 
 
 def _nodes_leading_to(order: list[Node], targets: dict[Node, Any]) -> set[Node]:

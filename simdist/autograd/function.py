@@ -37,21 +37,20 @@ class Function:
     @classmethod
     def apply(cls, *inputs: Any, **attrs: Any) -> Any:
         """Run forward; when grad mode is on and an input requires grad, record a node for the outputs."""
-        ctx = Node(cls)
-        if MODE.enabled:
+        mode = MODE
+        if mode.enabled:
             for t in inputs:
                 if type(t) is Tensor and t.requires_grad:
-                    break
-            else:
-                return cls.forward(ctx, *inputs, **attrs)
-            MODE.enabled = False
-            try:
-                out = cls.forward(ctx, *inputs, **attrs)
-            finally:
-                MODE.enabled = True
-            _record(ctx, inputs, out)
-            return out
-        return cls.forward(ctx, *inputs, **attrs)
+                    ctx = Node(cls)
+                    mode.enabled = False
+                    try:
+                        out = cls.forward(ctx, *inputs, **attrs)
+                    finally:
+                        mode.enabled = True
+                    _record(ctx, inputs, out)
+                    return out
+        # Nothing to record: forward gets the per-thread scratch ctx instead of a new Node.
+        return cls.forward(mode.scratch, *inputs, **attrs)
 
 
 def _record(ctx: Node, inputs: tuple[Any, ...], out: Tensor | tuple[Tensor, ...]) -> None:
@@ -62,8 +61,7 @@ def _record(ctx: Node, inputs: tuple[Any, ...], out: Tensor | tuple[Tensor, ...]
     graph = stack[-1] if stack else _DEFAULT
     ctx.id = next(graph._ids)
     ctx.graph = graph
-    if graph.record_sites:
-        ctx.site = call_site()
+    ctx.site = call_site() if graph.record_sites else None
     edges: list[Edge | None] = []
     metas: list[TensorMeta | None] = []
     needs: list[bool] = []
@@ -88,7 +86,11 @@ def _record(ctx: Node, inputs: tuple[Any, ...], out: Tensor | tuple[Tensor, ...]
     output_metas = []
     for i, t in enumerate(outputs):
         if type(t) is not Tensor or t.requires_grad:
-            found = type(t).__name__ if type(t) is not Tensor else "a tensor that already requires grad (an input?)"
+            found = (
+                type(t).__name__
+                if type(t) is not Tensor
+                else "a tensor that already requires grad (an input?)"
+            )
             raise BackwardError(
                 f"{ctx.fn.__name__}.forward at {call_site()} returned {found} as output {i}; expected new "
                 "Tensors. Return fresh tensors (e.g. x.detach() for an input)"

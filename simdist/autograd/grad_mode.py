@@ -10,9 +10,23 @@ from typing import Any, TypeVar
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class _Scratch:
+    """The ctx an op's forward gets when nothing is recorded: it accepts what forward stores and keeps none of
+    the saved tensors (so an unrecorded op never extends a tensor's life)."""
+
+    saved_tensors: tuple[()] = ()
+
+    def save_for_backward(self, *tensors: object) -> None:
+        """Keep nothing: no backward will run for an unrecorded op."""
+
+
 class _GradMode(threading.local):
     # A plain attribute read is the cheapest check the hot path (every op) can make.
     enabled: bool = True
+
+    def __init__(self) -> None:
+        # One per thread, so ops running in different threads never share attributes set on it.
+        self.scratch = _Scratch()
 
 
 MODE = _GradMode()

@@ -84,8 +84,12 @@ def numerical_gradient(
     """
     executor = x.executor if isinstance(x, Tensor) else None
     base = np.array(x.numpy() if isinstance(x, Tensor) else x, dtype=np.float64)
-    weights = None if grad_output is None else np.asarray(
-        grad_output.numpy() if isinstance(grad_output, Tensor) else grad_output, dtype=np.float64
+    weights = (
+        None
+        if grad_output is None
+        else np.asarray(
+            grad_output.numpy() if isinstance(grad_output, Tensor) else grad_output, dtype=np.float64
+        )
     )
     dtype = x.dtype if isinstance(x, Tensor) else base.dtype
 
@@ -133,8 +137,9 @@ def gradcheck(
                 onehot = np.zeros(out.shape, dtype=out.dtype)
                 onehot[position] = 1
                 if out.requires_grad:
-                    (g,) = computer.compute_gradients(out, x, Tensor(onehot, executor=out.executor),
-                                                      retain_graph=True, allow_unused=True)
+                    (g,) = computer.compute_gradients(
+                        out, x, Tensor(onehot, executor=out.executor), retain_graph=True, allow_unused=True
+                    )
                     if g is not None:
                         analytic[position] = g.numpy()
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, final
 
 from simdist.autograd.errors import GraphCycleError, GraphReleasedError, ShapeError
 from simdist.autograd.executor import Array, Executor, TensorMeta, current_executor
 from simdist.autograd.sites import call_site
+from simdist.autograd.tensor import Tensor
 
 if TYPE_CHECKING:
     from simdist.autograd.function import Function
-    from simdist.autograd.tensor import Tensor
 
 # An edge from a node's input to the node that produced it: (producer, which of its outputs); None where the
 # input needs no gradient.
@@ -23,7 +23,7 @@ Edge = tuple["Node", int]
 class _SavedOutput:
     """A node's own output saved for backward, kept as its handle only so node and output form no cycle."""
 
-    __slots__ = ("index", "data")
+    __slots__ = ("data", "index")
 
     def __init__(self, index: int, data: Array) -> None:
         self.index = index
@@ -38,28 +38,27 @@ class Node:
     """
 
     __slots__ = (
-        "fn",
-        "id",
-        "graph",
-        "executor",
-        "next_edges",
-        "input_metas",
-        "output_metas",
-        "needs_input_grad",
-        "_saved",
-        "released",
-        "site",
         "__dict__",
         "__weakref__",
+        "_saved",
+        "executor",
+        "fn",
+        "graph",
+        "id",
+        "input_metas",
+        "needs_input_grad",
+        "next_edges",
+        "output_metas",
+        "released",
+        "site",
     )
 
     def __init__(self, fn: type[Function]) -> None:
+        # Every op makes a Node as its ctx, recorded or not, so only what forward may touch is set here; the
+        # rest is filled in when the node joins a graph (Graph.register).
         self.fn = fn
-        self.id = 0
-        self.graph: Graph | None = None
         self._saved: tuple[Any, ...] = ()
         self.released = False
-        self.site: str | None = None
 
     @property
     def op(self) -> str:
@@ -69,13 +68,14 @@ class Node:
     @property
     def name(self) -> str:
         """Op name and id, e.g. "mul#17": how errors refer to the node."""
-        return f"{self.fn.op}#{self.id}"
+        return f"{self.fn.op}#{getattr(self, 'id', '?')}"
 
     def describe(self) -> str:
         """Name plus input and output shapes (and creation site when the graph records sites)."""
         ins = ", ".join("-" if m is None else str(m.shape) for m in getattr(self, "input_metas", ()))
         outs = ", ".join(str(m.shape) for m in getattr(self, "output_metas", ()))
-        where = f", created at {self.site}" if self.site else ""
+        site = getattr(self, "site", None)
+        where = f", created at {site}" if site else ""
         return f"{self.name} (inputs {ins or '()'} -> outputs {outs or '()'}{where})"
 
     def __repr__(self) -> str:
@@ -93,8 +93,6 @@ class Node:
                 f"{self.describe()}: its saved tensors were freed by an earlier backward pass; expected them to "
                 "be kept. Pass retain_graph=True to the first backward to run backward through this graph again"
             )
-        from simdist.autograd.tensor import Tensor
-
         out = []
         for s in self._saved:
             if type(s) is _SavedOutput:
@@ -120,6 +118,7 @@ class _CurrentGraph(threading.local):
 _CURRENT = _CurrentGraph()
 
 
+@final
 class Graph:
     """The scope nodes are recorded in: it numbers them and the backward passes over it accept only them.
 
@@ -148,8 +147,7 @@ class Graph:
         """Give `node` the next id of this graph and make it a member."""
         node.id = next(self._ids)
         node.graph = self
-        if self.record_sites:
-            node.site = call_site()
+        node.site = call_site() if self.record_sites else None
 
     def add_node(
         self,
@@ -171,7 +169,6 @@ class Graph:
     def connect(self, node: Node, input_index: int, source: Node | Tensor, output_index: int = 0) -> None:
         """Make input `input_index` of `node` come from `source` (a node's output, or a tensor)."""
         from simdist.autograd.leaf import edge_of
-        from simdist.autograd.tensor import Tensor
 
         if not 0 <= input_index < len(node.input_metas):
             raise IndexError(f"{node.describe()} has {len(node.input_metas)} inputs, not input {input_index}")
@@ -179,7 +176,9 @@ class Graph:
             edge = edge_of(source)
         else:
             if not 0 <= output_index < len(source.output_metas):
-                raise IndexError(f"{source.describe()} has {len(source.output_metas)} outputs, not {output_index}")
+                raise IndexError(
+                    f"{source.describe()} has {len(source.output_metas)} outputs, not {output_index}"
+                )
             edge = (source, output_index)
         produced = edge[0].output_metas[edge[1]].shape
         expected = node.input_metas[input_index].shape

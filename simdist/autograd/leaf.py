@@ -6,8 +6,8 @@ import itertools
 import weakref
 
 from simdist.autograd.executor import TensorMeta
-from simdist.autograd.graph import Node
 from simdist.autograd.grad_mode import MODE
+from simdist.autograd.graph import Node
 from simdist.autograd.tensor import Tensor
 
 _IDS = itertools.count(1)
@@ -35,6 +35,9 @@ def accumulator(t: Tensor) -> Node:
     if node is None:
         node = Node(AccumulateGrad)  # type: ignore[arg-type]
         node.id = next(_IDS)
+        node.graph = None  # shared by every graph the leaf is used in
+        node.released = False  # never released: a leaf keeps accumulating across passes
+        node.site = None
         node.leaf = t
         node.executor = t.executor
         node.next_edges = ()

@@ -49,8 +49,12 @@ _KERNELS: dict[str, Callable[..., tuple[Array, ...]]] = {
     "permute": lambda inputs, attrs, outputs: (np.transpose(inputs[0], attrs["axes"]),),
     "reshape": lambda inputs, attrs, outputs: (np.reshape(inputs[0], attrs["shape"]),),
     "expand": lambda inputs, attrs, outputs: (np.broadcast_to(inputs[0], attrs["shape"]),),
-    "sum": lambda inputs, attrs, outputs: (np.sum(inputs[0], axis=attrs["axes"], keepdims=attrs["keepdims"]),),
-    "mean": lambda inputs, attrs, outputs: (np.mean(inputs[0], axis=attrs["axes"], keepdims=attrs["keepdims"]),),
+    "sum": lambda inputs, attrs, outputs: (
+        np.sum(inputs[0], axis=attrs["axes"], keepdims=attrs["keepdims"]),
+    ),
+    "mean": lambda inputs, attrs, outputs: (
+        np.mean(inputs[0], axis=attrs["axes"], keepdims=attrs["keepdims"]),
+    ),
     "split": lambda inputs, attrs, outputs: tuple(np.split(inputs[0], attrs["indices"], axis=attrs["axis"])),
     "cat": lambda inputs, attrs, outputs: (np.concatenate(inputs, axis=attrs["axis"]),),
     "cast": lambda inputs, attrs, outputs: (np.asarray(inputs[0]).astype(outputs[0].dtype),),
@@ -78,7 +82,9 @@ class NumpyExecutor(Executor):
         results = kernel(inputs, attrs, outputs)
         if self.check:
             if len(results) != len(outputs):
-                raise ExecutorError(f"op {op!r} produced {len(results)} arrays, the engine expected {len(outputs)}")
+                raise ExecutorError(
+                    f"op {op!r} produced {len(results)} arrays, the engine expected {len(outputs)}"
+                )
             for i, array in enumerate(results):
                 meta = outputs[i]
                 # .shape and .dtype exist on arrays and on the NumPy scalars 0-d results come back as.

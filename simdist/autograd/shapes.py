@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import numpy as np  # dtype promotion only: no array values are handled here
 
 from simdist.autograd.errors import ShapeError
+from simdist.autograd.executor import TensorMeta
 from simdist.autograd.sites import call_site
 
 Shape = tuple[int, ...]
@@ -18,16 +19,38 @@ def _fail(op: str, what: str, fix: str) -> ShapeError:
     return ShapeError(f"{op} at {call_site()}: {what}. {fix}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def result_dtype(a: np.dtype, b: np.dtype) -> np.dtype:
     """NumPy's promotion of two dtypes (float32 with float64 gives float64)."""
     return np.result_type(a, b)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def float_dtype(a: np.dtype) -> np.dtype:
     """The dtype of a floating-valued op (exp, log, division) on `a`: `a` if floating, else float64."""
     return a if a.kind in "fc" else np.dtype(np.float64)
+
+
+def floating_meta(meta: TensorMeta) -> TensorMeta:
+    """`meta` itself when its dtype is floating (no new object: the common case), else the same shape in float64."""
+    return meta if meta.dtype.kind in "fc" else TensorMeta(meta.shape, np.dtype(np.float64))
+
+
+_BINARY: dict[tuple[TensorMeta, TensorMeta], TensorMeta] = {}
+
+
+def binary_meta(a: TensorMeta, b: TensorMeta, op: str) -> TensorMeta:
+    """Metadata of a broadcasting elementwise op on `a` and `b`: broadcast shape, promoted dtype."""
+    if a is b or a == b:
+        return a
+    # Memoized: a backward pass meets the same few shape pairs (gradient against saved input) over and over.
+    meta = _BINARY.get((a, b))
+    if meta is None:
+        meta = TensorMeta(broadcast_shapes(a.shape, b.shape, op), result_dtype(a.dtype, b.dtype))
+        if len(_BINARY) >= 4096:
+            _BINARY.clear()
+        _BINARY[(a, b)] = meta
+    return meta
 
 
 def broadcast_shapes(a: Shape, b: Shape, op: str) -> Shape:
@@ -183,5 +206,7 @@ def chunk_sizes(size: int, chunks: int, axis: int) -> tuple[int, ...]:
 def normalize_axis(axis: int, ndim: int, op: str) -> int:
     """One axis as a non-negative int, checked against ndim."""
     if not -ndim <= axis < ndim:
-        raise _fail(op, f"axis {axis} is out of range for {ndim} dimensions", f"Pass an axis in [-{ndim}, {ndim - 1}]")
+        raise _fail(
+            op, f"axis {axis} is out of range for {ndim} dimensions", f"Pass an axis in [-{ndim}, {ndim - 1}]"
+        )
     return axis % ndim

@@ -10,6 +10,7 @@ import numpy as np  # host-side conversion of user data only; ops go through the
 
 from simdist.autograd.errors import BackwardError
 from simdist.autograd.executor import Array, Executor, TensorMeta, current_executor
+from simdist.autograd.shapes import normalize_axis
 
 if TYPE_CHECKING:
     from simdist.autograd.graph import Node
@@ -24,20 +25,20 @@ class Tensor:
     """
 
     __slots__ = (
+        "__weakref__",
+        "_accumulator",
         "data",
-        "shape",
         "dtype",
-        "meta",
         "executor",
-        "requires_grad",
         "grad",
         "grad_fn",
+        "meta",
         "output_index",
-        "_accumulator",
-        "__weakref__",
+        "requires_grad",
+        "shape",
     )
-    # NumPy defers `ndarray <op> Tensor` to the Tensor's reflected operator.
-    __array_priority__ = 1000.0
+    # NumPy defers `ndarray <op> Tensor` to the Tensor's reflected operator (and ufuncs refuse Tensors).
+    __array_ufunc__ = None
 
     def __init__(
         self,
@@ -116,6 +117,15 @@ class Tensor:
         array = self.numpy()
         return array.astype(dtype) if dtype is not None else (array.copy() if copy else array)
 
+    def __bool__(self) -> bool:
+        """Truth of a one-element tensor (as in torch); ambiguous, hence an error, for more elements."""
+        if self.size != 1:
+            raise ValueError(
+                f"the truth value of a tensor of shape {self.shape} is ambiguous; expected one element. "
+                "Reduce it first, e.g. bool((x > 0).numpy().all())"
+            )
+        return bool(self.item())
+
     def item(self) -> Any:
         """The single value of a one-element tensor as a Python number."""
         if self.size != 1:
@@ -176,29 +186,29 @@ class Tensor:
                 dtype = self.dtype
             else:
                 dtype = np.result_type(self.dtype, type(other))
-            return _dispatch.emit("full", (), (TensorMeta((), dtype),), {"value": other}, self.executor)[0]
+            return _dispatch.constant(other, dtype, self.executor)
         return Tensor(other, executor=self.executor)
 
     def __add__(self, other: Any) -> Tensor:
-        return _ops.Add.apply(self, self._lift(other))
+        return _ops.Add.apply(self, other if type(other) is Tensor else self._lift(other))
 
     def __radd__(self, other: Any) -> Tensor:
         return _ops.Add.apply(self._lift(other), self)
 
     def __sub__(self, other: Any) -> Tensor:
-        return _ops.Sub.apply(self, self._lift(other))
+        return _ops.Sub.apply(self, other if type(other) is Tensor else self._lift(other))
 
     def __rsub__(self, other: Any) -> Tensor:
         return _ops.Sub.apply(self._lift(other), self)
 
     def __mul__(self, other: Any) -> Tensor:
-        return _ops.Mul.apply(self, self._lift(other))
+        return _ops.Mul.apply(self, other if type(other) is Tensor else self._lift(other))
 
     def __rmul__(self, other: Any) -> Tensor:
         return _ops.Mul.apply(self._lift(other), self)
 
     def __truediv__(self, other: Any) -> Tensor:
-        return _ops.Div.apply(self, self._lift(other))
+        return _ops.Div.apply(self, other if type(other) is Tensor else self._lift(other))
 
     def __rtruediv__(self, other: Any) -> Tensor:
         return _ops.Div.apply(self._lift(other), self)
@@ -296,14 +306,14 @@ class Tensor:
 
     def unsqueeze(self, axis: int) -> Tensor:
         """Insert a size-1 axis at `axis`."""
-        axis = axis % (self.ndim + 1)
+        axis = normalize_axis(axis, self.ndim + 1, "unsqueeze")
         return self.reshape(self.shape[:axis] + (1,) + self.shape[axis:])
 
     def squeeze(self, axis: int | None = None) -> Tensor:
         """Drop size-1 axes (only `axis` when given and of size 1)."""
         if axis is None:
             return self.reshape(tuple(s for s in self.shape if s != 1))
-        axis = axis % self.ndim
+        axis = normalize_axis(axis, self.ndim, "squeeze")
         if self.shape[axis] != 1:
             return self.reshape(self.shape)
         return self.reshape(self.shape[:axis] + self.shape[axis + 1 :])
@@ -317,7 +327,7 @@ class Tensor:
     def transpose(self, axis0: int = -2, axis1: int = -1) -> Tensor:
         """Swap two axes (torch semantics; by default the last two)."""
         axes = list(range(self.ndim))
-        a, b = axis0 % max(self.ndim, 1), axis1 % max(self.ndim, 1)
+        a, b = normalize_axis(axis0, self.ndim, "transpose"), normalize_axis(axis1, self.ndim, "transpose")
         axes[a], axes[b] = axes[b], axes[a]
         return _ops.Permute.apply(self, axes=tuple(axes))
 
@@ -363,5 +373,5 @@ class Tensor:
 
 
 # Imported last: these modules build on Tensor.
-from simdist.autograd import dispatch as _dispatch  # noqa: E402
-from simdist.autograd import ops as _ops  # noqa: E402
+from simdist.autograd import dispatch as _dispatch
+from simdist.autograd import ops as _ops

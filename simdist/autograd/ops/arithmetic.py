@@ -8,16 +8,14 @@ from simdist.autograd.function import Function
 from simdist.autograd.graph import Node
 from simdist.autograd.ops.broadcast import sum_to
 from simdist.autograd.ops.compare import compare, logical_and, where
-from simdist.autograd.shapes import broadcast_shapes, float_dtype, result_dtype
+from simdist.autograd.shapes import binary_meta, floating_meta
 from simdist.autograd.tensor import Tensor
 
 Grads = tuple[Tensor | None, Tensor | None]
 
 
 def _meta(op: str, a: Tensor, b: Tensor) -> TensorMeta:
-    if a.meta == b.meta:
-        return a.meta  # the common case; sharing the metadata object also saves building one
-    return TensorMeta(broadcast_shapes(a.shape, b.shape, op), result_dtype(a.dtype, b.dtype))
+    return binary_meta(a.meta, b.meta, op)
 
 
 class Add(Function):
@@ -27,10 +25,12 @@ class Add(Function):
 
     @staticmethod
     def forward(ctx: Node, a: Tensor, b: Tensor) -> Tensor:
+        """Broadcast shape, promoted dtype."""
         return emit1("add", (a, b), _meta("add", a, b))
 
     @staticmethod
     def backward(ctx: Node, grad: Tensor) -> Grads:
+        """d/da = d/db = 1, summed back over broadcast axes."""
         need_a, need_b = ctx.needs_input_grad
         return (
             sum_to(grad, ctx.input_metas[0].shape) if need_a else None,
@@ -45,10 +45,12 @@ class Sub(Function):
 
     @staticmethod
     def forward(ctx: Node, a: Tensor, b: Tensor) -> Tensor:
+        """Broadcast shape, promoted dtype."""
         return emit1("sub", (a, b), _meta("sub", a, b))
 
     @staticmethod
     def backward(ctx: Node, grad: Tensor) -> Grads:
+        """d/da = 1, d/db = -1, summed back over broadcast axes."""
         need_a, need_b = ctx.needs_input_grad
         return (
             sum_to(grad, ctx.input_metas[0].shape) if need_a else None,
@@ -63,11 +65,13 @@ class Mul(Function):
 
     @staticmethod
     def forward(ctx: Node, a: Tensor, b: Tensor) -> Tensor:
+        """Broadcast shape, promoted dtype; saves both inputs."""
         ctx.save_for_backward(a, b)
         return emit1("mul", (a, b), _meta("mul", a, b))
 
     @staticmethod
     def backward(ctx: Node, grad: Tensor) -> Grads:
+        """d/da = b, d/db = a."""
         a, b = ctx.saved_tensors
         need_a, need_b = ctx.needs_input_grad
         return (
@@ -83,12 +87,13 @@ class Div(Function):
 
     @staticmethod
     def forward(ctx: Node, a: Tensor, b: Tensor) -> Tensor:
+        """Broadcast shape, floating dtype; saves both inputs."""
         ctx.save_for_backward(a, b)
-        meta = _meta("div", a, b)
-        return emit1("div", (a, b), TensorMeta(meta.shape, float_dtype(meta.dtype)))
+        return emit1("div", (a, b), floating_meta(_meta("div", a, b)))
 
     @staticmethod
     def backward(ctx: Node, grad: Tensor) -> Grads:
+        """d/da = 1/b, d/db = -a/b**2."""
         a, b = ctx.saved_tensors
         need_a, need_b = ctx.needs_input_grad
         return (
@@ -105,10 +110,12 @@ class Neg(Function):
 
     @staticmethod
     def forward(ctx: Node, x: Tensor) -> Tensor:
-        return emit1("neg", (x,), TensorMeta(x.shape, x.dtype))
+        """Same shape and dtype."""
+        return emit1("neg", (x,), x.meta)
 
     @staticmethod
     def backward(ctx: Node, grad: Tensor) -> Tensor:
+        """d/dx = -1."""
         return -grad
 
 
@@ -119,6 +126,7 @@ class Pow(Function):
 
     @staticmethod
     def forward(ctx: Node, a: Tensor, b: Tensor) -> Tensor:
+        """Broadcast shape, promoted dtype; saves inputs and output."""
         meta = _meta("pow", a, b)
         out = emit1("pow", (a, b), meta)
         ctx.save_for_backward(a, b, out)
@@ -126,6 +134,7 @@ class Pow(Function):
 
     @staticmethod
     def backward(ctx: Node, grad: Tensor) -> Grads:
+        """d/da = b * a**(b-1), d/db = a**b * log(a)."""
         a, b, out = ctx.saved_tensors
         need_a, need_b = ctx.needs_input_grad
         grad_a = grad_b = None
@@ -146,12 +155,14 @@ class PowScalar(Function):
 
     @staticmethod
     def forward(ctx: Node, x: Tensor, exponent: float) -> Tensor:
+        """Same shape, floating dtype; saves the input."""
         ctx.save_for_backward(x)
         ctx.exponent = exponent
-        return emit1("pow_scalar", (x,), TensorMeta(x.shape, float_dtype(x.dtype)), {"exponent": exponent})
+        return emit1("pow_scalar", (x,), floating_meta(x.meta), {"exponent": exponent})
 
     @staticmethod
     def backward(ctx: Node, grad: Tensor) -> Tensor:
+        """d/dx = p * x**(p-1) (0 for p == 0)."""
         (x,) = ctx.saved_tensors
         p = ctx.exponent
         if p == 0.0:

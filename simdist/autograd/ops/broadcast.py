@@ -19,6 +19,7 @@ class Expand(Function):
 
     @staticmethod
     def forward(ctx: Node, x: Tensor, shape: tuple[int, ...]) -> Tensor:
+        """The target shape; x must broadcast to it."""
         shape = tuple(int(s) for s in shape)
         if broadcast_shapes(x.shape, shape, "expand") != shape:
             raise ShapeError(
@@ -29,6 +30,7 @@ class Expand(Function):
 
     @staticmethod
     def backward(ctx: Node, grad: Tensor) -> Tensor:
+        """Sum the gradient back to x's shape."""
         return sum_to(grad, ctx.input_metas[0].shape)
 
 

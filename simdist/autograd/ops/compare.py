@@ -35,12 +35,14 @@ class Where(Function):
 
     @staticmethod
     def forward(ctx: Node, cond: Tensor, a: Tensor, b: Tensor) -> Tensor:
+        """Broadcast shape of all three, dtype of a and b promoted; saves cond."""
         ctx.save_for_backward(cond)
         shape = broadcast_shapes(broadcast_shapes(cond.shape, a.shape, "where"), b.shape, "where")
         return emit1("where", (cond, a, b), TensorMeta(shape, result_dtype(a.dtype, b.dtype)))
 
     @staticmethod
     def backward(ctx: Node, grad: Tensor) -> tuple[None, Tensor | None, Tensor | None]:
+        """The gradient goes to a where cond holds and to b elsewhere."""
         (cond,) = ctx.saved_tensors
         _, need_a, need_b = ctx.needs_input_grad
         zero = grad._lift(0.0)

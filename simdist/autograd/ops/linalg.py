@@ -18,12 +18,14 @@ class Matmul(Function):
 
     @staticmethod
     def forward(ctx: Node, a: Tensor, b: Tensor) -> Tensor:
+        """NumPy matmul shape; saves both inputs."""
         ctx.save_for_backward(a, b)
         meta = TensorMeta(matmul_shape(a.shape, b.shape), result_dtype(a.dtype, b.dtype))
         return emit1("matmul", (a, b), meta)
 
     @staticmethod
     def backward(ctx: Node, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        """d/da = g @ b^T, d/db = a^T @ g, summed over broadcast batch axes."""
         a, b = ctx.saved_tensors
         need_a, need_b = ctx.needs_input_grad
         # Work on the >= 2-D forms matmul promoted 1-D operands to, then undo the promotion.

@@ -44,6 +44,7 @@ class Sum(Function):
 
     @staticmethod
     def forward(ctx: Node, x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+        """x's shape without (or with size 1 at, if keepdims) the reduced axes."""
         ctx.axes = axes = normalize_axes(axis, x.ndim, "sum")
         ctx.keepdims = keepdims = bool(keepdims)
         meta = TensorMeta(reduced_shape(x.shape, axes, keepdims), _sum_dtype(x.dtype))
@@ -51,6 +52,7 @@ class Sum(Function):
 
     @staticmethod
     def backward(ctx: Node, grad: Tensor) -> Tensor:
+        """The gradient spread back over the reduced axes."""
         return _unreduce(ctx, grad)
 
 
@@ -61,6 +63,7 @@ class Mean(Function):
 
     @staticmethod
     def forward(ctx: Node, x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+        """As sum, in a floating dtype."""
         ctx.axes = axes = normalize_axes(axis, x.ndim, "mean")
         ctx.keepdims = keepdims = bool(keepdims)
         ctx.count = math.prod(x.shape[a] for a in (range(x.ndim) if axes is None else axes))
@@ -69,4 +72,5 @@ class Mean(Function):
 
     @staticmethod
     def backward(ctx: Node, grad: Tensor) -> Tensor:
+        """The gradient spread back over the reduced axes, divided by their element count."""
         return _unreduce(ctx, grad) / ctx.count

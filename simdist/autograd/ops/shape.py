@@ -21,11 +21,13 @@ class Reshape(Function):
 
     @staticmethod
     def forward(ctx: Node, x: Tensor, shape: Sequence[int]) -> Tensor:
+        """The new shape (-1 resolved); same element count."""
         new = reshape_shape(x.shape, shape)
         return emit1("reshape", (x,), TensorMeta(new, x.dtype), {"shape": new})
 
     @staticmethod
     def backward(ctx: Node, grad: Tensor) -> Tensor:
+        """The gradient reshaped back."""
         return grad.reshape(ctx.input_metas[0].shape)
 
 
@@ -36,12 +38,14 @@ class Permute(Function):
 
     @staticmethod
     def forward(ctx: Node, x: Tensor, axes: Sequence[int]) -> Tensor:
+        """x's shape permuted by axes."""
         ctx.axes = axes = permute_axes(axes, x.ndim)
         shape = tuple(x.shape[a] for a in axes)
         return emit1("permute", (x,), TensorMeta(shape, x.dtype), {"axes": axes})
 
     @staticmethod
     def backward(ctx: Node, grad: Tensor) -> Tensor:
+        """The gradient permuted back (inverse permutation)."""
         inverse = [0] * len(ctx.axes)
         for i, a in enumerate(ctx.axes):
             inverse[a] = i
@@ -55,8 +59,10 @@ class Cast(Function):
 
     @staticmethod
     def forward(ctx: Node, x: Tensor, dtype: np.dtype) -> Tensor:
+        """Same shape, the new dtype."""
         return emit1("cast", (x,), TensorMeta(x.shape, np.dtype(dtype)))
 
     @staticmethod
     def backward(ctx: Node, grad: Tensor) -> Tensor:
+        """The gradient cast back to x's dtype."""
         return Cast.apply(grad, dtype=ctx.input_metas[0].dtype)

@@ -22,6 +22,7 @@ class Split(Function):
 
     @staticmethod
     def forward(ctx: Node, x: Tensor, sizes: tuple[int, ...], axis: int) -> tuple[Tensor, ...]:
+        """One output per piece, sized along axis."""
         ctx.axis = axis
         indices = tuple(itertools.accumulate(sizes))[:-1]
         metas = tuple(TensorMeta(x.shape[:axis] + (s,) + x.shape[axis + 1 :], x.dtype) for s in sizes)
@@ -29,6 +30,7 @@ class Split(Function):
 
     @staticmethod
     def backward(ctx: Node, *grads: Tensor) -> Tensor:
+        """The pieces' gradients concatenated."""
         # The engine hands zeros for pieces that received no gradient, so every piece is present.
         return grads[0] if len(grads) == 1 else Cat.apply(*grads, axis=ctx.axis)
 
@@ -40,23 +42,28 @@ class Cat(Function):
 
     @staticmethod
     def forward(ctx: Node, *xs: Tensor, axis: int) -> Tensor:
+        """Inputs joined along axis; equal sizes elsewhere required."""
         first = xs[0].shape
         for i, x in enumerate(xs):
-            if x.ndim != len(first) or x.shape[:axis] + x.shape[axis + 1 :] != first[:axis] + first[axis + 1 :]:
+            if (
+                x.ndim != len(first)
+                or x.shape[:axis] + x.shape[axis + 1 :] != first[:axis] + first[axis + 1 :]
+            ):
                 raise ShapeError(
                     f"cat at {call_site()}: input {i} has shape {x.shape}, input 0 has {first}; expected equal "
                     f"sizes on every axis but {axis}. Reshape the inputs to agree off the joined axis"
                 )
         ctx.axis = axis
-        ctx.sizes = tuple(x.shape[axis] for x in xs)
+        ctx.sizes = sizes = tuple(x.shape[axis] for x in xs)
         dtype = xs[0].dtype
         for x in xs[1:]:
             dtype = result_dtype(dtype, x.dtype)
-        shape = first[:axis] + (sum(ctx.sizes),) + first[axis + 1 :]
+        shape = first[:axis] + (sum(sizes),) + first[axis + 1 :]
         return emit("cat", xs, (TensorMeta(shape, dtype),), {"axis": axis})[0]
 
     @staticmethod
     def backward(ctx: Node, grad: Tensor) -> tuple[Tensor | None, ...]:
+        """The gradient split back into the inputs' sizes."""
         pieces = Split.apply(grad, sizes=ctx.sizes, axis=ctx.axis)
         return tuple(p if need else None for p, need in zip(pieces, ctx.needs_input_grad))
 

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 from simdist.autograd.dispatch import emit1
-from simdist.autograd.executor import TensorMeta
 from simdist.autograd.function import Function
 from simdist.autograd.graph import Node
 from simdist.autograd.ops.compare import compare, where
-from simdist.autograd.shapes import float_dtype
+from simdist.autograd.shapes import floating_meta
 from simdist.autograd.tensor import Tensor
 
 
 def _floating(op: str, x: Tensor) -> Tensor:
-    return emit1(op, (x,), TensorMeta(x.shape, float_dtype(x.dtype)))
+    return emit1(op, (x,), floating_meta(x.meta))
 
 
 class Exp(Function):
@@ -22,12 +21,14 @@ class Exp(Function):
 
     @staticmethod
     def forward(ctx: Node, x: Tensor) -> Tensor:
+        """Same shape, floating dtype; saves the output."""
         out = _floating("exp", x)
         ctx.save_for_backward(out)
         return out
 
     @staticmethod
     def backward(ctx: Node, grad: Tensor) -> Tensor:
+        """d/dx = e**x (the saved output)."""
         (out,) = ctx.saved_tensors
         return grad * out
 
@@ -39,11 +40,13 @@ class Log(Function):
 
     @staticmethod
     def forward(ctx: Node, x: Tensor) -> Tensor:
+        """Same shape, floating dtype; saves the input."""
         ctx.save_for_backward(x)
         return _floating("log", x)
 
     @staticmethod
     def backward(ctx: Node, grad: Tensor) -> Tensor:
+        """d/dx = 1/x."""
         (x,) = ctx.saved_tensors
         return grad / x
 
@@ -55,12 +58,14 @@ class Tanh(Function):
 
     @staticmethod
     def forward(ctx: Node, x: Tensor) -> Tensor:
+        """Same shape, floating dtype; saves the output."""
         out = _floating("tanh", x)
         ctx.save_for_backward(out)
         return out
 
     @staticmethod
     def backward(ctx: Node, grad: Tensor) -> Tensor:
+        """d/dx = 1 - tanh(x)**2."""
         (out,) = ctx.saved_tensors
         return grad * (1.0 - out * out)
 
@@ -72,12 +77,14 @@ class Sigmoid(Function):
 
     @staticmethod
     def forward(ctx: Node, x: Tensor) -> Tensor:
+        """Same shape, floating dtype; saves the output."""
         out = _floating("sigmoid", x)
         ctx.save_for_backward(out)
         return out
 
     @staticmethod
     def backward(ctx: Node, grad: Tensor) -> Tensor:
+        """d/dx = s * (1 - s)."""
         (out,) = ctx.saved_tensors
         return grad * (1.0 - out) * out
 
@@ -89,12 +96,14 @@ class Relu(Function):
 
     @staticmethod
     def forward(ctx: Node, x: Tensor) -> Tensor:
-        out = emit1("relu", (x,), TensorMeta(x.shape, x.dtype))
+        """Same shape and dtype; saves the output."""
+        out = emit1("relu", (x,), x.meta)
         ctx.save_for_backward(out)
         return out
 
     @staticmethod
     def backward(ctx: Node, grad: Tensor) -> Tensor:
+        """The gradient where the output is positive, else 0."""
         (out,) = ctx.saved_tensors
         # A mask, not a product: grad * 0 would turn an inf or nan gradient into nan where torch gives 0.
         return where(compare("gt", out, out._lift(0)), grad, 0.0)
