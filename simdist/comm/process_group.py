@@ -144,7 +144,7 @@ class SimProcessGroup(dist.ProcessGroup):
             plan.finish[r]()
             g = st.global_ranks[r]
             c = calls[r]
-            sim.trace.spans.append(
+            sim.trace.add(
                 Span(
                     g,
                     st.stream,

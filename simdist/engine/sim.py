@@ -15,7 +15,7 @@ from simdist.comm.p2p import P2P
 from simdist.engine.baton import Baton, caller_site, current_rank_state
 from simdist.errors import DeadlockError
 from simdist.network.links import Network
-from simdist.trace.trace import Span, Trace
+from simdist.trace.trace import Trace
 
 #: frames in these directories are simdist's or torch's own, never the user's call site
 _PKG = os.path.dirname(os.path.abspath(simdist.__file__))
@@ -105,7 +105,7 @@ class Simulation:
             return
         start = self.env.now + state.pending
         state.pending += seconds
-        self.trace.spans.append(Span(state.rank, "compute", name, start, start + seconds))
+        self.trace.compute(state.rank, name, start, start + seconds)
 
     def settle(self) -> None:
         """Advance simulated time over the calling rank's pending compute."""

@@ -55,7 +55,8 @@ class Trace:
         if level not in TRACE_LEVELS:
             raise ValueError(f"trace level must be one of {TRACE_LEVELS}, got {level!r}")
         self.level = level
-        self.spans: list[Span] = []
+        # compute spans are by far the most numerous: they are kept as plain tuples until first read
+        self._items: list[Span | tuple] = []
         self.messages: list[Message] = []
 
     @property
@@ -63,9 +64,26 @@ class Trace:
         """Whether individual messages are recorded."""
         return self.level == "messages"
 
+    @property
+    def spans(self) -> list[Span]:
+        """Every recorded span, in recording order."""
+        items = self._items
+        for i, it in enumerate(items):
+            if type(it) is tuple:
+                items[i] = Span(it[0], "compute", it[1], it[2], it[3])
+        return items  # type: ignore[return-value]
+
     def span(self, rank: int, stream: str, name: str, start: float, end: float, args: dict | None = None) -> None:
         """Record an interval on ``rank``'s ``stream``."""
-        self.spans.append(Span(rank, stream, name, start, end, args or {}))
+        self._items.append(Span(rank, stream, name, start, end, args or {}))
+
+    def add(self, span: Span) -> None:
+        """Record a span."""
+        self._items.append(span)
+
+    def compute(self, rank: int, name: str, start: float, end: float) -> None:
+        """Record a compute span on ``rank`` (cheap: called for every charged op)."""
+        self._items.append((rank, name, start, end))
 
     def message(self, msg: Message) -> None:
         """Record a transfer."""
