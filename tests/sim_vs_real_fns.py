@@ -5,13 +5,15 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool"]
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "uint16", "uint32", "uint64", "float8_e4m3fn", "int32", "int64", "bool", "complex32", "complex64", "complex128"]
 
 
 def _data(rank: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
     g = torch.Generator().manual_seed(rank)
     if dtype == torch.bool:
         return torch.randint(0, 2, (numel,), generator=g).bool()
+    if dtype.is_complex:
+        return torch.complex(torch.randint(0, 4, (numel,), generator=g).float(), torch.randint(0, 4, (numel,), generator=g).float()).to(dtype)
     return torch.randint(0, 4, (numel,), generator=g).to(dtype)
 
 

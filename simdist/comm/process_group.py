@@ -42,9 +42,23 @@ def reduce_op_name(op: Any) -> str:
     return name
 
 
+#: element types gloo can move (it answers "Invalid scalar type" for the others); complex tensors reach the
+#: backend as real views (torch's front end makes them) except in reduce, which passes them through
+SUPPORTED_DTYPES = frozenset(
+    {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool,
+     torch.complex32, torch.complex64, torch.complex128}
+)
+
+
 def _check_tensor(t: Any, what: str) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in SUPPORTED_DTYPES:
+        raise RuntimeError(
+            f"Invalid scalar type: {what} has dtype {t.dtype}, which gloo cannot communicate either; "
+            f"supported: {', '.join(sorted(dtype_name(d) for d in SUPPORTED_DTYPES))} (and complex via real views). "
+            f"Cast the tensor first."
+        )
     if t.layout != torch.strided:
         raise ValueError(f"{what}: only dense (strided) tensors are supported, got layout {t.layout}")
     if t.device.type not in ("cpu", "meta"):
