@@ -95,7 +95,8 @@ class P2P:
         recv.work.source_rank = send.src
         t0 = sim.env.now
 
-        def arrive(start: float, end: float) -> None:
+        def arrive(ev: Any) -> None:
+            start, end = ev.start, sim.env.now
             with torch.no_grad():
                 raw_flat(recv.tensor).copy_(payload)
             trace = sim.trace
@@ -106,7 +107,7 @@ class P2P:
             send.work.complete()
             recv.work.complete()
 
-        sim.network.transfer(send.src, send.dst, nbytes, arrive)
+        sim.network.send(send.src, send.dst, nbytes, arrive, None)
 
     def pending_descriptions(self) -> list[str]:
         """Unmatched posts, for deadlock reports."""
