@@ -296,3 +296,17 @@ def _barrier_times():
 def test_barrier_waits_for_the_slowest_rank():
     res = simdist.run(_barrier_times, cluster(4))
     assert all(t >= 1e-3 for t in res.returns)
+
+
+def _future_waits():
+    t = torch.ones(3) * (dist.get_rank() + 1)
+    fut = dist.all_reduce(t, async_op=True).get_future()
+    doubled = fut.then(lambda f: f.value()[0] * 2)
+    first = fut.wait()[0].tolist()  # torch's Future.wait() would block the OS thread; here it waits in simulated time
+    return first, doubled.wait().tolist(), torch.futures.wait_all([fut])[0][0].tolist()
+
+
+def test_future_wait_and_then_block_in_simulated_time():
+    res = simdist.run(_future_waits, cluster(3))
+    for r in range(3):
+        assert res.returns[r] == ([6.0] * 3, [12.0] * 3, [6.0] * 3)

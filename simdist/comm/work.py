@@ -15,6 +15,73 @@ class SimTimeoutError(dist.DistBackendError):
     """A collective or point-to-point operation did not complete within its timeout (simulated seconds)."""
 
 
+class SimFuture(Future):
+    """A ``torch.futures.Future`` whose ``wait()`` blocks the calling rank in simulated time.
+
+    torch's own ``Future.wait()`` blocks the OS thread in C++, which would stop the whole simulation (the
+    future is completed by the simulator, which waits for the rank). ``then()`` returns a future that waits
+    the same way.
+    """
+
+    def __init__(self, sim: Any, event: simpy.Event, description: str) -> None:
+        super().__init__()
+        self._sim = sim
+        self._event = event
+        self._description = description
+
+    def _block(self) -> None:
+        if not self._event.processed and self._sim.baton is not None and _in_rank_thread():
+            self._sim.baton.block(self._event, self._description)
+
+    def wait(self) -> Any:
+        """Block (in simulated time) until done; return the value."""
+        self._block()
+        return super().wait()
+
+    def value(self) -> Any:
+        """The value; blocks in simulated time first if not done yet."""
+        self._block()
+        return super().value()
+
+    def then(self, callback: Any) -> Future:
+        """Chain ``callback``; the returned future's ``wait()`` also blocks in simulated time."""
+        inner = super().then(callback)
+        outer = _ThenFuture(self, inner)
+        return outer
+
+
+class _ThenFuture(Future):
+    """The future ``SimFuture.then`` returns: waits for its parent in simulated time, then for ``inner``."""
+
+    def __init__(self, parent: SimFuture, inner: Future) -> None:
+        super().__init__()
+        self._parent = parent
+        self._inner = inner
+        inner.add_done_callback(lambda f: self._settle(f))
+
+    def _settle(self, f: Future) -> None:
+        try:
+            self.set_result(f.value())
+        except Exception as e:  # noqa: BLE001 - the callback's error becomes this future's error
+            self.set_exception(e)
+
+    def wait(self) -> Any:
+        """Block (in simulated time) until the parent is done; return the callback's value."""
+        self._parent._block()
+        return super().wait()
+
+    def value(self) -> Any:
+        """The callback's value."""
+        self._parent._block()
+        return super().value()
+
+
+def _in_rank_thread() -> bool:
+    from simdist.engine.baton import current_rank_state
+
+    return current_rank_state() is not None
+
+
 class SimWork(dist.Work):
     """The handle of one rank's part of a collective or point-to-point operation.
 
@@ -29,7 +96,7 @@ class SimWork(dist.Work):
         self.outputs = outputs
         self.timeout = timeout
         self.event: simpy.Event = sim.env.event()
-        self.future: Future = Future()
+        self.future: Future = SimFuture(sim, self.event, description)
         self.source_rank = -1
         self.error: BaseException | None = None
         self.issued_at = sim.env.now
