@@ -103,12 +103,16 @@ def _user_init_and_destroy():
     t = torch.ones(2)
     dist.all_reduce(t)
     dist.destroy_process_group()
+    assert not dist.is_initialized()
+    dist.init_process_group()  # and again after destroying it
+    dist.all_reduce(t)
+    dist.destroy_process_group()
     return t.tolist()
 
 
 def test_user_init_process_group_is_tolerated():
     res = simdist.run(_user_init_and_destroy, simdist.Cluster.switch(3, device="cpu"))
-    assert res.returns == [[3.0, 3.0]] * 3
+    assert res.returns == [[9.0, 9.0]] * 3
 
 
 def _init_gloo():

@@ -78,7 +78,7 @@ def run(
     kwargs = kwargs or {}
     gen = torch.Generator().manual_seed(seed)
     initial_rng = gen.get_state()
-    store = dist.HashStore()
+    store = sim.store = dist.HashStore()
     local_world = _local_world_size(cluster)
 
     def target(rank: int) -> Any:

@@ -57,6 +57,8 @@ class Simulation:
         self.groups: dict[object, GroupState] = {}
         self.baton: Baton | None = None
         self.default_timeout: float | None = None
+        #: the rendezvous store every rank's default group is created with
+        self.store: Any = None
         self._alpha_beta: dict[int, tuple] = {}
 
     # ------------------------------------------------------------------ groups

@@ -100,7 +100,10 @@ _orig: dict[str, Any] = {}
 
 def _patched_init_process_group(backend: str | None = None, *args: Any, timeout: timedelta | None = None, **kwargs: Any) -> None:
     """Accept the user's own ``init_process_group`` call: the group already exists in a simulated rank."""
-    if getattr(_tls, "world", None) is None or _data().default_pg is None:
+    from simdist.engine.baton import current_rank_state
+
+    state = current_rank_state()
+    if state is None:
         return _orig["init_process_group"](backend, *args, timeout=timeout, **kwargs)
     if backend not in (None, BACKEND, "cpu:" + BACKEND):
         raise ValueError(
@@ -108,8 +111,10 @@ def _patched_init_process_group(backend: str | None = None, *args: Any, timeout:
             f"the '{BACKEND}' backend. Call init_process_group only in real runs (real.run does it for you), or "
             f"pass backend='{BACKEND}'."
         )
+    sim = _state["sim"]
+    if _data().default_pg is None:  # initialised again after destroy_process_group()
+        init_default_group(state.rank, sim.world_size, sim.store)
     if timeout is not None:
-        sim = _state["sim"]
         seconds = timeout.total_seconds()
         sim.default_timeout = seconds
         for pg in _data().pg_map:
