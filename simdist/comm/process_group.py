@@ -87,9 +87,15 @@ class SimProcessGroup(dist.ProcessGroup):
         self.state = state
         self.grank = group_rank
 
+
     # ------------------------------------------------------------------ identity
     def getBackendName(self) -> str:
         return "simdist"
+
+    @property
+    def group_name(self) -> str:
+        """The group's name, the same on every member rank (functional collectives look groups up by it)."""
+        return self.state.name
 
     @property
     def global_rank(self) -> int:
