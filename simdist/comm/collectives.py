@@ -31,11 +31,13 @@ class Plan:
 def raw_flat(t: torch.Tensor) -> torch.Tensor:
     """The ``numel`` elements of memory starting at ``t``'s first element, as gloo reads and writes them.
 
-    For a contiguous tensor that is ``t.view(-1)``. gloo hands collectives the tensor's data pointer and
-    element count and ignores strides, so for a non-contiguous view it works on the block of memory the
-    view starts at, not on the elements the view shows (an all-reduce of a transposed tensor still comes
-    out right; a broadcast of a column does not). simdist does the same, so simulated results equal gloo's,
-    and warns (see ``process_group._check_tensor``).
+    For a contiguous tensor that is ``t.view(-1)``. For the tensors it works on in place (all_reduce,
+    broadcast, reduce, the output of all_gather_into_tensor and scatter, point-to-point) gloo hands its
+    transport the data pointer and element count and ignores strides, so for a non-contiguous view it works
+    on the block of memory the view starts at, not on the elements the view shows (an all-reduce of a
+    transposed tensor still comes out right; a broadcast of a column does not). The list-API inputs of
+    all_gather, gather and reduce_scatter it copies as shown. simdist does the same, so simulated results
+    equal gloo's, and warns (see ``process_group._check_tensor``).
     """
     if t.is_contiguous():
         return t.view(-1)
@@ -124,7 +126,7 @@ def plan_all_gather(inputs: list[torch.Tensor], outputs: list[list[torch.Tensor]
         else:
             ws = torch.empty(n * m, dtype=inp.dtype)
             fin = _copy_out_chunks(ws, out)
-        ws[r * m : (r + 1) * m].copy_(raw_flat(inp))
+        ws[r * m : (r + 1) * m].copy_(inp.reshape(-1))  # gloo copies list-API inputs as shown
         bufs.append(ws)
         fins.append(fin)
     msgs = algorithms.build("all_gather", algo, n, n * m, inputs[0].element_size())
@@ -154,7 +156,7 @@ def plan_reduce_scatter(
         if isinstance(inp, torch.Tensor):
             ws = raw_flat(inp).clone()
         else:
-            ws = torch.cat([raw_flat(t) for t in inp]) if inp else torch.empty(0, dtype=out.dtype)
+            ws = torch.cat([t.reshape(-1) for t in inp]) if inp else torch.empty(0, dtype=out.dtype)
         bufs.append(ws)
         fins.append(_chunk_to(ws, r * m, m, out, n if op == "avg" else None))
     msgs = algorithms.build("reduce_scatter", algo, n, n * m, outputs[0].element_size())
@@ -179,7 +181,7 @@ def plan_gather(inputs: list[torch.Tensor], root_outputs: list[torch.Tensor], ro
     for r, inp in enumerate(inputs):
         v = (r - root) % n
         ws = torch.empty(n * m, dtype=inp.dtype)
-        ws[v * m : (v + 1) * m].copy_(raw_flat(inp))
+        ws[v * m : (v + 1) * m].copy_(inp.reshape(-1))
         bufs[v] = ws
         if r == root:
             order = [(v2 + root) % n for v2 in range(n)]
@@ -203,7 +205,7 @@ def plan_scatter(root_inputs: list[torch.Tensor], outputs: list[torch.Tensor], r
         else:
             ws = torch.empty(n * m, dtype=out.dtype)
         bufs.append(ws)
-        fins.append(_chunk_to(ws, v * m, m, out, None))
+        fins.append(_chunk_to(ws, v * m, m, raw_flat(out), None))  # gloo writes the output's raw memory
     msgs = _rotate(algorithms.build("scatter", algo, n, n * m, outputs[0].element_size()), n, root)
     return Plan(msgs, bufs, bufs, "sum", fins)
 

@@ -111,6 +111,13 @@ class GroupState:
         lines.append("reduce op and root, in the same order.")
         raise CollectiveMismatchError("\n".join(lines))
 
+    def group_rank(self, global_rank: int) -> int:
+        """The group rank of a member's global rank."""
+        ranks = self.__dict__.get("_rank_of")
+        if ranks is None:
+            ranks = self._rank_of = {g: i for i, g in enumerate(self.global_ranks)}
+        return ranks[global_rank]
+
     def missing_ranks(self, seq: int) -> list[int]:
         """Global ranks that have not yet issued call ``seq``."""
         inst = self.instances.get(seq)

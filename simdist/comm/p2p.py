@@ -22,7 +22,7 @@ from simdist.trace.trace import Message, Span
 class Post:
     """One posted send or receive."""
 
-    group: str
+    group: Any  # the GroupState
     src: int  # global rank, -1 for "any source"
     dst: int
     tag: int
@@ -46,34 +46,35 @@ class P2P:
         self._order += 1
         return self._order
 
-    def post_send(self, group: str, src: int, dst: int, tag: int, tensor: torch.Tensor, work: SimWork, site: str) -> None:
-        """Post a send; starts the transfer if a matching receive waits."""
+    def post_send(self, group: Any, src: int, dst: int, tag: int, tensor: torch.Tensor, work: SimWork, site: str) -> None:
+        """Post a send on ``group`` (a GroupState; ranks are global); starts the transfer if a receive waits."""
         post = Post(group, src, dst, tag, tensor, work, site, self._next())
-        key = (group, src, dst, tag)
+        key = (group.name, src, dst, tag)
         q = self.recvs.get(key)
         if q:
             self._match(post, q.popleft())
             return
-        qa = self.any_recvs.get((group, dst, tag))
+        qa = self.any_recvs.get((group.name, dst, tag))
         if qa:
             self._match(post, qa.popleft())
             return
         self.sends.setdefault(key, deque()).append(post)
 
-    def post_recv(self, group: str, src: int | None, dst: int, tag: int, tensor: torch.Tensor, work: SimWork, site: str) -> None:
+    def post_recv(self, group: Any, src: int | None, dst: int, tag: int, tensor: torch.Tensor, work: SimWork, site: str) -> None:
         """Post a receive (``src=None``: from any source); starts the transfer if a matching send waits."""
         post = Post(group, -1 if src is None else src, dst, tag, tensor, work, site, self._next())
+        name = group.name
         if src is None:
             candidates = [
-                (q[0].order, k) for k, q in self.sends.items() if q and k[0] == group and k[2] == dst and k[3] == tag
+                (q[0].order, k) for k, q in self.sends.items() if q and k[0] == name and k[2] == dst and k[3] == tag
             ]
             if candidates:
                 _, key = min(candidates)
                 self._match(self.sends[key].popleft(), post)
                 return
-            self.any_recvs.setdefault((group, dst, tag), deque()).append(post)
+            self.any_recvs.setdefault((name, dst, tag), deque()).append(post)
             return
-        key = (group, src, dst, tag)
+        key = (name, src, dst, tag)
         q = self.sends.get(key)
         if q:
             self._match(q.popleft(), post)
@@ -92,7 +93,7 @@ class P2P:
         sim = self.sim
         payload = raw_flat(send.tensor.detach()).clone()
         nbytes = payload.numel() * payload.element_size()
-        recv.work.source_rank = send.src
+        recv.work.source_rank = recv.group.group_rank(send.src)  # torch maps it back through the group
         t0 = sim.env.now
 
         def arrive(ev: Any) -> None:

@@ -120,7 +120,6 @@ class SimProcessGroup(dist.ProcessGroup):
         work.group_state, work.seq = self.state, seq
         call = Call(op, self.grank, tuple(signature), site, work, data)
         self.state.join(call, self._start)
-        drain_at_end_of_backward(work)
         return work
 
     def _start(self, inst: Instance) -> None:
@@ -449,20 +448,21 @@ class SimProcessGroup(dist.ProcessGroup):
         desc = f"rank {me} waits in {what} (tag {tag}, {tuple(t.shape)} {dtype_name(t.dtype)}, issued at {site})"
         work = SimWork(sim, desc, [t], st.timeout)
         if kind == "send":
-            sim.p2p.post_send(st.name, me, g_peer, tag, t, work, site)
+            sim.p2p.post_send(st, me, g_peer, tag, t, work, site)
         else:
-            sim.p2p.post_recv(st.name, g_peer, me, tag, t, work, site)
+            sim.p2p.post_recv(st, g_peer, me, tag, t, work, site)
         return work
 
 
 def drain_at_end_of_backward(work: SimWork) -> None:
-    """Wait, in Python, for collectives issued inside a backward pass before that backward returns.
+    """Wait, in Python, before a backward pass returns, for works whose future was taken inside it.
 
-    torch's C++ DDP reducer waits on the futures of its bucket all-reduces from an autograd engine callback,
-    in C++, where a simulated rank cannot hand the baton back. A callback queued here, when the first
-    collective of a backward is issued, runs before the reducer's (callbacks run in queue order, and the
-    reducer queues its own after the last bucket is launched) and waits on every work issued in that
-    backward through the baton, so the futures are complete when C++ looks at them.
+    torch's C++ DDP reducer takes the future of each bucket's all-reduce inside backward and waits on it from
+    an autograd engine callback, in C++, where a simulated rank cannot hand the baton back. A callback
+    queued here, when the first future of a backward is taken, runs before the reducer's (callbacks run in
+    queue order, and the reducer queues its own after launching its last bucket) and waits on those works
+    through the baton, so they are complete when C++ looks at them. Works whose future nobody takes are
+    left alone: they complete whenever the other ranks join them.
     """
     task = torch._C._current_graph_task_id()
     if task == -1:

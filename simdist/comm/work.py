@@ -75,6 +75,10 @@ class _ThenFuture(Future):
         self._parent._block()
         return super().value()
 
+    def then(self, callback: Any) -> Future:
+        """Chain further; the result again waits for the root in simulated time."""
+        return _ThenFuture(self._parent, super().then(callback))
+
 
 def _in_rank_thread() -> bool:
     from simdist.engine.baton import current_rank_state
@@ -154,6 +158,9 @@ class SimWork(dist.Work):
 
     def get_future(self) -> Future:
         """A ``torch.futures.Future`` completed with the output tensors."""
+        from simdist.comm.process_group import drain_at_end_of_backward
+
+        drain_at_end_of_backward(self)
         return self.future
 
     def synchronize(self) -> None:

@@ -190,6 +190,10 @@ class Baton:
         old_stack = threading.stack_size()
         if self._stack_size:
             threading.stack_size(self._stack_size)
+        # Simulator code in this thread writes into users' tensors (message arrivals, collective set-up when
+        # a stream frees up): never record that for autograd, whatever tensors it touches.
+        grad_was = torch.is_grad_enabled()
+        torch.set_grad_enabled(False)
         try:
             self.start_all()
             env = self.env
@@ -211,6 +215,7 @@ class Baton:
         finally:
             self._unwind()
             threading.stack_size(old_stack)
+            torch.set_grad_enabled(grad_was)
 
     def _unwind(self) -> None:
         """Resume every blocked rank with ``aborting`` set so it raises :class:`RankAbort` and exits."""

@@ -175,9 +175,13 @@ def _seed_cpu_only(seed: int) -> torch.Generator:
 class RankEnviron(MutableMapping):
     """``os.environ`` as each rank thread sees it: torchrun's variables with that rank's values.
 
-    Swapping the mapping costs nothing per baton hand-off (setting real environment variables at every
-    hand-off would); code outside rank threads sees the real environment.
+    A rank's writes and deletions stay in that rank's view (as they would in its own process) and never reach
+    the real environment; code outside rank threads reads and writes the real environment. Swapping the
+    mapping costs nothing per baton hand-off, where setting real variables at every hand-off would. Child
+    processes started without an explicit ``env=`` inherit the real environment (pass ``env=os.environ.copy()``).
     """
+
+    _DELETED = object()
 
     def __init__(self, real: MutableMapping[str, str], world_size: int, local_world: int) -> None:
         self._real = real
@@ -188,38 +192,67 @@ class RankEnviron(MutableMapping):
             "MASTER_PORT": "29500",
         }
         self._local_world = local_world
+        self._overrides: dict[int, dict[str, object]] = {}
 
-    def _rank_vars(self) -> dict[str, str]:
+    def _view(self) -> tuple[dict[str, object], int] | None:
         state = current_rank_state()
         if state is None:
-            return {}
+            return None
         r = state.rank
-        return {
-            **self._fixed,
-            "RANK": str(r),
-            "LOCAL_RANK": str(r % self._local_world),
-            "GROUP_RANK": str(r // self._local_world),
-        }
+        over = self._overrides.get(r)
+        if over is None:
+            over = self._overrides[r] = {
+                **self._fixed,
+                "RANK": str(r),
+                "LOCAL_RANK": str(r % self._local_world),
+                "GROUP_RANK": str(r // self._local_world),
+            }
+        return over, r
 
     def __getitem__(self, key: str) -> str:
-        ranked = self._rank_vars()
-        return ranked[key] if key in ranked else self._real[key]
+        view = self._view()
+        if view is not None and key in view[0]:
+            value = view[0][key]
+            if value is self._DELETED:
+                raise KeyError(key)
+            return value  # type: ignore[return-value]
+        return self._real[key]
 
     def __setitem__(self, key: str, value: str) -> None:
-        self._real[key] = value
+        view = self._view()
+        if view is None:
+            self._real[key] = value
+        else:
+            view[0][key] = str(value)
 
     def __delitem__(self, key: str) -> None:
-        del self._real[key]
+        view = self._view()
+        if view is None:
+            del self._real[key]
+            return
+        self[key]  # KeyError if this rank does not see it  # noqa: B018
+        view[0][key] = self._DELETED
 
     def __iter__(self) -> Iterator[str]:
-        return iter(dict.fromkeys([*self._real, *self._rank_vars()]))
+        view = self._view()
+        if view is None:
+            return iter(self._real)
+        over = view[0]
+        keys = dict.fromkeys([*self._real, *over])
+        return iter([k for k in keys if over.get(k) is not self._DELETED])
 
     def __len__(self) -> int:
-        return len(set(self._real) | set(self._rank_vars()))
+        return sum(1 for _ in self)
 
     def copy(self) -> dict[str, str]:
         """A plain dict of what this rank sees (``os.environ.copy()`` for subprocess environments)."""
         return dict(self.items())
+
+    def __or__(self, other: Any) -> dict[str, str]:
+        return {**self.copy(), **other}
+
+    def __ror__(self, other: Any) -> dict[str, str]:
+        return {**other, **self.copy()}
 
 
 def _pin_to_one_cpu() -> set[int] | None:

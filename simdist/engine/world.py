@@ -149,6 +149,28 @@ def init_default_group(rank: int, world_size: int, store: Any) -> None:
     _data().pg_group_ranks[pg] = identity
 
 
+def _block_on_sim_futures(futures: Any) -> None:
+    from simdist.comm.work import SimFuture, _ThenFuture
+
+    for f in futures:
+        if isinstance(f, SimFuture):
+            f._block()
+        elif isinstance(f, _ThenFuture):
+            f._parent._block()
+
+
+def _patched_wait_all(futures: Any) -> Any:
+    """``torch.futures.wait_all`` that first waits for simdist futures in simulated time."""
+    _block_on_sim_futures(futures)
+    return _orig["wait_all"](futures)
+
+
+def _patched_collect_all(futures: Any) -> Any:
+    """``torch.futures.collect_all`` whose result can be waited on in simulated time."""
+    _block_on_sim_futures(futures)
+    return _orig["collect_all"](futures)
+
+
 def install(sim: Any) -> None:
     """Make torch.distributed's world per-thread and route the ``simdist`` backend to ``sim``."""
     if BACKEND.upper() not in dist.Backend._plugins:
@@ -161,6 +183,9 @@ def install(sim: Any) -> None:
     _orig["init_process_group"] = c10d.init_process_group
     c10d.init_process_group = _patched_init_process_group
     dist.init_process_group = _patched_init_process_group
+    # torch waits on these in C++, which a rank thread cannot do without stopping the simulation
+    _orig["wait_all"], _orig["collect_all"] = torch.futures.wait_all, torch.futures.collect_all
+    torch.futures.wait_all, torch.futures.collect_all = _patched_wait_all, _patched_collect_all
 
 
 def uninstall() -> None:
@@ -171,6 +196,7 @@ def uninstall() -> None:
     init = _orig.pop("init_process_group")
     c10d.init_process_group = init
     dist.init_process_group = init
+    torch.futures.wait_all, torch.futures.collect_all = _orig.pop("wait_all"), _orig.pop("collect_all")
     _state["sim"] = None
     _state.pop("identity", None)
 
