@@ -87,6 +87,11 @@ class BackwardPass:
                 continue
             seeds.append(self._check_gradient(g, meta, node.executor, f"{node.name} output {i}"))
             roots.append((node, i))
+        if not roots:
+            raise BackwardError(
+                f"run_from_node({node.describe()}): every gradient is None, so nothing would flow; pass a "
+                "gradient for at least one output"
+            )
         self._execute(roots, seeds, retain_graph, create_graph, None, False)
 
     def gradients(

@@ -85,10 +85,12 @@ def _record(ctx: Node, inputs: tuple[Any, ...], out: Tensor | tuple[Tensor, ...]
     ctx.needs_input_grad = tuple(needs)
     output_metas = []
     for i, t in enumerate(outputs):
-        if type(t) is not Tensor or t.requires_grad:
+        if type(t) is not Tensor or t.requires_grad or any(t is x for x in inputs):
             found = (
                 type(t).__name__
                 if type(t) is not Tensor
+                else "one of its inputs"
+                if any(t is x for x in inputs)
                 else "a tensor that already requires grad (an input?)"
             )
             raise BackwardError(

@@ -91,7 +91,12 @@ def numerical_gradient(
             grad_output.numpy() if isinstance(grad_output, Tensor) else grad_output, dtype=np.float64
         )
     )
-    dtype = x.dtype if isinstance(x, Tensor) else base.dtype
+    dtype = np.dtype(x.dtype if isinstance(x, Tensor) else np.asarray(x).dtype)
+    if dtype.kind != "f":
+        raise GradcheckError(
+            f"numerical_gradient: x has dtype {dtype}; central differences need a floating-point input. "
+            f"Pass x as float64 (x.astype('float64'))"
+        )
 
     def value(point: np.ndarray) -> float:
         with no_grad():
@@ -102,12 +107,20 @@ def numerical_gradient(
     flat, gflat = base.reshape(-1), grad.reshape(-1)
     for i in range(flat.size):
         original = flat[i]
-        flat[i] = original + eps
+        # the step that survives rounding to x's dtype (a float32 x moves by less, or not at all, than eps)
+        hi = float(np.asarray(original + eps, dtype=dtype))
+        lo = float(np.asarray(original - eps, dtype=dtype))
+        if hi == lo:
+            raise GradcheckError(
+                f"numerical_gradient: eps={eps} vanishes when x[{i}]={original} is rounded to {dtype}; "
+                f"use a larger eps or a float64 input"
+            )
+        flat[i] = hi
         upper = value(base)
-        flat[i] = original - eps
+        flat[i] = lo
         lower = value(base)
         flat[i] = original
-        gflat[i] = (upper - lower) / (2 * eps)
+        gflat[i] = (upper - lower) / (hi - lo)
     return grad
 
 

@@ -173,6 +173,14 @@ class Graph:
         if not 0 <= input_index < len(node.input_metas):
             raise IndexError(f"{node.describe()} has {len(node.input_metas)} inputs, not input {input_index}")
         if isinstance(source, Tensor):
+            if not source.requires_grad:
+                from simdist.autograd.errors import BackwardError
+
+                raise BackwardError(
+                    f"connect: input {input_index} of {node.describe()} would come from a tensor that does not "
+                    "require grad, so no gradient could reach it. Set requires_grad=True on it, or leave the input "
+                    "unconnected"
+                )
             edge = edge_of(source)
         else:
             if not 0 <= output_index < len(source.output_metas):

@@ -21,6 +21,12 @@ def _unary(f: Callable[[Any], Any]) -> Callable[..., tuple[Array, ...]]:
     return lambda inputs, attrs, outputs: (f(inputs[0]),)
 
 
+def _floating_unary(f: Callable[[Any], Any]) -> Callable[..., tuple[Array, ...]]:
+    # Compute in the result dtype the shape rule chose: NumPy would pick float16/float32 for small integer
+    # and bool inputs, and unsigned arithmetic inside the kernel (sigmoid's -|x|) would wrap around.
+    return lambda inputs, attrs, outputs: (f(np.asarray(inputs[0], dtype=outputs[0].dtype)),)
+
+
 def _binary(f: Callable[[Any, Any], Any]) -> Callable[..., tuple[Array, ...]]:
     return lambda inputs, attrs, outputs: (f(inputs[0], inputs[1]),)
 
@@ -34,10 +40,10 @@ _KERNELS: dict[str, Callable[..., tuple[Array, ...]]] = {
     "pow": _binary(np.power),
     "pow_scalar": lambda inputs, attrs, outputs: (np.power(inputs[0], attrs["exponent"]),),
     "neg": _unary(np.negative),
-    "exp": _unary(np.exp),
-    "log": _unary(np.log),
-    "tanh": _unary(np.tanh),
-    "sigmoid": _unary(_sigmoid),
+    "exp": _floating_unary(np.exp),
+    "log": _floating_unary(np.log),
+    "tanh": _floating_unary(np.tanh),
+    "sigmoid": _floating_unary(_sigmoid),
     "relu": lambda inputs, attrs, outputs: (np.maximum(inputs[0], np.zeros((), inputs[0].dtype)),),
     "gt": _binary(np.greater),
     "ge": _binary(np.greater_equal),

@@ -187,6 +187,8 @@ def split_sizes(size: int, sections: int | Sequence[int], axis: int, op: str = "
             sizes.append(size % sections if size else 0)
         return tuple(sizes)
     sizes = tuple(int(s) for s in sections)
+    if not sizes:
+        raise _fail(op, "no sizes were given", "Pass at least one piece size")
     if sum(sizes) != size or any(s < 0 for s in sizes):
         raise _fail(
             op,
@@ -200,6 +202,8 @@ def chunk_sizes(size: int, chunks: int, axis: int) -> tuple[int, ...]:
     """torch.chunk's split: pieces of ceil(size / chunks) along the axis, possibly fewer than `chunks`."""
     if chunks <= 0:
         raise _fail("chunk", f"chunks={chunks} is not positive", "Pass chunks >= 1")
+    if size == 0:
+        return (0,) * chunks  # as torch: `chunks` empty pieces
     return split_sizes(size, max(1, -(-size // chunks)), axis, "chunk")
 
 

@@ -73,4 +73,6 @@ class Mean(Function):
     @staticmethod
     def backward(ctx: Node, grad: Tensor) -> Tensor:
         """The gradient spread back over the reduced axes, divided by their element count."""
+        if grad.dtype.itemsize < 4:  # the count itself may not fit a half-precision float
+            return _unreduce(ctx, grad) * (1.0 / ctx.count)
         return _unreduce(ctx, grad) / ctx.count
