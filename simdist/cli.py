@@ -53,9 +53,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Print the nccl-tests table for one collective."""
     from simdist.bench import bench, format_table
 
+    from simdist.bench import COLLECTIVES
+    from simdist.network.topology import validate_algorithms
+
+    if args.collective not in COLLECTIVES:
+        raise ValueError(f"unknown collective {args.collective!r}; choose one of {', '.join(COLLECTIVES)}")
     cluster = _cluster(args.cluster, args.world_size)
     if args.algorithm != "auto":
-        cluster.algorithms = {**cluster.algorithms, args.collective: args.algorithm}
+        coll = "all_to_all" if args.collective == "all_to_all" else args.collective
+        cluster.algorithms = validate_algorithms({**cluster.algorithms, coll: args.algorithm})
     rows = bench(
         cluster,
         args.collective,
@@ -115,12 +121,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``simdist`` console script."""
+    from simdist.errors import ClusterSpecError
+    from simdist.script import ScriptError
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (SimdistError, ValueError, FileNotFoundError) as e:
+    except (ClusterSpecError, ScriptError, ValueError, FileNotFoundError, SyntaxError) as e:
+        # the run could not start: bad arguments, cluster or script (as python -m real, exit status 2)
+        print(f"simdist: error: {type(e).__name__ + ': ' if isinstance(e, SyntaxError) else ''}{e}", file=sys.stderr)
+        return 2
+    except SimdistError as e:  # the run started and simdist diagnosed it
         print(f"simdist: error: {e}", file=sys.stderr)
-        return 2 if not isinstance(e, SimdistError) or type(e).__name__ == "ClusterSpecError" else 1
+        return 1
 
 
 if __name__ == "__main__":

@@ -106,3 +106,89 @@ def test_os_environ_in_rank_code_behaves_like_a_process_environment():
     for r in range(2):
         assert res.returns[r] == {"get": str(r), "in": True, "or": str(r), "copy": str(r), "set": "99", "pop": "127.0.0.1", "after_pop": False}
     assert os.environ.get("WORLD_SIZE") == before  # a rank's writes never reach the real environment
+
+
+def test_rank_code_helpers_are_no_ops_outside_a_run():
+    simdist.set_algorithms(all_reduce="tree")  # as under real: only checks its arguments
+    simdist.charge(1.0)
+    assert simdist.now() == 0.0
+
+
+def _charge_bad(value):
+    simdist.charge(value)
+
+
+def test_charge_refuses_nan_inf_and_negative_and_accepts_unit_strings():
+    import pytest
+
+    for bad in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(simdist.RankError, match="ValueError"):
+            simdist.run(_charge_bad, switch(1), args=(bad,))
+    res = simdist.run(_charge_bad, switch(1), args=("250us",))
+    assert res.sim_time == 250e-6
+
+
+def test_a_user_built_device_spec_and_a_preset_name_can_be_run():
+    import dataclasses
+
+    from simdist.compute import get_device
+
+    slow = dataclasses.replace(get_device("H100"), name="H100-slow-launch", launch_overhead=1e-3)
+    cluster = simdist.Cluster.switch(2, device=slow)
+    res = simdist.run(lambda_free_add, cluster)
+    assert res.sim_time >= 1e-3
+    assert simdist.run(lambda_free_add, "cpu-ethernet").world_size == 4
+
+
+def lambda_free_add():
+    return (torch.ones(4) + 1).sum().item()
+
+
+def test_an_algorithm_that_does_not_implement_a_collective_is_a_cluster_spec_error():
+    import pytest
+
+    with pytest.raises(simdist.ClusterSpecError, match="does not implement all_to_all"):
+        simdist.Cluster.ring(4, algorithms={"all_to_all": "ring"})
+
+
+def test_auto_never_picks_a_slower_algorithm_than_the_ones_it_could_have_picked():
+    from simdist.bench import bench
+
+    cluster = simdist.Cluster.preset("dgx-h100", world_size=16)
+    auto = bench(cluster, "all_reduce", 8 << 20, 8 << 20)[0]
+    for algo in ("ring", "rhd", "tree"):
+        fixed = simdist.Cluster.preset("dgx-h100", world_size=16, algorithms={"all_reduce": algo})
+        assert auto.time_us <= bench(fixed, "all_reduce", 8 << 20, 8 << 20)[0].time_us * 1.001
+
+
+def test_trace_reports_the_algorithm_that_ran_and_p2p_names_like_the_profiler():
+    from simdist.bench import bench
+
+    cluster = simdist.Cluster.ring(6, device="cpu", algorithms={"reduce_scatter": "rhd"})
+    assert bench(cluster, "reduce_scatter", 256, 256)[0].algorithm == "ring"  # rhd needs a power of two
+    res = simdist.run(_p2p_pair, switch(2))
+    assert {s.name for s in res.trace.spans if s.stream == "p2p"} == {"nccl:send", "nccl:recv"}
+
+
+def _p2p_pair():
+    if dist.get_rank() == 0:
+        dist.send(torch.ones(2), dst=1)
+    else:
+        dist.recv(torch.zeros(2), src=0)
+
+
+def test_bench_products_do_not_overflow_at_many_ranks():
+    from simdist.bench import bench
+
+    rows = bench(switch(16), "all_reduce", 64, 64, dtype="int32", redop="prod")
+    assert rows[0].wrong == 0
+
+
+def test_cli_exit_status_two_for_a_script_that_cannot_be_loaded(tmp_path, capsys):
+    from simdist.cli import main
+
+    assert main(["run", str(tmp_path / "missing.py")]) == 2
+    bad = tmp_path / "bad.py"
+    bad.write_text("def main(:\n")
+    assert main(["run", str(bad)]) == 2
+    assert "SyntaxError" in capsys.readouterr().err

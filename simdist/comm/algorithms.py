@@ -382,13 +382,16 @@ def choose(
 ) -> str:
     """The supported algorithm with the smallest closed-form estimate (ties: order of :data:`SUPPORTED`).
 
-    ``near`` is (alpha, beta) between ring neighbours, ``far`` between the farthest-apart ranks: ring
-    algorithms only talk to neighbours, the others across the group.
+    ``near`` is the slowest (alpha, beta) between ring neighbours, ``far`` between the farthest-apart ranks:
+    ring algorithms only talk to neighbours (and run at the pace of the slowest hop), the others across the
+    group.
     """
     best, best_t = None, math.inf
     for algo in SUPPORTED[collective]:
-        if algo == "direct" and collective in ("all_reduce", "barrier") and n > 64:
-            continue  # n^2 messages per call: never the right answer at that scale
+        if algo == "direct" and collective in ("all_reduce", "barrier", "reduce_scatter", "all_gather") and n > 2:
+            # every rank sends to every other at once: the links into each rank are contended in a way the
+            # closed form does not see (and it is n^2 messages); the other algorithms are never far behind
+            continue
         alpha, beta = near if algo == "ring" else far
         t = estimate(collective, algo, n, nbytes, alpha, beta)
         if t < best_t * (1 - 1e-9):

@@ -101,10 +101,10 @@ class P2P:
             with torch.no_grad():
                 raw_flat(recv.tensor).copy_(payload)
             trace = sim.trace
-            trace.add(Span(send.src, "p2p", "send", t0, end, {"dst": send.dst, "tag": send.tag, "bytes": nbytes}))
-            trace.add(Span(send.dst, "p2p", "recv", t0, end, {"src": send.src, "tag": send.tag, "bytes": nbytes}))
+            trace.add(Span(send.src, "p2p", f"{sim.progress}:send", t0, end, {"dst": send.dst, "tag": send.tag, "bytes": nbytes}))
+            trace.add(Span(send.dst, "p2p", f"{sim.progress}:recv", t0, end, {"src": send.src, "tag": send.tag, "bytes": nbytes}))
             if trace.record_messages:
-                trace.message(Message(send.src, send.dst, "p2p", "p2p", start, end, nbytes, "send"))
+                trace.message(Message(send.src, send.dst, "p2p", "p2p", start, end, nbytes, f"{sim.progress}:send"))
             send.work.complete()
             recv.work.complete()
 

@@ -131,7 +131,7 @@ class SimProcessGroup(dist.ProcessGroup):
         d = [c.data for c in calls]
         nbytes = d[0].get("nbytes", 0)
         coll = op if op in algorithms.SUPPORTED else _ALGO_FAMILY.get(op, op)
-        algo = sim.algorithm_for(st, coll, nbytes)
+        algo = algorithms.effective_algorithm(coll, sim.algorithm_for(st, coll, nbytes), n)
         if op in ("all_reduce", "all_reduce_coalesced"):
             plan = collectives.plan_all_reduce([x["tensor"] for x in d], d[0]["reduce_op"], algo)
         elif op == "broadcast":

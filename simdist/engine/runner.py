@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from simdist.compute.cost import ComputeCostMode
-from simdist.compute.devices import get_device
+from simdist.compute.devices import DeviceSpec, get_device
 from simdist.engine import world
 from simdist.engine.baton import Baton, current_rank_state
 from simdist.engine.sim import Simulation
@@ -61,7 +61,8 @@ def run(
     initialised in each rank's thread, and ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` read as under torchrun.
     ``progress`` picks the backend's progress semantics (``"nccl"``: one stream per group, issue order).
     ``trace="collectives"`` skips recording individual messages (faster for thousands of ranks).
-    ``compute=False`` charges no simulated time for tensor operations.
+    ``compute=False`` charges no simulated time for tensor operations. ``cluster`` may also be a preset name
+    or a cluster file path.
     Raises :class:`RankError` if a rank raised, or the diagnosis (mismatch, deadlock) that stopped the run.
     """
     if dist.is_initialized() and not world.installed():
@@ -71,8 +72,17 @@ def run(
         )
     if world.installed():
         raise RuntimeError("simdist.run cannot be nested inside another simulated run")
+    if isinstance(cluster, str):
+        from simdist.network.presets import load_cluster
+
+        cluster = load_cluster(cluster)
+    if not hasattr(cluster, "world_size") or not hasattr(cluster, "route"):
+        raise TypeError(
+            f"simdist.run needs a simdist.Cluster (e.g. simdist.Cluster.preset('dgx-h100', world_size=16)) or a "
+            f"preset name or cluster file path; got {type(cluster).__name__}"
+        )
     n = cluster.world_size
-    device = get_device(cluster.device)
+    device = cluster.device if isinstance(cluster.device, DeviceSpec) else get_device(cluster.device)
     tr = Trace(trace)
     sim = Simulation(cluster, n, seed, progress, tr, device)
     kwargs = kwargs or {}

@@ -93,9 +93,14 @@ class Simulation:
             else:
                 g = st.global_ranks
                 c = self.cluster
-                ab = tuple(
-                    (c.path_latency(g[0], g[j]), 1.0 / c.path_bandwidth(g[0], g[j])) for j in (1, st.size // 2)
+                n = st.size
+                # a ring moves at the pace of its slowest hop (e.g. the one crossing nodes)
+                near = (
+                    max(c.path_latency(g[i], g[(i + 1) % n]) for i in range(n)),
+                    max(1.0 / c.path_bandwidth(g[i], g[(i + 1) % n]) for i in range(n)),
                 )
+                far = (c.path_latency(g[0], g[n // 2]), 1.0 / c.path_bandwidth(g[0], g[n // 2]))
+                ab = (near, far)
             self._alpha_beta[key] = ab
         return ab
 

@@ -79,6 +79,13 @@ def validate_algorithms(algorithms: Mapping[str, str] | None) -> dict[str, str]:
                 f"algorithms[{collective!r}]: unknown algorithm {algorithm!r}; expected one of "
                 f"{', '.join(sorted(ALGORITHMS))}.{_suggest(str(algorithm), ALGORITHMS)}"
             )
+        from simdist.comm.algorithms import SUPPORTED
+
+        if algorithm != "auto" and algorithm not in SUPPORTED[collective]:
+            raise ClusterSpecError(
+                f"algorithms[{collective!r}]: {algorithm!r} does not implement {collective}; choose one of "
+                f"{', '.join(SUPPORTED[collective])} or 'auto'"
+            )
         checked[collective] = algorithm
     return checked
 
@@ -181,14 +188,20 @@ class Cluster:
         name: str = "custom",
     ) -> None:
         """Validate ``graph`` (edge ``bandwidth`` in bytes/s or unit strings, ``latency`` in seconds or strings)."""
-        if not isinstance(device, str) or not device.strip():
+        from simdist.compute.devices import DeviceSpec
+
+        if isinstance(device, DeviceSpec):
+            pass  # a user-built device model
+        elif not isinstance(device, str) or not device.strip():
             raise ClusterSpecError(
-                f"device must be a non-empty device model name such as 'H100'; found {device!r}"
+                f"device must be a device model name such as 'H100' or a simdist.compute.DeviceSpec; "
+                f"found {device!r}"
             )
         if not isinstance(name, str) or not name:
             raise ClusterSpecError(f"name must be a non-empty string; found {name!r}")
         self.graph, self.world_size, self.switches = _canonical_graph(graph)
-        self.device: str = device
+        #: the device model name (or a user-built ``DeviceSpec``) of every rank
+        self.device: Any = device
         self.name: str = name
         self.algorithms: dict[str, str] = validate_algorithms(algorithms)
         self.links: tuple[Link, ...] = tuple(
@@ -212,6 +225,11 @@ class Cluster:
         #: ranks per node (for LOCAL_RANK); None when the topology has no notion of nodes
         self.ranks_per_node: int | None = None
         self._check_connected()
+
+    @property
+    def device_name(self) -> str:
+        """The name of the ranks' device model."""
+        return self.device if isinstance(self.device, str) else self.device.name
 
     # ----------------------------------------------------------------- validation
 
@@ -369,7 +387,7 @@ class Cluster:
 
     def __repr__(self) -> str:
         return (
-            f"<Cluster {self.name!r}: {self.world_size} x {self.device}, "
+            f"<Cluster {self.name!r}: {self.world_size} x {self.device_name}, "
             f"{_plural(len(self.switches), 'switch')}, {_plural(len(self.links), 'link')}>"
         )
 
@@ -389,7 +407,7 @@ class Cluster:
         )
         lines = [
             (
-                f"Cluster {self.name!r}: {_plural(self.world_size, 'rank')} of {self.device}, "
+                f"Cluster {self.name!r}: {_plural(self.world_size, 'rank')} of {self.device_name}, "
                 f"{_plural(len(self.switches), 'switch')}, {_plural(len(self.links), 'directed link')}"
             ),
             f"  switches: {shown or 'none'}",
@@ -414,7 +432,7 @@ class Cluster:
 
     def to_config(self) -> dict[str, Any]:
         """Return this cluster as a config mapping (explicit ``links`` form) that ``load_cluster`` reads back."""
-        cluster: dict[str, Any] = {"name": self.name, "world_size": self.world_size, "device": self.device}
+        cluster: dict[str, Any] = {"name": self.name, "world_size": self.world_size, "device": self.device_name}
         if self.switches:
             cluster["switches"] = list(self.switches)  # keeps switch order, hence link numbering
         if self.algorithms:
