@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import sys
@@ -37,11 +38,14 @@ class RunResult:
     #: per-rank simulated finish times (seconds)
     finish_times: list[float]
     trace: Trace
-    #: SHA-256 of the trace: identical for identical (program, cluster, seed, options)
-    trace_hash: str
     #: messages the network carried
     messages: int
     world_size: int
+
+    @functools.cached_property
+    def trace_hash(self) -> str:
+        """SHA-256 of the trace: identical for identical (program, cluster, seed, options)."""
+        return self.trace.hash()
 
 
 def run(
@@ -116,7 +120,6 @@ def run(
         sim_time=max(finish, default=0.0),
         finish_times=finish,
         trace=tr,
-        trace_hash=tr.hash(),
         messages=sim.network.messages,
         world_size=n,
     )
