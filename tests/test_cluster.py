@@ -668,3 +668,4 @@ def test_missing_and_unsupported_files_are_rejected(tmp_path: Path) -> None:
         load_cluster(str(write(tmp_path, "bad.json", "{")))
     with pytest.raises(ClusterSpecError, match=r"\.toml or \.json"):
         save_cluster(Cluster.ring(2), tmp_path / "out.yaml")
+

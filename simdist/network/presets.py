@@ -165,7 +165,8 @@ def _size(builder: str, params: dict[str, Any], world_size: int, where: str) -> 
         if world_size % per_node:
             raise ClusterSpecError(
                 f"{where}: world size {world_size} is not a multiple of gpus_per_node={per_node}; use a multiple "
-                f"of {per_node} ranks, or set gpus_per_node to a divisor of {world_size}"
+                f"of {per_node} ranks, pass gpus_per_node= (Python or a cluster file), or choose a preset such as "
+                f"'switch' or 'ring' (any size)"
             )
         params[key] = world_size // per_node
     elif builder == "torus":
