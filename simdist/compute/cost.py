@@ -103,6 +103,15 @@ def _aten(name: str) -> str:
     return f"aten::{name}"
 
 
+#: the fused scaled-dot-product-attention kernels, one per backend
+_SDPA_KERNELS = (
+    "flash_attention",
+    "flash_attention_for_cpu",
+    "efficient_attention",
+    "cudnn_attention",
+    "fused_attention_overrideable",
+)
+
 _FLOP_FORMULAS: dict[str, _FlopFn] = {
     _aten("mm"): _mm,
     _aten("_int_mm"): _mm,
@@ -117,26 +126,8 @@ _FLOP_FORMULAS: dict[str, _FlopFn] = {
     _aten("vdot"): _dot,
     _aten("convolution"): _convolution,
     _aten("convolution_backward"): _convolution_backward,
-    **{
-        _aten(f"_scaled_dot_product_{kind}"): _sdpa
-        for kind in (
-            "flash_attention",
-            "flash_attention_for_cpu",
-            "efficient_attention",
-            "cudnn_attention",
-            "fused_attention_overrideable",
-        )
-    },
-    **{
-        _aten(f"_scaled_dot_product_{kind}_backward"): _sdpa_backward
-        for kind in (
-            "flash_attention",
-            "flash_attention_for_cpu",
-            "efficient_attention",
-            "cudnn_attention",
-            "fused_attention_overrideable",
-        )
-    },
+    **{_aten(f"_scaled_dot_product_{kind}"): _sdpa for kind in _SDPA_KERNELS},
+    **{_aten(f"_scaled_dot_product_{kind}_backward"): _sdpa_backward for kind in _SDPA_KERNELS},
 }
 
 # Ops that run no kernel although their schema does not mark them as views: in-place metadata changes,
