@@ -51,9 +51,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Print the nccl-tests table for one collective."""
-    from simdist.bench import bench, format_table
-
-    from simdist.bench import COLLECTIVES
+    from simdist.bench import COLLECTIVES, bench, format_table
     from simdist.network.topology import validate_algorithms
 
     if args.collective not in COLLECTIVES:

@@ -1,4 +1,5 @@
 """Rank functions run both by simdist and by real gloo processes (tests/test_sim_vs_real.py)."""
+# ruff: noqa: B023
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ def collectives_by_dtype(numel: int) -> dict:
     out = {}
     for name in DTYPES:
         dt = getattr(torch, name)
+        # the closures below are called at once, inside this iteration, so binding dt late is intended
 
         def ar(op):
             t = _data(rank, numel, dt)

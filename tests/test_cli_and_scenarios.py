@@ -68,7 +68,7 @@ def test_bench_cli_prints_the_nccl_tests_table(capsys):
 
 
 def test_demo_scenario_passes_and_reports_each_finding():
-    out = subprocess.run([sys.executable, str(ROOT / "scenarios" / "demo.py")], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, str(ROOT / "scenarios" / "demo.py")], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout
     for line in ("both variants equal the single-process model", "overlap shortens the step", "hang reported as a deadlock", "mismatch reported", "same seed, same trace hash"):

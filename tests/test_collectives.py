@@ -231,7 +231,7 @@ def _p2p_ring(shape):
 def test_point_to_point(n):
     res = simdist.run(_p2p_ring, cluster(n), args=((2, 3),))
     for r in range(n):
-        recv, a = res.returns[r]
+        recv, _ = res.returns[r]
         np.testing.assert_array_equal(recv.numpy(), np.full((2, 3), (r - 1) % n))
     np.testing.assert_array_equal(res.returns[n - 1][1].numpy(), [5.0, 6.0])
 

@@ -208,7 +208,7 @@ class Baton:
                     self.aborting = True
                     break
                 env.step()
-        except BaseException as e:  # an error raised by simulator code running in the simpy thread
+        except BaseException as e:  # noqa: BLE001 - an error raised by simulator code in the simpy thread
             if self.failure is None:
                 self.failure = e
             self.aborting = True

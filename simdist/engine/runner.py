@@ -243,7 +243,7 @@ class RankEnviron(MutableMapping):
         if view is None:
             del self._real[key]
             return
-        self[key]  # KeyError if this rank does not see it  # noqa: B018
+        self[key]  # KeyError if this rank does not see it
         view[0][key] = self._DELETED
 
     def __iter__(self) -> Iterator[str]:

@@ -63,7 +63,7 @@ class Network:
         free = self._free_at
         start = now
         for i in route:
-            if free[i] > start:
+            if free[i] > start:  # noqa: PLR1730 - a compare is cheaper than max() on this hot path
                 start = free[i]
         leave = start + nbytes * inv_bw
         for i in route:
