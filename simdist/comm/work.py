@@ -168,7 +168,3 @@ class SimWork(dist.Work):
 
     def _source_rank(self) -> int:
         return self.source_rank
-
-    def source_rank_(self) -> int:
-        """Rank a ``recv`` from any source got its message from."""
-        return self.source_rank

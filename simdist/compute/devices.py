@@ -89,32 +89,27 @@ class DeviceSpec:
 #   (2:4 structured); the dense rate is half that figure.
 # - float64 is the FP64 tensor-core rate (cuBLAS DGEMM uses it).
 
+#: H100 SXM and H200 SXM share the GH100 compute die and clocks: same peaks, different memory
+_HOPPER_SXM_FLOPS = {
+    torch.float64: 67e12,
+    torch.float32: 67e12,
+    torch.bfloat16: 1979e12 / 2,
+    torch.float16: 1979e12 / 2,
+    torch.float8_e4m3fn: 3958e12 / 2,
+    torch.float8_e5m2: 3958e12 / 2,
+    torch.int8: 3958e12 / 2,
+}
+
 H100 = DeviceSpec(
     name="H100",
-    peak_flops={
-        torch.float64: 67e12,
-        torch.float32: 67e12,
-        torch.bfloat16: 1979e12 / 2,
-        torch.float16: 1979e12 / 2,
-        torch.float8_e4m3fn: 3958e12 / 2,
-        torch.float8_e5m2: 3958e12 / 2,
-        torch.int8: 3958e12 / 2,
-    },
+    peak_flops=_HOPPER_SXM_FLOPS,
     memory_bandwidth=3.35e12,
     source="NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column (80 GB HBM3, 3.35 TB/s)",
 )
 
 H200 = DeviceSpec(
     name="H200",
-    peak_flops={
-        torch.float64: 67e12,
-        torch.float32: 67e12,
-        torch.bfloat16: 1979e12 / 2,
-        torch.float16: 1979e12 / 2,
-        torch.float8_e4m3fn: 3958e12 / 2,
-        torch.float8_e5m2: 3958e12 / 2,
-        torch.int8: 3958e12 / 2,
-    },
+    peak_flops=_HOPPER_SXM_FLOPS,
     memory_bandwidth=4.8e12,
     source="NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column (141 GB HBM3e, 4.8 TB/s)",
 )

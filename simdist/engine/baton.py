@@ -73,11 +73,6 @@ def current_rank_state() -> RankState | None:
     return getattr(_current, "state", None)
 
 
-def current_baton() -> Baton | None:
-    """The :class:`Baton` driving the calling rank thread, or None outside a simulated run."""
-    return getattr(_current, "baton", None)
-
-
 class Baton:
     """Runs ``world_size`` rank threads one at a time under a simpy environment."""
 
@@ -101,8 +96,6 @@ class Baton:
         self.running: RankState | None = None
         #: called in the simpy thread when every unfinished rank is blocked and no event is scheduled
         self.on_stall: Callable[[], BaseException | None] | None = None
-        #: called with the rank number just before a rank thread gets the baton
-        self.on_switch: Callable[[int], None] | None = None
 
     # ----------------------------------------------------------------- rank side
     def block(self, event: simpy.Event, description: str) -> Any:
@@ -141,8 +134,6 @@ class Baton:
         """Give the baton to ``state``'s thread and wait until it hands it back."""
         if state.finished:
             return
-        if self.on_switch is not None:
-            self.on_switch(state.rank)
         if not state.started:
             state.started = True
             state.thread = threading.Thread(
@@ -160,7 +151,6 @@ class Baton:
 
     def _thread_main(self, state: RankState) -> None:
         _current.state = state
-        _current.baton = self
         self.running = state
         torch.set_rng_state(self._initial_rng)
         try:
@@ -175,7 +165,6 @@ class Baton:
             state.waiting_on = None
             self.running = None
             _current.state = None
-            _current.baton = None
             self._main_sem.release()
 
     def start_all(self) -> None:
@@ -227,11 +216,6 @@ class Baton:
         for state in self.ranks:
             if state.thread is not None:
                 state.thread.join()
-
-
-def format_exception_only(exc: BaseException) -> str:
-    """One line naming the exception type and message."""
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
 def caller_site(skip_prefixes: tuple[str, ...]) -> str:

@@ -9,7 +9,6 @@ import os
 import sys
 from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -278,10 +277,3 @@ def _pin_to_one_cpu() -> set[int] | None:
         return before
     except OSError:
         return None
-
-
-def timeout_seconds(timeout: timedelta | float | None) -> float | None:
-    """Seconds of a user-given timeout; None when absent."""
-    if timeout is None:
-        return None
-    return timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
