@@ -10,6 +10,8 @@ from simdist.errors import (
     ClusterSpecError,
     CollectiveMismatchError,
     DeadlockError,
+    RaceError,
+    RaceWarning,
     RankError,
     SimdistError,
 )
@@ -21,6 +23,8 @@ __all__ = [
     "ClusterSpecError",
     "CollectiveMismatchError",
     "DeadlockError",
+    "RaceError",
+    "RaceWarning",
     "RankError",
     "RunResult",
     "SimTimeoutError",

@@ -34,7 +34,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     fn = load_entry(args.script, args.entry)
     cluster = _cluster(args.cluster, args.world_size)
     t0 = time.perf_counter()
-    res = run(fn, cluster, seed=args.seed, progress=args.progress)
+    res = run(fn, cluster, seed=args.seed, progress=args.progress, gloo_threads=args.gloo_threads)
     wall = time.perf_counter() - t0
     for rank, value in enumerate(res.returns):
         if value is not None or args.show_none:
@@ -95,7 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--trace", default=None, help="write the Chrome/Perfetto trace JSON here")
     r.add_argument("--entry", default="main", help="name of the entry function in SCRIPT (default: main)")
-    r.add_argument("--progress", default="nccl", help="backend progress semantics (default: nccl)")
+    r.add_argument("--progress", default="nccl", choices=("nccl", "gloo"),
+                   help="backend progress semantics: nccl (one stream per group) or gloo (worker threads; default: nccl)")
+    r.add_argument("--gloo-threads", type=int, default=2, help="worker threads per group with --progress gloo (default: 2)")
     r.add_argument("--show-none", action="store_true", help="also print ranks that returned None")
     r.set_defaults(func=cmd_run)
 

@@ -31,3 +31,11 @@ class CollectiveMismatchError(SimdistError):
 
 class DeadlockError(SimdistError):
     """Every unfinished rank is blocked and nothing is scheduled: the program can never make progress."""
+
+
+class RaceError(SimdistError):
+    """Rank code or a second operation touched a buffer that an operation still in flight owns."""
+
+
+class RaceWarning(UserWarning):
+    """The warning-mode form of :class:`RaceError` (``simdist.run(..., races="warn")``)."""

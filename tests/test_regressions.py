@@ -49,7 +49,9 @@ def _parameters():
 
 
 def test_collectives_on_tensors_that_require_grad_record_no_autograd():
-    res = simdist.run(_parameters, switch(2))
+    # the two in-place all-reduces of one buffer are what the race detector reports; this test is about
+    # autograd, so the detector is off
+    res = simdist.run(_parameters, switch(2), races="off")
     assert res.returns == [([1.0] * 4, [4.0] * 4, True)] * 2
 
 

@@ -43,7 +43,7 @@ class ScheduleRun:
     """One collective's schedule running across the ranks of a group.
 
     ``src_bufs[r]``/``dst_bufs[r]`` are flat 1-D tensors of group rank ``r``; ``global_ranks[r]`` its global
-    rank for routing. ``on_rank_done(r)`` is called (in simulated time) once rank ``r`` has issued all its
+    rank for routing; ``streams[r]`` the trace stream rank ``r`` runs it on. ``on_rank_done(r)`` is called (in simulated time) once rank ``r`` has issued all its
     sends and received all its messages.
     """
 
@@ -57,7 +57,7 @@ class ScheduleRun:
         reduce_op: str,
         global_ranks: list[int],
         on_rank_done: Callable[[int], None],
-        stream: str,
+        streams: list[str],
         name: str,
     ) -> None:
         self.sim = sim
@@ -66,7 +66,7 @@ class ScheduleRun:
         self.dst_bufs = dst_bufs
         self.global_ranks = global_ranks
         self.on_rank_done = on_rank_done
-        self.stream = stream
+        self.streams = streams
         self.name = name
         dtype = next((b.dtype for b in dst_bufs if b is not None), torch.float32)
         self.itemsize = torch.empty((), dtype=dtype).element_size()
@@ -130,7 +130,7 @@ class ScheduleRun:
         if trace.record_messages:
             trace.message(
                 Message(
-                    self.global_ranks[m.src], self.global_ranks[m.dst], self.stream, self.stream,
+                    self.global_ranks[m.src], self.global_ranks[m.dst], self.streams[m.src], self.streams[m.dst],
                     ev.start, self.sim.env.now, (m.shi - m.slo) * self.itemsize, self.name,  # type: ignore[attr-defined]
                 )
             )

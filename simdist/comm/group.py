@@ -2,13 +2,19 @@
 
 Every rank numbers the collectives it issues on a group; call number ``k`` of every rank forms one
 :class:`Instance`. When all ranks have joined it, their calls are compared (op, shapes, dtypes, reduce op,
-root): any difference is a :class:`CollectiveMismatchError` naming every rank's call and call site. Each
-(rank, group) pair has one communication stream, NCCL-like: an instance starts once every rank has joined it
-and every rank's previous instance on that group has finished.
+root): any difference is a :class:`CollectiveMismatchError` naming every rank's call and call site.
+
+Progress: each (rank, group) pair has ``slots`` places where its collectives run, taken in issue order. With one
+slot (NCCL-like progress) that is the group's stream: an instance starts once every rank has joined it and
+every rank's previous instance on that group has finished. With several (gloo-like progress: ProcessGroupGloo
+runs each async operation on one of a pool of worker threads, two by default) independent operations run
+concurrently, each reading and writing its buffers at the simulated times of its own messages.
 """
 
 from __future__ import annotations
 
+import bisect
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,13 +53,14 @@ class Instance:
     started: bool = False
     done_ranks: set[int] = field(default_factory=set)
     start_time: float | None = None
-    on_rank_done: list[Callable[[int], None]] = field(default_factory=list)
+    #: the slot (stream or worker thread) each group rank runs it on
+    slot: dict[int, int] = field(default_factory=dict)
 
 
 class GroupState:
     """Shared by the ``SimProcessGroup`` objects of one group on every member rank."""
 
-    def __init__(self, sim: Any, name: str, global_ranks: list[int], index: int) -> None:
+    def __init__(self, sim: Any, name: str, global_ranks: list[int], index: int, slots: int = 1) -> None:
         self.sim = sim
         self.name = name
         self.global_ranks = global_ranks
@@ -63,11 +70,14 @@ class GroupState:
         self.algorithms: dict[str, str] = {}
         self.timeout: float | None = None
         self._seq = [0] * self.size
-        self._tail: list[Instance | None] = [None] * self.size
+        self.slots = slots
+        #: per group rank: free slot numbers (ascending) and calls waiting for one, in issue order
+        self._free: list[list[int]] = [list(range(slots)) for _ in range(self.size)]
+        self._queue: list[deque[tuple[Instance, Callable[[Instance], None]]]] = [deque() for _ in range(self.size)]
         self.instances: dict[int, Instance] = {}
 
     def join(self, call: Call, start: Callable[[Instance], None]) -> None:
-        """Register ``call``; ``start(instance)`` runs once every rank has joined and its stream is free."""
+        """Register ``call``; ``start(instance)`` runs once every rank has joined and has a free slot for it."""
         r = call.rank
         seq = self._seq[r]
         self._seq[r] += 1
@@ -77,12 +87,15 @@ class GroupState:
         inst.calls[r] = call
         if len(inst.calls) == self.size:
             self._check(inst)
-        prev = self._tail[r]
-        self._tail[r] = inst
-        if prev is None or r in prev.done_ranks:
+        self._queue[r].append((inst, start))
+        self._dispatch(r)
+
+    def _dispatch(self, r: int) -> None:
+        queue, free = self._queue[r], self._free[r]
+        while queue and free:
+            inst, start = queue.popleft()
+            inst.slot[r] = free.pop(0)
             self._mark_ready(inst, r, start)
-        else:
-            prev.on_rank_done.append(lambda rank, i=inst, me=r: rank == me and self._mark_ready(i, me, start))
 
     def _mark_ready(self, inst: Instance, r: int, start: Callable[[Instance], None]) -> None:
         inst.ready.add(r)
@@ -92,12 +105,16 @@ class GroupState:
             start(inst)
 
     def rank_done(self, inst: Instance, r: int) -> None:
-        """Rank ``r``'s part of ``inst`` finished: release its stream."""
+        """Rank ``r``'s part of ``inst`` finished: release its slot."""
         inst.done_ranks.add(r)
-        for cb in list(inst.on_rank_done):
-            cb(r)
         if len(inst.done_ranks) == self.size:
             self.instances.pop(inst.seq, None)
+        bisect.insort(self._free[r], inst.slot[r])
+        self._dispatch(r)
+
+    def stream_of(self, inst: Instance, r: int) -> str:
+        """The trace stream (Chrome ``tid``) rank ``r`` runs ``inst`` on."""
+        return self.stream if self.slots == 1 else f"{self.stream}:worker{inst.slot[r]}"
 
     def _check(self, inst: Instance) -> None:
         calls = [inst.calls[r] for r in range(self.size)]

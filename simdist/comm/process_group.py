@@ -103,11 +103,22 @@ class SimProcessGroup(dist.ProcessGroup):
         return self.state.global_ranks[self.grank]
 
     # ------------------------------------------------------------------ machinery
-    def _issue(self, op: str, signature: tuple, outputs: list[torch.Tensor], data: dict[str, Any]) -> SimWork:
+    def _issue(
+        self,
+        op: str,
+        signature: tuple,
+        outputs: list[torch.Tensor],
+        data: dict[str, Any],
+        reads: list[torch.Tensor] = (),  # type: ignore[assignment]
+        writes: list[torch.Tensor] = (),  # type: ignore[assignment]
+    ) -> SimWork:
+        """Issue this rank's part of collective ``op``; ``reads``/``writes`` are the user buffers it owns until waited."""
         with internal():
-            return self._issue_internal(op, signature, outputs, data)
+            return self._issue_internal(op, signature, outputs, data, reads, writes)
 
-    def _issue_internal(self, op: str, signature: tuple, outputs: list[torch.Tensor], data: dict[str, Any]) -> SimWork:
+    def _issue_internal(
+        self, op: str, signature: tuple, outputs: list[torch.Tensor], data: dict[str, Any], reads: Any, writes: Any
+    ) -> SimWork:
         sim = self.sim
         sim.settle()
         site = sim.call_site()
@@ -118,6 +129,8 @@ class SimProcessGroup(dist.ProcessGroup):
         )
         work = SimWork(sim, desc, outputs, self.state.timeout)
         work.group_state, work.seq = self.state, seq
+        if sim.races.enabled:
+            sim.races.issue(self.global_rank, work, op, seq, self.state.name, site, list(reads), list(writes))
         call = Call(op, self.grank, tuple(signature), site, work, data)
         self.state.join(call, self._start)
         return work
@@ -158,6 +171,7 @@ class SimProcessGroup(dist.ProcessGroup):
             raise AssertionError(op)
         name = f"{sim.progress}:{op}"
         start_time = sim.env.now
+        streams = [st.stream_of(inst, r) for r in range(n)]
 
         def rank_done(r: int) -> None:
             plan.finish[r]()
@@ -166,7 +180,7 @@ class SimProcessGroup(dist.ProcessGroup):
             sim.trace.add(
                 Span(
                     g,
-                    st.stream,
+                    streams[r],
                     name,
                     start_time,
                     sim.env.now,
@@ -188,7 +202,7 @@ class SimProcessGroup(dist.ProcessGroup):
 
         from simdist.comm.executor import ScheduleRun
 
-        run = ScheduleRun(sim, plan.msgs, n, plan.src, plan.dst, plan.reduce_op, st.global_ranks, rank_done, st.stream, name)
+        run = ScheduleRun(sim, plan.msgs, n, plan.src, plan.dst, plan.reduce_op, st.global_ranks, rank_done, streams, name)
         run.start()
 
     # ------------------------------------------------------------------ collectives
@@ -201,6 +215,7 @@ class SimProcessGroup(dist.ProcessGroup):
             (("shape", tuple(t.shape)), ("dtype", dtype_name(t.dtype)), ("op", red)),
             [t],
             {"tensor": t, "reduce_op": red, **_meta(t, t)},
+            writes=[t],
         )
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
@@ -216,6 +231,7 @@ class SimProcessGroup(dist.ProcessGroup):
             (("shapes", tuple(tuple(t.shape) for t in tensors)), ("dtype", dtype_name(flat.dtype)), ("op", red)),
             list(tensors),
             {"tensor": flat, "reduce_op": red, **_meta(flat, flat)},
+            writes=list(tensors),
         )
         _scatter_back_on_completion(work, flat, tensors)
         return work
@@ -229,6 +245,8 @@ class SimProcessGroup(dist.ProcessGroup):
             (("shape", tuple(t.shape)), ("dtype", dtype_name(t.dtype)), ("root", root)),
             [t],
             {"tensor": t, "root": root, **_meta(t, t)},
+            reads=[t] if self.grank == root else [],
+            writes=[] if self.grank == root else [t],
         )
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> SimWork:
@@ -241,6 +259,8 @@ class SimProcessGroup(dist.ProcessGroup):
             (("shape", tuple(t.shape)), ("dtype", dtype_name(t.dtype)), ("op", red), ("root", root)),
             [t],
             {"tensor": t, "root": root, "reduce_op": red, **_meta(t, t)},
+            reads=[] if self.grank == root else [t],
+            writes=[t] if self.grank == root else [],
         )
 
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
@@ -262,6 +282,8 @@ class SimProcessGroup(dist.ProcessGroup):
             (("shape", tuple(inp.shape)), ("dtype", dtype_name(inp.dtype))),
             list(outs),
             {"input": inp, "output": list(outs), **_meta(inp, inp, out_nelems=inp.numel() * n)},
+            reads=[inp],
+            writes=list(outs),
         )
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
@@ -278,6 +300,8 @@ class SimProcessGroup(dist.ProcessGroup):
             (("shape", tuple(input.shape)), ("dtype", dtype_name(input.dtype))),
             [output],
             {"input": input, "output": output, **_meta(input, input, out_nelems=output.numel())},
+            reads=[input],
+            writes=[output],
         )
 
     _allgather_base = all_gather_single
@@ -302,6 +326,8 @@ class SimProcessGroup(dist.ProcessGroup):
             (("shape", tuple(out.shape)), ("dtype", dtype_name(out.dtype)), ("op", red)),
             [out],
             {"input": list(ins), "output": out, "reduce_op": red, **_meta(out, out, in_nelems=out.numel() * n)},
+            reads=list(ins),
+            writes=[out],
         )
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> SimWork:
@@ -319,6 +345,8 @@ class SimProcessGroup(dist.ProcessGroup):
             (("shape", tuple(output.shape)), ("dtype", dtype_name(output.dtype)), ("op", red)),
             [output],
             {"input": input, "output": output, "reduce_op": red, **_meta(input, output)},
+            reads=[input],
+            writes=[output],
         )
 
     _reduce_scatter_base = reduce_scatter_single
@@ -341,6 +369,8 @@ class SimProcessGroup(dist.ProcessGroup):
             (("shape", tuple(inp.shape)), ("dtype", dtype_name(inp.dtype)), ("root", root)),
             list(outs),
             {"input": inp, "outputs": list(outs), "root": root, **_meta(inp, inp)},
+            reads=[inp],
+            writes=list(outs),
         )
 
     def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any) -> SimWork:
@@ -361,6 +391,8 @@ class SimProcessGroup(dist.ProcessGroup):
             (("shape", tuple(out.shape)), ("dtype", dtype_name(out.dtype)), ("root", root)),
             [out],
             {"output": out, "inputs": list(ins), "root": root, **_meta(out, out)},
+            reads=list(ins),
+            writes=[out],
         )
 
     def all_to_all_single(
@@ -383,6 +415,8 @@ class SimProcessGroup(dist.ProcessGroup):
             (("dtype", dtype_name(input.dtype)), ("row", tuple(input.shape[1:]))),
             [output],
             {"input": input, "output": output, "in_splits": in_splits, "out_splits": out_splits, **_meta(input, output)},
+            reads=[input],
+            writes=[output],
         )
 
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
@@ -406,6 +440,7 @@ class SimProcessGroup(dist.ProcessGroup):
                 "out_splits": [t.numel() for t in output_tensors],
                 **_meta(flat_in, flat_out),
             },
+            writes=list(output_tensors),
         )
         _scatter_back_on_completion(work, flat_out, output_tensors)
         return work
@@ -447,6 +482,9 @@ class SimProcessGroup(dist.ProcessGroup):
         what = f"{'send to' if kind == 'send' else 'recv from'} rank {'any' if g_peer is None else g_peer}"
         desc = f"rank {me} waits in {what} (tag {tag}, {tuple(t.shape)} {dtype_name(t.dtype)}, issued at {site})"
         work = SimWork(sim, desc, [t], st.timeout)
+        if sim.races.enabled:
+            reads, writes = ([t], []) if kind == "send" else ([], [t])
+            sim.races.issue(me, work, kind, None, st.name, site, reads, writes)
         if kind == "send":
             sim.p2p.post_send(st, me, g_peer, tag, t, work, site)
         else:

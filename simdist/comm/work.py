@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from datetime import timedelta
 from typing import Any
 
@@ -23,15 +24,21 @@ class SimFuture(Future):
     the same way.
     """
 
-    def __init__(self, sim: Any, event: simpy.Event, description: str) -> None:
+    def __init__(self, sim: Any, event: simpy.Event, description: str, work: SimWork | None = None) -> None:
         super().__init__()
         self._sim = sim
         self._event = event
         self._description = description
+        self._work = weakref.ref(work) if work is not None else None
 
     def _block(self) -> None:
-        if not self._event.processed and self._sim.baton is not None and _in_rank_thread():
+        if not _in_rank_thread():
+            return
+        if not self._event.processed and self._sim.baton is not None:
             self._sim.baton.block(self._event, self._description)
+        work = self._work() if self._work is not None else None
+        if work is not None:
+            self._sim.races.observed(work)
 
     def wait(self) -> Any:
         """Block (in simulated time) until done; return the value."""
@@ -100,7 +107,7 @@ class SimWork(dist.Work):
         self.outputs = outputs
         self.timeout = timeout
         self.event: simpy.Event = sim.env.event()
-        self.future: Future = SimFuture(sim, self.event, description)
+        self.future: Future = SimFuture(sim, self.event, description, self)
         self.source_rank = -1
         self.error: BaseException | None = None
         self.issued_at = sim.env.now
@@ -112,6 +119,9 @@ class SimWork(dist.Work):
         if self.event.triggered:
             return
         self.completed_at = self.sim.env.now
+        entry = self.__dict__.get("_race_entry")
+        if entry is not None:
+            entry.done_at = self.completed_at
         self.event.succeed()
         self.future.set_result(self.outputs)
 
@@ -120,6 +130,7 @@ class SimWork(dist.Work):
         """Block the calling rank until done; raises :class:`SimTimeoutError` after ``timeout``."""
         self.sim.settle()
         if self.event.processed:
+            self.sim.races.observed(self)
             return True
         limit = self.timeout
         if timeout is not None:
@@ -129,6 +140,7 @@ class SimWork(dist.Work):
         env = self.sim.env
         if limit is None:
             self.sim.baton.block(self.event, self.description)
+            self.sim.races.observed(self)
             return True
         deadline = env.timeout(limit)
         self.sim.baton.block(env.any_of([self.event, deadline]), self.description)
@@ -137,12 +149,16 @@ class SimWork(dist.Work):
                 f"Timed out after {limit:g} s of simulated time: {self.description}. "
                 + self.sim.who_is_missing(self)
             )
+        self.sim.races.observed(self)
         return True
 
     def is_completed(self) -> bool:
         """Whether the operation has finished at the calling rank's current simulated time."""
         self.sim.settle()
-        return self.event.processed
+        if self.event.processed:
+            self.sim.races.observed(self)
+            return True
+        return False
 
     def is_success(self) -> bool:
         """Whether it finished without error."""

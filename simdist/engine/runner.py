@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import gc
 import os
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from simdist.comm.races import Race, RaceCheckMode
 from simdist.compute.cost import ComputeCostMode
 from simdist.compute.devices import DeviceSpec, get_device
 from simdist.engine import world
@@ -40,6 +42,19 @@ class RunResult:
     #: messages the network carried
     messages: int
     world_size: int
+    #: every in-flight buffer race the detector found (empty with ``races="off"``), in the order found
+    races: list[Race] = dataclasses.field(default_factory=list)
+
+    def race_summary(self) -> str:
+        """One paragraph per distinct race (same kind and call sites), naming every rank it happened on."""
+        groups: dict[tuple, list[Race]] = {}
+        for r in self.races:
+            groups.setdefault(r.key(), []).append(r)
+        out = []
+        for found in groups.values():
+            ranks = sorted({r.rank for r in found})
+            out.append(f"{found[0]}\n  on ranks {_ranges(ranks)} ({len(found)} findings)")
+        return "\n\n".join(out) if out else "no races found"
 
     @functools.cached_property
     def trace_hash(self) -> str:
@@ -55,6 +70,8 @@ def run(
     kwargs: dict[str, Any] | None = None,
     seed: int = 0,
     progress: str = "nccl",
+    gloo_threads: int = 2,
+    races: str | None = None,
     trace: str = "messages",
     compute: bool = True,
 ) -> RunResult:
@@ -62,7 +79,12 @@ def run(
 
     ``fn`` is ordinary torch.distributed code: the default process group (backend ``"simdist"``) is already
     initialised in each rank's thread, and ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` read as under torchrun.
-    ``progress`` picks the backend's progress semantics (``"nccl"``: one stream per group, issue order).
+    ``progress`` picks the backend's progress semantics: ``"nccl"`` runs a group's collectives one after another
+    on one stream per (rank, group); ``"gloo"`` runs them on ``gloo_threads`` worker threads per (rank, group),
+    so independent async operations overlap and really interleave their reads and writes.
+    ``races`` sets the in-flight buffer race detector: ``"error"`` raises :class:`RaceError` at the racing call,
+    ``"warn"`` warns once per distinct race and records every finding in ``RunResult.races``, ``"off"`` checks
+    nothing (fastest). The default is ``$SIMDIST_RACES`` if set, else ``"error"`` under pytest, else ``"warn"``.
     ``trace="collectives"`` skips recording individual messages (faster for thousands of ranks).
     ``compute=False`` charges no simulated time for tensor operations. ``cluster`` may also be a preset name
     or a cluster file path.
@@ -87,7 +109,7 @@ def run(
     n = cluster.world_size
     device = cluster.device if isinstance(cluster.device, DeviceSpec) else get_device(cluster.device)
     tr = Trace(trace)
-    sim = Simulation(cluster, n, seed, progress, tr, device)
+    sim = Simulation(cluster, n, seed, progress, tr, device, gloo_threads, default_race_mode() if races is None else races)
     kwargs = kwargs or {}
     gen = torch.Generator().manual_seed(seed)
     initial_rng = gen.get_state()
@@ -97,8 +119,11 @@ def run(
     def target(rank: int) -> Any:
         world.init_default_group(rank, n, store)
         try:
-            mode = ComputeCostMode(device, sim.charge) if compute and not device.is_zero_cost else None
-            with mode if mode is not None else contextlib.nullcontext():
+            with contextlib.ExitStack() as modes:
+                if compute and not device.is_zero_cost:
+                    modes.enter_context(ComputeCostMode(device, sim.charge))
+                if sim.races.enabled:
+                    modes.enter_context(RaceCheckMode(sim.races, rank, sim.call_site))
                 result = fn(*args, **kwargs)
             sim.settle()
             return result
@@ -121,7 +146,28 @@ def run(
         trace=tr,
         messages=sim.network.messages,
         world_size=n,
+        races=sim.races.races,
     )
+
+
+def default_race_mode() -> str:
+    """``$SIMDIST_RACES`` if set, else ``"error"`` inside a pytest test, else ``"warn"``."""
+    mode = os.environ.get("SIMDIST_RACES")
+    if mode:
+        return mode
+    return "error" if "PYTEST_CURRENT_TEST" in os.environ else "warn"
+
+
+def _ranges(ranks: list[int]) -> str:
+    """``0-3, 6`` for ``[0, 1, 2, 3, 6]``."""
+    parts, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ", ".join(parts)
 
 
 def _local_world_size(cluster: Any) -> int:

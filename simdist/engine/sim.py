@@ -12,6 +12,7 @@ import simdist
 from simdist.comm import algorithms
 from simdist.comm.group import GroupState
 from simdist.comm.p2p import P2P
+from simdist.comm.races import RaceDetector
 from simdist.engine.baton import Baton, caller_site, current_rank_state
 from simdist.errors import DeadlockError
 from simdist.network.links import Network
@@ -27,7 +28,10 @@ _SKIP = tuple(
     os.path.dirname(os.path.abspath(__import__("contextlib").__file__)) + os.sep + "contextlib",
 )
 
-PROGRESS_MODES = ("nccl",)
+#: backend progress semantics: "nccl" runs a group's collectives one after another on one stream per
+#: (rank, group); "gloo" runs them on a pool of worker threads per (rank, group), so independent async
+#: operations overlap (ProcessGroupGloo's default pool has 2 threads)
+PROGRESS_MODES = ("nccl", "gloo")
 
 
 class Simulation:
@@ -41,17 +45,24 @@ class Simulation:
         progress: str,
         trace: Trace,
         device: Any,
+        gloo_threads: int = 2,
+        races: str = "off",
     ) -> None:
         if progress not in PROGRESS_MODES:
             raise ValueError(f"progress must be one of {PROGRESS_MODES}, got {progress!r}")
+        if isinstance(gloo_threads, bool) or not isinstance(gloo_threads, int) or gloo_threads < 1:
+            raise ValueError(f"gloo_threads must be a positive int (worker threads per process group), got {gloo_threads!r}")
         self.env = simpy.Environment()
         self.cluster = cluster
         self.world_size = world_size
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.progress = progress
+        #: collectives that can run at once per (rank, group): one stream, or the gloo worker pool
+        self.slots = 1 if progress == "nccl" else gloo_threads
         self.trace = trace
         self.device = device
+        self.races = RaceDetector(races, progress, self.now)
         self.network = Network(self.env, cluster)
         self.p2p = P2P(self)
         self.groups: dict[object, GroupState] = {}
@@ -66,7 +77,7 @@ class Simulation:
         """The shared state of a group, created by the first member rank that builds it."""
         st = self.groups.get(key)
         if st is None:
-            st = self.groups[key] = GroupState(self, name, global_ranks, len(self.groups))
+            st = self.groups[key] = GroupState(self, name, global_ranks, len(self.groups), self.slots)
             st.timeout = timeout
         return st
 

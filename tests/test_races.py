@@ -1,0 +1,212 @@
+"""The in-flight buffer race detector: overlapping operations, rank code touching owned buffers, modes."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given
+from hypothesis import strategies as st
+
+import simdist
+from simdist import RaceError, RaceWarning
+from simdist.engine.runner import default_race_mode
+
+
+def switch(n: int) -> simdist.Cluster:
+    return simdist.Cluster.switch(n, bandwidth="10GB/s", latency="5us", device="cpu")
+
+
+def _read_before_wait():
+    g = torch.ones(1000)
+    w = dist.all_reduce(g, async_op=True)
+    y = g * 2  # LINE read
+    w.wait()
+    return y.sum().item()
+
+
+def test_reading_a_buffer_before_wait_is_an_error_naming_op_site_and_access():
+    with pytest.raises(RaceError) as e:
+        simdist.run(_read_before_wait, switch(2), races="error")
+    text = str(e.value)
+    assert "rank code read (in aten.mul.Tensor)" in text
+    assert "all_reduce #0" in text and "test_races.py" in text and "_read_before_wait" in text
+    assert "wait()" in text  # says what to do
+
+
+def test_warn_mode_warns_once_per_site_pair_and_records_every_rank():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = simdist.run(_read_before_wait, switch(4), races="warn")
+    races = [w for w in caught if issubclass(w.category, RaceWarning)]
+    assert len(races) == 1
+    assert races[0].filename.endswith("test_races.py")  # points at the user's line, not at simdist
+    assert sorted(r.rank for r in res.races) == [0, 1, 2, 3]
+    assert {r.kind for r in res.races} == {"access"}
+    assert "on ranks 0-3 (4 findings)" in res.race_summary()
+    # the read happened at the issue time: the window is [issue, access]
+    start, end = res.races[0].window
+    assert start == end == res.races[0].first.issued_at
+
+
+def test_off_mode_checks_nothing_and_default_follows_pytest_and_env(monkeypatch):
+    assert simdist.run(_read_before_wait, switch(2), races="off").races == []
+    assert default_race_mode() == "error"  # we are inside a pytest test
+    monkeypatch.setenv("SIMDIST_RACES", "warn")
+    assert default_race_mode() == "warn"
+    with pytest.raises(ValueError, match="races must be one of"):
+        simdist.run(_read_before_wait, switch(2), races="loud")
+
+
+def _correct_patterns():
+    r = dist.get_rank()
+    a = torch.full((64,), float(r))
+    w = dist.all_reduce(a, async_op=True)
+    v = a.view(8, 8)  # views and metadata read no data
+    _ = torch.empty_like(a), a.shape, a.detach()
+    w.wait()
+    out = [v.sum().item()]
+    b = torch.full((64,), float(r))
+    fut = dist.all_reduce(b, async_op=True).get_future()
+    fut.wait()
+    out.append(b.sum().item())
+    c = torch.full((64,), float(r))
+    chained = dist.all_reduce(c, async_op=True).get_future().then(lambda f: f.value()[0] + 1)
+    out.append(chained.wait().sum().item())
+    d = torch.full((64,), float(r))
+    w = dist.all_reduce(d, async_op=True)
+    while not w.is_completed():
+        simdist.charge(1e-6)
+    out.append(d.sum().item())
+    # a broadcast's root only reads its buffer: reading it meanwhile is fine, on every other rank it is written
+    e = torch.full((64,), float(r))
+    w = dist.broadcast(e, src=0, async_op=True)
+    if r == 0:
+        out.append(e.sum().item())
+    w.wait()
+    f = [torch.full((64,), float(r))]
+    torch.futures.wait_all([dist.all_reduce(f[0], async_op=True).get_future()])
+    out.append(f[0].sum().item())
+    return out
+
+
+def test_waiting_in_any_of_torchs_ways_releases_the_buffer():
+    res = simdist.run(_correct_patterns, switch(2), races="error")
+    assert res.races == []
+    assert res.returns[1] == [64.0, 64.0, 128.0, 64.0, 64.0]
+
+
+def _write_broadcast_root_buffer():
+    e = torch.ones(16)
+    w = dist.broadcast(e, src=0, async_op=True)
+    e.add_(1)  # on the root: writes what the broadcast reads; elsewhere: writes what it writes
+    w.wait()
+
+
+def test_writing_a_buffer_an_operation_reads_is_a_race():
+    res = simdist.run(_write_broadcast_root_buffer, switch(2), races="warn")
+    assert sorted(r.rank for r in res.races) == [0, 1]
+    assert all(r.access == "wrote (in aten.add_.Tensor)" for r in res.races)
+
+
+def _isend_then_modify():
+    t = torch.arange(4.0)
+    if dist.get_rank() == 0:
+        w = dist.isend(t, dst=1)
+        t.zero_()
+        w.wait()
+    else:
+        dist.recv(t, src=0)
+    return t.tolist()
+
+
+def test_point_to_point_buffers_are_owned_until_waited():
+    res = simdist.run(_isend_then_modify, switch(2), races="warn")
+    assert [r.rank for r in res.races] == [0]
+    assert "send" in res.races[0].first.op
+
+
+def _optimizer_before_wait():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(3, 4)).sum().backward()
+    works = [dist.all_reduce(p.grad, async_op=True) for p in model.parameters()]
+    opt.step()  # reads the gradients the all-reduces are still writing
+    for w in works:
+        w.wait()
+
+
+def test_optimizer_step_before_wait_is_reported_at_the_step():
+    with pytest.raises(RaceError, match=r"rank code read .* owns it\n  access at: .*test_races.py:\d+ in _optimizer_before_wait"):
+        simdist.run(_optimizer_before_wait, switch(2), races="error")
+
+
+def _tied_hooks():
+    emb = torch.nn.Parameter(torch.randn(6, 3, generator=torch.Generator().manual_seed(dist.get_rank())))
+    works = []
+    for _ in range(2):  # one hook per (module, parameter) pair: a tied weight gets two
+        emb.register_post_accumulate_grad_hook(lambda p: works.append(dist.all_reduce(p.grad, async_op=True)))
+    (emb.sum() + (emb * 2).sum()).backward()
+    for w in works:
+        w.wait()
+    return emb.grad.tolist()
+
+
+@pytest.mark.parametrize("progress", ["nccl", "gloo"])
+def test_a_tied_weight_reduced_twice_is_an_overlap_under_both_progress_modes(progress):
+    res = simdist.run(_tied_hooks, switch(2), progress=progress, races="warn")
+    assert sorted(r.rank for r in res.races) == [0, 1]
+    race = res.races[0]
+    assert race.kind == "overlap"
+    assert race.first.op == race.second.op == "all_reduce"
+    assert race.first.seq == 0 and race.second.seq == 1
+    assert "test_races.py" in race.first.site and race.first.site == race.second.site and race.buffer == "tensor (6, 3) float32"
+    start, end = race.window
+    assert start == race.second.issued_at and end is not None and end > start
+    text = str(race)
+    assert ("Under NCCL-like progress" in text) == (progress == "nccl")
+    if progress == "nccl":  # in order on one stream: sum of sums, 2 * n * 3
+        assert res.returns[0] == [[12.0] * 3] * 6
+
+
+# ---------------------------------------------------------------------------------------------- property
+# A random program of async all-reduces on slices of one shared buffer, with waits in random places. The
+# oracle is program order: issuing an operation while an earlier, not yet waited one covers an overlapping
+# slice is a race with that one (all-reduce writes its buffer); nothing else is.
+
+slices = st.tuples(st.integers(0, 15), st.integers(1, 8)).map(lambda t: (t[0], min(16, t[0] + t[1])))
+programs = st.lists(st.tuples(slices, st.booleans()), min_size=1, max_size=6)
+
+
+def _slices_program(prog):
+    buf = torch.zeros(16)
+    pending = []
+    for (lo, hi), wait_now in prog:
+        w = dist.all_reduce(buf[lo:hi], async_op=True)
+        if wait_now:
+            w.wait()
+        else:
+            pending.append(w)
+    for w in pending:
+        w.wait()
+
+
+def expected_overlaps(prog) -> list[tuple[int, int]]:
+    """(earlier op, later op) pairs the detector must report, by program order."""
+    live, found = [], []
+    for k, ((lo, hi), wait_now) in enumerate(prog):
+        found += [(j, k) for j, (a, b) in live if a < hi and lo < b]
+        if not wait_now:
+            live.append((k, (lo, hi)))
+    return found
+
+
+@given(prog=programs, progress=st.sampled_from(["nccl", "gloo"]))
+def test_overlaps_are_reported_exactly_when_program_order_says_so(prog, progress):
+    res = simdist.run(_slices_program, switch(2), args=(prog,), progress=progress, races="warn")
+    for rank in (0, 1):
+        got = [(r.first.seq, r.second.seq) for r in res.races if r.rank == rank]
+        assert got == expected_overlaps(prog)
