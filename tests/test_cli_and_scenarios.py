@@ -74,3 +74,21 @@ def test_demo_scenario_passes_and_reports_each_finding():
     for line in ("both variants equal the single-process model", "overlap shortens the step", "hang reported as a deadlock", "mismatch reported", "same seed, same trace hash"):
         assert any(l.startswith(line) and "PASS" in l for l in text.splitlines()), line
     assert "never by [11]" in text
+
+
+def test_ddp_tied_weights_scenario_passes_and_names_the_tie():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scenarios" / "ddp_tied_weights.py")], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout
+    lines = text.splitlines()
+    verdicts = lines[next(i for i, l in enumerate(lines) if l.startswith("expectation")) + 1 :]
+    assert len(verdicts) == 12 and all(" PASS " in l for l in verdicts), "\n".join(verdicts)
+    # (a): the detector's text names both all-reduces and where the wrapper issued them; the buffer is the tie
+    assert "two operations in flight on overlapping memory" in text
+    assert "first:  all_reduce #" in text and "second: all_reduce #" in text and "ddp.py" in text
+    assert "(the buffer is the gradient of embed.weight = head.weight)" in text
+    # (d): autograd read a buffer in flight; the replica check names parameters
+    assert "rank code read (in aten." in text and "replicas differ at: embed.weight" in text
+    assert "fastest:" in text and "Chrome trace of this step" in text
