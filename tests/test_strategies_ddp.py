@@ -7,7 +7,6 @@ models keep the tolerances tight: the only difference to the oracle is the order
 from __future__ import annotations
 
 import ast
-import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -28,12 +27,10 @@ REPO = Path(__file__).resolve().parents[1]
 TIGHT = {"rtol": 1e-10, "atol": 1e-12}
 KINDS = ["naive", "flat", "overlap", "bucketed"]
 # The deliberately buggy variants (dedup=False, reduce_hook_tensor=True) touch buffers of collectives in
-# flight, which the simulator's race detector reports (an error under pytest): their runs switch it off.
-# Looked up, not assumed, so this file also runs on a simulator without the detector or gloo progress.
-_RUN_OPTIONS = inspect.signature(simdist.run).parameters
-BUGGY_RUN_OPTIONS: dict = {"races": "off"} if "races" in _RUN_OPTIONS else {}
-PROGRESS = ["nccl", "gloo"] if "gloo_threads" in _RUN_OPTIONS else ["nccl"]
-needs_gloo_progress = pytest.mark.skipif("gloo" not in PROGRESS, reason="simulator without gloo progress")
+# flight, which the simulator's race detector reports (an error under pytest): their runs switch it off
+# (tests/test_races.py and the tied-weights scenario check what it reports).
+BUGGY_RUN_OPTIONS: dict = {"races": "off"}
+PROGRESS = ["nccl", "gloo"]
 
 
 def sim(fn, n: int, *args, **options):
@@ -200,7 +197,6 @@ def test_dedup_false_is_numerically_harmless_on_an_in_order_backend(kind):
         assert_params_close(res.returns[rank][f"0:{kind}"], want)
 
 
-@needs_gloo_progress
 def test_dedup_false_overlap_races_on_a_gloo_like_backend():
     # Two in-place all-reduces of the tied gradient progress at once on gloo's worker threads.
     spec = tied_spec()
