@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
 
-from simdist.errors import SimdistError
+from simdist.errors import RaceWarning, SimdistError
 
 
 def _cluster(spec: str, world_size: int | None):
@@ -34,7 +35,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     fn = load_entry(args.script, args.entry)
     cluster = _cluster(args.cluster, args.world_size)
     t0 = time.perf_counter()
-    res = run(fn, cluster, seed=args.seed, progress=args.progress, gloo_threads=args.gloo_threads)
+    with warnings.catch_warnings():  # races are summarised once below rather than warned per site
+        warnings.simplefilter("ignore", RaceWarning)
+        res = run(fn, cluster, seed=args.seed, progress=args.progress, gloo_threads=args.gloo_threads, races=args.races)
     wall = time.perf_counter() - t0
     for rank, value in enumerate(res.returns):
         if value is not None or args.show_none:
@@ -46,6 +49,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.trace:
         path = res.trace.save_chrome(args.trace)
         print(f"trace written to {path} (open it in ui.perfetto.dev)")
+    if res.races:
+        print(res.race_summary())
+        return 3
     return 0
 
 
@@ -98,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--progress", default="nccl", choices=("nccl", "gloo"),
                    help="backend progress semantics: nccl (one stream per group) or gloo (worker threads; default: nccl)")
     r.add_argument("--gloo-threads", type=int, default=2, help="worker threads per group with --progress gloo (default: 2)")
+    r.add_argument("--races", default="warn", choices=("error", "warn", "off"),
+                   help="race detector: error (stop at the first race), warn (report every race; exit status 3), off")
     r.add_argument("--show-none", action="store_true", help="also print ranks that returned None")
     r.set_defaults(func=cmd_run)
 

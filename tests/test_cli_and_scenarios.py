@@ -38,6 +38,32 @@ def test_simdist_run_script(tmp_path, capsys):
     assert json.loads(trace.read_text())["traceEvents"]
 
 
+RACY = """
+import torch, torch.distributed as dist
+
+def main():
+    t = torch.ones(4)
+    first = dist.all_reduce(t, async_op=True)
+    second = dist.all_reduce(t, async_op=True)
+    first.wait()
+    second.wait()
+    return t.tolist()
+"""
+
+
+def test_simdist_run_reports_races_and_runs_gloo_progress(tmp_path, capsys):
+    script = tmp_path / "racy.py"
+    script.write_text(RACY)
+    assert main(["run", str(script), "--world-size", "2", "--progress", "nccl"]) == 3
+    out = capsys.readouterr().out
+    assert "rank 0: [4.0, 4.0, 4.0, 4.0]" in out  # in order on one stream: the sum of sums
+    assert "two operations in flight on overlapping memory" in out and "on ranks 0-1 (2 findings)" in out
+    assert main(["run", str(script), "--world-size", "2", "--progress", "gloo", "--races", "off"]) == 0
+    assert "rank 0: [4.0, 4.0, 4.0, 4.0]" not in capsys.readouterr().out  # two workers interleave
+    assert main(["run", str(script), "--world-size", "2", "--races", "error"]) == 1  # a diagnosed run
+    assert "simdist: error: race on rank 0: two operations in flight" in capsys.readouterr().err
+
+
 def test_simdist_run_bad_cluster_is_a_clear_error(tmp_path, capsys):
     script = tmp_path / "prog.py"
     script.write_text(SCRIPT)
