@@ -210,3 +210,138 @@ def test_overlaps_are_reported_exactly_when_program_order_says_so(prog, progress
     for rank in (0, 1):
         got = [(r.first.seq, r.second.seq) for r in res.races if r.rank == rank]
         assert got == expected_overlaps(prog)
+
+
+# ---------------------------------------------------------------------------------------------- review cases
+# Programs a review of the detector found misjudged once; each pins the behaviour down.
+
+
+def _poll(kind):
+    a = torch.ones(4)
+    w = dist.all_reduce(a, async_op=True)
+    f = w.get_future()
+    for i in range(1000):
+        if (w.is_completed() if kind == "work" else f.done()):
+            return i, a.tolist()  # completion seen by polling: the buffer is the rank's again
+    return None
+
+
+@pytest.mark.parametrize("kind", ["work", "future"])
+def test_polling_lets_simulated_time_pass_and_releases_the_buffer(kind):
+    res = simdist.run(_poll, switch(2), args=(kind,), races="error")
+    assert all(r is not None and r[1] == [2.0] * 4 for r in res.returns)
+
+
+def _collect_all_then_write():
+    t = torch.ones(1 << 12)
+    fut = torch.futures.collect_all([dist.all_reduce(t, async_op=True).get_future()])
+    before = simdist.now()
+    t.add_(1)  # still owned: collect_all does not wait
+    fut.wait()
+    return before
+
+
+def test_collect_all_waits_only_when_its_future_is_waited_on():
+    res = simdist.run(_collect_all_then_write, switch(2), races="warn")
+    assert res.returns == [0.0, 0.0]
+    assert {r.access for r in res.races} == {"wrote (in aten.add_.Tensor)"}
+
+
+def _then_after_completion():
+    t = torch.ones(8)
+    w = dist.all_reduce(t, async_op=True)
+    w.wait()
+    return w.get_future().then(lambda f: f.value()[0].sum().item()).wait()
+
+
+def test_a_callback_chained_after_completion_may_read_the_buffer():
+    assert simdist.run(_then_after_completion, switch(2), races="error").returns == [16.0, 16.0]
+
+
+def _future_in_hook_never_waited():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    futs = []
+    model.weight.register_post_accumulate_grad_hook(lambda p: futs.append(dist.all_reduce(p.grad, async_op=True).get_future()))
+    model(torch.ones(2, 8)).sum().backward()
+    opt.step()  # the future was taken in backward but nobody waited on it
+    torch.futures.wait_all(futs)
+
+
+def test_a_future_taken_in_a_hook_still_owns_its_buffer_after_backward():
+    res = simdist.run(_future_in_hook_never_waited, switch(2), races="warn")
+    assert {r.kind for r in res.races} == {"access"} and all("_foreach" in r.access or "add" in r.access for r in res.races)
+
+
+def _readers(how):
+    t = torch.ones(8)
+    w = dist.all_reduce(t, async_op=True)
+    {"tolist": t.tolist, "str": lambda: str(t), "numpy": lambda: t.numpy().sum(), "item": lambda: t[0].item()}[how]()
+    w.wait()
+
+
+@pytest.mark.parametrize("how", ["tolist", "str", "numpy", "item"])
+def test_reads_outside_the_dispatcher_are_reported(how):
+    res = simdist.run(_readers, switch(2), args=(how,), races="warn")
+    assert sorted(r.rank for r in res.races) == [0, 1]
+
+
+def _metadata_only(op):
+    t = torch.ones(2, 4)
+    w = dist.all_reduce(t, async_op=True)
+    {"t_": t.t_, "unsqueeze_": lambda: t.unsqueeze_(0), "transpose_": lambda: t.transpose_(0, 1), "resize_": lambda: t.resize_(64, 64)}[op]()
+    w.wait()
+
+
+@pytest.mark.parametrize("op,race", [("t_", False), ("unsqueeze_", False), ("transpose_", False), ("resize_", True)])
+def test_in_place_metadata_changes_are_not_accesses_but_resizing_is(op, race):
+    if race:
+        with pytest.raises(RaceError, match=r"wrote \(in aten.resize_\)"):
+            simdist.run(_metadata_only, switch(2), args=(op,), races="error")
+    else:
+        assert simdist.run(_metadata_only, switch(2), args=(op,), races="error").races == []
+
+
+class Tagged(torch.Tensor):
+    """A plain subclass: its data is its storage's bytes."""
+
+
+def _list_all_to_all_and_subclass():
+    ins = [torch.ones(2) for _ in range(2)]
+    outs = [torch.empty(2) for _ in range(2)]
+    w = dist.all_to_all(outs, ins, async_op=True)
+    ins[1].add_(1)
+    w.wait()
+    x = torch.ones(4).as_subclass(Tagged)
+    w = dist.all_reduce(x, async_op=True)
+    x.mul_(2)
+    w.wait()
+
+
+def test_list_all_to_all_inputs_and_plain_subclasses_are_owned():
+    res = simdist.run(_list_all_to_all_and_subclass, switch(2), races="warn")
+    assert sorted((r.rank, r.first.op) for r in res.races) == [(0, "all_reduce"), (0, "all_to_all"), (1, "all_reduce"), (1, "all_to_all")]
+
+
+def _dropped_list_op():
+    outs = [torch.empty(2) for _ in range(2)]
+    dist.all_to_all(outs, [torch.ones(2) for _ in range(2)], async_op=True)  # handle dropped
+    dist.barrier()
+    simdist.charge("1ms")  # long after every rank's part completed
+    outs[0].add_(1)
+
+
+def test_a_dropped_operation_stops_owning_its_buffers_at_completion():
+    import gc
+
+    gc.disable()  # ownership must end without the cyclic collector
+    try:
+        assert simdist.run(_dropped_list_op, switch(2), races="error").races == []
+    finally:
+        gc.enable()
+
+
+def test_recorded_races_do_not_keep_tensors_alive():
+    res = simdist.run(_read_before_wait, switch(2), races="warn")
+    assert res.races and all(r.first.tensors == [] for r in res.races)

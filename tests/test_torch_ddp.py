@@ -37,3 +37,30 @@ def test_torch_ddp_matches_single_process(n, bucket_cap_mb):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     # the reducer's bucket all-reduces really ran on the simulated network
     assert any(s.name == "nccl:all_reduce" for s in res.trace.collectives(0))
+
+
+def ddp_train(static_graph: bool, progress_hook: bool):
+    model = make_model()
+    ddp = DDP(model, bucket_cap_mb=0.0001, static_graph=static_graph)
+    if progress_hook:  # a user-written comm hook: a callback chained to the future, waited on by C++
+        def hook(state, bucket):
+            fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+            return fut.then(lambda f: f.value()[0] / dist.get_world_size())
+
+        ddp.register_comm_hook(None, hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        ddp(shard(dist.get_rank() + 10 * step)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("progress", ["nccl", "gloo"])
+def test_static_graph_and_custom_comm_hooks_train_like_the_default(progress):
+    cluster = simdist.Cluster.switch(2, device="cpu")
+    ref = simdist.run(ddp_train, cluster, args=(False, False), progress=progress).returns
+    for args in ((True, False), (False, True)):
+        got = simdist.run(ddp_train, cluster, args=args, progress=progress, races="error").returns
+        for a, b in zip(got[0], ref[0]):
+            torch.testing.assert_close(a, b)

@@ -8,6 +8,7 @@ calls ``wait()`` for synchronous calls.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -128,7 +129,7 @@ class SimProcessGroup(dist.ProcessGroup):
             f"(issued at {site})"
         )
         work = SimWork(sim, desc, outputs, self.state.timeout)
-        work.group_state, work.seq = self.state, seq
+        work.group_state, work.seq, work.rank = self.state, seq, self.global_rank
         if sim.races.enabled:
             sim.races.issue(self.global_rank, work, op, seq, self.state.name, site, list(reads), list(writes))
         call = Call(op, self.grank, tuple(signature), site, work, data)
@@ -440,6 +441,7 @@ class SimProcessGroup(dist.ProcessGroup):
                 "out_splits": [t.numel() for t in output_tensors],
                 **_meta(flat_in, flat_out),
             },
+            reads=list(input_tensors),
             writes=list(output_tensors),
         )
         _scatter_back_on_completion(work, flat_out, output_tensors)
@@ -482,6 +484,7 @@ class SimProcessGroup(dist.ProcessGroup):
         what = f"{'send to' if kind == 'send' else 'recv from'} rank {'any' if g_peer is None else g_peer}"
         desc = f"rank {me} waits in {what} (tag {tag}, {tuple(t.shape)} {dtype_name(t.dtype)}, issued at {site})"
         work = SimWork(sim, desc, [t], st.timeout)
+        work.rank = me
         if sim.races.enabled:
             reads, writes = ([t], []) if kind == "send" else ([], [t])
             sim.races.issue(me, work, kind, None, st.name, site, reads, writes)
@@ -492,7 +495,7 @@ class SimProcessGroup(dist.ProcessGroup):
         return work
 
 
-def drain_at_end_of_backward(work: SimWork) -> None:
+def drain_at_end_of_backward(work: SimWork, taken_by_torch: bool) -> None:
     """Wait, in Python, before a backward pass returns, for works whose future was taken inside it.
 
     torch's C++ DDP reducer takes the future of each bucket's all-reduce inside backward and waits on it from
@@ -501,6 +504,11 @@ def drain_at_end_of_backward(work: SimWork) -> None:
     queue order, and the reducer queues its own after launching its last bucket) and waits on those works
     through the baton, so they are complete when C++ looks at them. Works whose future nobody takes are
     left alone: they complete whenever the other ranks join them.
+
+    For the race detector, a drained work counts as waited for (its buffers are rank code's again) only if
+    torch took its future (``taken_by_torch``: the reducer or one of torch's comm hooks, which C++ waits on)
+    or a callback was chained to it (a custom comm hook's ``fut.then(...)``). A future that rank code took
+    in a hook and never waited on still owns its buffers after backward, as on real hardware.
     """
     task = torch._C._current_graph_task_id()
     if task == -1:
@@ -513,12 +521,15 @@ def drain_at_end_of_backward(work: SimWork) -> None:
         pending["task"] = task
         pending["works"] = []
 
-        def drain(works: list[SimWork] = pending["works"]) -> None:
-            for w in works:
-                w.wait()
+        def drain(works: list[tuple[SimWork, bool]] = pending["works"]) -> None:
+            for w, by_torch in works:
+                if by_torch or getattr(w.future, "chained", False):
+                    w.wait()
+                else:
+                    w.block_until_done()
 
         torch.autograd.Variable._execution_engine.queue_callback(drain)
-    pending["works"].append(work)
+    pending["works"].append((work, taken_by_torch))
 
 
 _ALGO_FAMILY = {
@@ -576,13 +587,12 @@ def _plan_all_to_all(calls: list[Call]) -> collectives.Plan:
 
 def _scatter_back_on_completion(work: SimWork, flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
     """Copy a flat internal buffer back into the user's list of tensors when the work completes."""
-    orig = work.complete
+    # a partial, not a closure over ``work``: the work must not keep itself alive through a cycle
+    work.on_complete = functools.partial(_copy_back, flat, tensors)
 
-    def complete() -> None:
-        off = 0
-        for t in tensors:
-            t.copy_(flat[off : off + t.numel()].view(t.shape))
-            off += t.numel()
-        orig()
 
-    work.complete = complete  # type: ignore[method-assign]
+def _copy_back(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    off = 0
+    for t in tensors:
+        t.copy_(flat[off : off + t.numel()].view(t.shape))
+        off += t.numel()

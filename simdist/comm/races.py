@@ -20,10 +20,12 @@ finding in ``RunResult.races``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 import weakref
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -66,6 +68,8 @@ class InFlight:
     tensors: list[torch.Tensor]
     #: simulated time the operation completed on this rank (set by the work), None before
     done_at: float | None = None
+    #: storage keys of its regions (where the detector indexes them)
+    keys: list[int] = field(default_factory=list)
 
     def describe(self) -> str:
         """``all_reduce #3 on group default`` style text."""
@@ -162,18 +166,31 @@ def _extent(t: torch.Tensor) -> int:
     return (last + 1) * t.element_size()
 
 
-def _address(t: torch.Tensor) -> int | None:
-    """The tensor's first byte, or None for tensors without host memory (meta, fake, empty)."""
-    if t.numel() == 0 or t.device.type != "cpu" or type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+@functools.cache
+def _own_dispatch(cls: type) -> bool:
+    """Whether a tensor subclass handles dispatch itself (its data is not its storage's bytes)."""
+    return any("__torch_dispatch__" in c.__dict__ for c in cls.__mro__ if c is not torch.Tensor and issubclass(c, torch.Tensor))
+
+
+def _memory(t: torch.Tensor) -> tuple[int, int] | None:
+    """(storage key, first byte) of a tensor with host memory; None for empty, meta and wrapper tensors."""
+    if t.numel() == 0 or t.device.type != "cpu":
+        return None
+    cls = type(t)
+    if cls is not torch.Tensor and cls is not torch.nn.Parameter and _own_dispatch(cls):
         return None
     try:
-        return t.data_ptr()
-    except RuntimeError:  # tensors without storage (e.g. some subclasses)
+        return t.untyped_storage().data_ptr(), t.data_ptr()
+    except RuntimeError:  # tensors without storage
         return None
 
 
 class RaceDetector:
-    """Per-run race book-keeping: each rank's operations in flight, and the races found."""
+    """Per-run race book-keeping: each rank's operations in flight, and the races found.
+
+    In-flight regions are indexed per rank by storage: only regions of one storage can overlap, so checking
+    an operation or an access costs the number of in-flight regions on the same storage, not all of them.
+    """
 
     def __init__(self, mode: str, progress: str, now: Any) -> None:
         if mode not in RACE_MODES:
@@ -181,9 +198,12 @@ class RaceDetector:
         self.mode = mode
         self.progress = progress
         self._now = now
-        self.inflight: dict[int, list[InFlight]] = {}
+        #: rank -> storage key -> [(operation, region)] of the operations that rank has not seen complete
+        self.inflight: dict[int, dict[int, list[tuple[InFlight, Region]]]] = {}
         self.races: list[Race] = []
         self._warned: set[tuple] = set()
+        #: ranks whose accesses are not checked right now (inside a future's callback, which runs after completion)
+        self.suspended: set[int] = set()
 
     @property
     def enabled(self) -> bool:
@@ -203,80 +223,85 @@ class RaceDetector:
         writes: list[torch.Tensor],
     ) -> None:
         """Record that ``rank`` issued ``work`` over these buffers; report overlaps with its operations in flight."""
-        regions, tensors = [], []
+        placed, tensors = [], []
         for ts, w in ((writes, True), (reads, False)):
             for t in ts:
-                lo = _address(t)
-                if lo is None:
+                mem = _memory(t)
+                if mem is None:
                     continue
-                regions.append(Region(lo, lo + _nbytes_block(t), w, f"tensor {tuple(t.shape)} {str(t.dtype)[6:]}"))
+                lo = mem[1]
+                placed.append((mem[0], Region(lo, lo + _nbytes_block(t), w, f"tensor {tuple(t.shape)} {str(t.dtype)[6:]}")))
                 tensors.append(t)
-        if not regions:
+        if not placed:
             return
-        new = InFlight(rank, op, seq, group, site, self._now(), regions, weakref.ref(work), tensors)
-        live = self.inflight.setdefault(rank, [])
-        for old in live:
-            for a in old.regions:
-                for b in regions:
-                    if (a.writes or b.writes) and a.overlaps(b.lo, b.hi):
-                        lo, hi = max(a.lo, b.lo), min(a.hi, b.hi)
-                        self._report(Race("overlap", rank, old, new, None, site, new.issued_at, b.what, lo, hi - lo, self.progress))
-                        break
-                else:
-                    continue
-                break
-        live.append(new)
+        new = InFlight(rank, op, seq, group, site, self._now(), [r for _, r in placed], weakref.ref(work), tensors)
+        by_storage = self.inflight.setdefault(rank, {})
+        reported: set[int] = set()
+        for key, b in placed:
+            for old, a in by_storage.get(key, ()):
+                if id(old) not in reported and (a.writes or b.writes) and a.overlaps(b.lo, b.hi):
+                    reported.add(id(old))
+                    lo, hi = max(a.lo, b.lo), min(a.hi, b.hi)
+                    self._report(Race("overlap", rank, old, new, None, site, new.issued_at, b.what, lo, hi - lo, self.progress))
+        for key, region in placed:
+            by_storage.setdefault(key, []).append((new, region))
+        new.keys = [key for key, _ in placed]
         work._race_entry = new
-        weakref.finalize(work, self._forget, rank, new)
+        weakref.finalize(work, self._forget, new)
 
     def observed(self, work: Any) -> None:
         """``work``'s rank has seen it complete: its buffers are the rank's again."""
         entry = work.__dict__.pop("_race_entry", None)
         if entry is not None:
-            self._forget(entry.rank, entry)
+            self._forget(entry)
 
-    def _forget(self, rank: int, entry: InFlight) -> None:
-        live = self.inflight.get(rank)
-        if live:
-            for i, e in enumerate(live):
-                if e is entry:
-                    del live[i]
-                    break
-            if not live:
-                del self.inflight[rank]
+    def _forget(self, entry: InFlight) -> None:
+        by_storage = self.inflight.get(entry.rank)
+        if by_storage is None:
+            return
+        for key in set(entry.keys):
+            kept = [item for item in by_storage.get(key, ()) if item[0] is not entry]
+            if kept:
+                by_storage[key] = kept
+            else:
+                by_storage.pop(key, None)
+        if not by_storage:
+            del self.inflight[entry.rank]
+        entry.tensors = []  # a recorded race keeps the description, not the memory
 
     # ------------------------------------------------------------------ rank code
     def check_access(self, rank: int, func: Any, args: tuple, kwargs: dict, site: Any) -> None:
-        """Report ``func(*args, **kwargs)`` on ``rank`` touching a buffer one of its operations owns."""
-        live = self.inflight.get(rank)
-        if not live:
-            return
+        """Report aten op ``func(*args, **kwargs)`` on ``rank`` touching a buffer one of its operations owns."""
         writes = _written_args(func)
         if writes is None:  # views and metadata-only ops touch no data
             return
+        name = str(func).removesuffix(".default")
         for i, a in enumerate(args):
-            self._check_arg(rank, func, a, i in writes[0], live, site)
+            self.check_tensors(rank, name, a, i in writes[0], site)
         for k, a in kwargs.items():
-            self._check_arg(rank, func, a, k in writes[1], live, site)
+            self.check_tensors(rank, name, a, k in writes[1], site)
 
-    def _check_arg(self, rank: int, func: Any, arg: Any, written: bool, live: list[InFlight], site: Any) -> None:
+    def check_tensors(self, rank: int, name: str, arg: Any, written: bool, site: Any) -> None:
+        """Report rank code (``name``) reading (or writing) the tensors in ``arg`` while an operation owns them."""
+        by_storage = self.inflight.get(rank)
+        if not by_storage or rank in self.suspended:
+            return
         for t in tree_leaves(arg) if isinstance(arg, (list, tuple)) else (arg,):
             if not isinstance(t, torch.Tensor):
                 continue
-            lo = _address(t)
-            if lo is None:
+            mem = _memory(t)
+            if mem is None or mem[0] not in by_storage:
                 continue
+            lo = mem[1]
             hi = lo + _extent(t)
-            for entry in live:
-                for reg in entry.regions:
-                    if (reg.writes or written) and reg.overlaps(lo, hi):
-                        verb = "wrote" if written else "read"
-                        a, b = max(lo, reg.lo), min(hi, reg.hi)
-                        name = str(func).removesuffix(".default")
-                        self._report(
-                            Race("access", rank, entry, None, f"{verb} (in {name})", site(), self._now(), reg.what, a, b - a, self.progress)
-                        )
-                        return
+            for entry, reg in by_storage[mem[0]]:
+                if (reg.writes or written) and reg.overlaps(lo, hi):
+                    verb = "wrote" if written else "read"
+                    a, b = max(lo, reg.lo), min(hi, reg.hi)
+                    self._report(
+                        Race("access", rank, entry, None, f"{verb} (in {name})", site(), self._now(), reg.what, a, b - a, self.progress)
+                    )
+                    return
 
     # ------------------------------------------------------------------ reporting
     def _report(self, race: Race) -> None:
@@ -309,13 +334,16 @@ def _written_args(func: Any) -> tuple[frozenset[int], frozenset[str]] | None:
     return frozenset(pos), frozenset(kw)
 
 
-#: aten ops that take tensors for their metadata (shape, dtype) only, or only re-point them
+#: aten ops that take tensors for their metadata (shape, dtype) only, change only a tensor's metadata
+#: (in-place views), or wrap/wait on a functional collective's result (the wait is the simulator's)
 _NO_DATA = frozenset(
     {
         "detach", "alias", "lift_fresh", "empty_like", "zeros_like", "ones_like", "full_like", "rand_like",
         "randn_like", "randint_like", "new_empty", "new_zeros", "new_ones", "new_full", "new_empty_strided",
-        "set_", "resize_", "is_same_size", "_has_compatible_shallow_copy_type", "size", "stride",
-        "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "_local_scalar_dense_meta",
+        "is_same_size", "_has_compatible_shallow_copy_type", "size", "stride", "sym_size", "sym_stride",
+        "sym_numel", "sym_storage_offset",
+        "t_", "transpose_", "unsqueeze_", "squeeze_", "as_strided_", "swapdims_", "swapaxes_", "detach_",
+        "_wrap_tensor_autograd", "wait_tensor",
     }
 )
 
@@ -338,3 +366,39 @@ class RaceCheckMode(TorchDispatchMode):
         if self.rank in self._inflight:
             self.detector.check_access(self.rank, func, args, kwargs or {}, self.site)
         return func(*args, **(kwargs or {}))
+
+
+#: Tensor methods that read data without passing through the dispatcher (``tolist``, NumPy views) or with
+#: dispatch modes switched off (printing); while a run checks races they report a read first.
+_DIRECT_READS = ("tolist", "numpy", "__array__", "__repr__")
+
+
+@contextlib.contextmanager
+def checking_direct_reads(detector: RaceDetector, site: Any) -> Iterator[None]:
+    """Patch :data:`_DIRECT_READS` so rank code calling them on an owned buffer is reported as a read."""
+    from simdist.engine.baton import current_rank_state
+
+    originals = {name: getattr(torch.Tensor, name) for name in _DIRECT_READS}
+
+    def wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def reading(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            state = current_rank_state()
+            if state is None or state.rank not in detector.inflight or state.rank in detector.suspended:
+                return original(self, *args, **kwargs)
+            detector.check_tensors(state.rank, f"Tensor.{name}", self, False, site)
+            detector.suspended.add(state.rank)  # printing reads through tolist and friends: report once
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                detector.suspended.discard(state.rank)
+
+        return reading
+
+    for name, original in originals.items():
+        setattr(torch.Tensor, name, wrap(name, original))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)

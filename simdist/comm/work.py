@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import weakref
 from datetime import timedelta
 from typing import Any
@@ -50,19 +52,53 @@ class SimFuture(Future):
         self._block()
         return super().value()
 
+    def done(self) -> bool:
+        """Whether complete at the calling rank's current simulated time; polling lets simulated time pass."""
+        if not _in_rank_thread():
+            return super().done()
+        self._sim.settle()
+        if self._event.processed:
+            work = self._work() if self._work is not None else None
+            if work is not None:
+                self._sim.races.observed(work)
+            return True
+        self._sim.let_time_pass(self._event, self._description)
+        return False
+
     def then(self, callback: Any) -> Future:
         """Chain ``callback``; the returned future's ``wait()`` also blocks in simulated time."""
-        inner = super().then(callback)
-        outer = _ThenFuture(self, inner)
-        return outer
+        self.chained = True
+        inner = super().then(_after_completion(self._sim, callback))
+        return _ThenFuture([self], inner)
+
+
+def _after_completion(sim: Any, callback: Any) -> Any:
+    """``callback`` run with the race checks of its rank off: it runs once the operation has completed
+    (in the simulator, or at once in the rank when the future is already done), so reading the
+    operation's buffers there is not a race."""
+
+    def run(fut: Future) -> Any:
+        from simdist.engine.baton import current_rank_state
+
+        state = current_rank_state()
+        if state is None or state.rank in sim.races.suspended:
+            return callback(fut)
+        sim.races.suspended.add(state.rank)
+        try:
+            return callback(fut)
+        finally:
+            sim.races.suspended.discard(state.rank)
+
+    return run
 
 
 class _ThenFuture(Future):
-    """The future ``SimFuture.then`` returns: waits for its parent in simulated time, then for ``inner``."""
+    """A future derived from simdist futures (``then()``, ``collect_all``): waits for them in simulated time,
+    then for ``inner``, the torch future that holds the value."""
 
-    def __init__(self, parent: SimFuture, inner: Future) -> None:
+    def __init__(self, roots: list[SimFuture], inner: Future) -> None:
         super().__init__()
-        self._parent = parent
+        self._roots = roots
         self._inner = inner
         inner.add_done_callback(lambda f: self._settle(f))
 
@@ -72,19 +108,45 @@ class _ThenFuture(Future):
         except Exception as e:  # noqa: BLE001 - the callback's error becomes this future's error
             self.set_exception(e)
 
+    def _block(self) -> None:
+        for root in self._roots:
+            root._block()
+
     def wait(self) -> Any:
-        """Block (in simulated time) until the parent is done; return the callback's value."""
-        self._parent._block()
+        """Block (in simulated time) until the roots are done; return the value."""
+        self._block()
         return super().wait()
 
     def value(self) -> Any:
-        """The callback's value."""
-        self._parent._block()
+        """The value, once the roots are done."""
+        self._block()
         return super().value()
 
     def then(self, callback: Any) -> Future:
-        """Chain further; the result again waits for the root in simulated time."""
-        return _ThenFuture(self._parent, super().then(callback))
+        """Chain further; the result again waits for the roots in simulated time."""
+        sim = self._roots[0]._sim if self._roots else None
+        cb = _after_completion(sim, callback) if sim is not None else callback
+        return _ThenFuture(self._roots, super().then(cb))
+
+
+def sim_roots(futures: Any) -> list[SimFuture]:
+    """The simdist futures that ``futures`` (torch futures, some derived from simdist's) depend on."""
+    roots: list[SimFuture] = []
+    for f in futures:
+        if isinstance(f, SimFuture):
+            roots.append(f)
+        elif isinstance(f, _ThenFuture):
+            roots += f._roots
+    return roots
+
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+def _caller_is_torch() -> bool:
+    """Whether ``get_future`` was called by torch (its C++ reducer, or one of its own comm hooks)."""
+    frame = sys._getframe(2)
+    return frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR)
 
 
 def _in_rank_thread() -> bool:
@@ -112,26 +174,40 @@ class SimWork(dist.Work):
         self.error: BaseException | None = None
         self.issued_at = sim.env.now
         self.completed_at: float | None = None
+        #: run at completion, before the work counts as done (e.g. copying a flat buffer back into a list)
+        self.on_complete: Any = None
+        #: the global rank whose part this is (set by the issuing process group)
+        self.rank = -1
 
     # ---------------------------------------------------------------- completion (simpy thread)
     def complete(self) -> None:
         """Mark done at the current simulated time and fulfil the future."""
         if self.event.triggered:
             return
+        if self.on_complete is not None:
+            self.on_complete()
         self.completed_at = self.sim.env.now
         entry = self.__dict__.get("_race_entry")
         if entry is not None:
             entry.done_at = self.completed_at
         self.event.succeed()
-        self.future.set_result(self.outputs)
+        from simdist.engine.world import acting_as
+
+        with acting_as(self.rank):  # callbacks chained to the future run here and see the rank's world
+            self.future.set_result(self.outputs)
 
     # ---------------------------------------------------------------- torch API (rank threads)
     def wait(self, timeout: timedelta | float | None = None) -> bool:
         """Block the calling rank until done; raises :class:`SimTimeoutError` after ``timeout``."""
+        self.block_until_done(timeout)
+        self.sim.races.observed(self)
+        return True
+
+    def block_until_done(self, timeout: timedelta | float | None = None) -> None:
+        """``wait()`` without handing the buffers back to rank code (the race detector still counts them owned)."""
         self.sim.settle()
         if self.event.processed:
-            self.sim.races.observed(self)
-            return True
+            return
         limit = self.timeout
         if timeout is not None:
             limit = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
@@ -140,8 +216,7 @@ class SimWork(dist.Work):
         env = self.sim.env
         if limit is None:
             self.sim.baton.block(self.event, self.description)
-            self.sim.races.observed(self)
-            return True
+            return
         deadline = env.timeout(limit)
         self.sim.baton.block(env.any_of([self.event, deadline]), self.description)
         if not self.event.triggered:
@@ -149,15 +224,19 @@ class SimWork(dist.Work):
                 f"Timed out after {limit:g} s of simulated time: {self.description}. "
                 + self.sim.who_is_missing(self)
             )
-        self.sim.races.observed(self)
-        return True
 
     def is_completed(self) -> bool:
-        """Whether the operation has finished at the calling rank's current simulated time."""
+        """Whether the operation has finished at the calling rank's current simulated time.
+
+        Polling (``while not work.is_completed(): ...``) lets simulated time pass: a ``False`` moves the rank
+        on to the simulation's next event, as real time passes between two polls on real hardware.
+        """
         self.sim.settle()
         if self.event.processed:
             self.sim.races.observed(self)
             return True
+        if _in_rank_thread():
+            self.sim.let_time_pass(self.event, self.description)
         return False
 
     def is_success(self) -> bool:
@@ -176,7 +255,12 @@ class SimWork(dist.Work):
         """A ``torch.futures.Future`` completed with the output tensors."""
         from simdist.comm.process_group import drain_at_end_of_backward
 
-        drain_at_end_of_backward(self)
+        if torch._C._current_graph_task_id() != -1 and torch._C._current_autograd_node() is None:
+            # Taken in an engine callback at the end of backward (torch DDP with static_graph launches its
+            # first iteration's all-reduces there), where C++ waits on it next: wait here, in simulated time.
+            self.wait()
+        else:
+            drain_at_end_of_backward(self, taken_by_torch=_caller_is_torch())
         return self.future
 
     def synchronize(self) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from simdist.comm.races import Race, RaceCheckMode
+from simdist.comm.races import Race, RaceCheckMode, checking_direct_reads
 from simdist.compute.cost import ComputeCostMode
 from simdist.compute.devices import DeviceSpec, get_device
 from simdist.engine import world
@@ -135,7 +135,9 @@ def run(
     baton = Baton(sim.env, n, target, initial_rng_state=initial_rng, stack_size=_STACK_BYTES)
     sim.baton = baton
     baton.on_stall = sim.stall_report
-    with _run_context(sim, baton, n, local_world):
+    with _run_context(sim, baton, n, local_world), (
+        checking_direct_reads(sim.races, sim.call_site) if sim.races.enabled else contextlib.nullcontext()
+    ):
         baton.run()
     _raise_failure(baton)
     finish = [s.finish_time for s in baton.ranks]

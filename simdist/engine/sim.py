@@ -132,6 +132,20 @@ class Simulation:
             pending, state.pending = state.pending, 0.0
             self.baton.sleep(pending, f"rank {state.rank} computing")
 
+    def let_time_pass(self, event: Any, description: str) -> None:
+        """A rank polled an operation that is not done: move it on to the next simulated time at which
+        something is scheduled (whatever is due earlier, other ranks' polls included, runs first).
+
+        If nothing is scheduled after now, the operation can only complete by waiting, so the rank waits for
+        it (and the run reports a deadlock if it never can) instead of polling forever.
+        """
+        now = self.env.now
+        later = min((item[0] for item in self.env._queue if item[0] > now), default=float("inf"))
+        if later == float("inf"):
+            self.baton.block(event, description)
+        else:
+            self.baton.block(self.env.timeout(later - now), description)
+
     def now(self) -> float:
         """The calling rank's current simulated time (seconds), pending compute included."""
         state = current_rank_state()

@@ -8,7 +8,9 @@ are wrapped so that rank code written for torchrun (which calls them itself) run
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -143,6 +145,7 @@ def init_default_group(rank: int, world_size: int, store: Any) -> None:
         group_desc="default_pg",
     )
     c10d._update_default_pg(pg)
+    _state.setdefault("worlds", {})[rank] = _data()
     identity = _state.get("identity")
     if identity is None or len(identity) != world_size:
         identity = _state["identity"] = {i: i for i in range(world_size)}
@@ -150,13 +153,10 @@ def init_default_group(rank: int, world_size: int, store: Any) -> None:
 
 
 def _block_on_sim_futures(futures: Any) -> None:
-    from simdist.comm.work import SimFuture, _ThenFuture
+    from simdist.comm.work import sim_roots
 
-    for f in futures:
-        if isinstance(f, SimFuture):
-            f._block()
-        elif isinstance(f, _ThenFuture):
-            f._parent._block()
+    for root in sim_roots(futures):
+        root._block()
 
 
 def _patched_wait_all(futures: Any) -> Any:
@@ -166,9 +166,12 @@ def _patched_wait_all(futures: Any) -> Any:
 
 
 def _patched_collect_all(futures: Any) -> Any:
-    """``torch.futures.collect_all`` whose result can be waited on in simulated time."""
-    _block_on_sim_futures(futures)
-    return _orig["collect_all"](futures)
+    """``torch.futures.collect_all`` whose result waits for simdist futures in simulated time when waited on."""
+    from simdist.comm.work import _ThenFuture, sim_roots
+
+    roots = sim_roots(futures)
+    inner = _orig["collect_all"](futures)
+    return _ThenFuture(roots, inner) if roots else inner
 
 
 def install(sim: Any) -> None:
@@ -199,6 +202,24 @@ def uninstall() -> None:
     torch.futures.wait_all, torch.futures.collect_all = _orig.pop("wait_all"), _orig.pop("collect_all")
     _state["sim"] = None
     _state.pop("identity", None)
+    _state.pop("worlds", None)
+
+
+@contextlib.contextmanager
+def acting_as(rank: int) -> Iterator[None]:
+    """Let the calling (simulator) thread see ``rank``'s torch.distributed world.
+
+    A future's callbacks run where the future completes: on real hardware in the rank's own process (a
+    backend thread), here in the simulator's thread. Seeing the rank's world there makes
+    ``dist.get_world_size()`` and friends inside a callback (e.g. a DDP comm hook's ``then``) answer as the
+    rank would.
+    """
+    mine = getattr(_tls, "world", None)
+    _tls.world = _state.get("worlds", {}).get(rank, mine)
+    try:
+        yield
+    finally:
+        _tls.world = mine
 
 
 def installed() -> bool:
