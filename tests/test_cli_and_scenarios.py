@@ -118,3 +118,17 @@ def test_ddp_tied_weights_scenario_passes_and_names_the_tie():
     # (d): autograd read a buffer in flight; the replica check names parameters
     assert "rank code read (in aten." in text and "replicas differ at: embed.weight" in text
     assert "fastest:" in text and "Chrome trace of this step" in text
+
+
+@pytest.mark.real
+def test_ddp_tied_weights_scenario_on_real_gloo(capsys):
+    sys.path.insert(0, str(ROOT / "scenarios"))
+    try:
+        import ddp_tied_weights
+    finally:
+        sys.path.remove(str(ROOT / "scenarios"))
+    verdicts: list = []
+    ddp_tied_weights.on_real_gloo(0, 1, verdicts)
+    assert [v[0] for v in verdicts] == ["(c) real gloo: de-duplicated equals the baseline", "(d) real gloo: hook's tensor: replicas diverge"]
+    assert all(ok for _, ok, _ in verdicts), verdicts
+    assert "(a) on real gloo the double reduction drifted in" in capsys.readouterr().out
