@@ -36,6 +36,13 @@ def test_reading_a_buffer_before_wait_is_an_error_naming_op_site_and_access():
     assert "wait()" in text  # says what to do
 
 
+def test_the_check_rides_on_the_compute_cost_mode_when_compute_is_charged():
+    cluster = simdist.Cluster.switch(2, bandwidth="10GB/s", latency="5us", device="H100")
+    res = simdist.run(_read_before_wait, cluster, races="warn")
+    assert sorted(r.rank for r in res.races) == [0, 1] and res.sim_time > 0
+    assert any(s.stream == "compute" for s in res.trace.spans)  # the op was charged too
+
+
 def test_warn_mode_warns_once_per_site_pair_and_records_every_rank():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -362,9 +362,13 @@ class RaceCheckMode(TorchDispatchMode):
         self.site = site
         self._inflight = detector.inflight
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def check(self, func: Any, args: Any, kwargs: dict) -> None:
+        """Check one aten op of rank code (also called by the compute cost mode, which then replaces this mode)."""
         if self.rank in self._inflight:
-            self.detector.check_access(self.rank, func, args, kwargs or {}, self.site)
+            self.detector.check_access(self.rank, func, args, kwargs, self.site)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        self.check(func, args, kwargs or {})
         return func(*args, **(kwargs or {}))
 
 

@@ -119,11 +119,12 @@ def run(
     def target(rank: int) -> Any:
         world.init_default_group(rank, n, store)
         try:
-            with contextlib.ExitStack() as modes:
-                if compute and not device.is_zero_cost:
-                    modes.enter_context(ComputeCostMode(device, sim.charge))
-                if sim.races.enabled:
-                    modes.enter_context(RaceCheckMode(sim.races, rank, sim.call_site))
+            races = RaceCheckMode(sim.races, rank, sim.call_site) if sim.races.enabled else None
+            if compute and not device.is_zero_cost:  # one dispatch mode per rank: the race check rides on it
+                mode = ComputeCostMode(device, sim.charge, before=races.check if races is not None else None)
+            else:
+                mode = races
+            with mode if mode is not None else contextlib.nullcontext():
                 result = fn(*args, **kwargs)
             sim.settle()
             return result
