@@ -15,11 +15,11 @@ Figures (x86_64, 2 CPUs, python 3.11.7, torch 2.13.0+cpu, gloo, 2 processes of 1
 defaults; three consecutive runs on an otherwise idle machine, median ms per step):
 
     variant       run 1   run 2   run 3
-    torch DDP     112.7   105.8   105.0
-    BucketedDDP   112.1   106.3   107.8   (/ torch DDP: 0.99, 1.00, 1.03)
-    OverlapDDP    101.3   101.8    92.1
-    FlatDDP       111.4   113.9   109.6
-    NaiveDDP      123.9   117.1   117.4
+    torch DDP      88.6    91.9    95.1
+    BucketedDDP    89.4    91.0    92.4   (/ torch DDP: 1.01, 0.99, 0.97)
+    OverlapDDP     80.6    86.2    88.4
+    FlatDDP        90.2    96.0    99.8
+    NaiveDDP       98.5   106.7   107.7
 
 With two cores shared by two ranks and their gloo threads there is little room for overlap; a busy machine
 moves single figures by 20% or more, so compare variants of one run only.

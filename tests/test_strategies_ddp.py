@@ -7,6 +7,7 @@ models keep the tolerances tight: the only difference to the oracle is the order
 from __future__ import annotations
 
 import ast
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import strategies_fns as sf
 import torch
+import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
@@ -26,9 +28,9 @@ from simdist.strategies.ddp import assign_buckets
 REPO = Path(__file__).resolve().parents[1]
 TIGHT = {"rtol": 1e-10, "atol": 1e-12}
 KINDS = ["naive", "flat", "overlap", "bucketed"]
-# The deliberately buggy variants (dedup=False, reduce_hook_tensor=True) touch buffers of collectives in
-# flight, which the simulator's race detector reports (an error under pytest): their runs switch it off
-# (tests/test_races.py and the tied-weights scenario check what it reports).
+# Some deliberately buggy variants (OverlapDDP with dedup=False or reduce_hook_tensor=True) touch buffers of
+# collectives in flight, which the simulator's race detector reports (an error under pytest): the buggy runs
+# switch it off (tests/test_races.py and the tied-weights scenario check what it reports).
 BUGGY_RUN_OPTIONS: dict = {"races": "off"}
 PROGRESS = ["nccl", "gloo"]
 
@@ -156,9 +158,12 @@ def test_dedup_reduces_each_parameter_once_and_the_bug_reduces_the_tied_one_twic
     spec = tied_spec()
     params = trainable(spec)
     once = all_reduces(sim(sf.one_step, 2, spec, kind, {"dedup": True}))
+    twice = all_reduces(sim(sf.one_step, 2, spec, kind, {"dedup": False}, **BUGGY_RUN_OPTIONS))
+    if kind == "naive":  # first, one small all-reduce counts the ranks that have each gradient
+        assert once[0].args["In msg nelems"] == len(params) and twice[0].args["In msg nelems"] == len(params) + 1
+        once, twice = once[1:], twice[1:]
     assert len(once) == len(params)
     assert sorted(s.args["In msg nelems"] for s in once) == sorted(p.numel() for p in params)
-    twice = all_reduces(sim(sf.one_step, 2, spec, kind, {"dedup": False}, **BUGGY_RUN_OPTIONS))
     assert len(twice) == len(params) + 1
     embed = spec.vocab * spec.dim
     assert [s.args["In msg nelems"] for s in twice].count(embed) == 2
@@ -167,7 +172,9 @@ def test_dedup_reduces_each_parameter_once_and_the_bug_reduces_the_tied_one_twic
 def test_flat_issues_one_all_reduce_of_every_gradient():
     spec = tied_spec()
     (span,) = all_reduces(sim(sf.one_step, 2, spec, "flat", {}))
-    assert span.args["In msg nelems"] == sum(p.numel() for p in trainable(spec))
+    params = trainable(spec)
+    # every gradient, then one flag per parameter (how many ranks had a gradient for it)
+    assert span.args["In msg nelems"] == sum(p.numel() for p in params) + len(params)
 
 
 @pytest.mark.parametrize("bucket_cap_mb", [1e-6, 0.0002, 25.0])
@@ -176,7 +183,7 @@ def test_bucketed_issues_one_all_reduce_per_bucket(bucket_cap_mb):
     params = trainable(spec)
     buckets = assign_buckets(params, bucket_cap_mb * 2**20)
     spans = all_reduces(sim(sf.one_step, 2, spec, "bucketed", {"bucket_cap_mb": bucket_cap_mb}))
-    assert [s.args["In msg nelems"] for s in spans] == [sum(params[i].numel() for i in b) for b in buckets]
+    assert [s.args["In msg nelems"] for s in spans] == [sum(params[i].numel() for i in b) + len(b) for b in buckets]
 
 
 def test_buckets_follow_reverse_parameter_order_and_the_cap():
@@ -310,3 +317,144 @@ def test_the_four_strategies_on_real_gloo_processes():
             assert sorted(out[rank][mode]) == [f"{i}:{kind}" for i, kind in enumerate(KINDS)]
             for params in out[rank][mode].values():
                 assert_params_close(params, want)
+
+
+# ------------------------------------------------------------------------------ behaviours a review pinned down
+WRAPPERS = {"naive": NaiveDDP, "flat": FlatDDP, "overlap": OverlapDDP, "bucketed": BucketedDDP}
+
+
+class TwoLayers(nn.Module):
+    """``a`` always used; ``b`` used where ``use_b`` says; ``c`` never used."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.c = nn.Linear(4, 4).double(), nn.Linear(4, 4).double(), nn.Linear(4, 4).double()
+        self.norm = nn.BatchNorm1d(4).double()
+
+    def forward(self, x: torch.Tensor, use_b: bool) -> torch.Tensor:
+        y = self.norm(self.a(x))
+        return self.b(y) if use_b else y
+
+
+def _x(rank: int, step: int) -> torch.Tensor:
+    return torch.randn(3, 4, generator=torch.Generator().manual_seed(100 * step + rank), dtype=torch.float64)
+
+
+def _train_two_layers(kind: str, b_on: list[int], steps: int):
+    rank = dist.get_rank()
+    model = TwoLayers()
+    ddp = WRAPPERS[kind](model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=0.1)
+    for step in range(steps):
+        opt.zero_grad()
+        ddp(_x(rank, step), rank in b_on).pow(2).mean().backward()
+        ddp.finish_gradient_synchronization()
+        opt.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}, model.c.weight.grad, ddp.state_dict()
+
+
+def _two_layers_oracle(n: int, b_on: list[int], steps: int) -> dict[str, torch.Tensor]:
+    """One process: the mean over ranks of each rank's loss (BatchNorm statistics per rank's batch)."""
+    model = TwoLayers()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=0.1)
+    for step in range(steps):
+        opt.zero_grad()
+        sum(model(_x(r, step), r in b_on).pow(2).mean() for r in range(n)).div(n).backward()
+        opt.step()
+    return {k: p.detach() for k, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_parameter_no_rank_uses_keeps_no_gradient_and_weight_decay_leaves_it(kind):
+    # BatchNorm's running statistics are per rank (train mode); parameters do not depend on them.
+    res = sim(_train_two_layers, 2, kind, [0, 1], 3)
+    want = _two_layers_oracle(2, [0, 1], 3)
+    for params, c_grad, _ in res.returns:
+        assert c_grad is None
+        for name, value in want.items():
+            torch.testing.assert_close(params[name], value, **TIGHT)
+
+
+@pytest.mark.parametrize("kind", ["naive", "flat", "bucketed"])
+def test_a_parameter_used_on_some_ranks_only_is_averaged_over_all(kind):
+    res = sim(_train_two_layers, 3, kind, [0], 2)
+    want = _two_layers_oracle(3, [0], 2)
+    for params, _, _ in res.returns:
+        for name, value in want.items():
+            torch.testing.assert_close(params[name], value, **TIGHT)
+
+
+def test_the_wrapper_is_an_ordinary_module_with_its_state_under_module():
+    res = sim(_train_two_layers, 2, "bucketed", [0, 1], 1)
+    state = res.returns[0][2]
+    assert "module.a.weight" in state and "module.norm.running_mean" in state
+
+
+def _rewrap(first: str, second: str):
+    rank = dist.get_rank()
+    model = TwoLayers()
+    old = WRAPPERS[first](model)
+    del old  # a discarded wrapper's hooks must go with it
+    ddp = WRAPPERS[second](model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=0.1)
+    for step in range(2):
+        opt.zero_grad()
+        ddp(_x(rank, step), True).pow(2).mean().backward()
+        ddp.finish_gradient_synchronization()
+        opt.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("first,second", [("overlap", "overlap"), ("overlap", "naive"), ("bucketed", "bucketed")])
+def test_a_discarded_wrapper_stops_reducing(first, second):
+    res = sim(_rewrap, 2, first, second)
+    want = _two_layers_oracle(2, [0, 1], 2)
+    for params in res.returns:
+        for name, value in want.items():
+            torch.testing.assert_close(params[name], value, **TIGHT)
+
+
+def _bn_accumulation(kind: str):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank = dist.get_rank()
+    out = []
+    for wrap in (WRAPPERS[kind], DDP):
+        model = TwoLayers()
+        ddp = wrap(model)
+        for step in range(3):
+            ctx = ddp.no_sync() if step < 2 else contextlib.nullcontext()
+            with ctx:
+                ddp(_x(rank, step) * (rank + 1), True).sum().backward()
+        if hasattr(ddp, "finish_gradient_synchronization"):
+            ddp.finish_gradient_synchronization()
+        out.append(model.norm.running_mean.clone())
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_buffers_are_broadcast_when_torch_ddp_broadcasts_them(kind):
+    for mine, torchs in sim(_bn_accumulation, 2, kind).returns:
+        torch.testing.assert_close(mine, torchs, **TIGHT)
+
+
+@pytest.mark.parametrize("wrapper", [FlatDDP, BucketedDDP])
+def test_flat_buffers_refuse_sparse_gradients_at_wrap_time(wrapper):
+    model = nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Linear(4, 1))
+    with pytest.raises(ValueError, match=r"cannot hold the sparse gradients of 0; use NaiveDDP or OverlapDDP"):
+        wrapper(model)
+
+
+def _finish_twice(kind: str):
+    model = TwoLayers()
+    ddp = WRAPPERS[kind](model)
+    ddp(_x(dist.get_rank(), 0), True).sum().backward()
+    ddp.finish_gradient_synchronization()
+    ddp.finish_gradient_synchronization()  # a no-op, on every wrapper
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_second_finish_is_a_no_op(kind):
+    once = sim(_finish_twice, 2, kind)
+    assert len(all_reduces(once)) == {"naive": 1 + 6, "flat": 1, "overlap": 6, "bucketed": 1}[kind]
