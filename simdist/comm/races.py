@@ -1,8 +1,9 @@
 """The in-flight buffer race detector.
 
 An asynchronous collective or point-to-point operation owns its buffers from the moment a rank issues it until
-that rank has *observed* its completion (``Work.wait()``, a wait on its future, ``is_completed()`` returning
-True, ``torch.futures.wait_all``). While it owns them, two things are races on real hardware:
+that rank has *observed* its completion (``Work.wait()``, a wait on its future, ``is_completed()`` or the
+future's ``done()`` returning True, ``torch.futures.wait_all``; see ``comm.work``). While it owns them, two
+things are races on real hardware:
 
 - **overlap**: the same rank issues a second operation whose buffers overlap the first's in memory, and at
   least one of the two writes the overlapping bytes (a tied weight's gradient all-reduced twice). Under
@@ -63,7 +64,6 @@ class InFlight:
     site: str
     issued_at: float
     regions: list[Region]
-    work: Any  # weakref to the SimWork
     #: the tensors themselves, so their memory cannot be reused while the operation owns it
     tensors: list[torch.Tensor]
     #: simulated time the operation completed on this rank (set by the work), None before
@@ -75,10 +75,6 @@ class InFlight:
         """``all_reduce #3 on group default`` style text."""
         num = f" #{self.seq}" if self.seq is not None else ""
         return f"{self.op}{num} on group {self.group or 'default'}"
-
-    def completed_at(self) -> float | None:
-        """Simulated time the operation completed on this rank, None if it has not."""
-        return self.done_at
 
 
 @dataclass
@@ -107,9 +103,8 @@ class Race:
         """The simulated interval in which both sides held the buffer (end None while still unknown)."""
         if self.kind == "access":
             return (self.first.issued_at, self.time)
-        ends = [e for e in (self.first.completed_at(), self.second.completed_at() if self.second else None)]
-        end = None if any(e is None for e in ends) else min(ends)  # type: ignore[type-var]
-        return (self.time, end)
+        ends = (self.first.done_at, self.second.done_at if self.second else None)
+        return (self.time, None if None in ends else min(ends))  # type: ignore[type-var]
 
     def key(self) -> tuple:
         """What makes two findings (on different ranks) the same bug."""
@@ -234,7 +229,7 @@ class RaceDetector:
                 tensors.append(t)
         if not placed:
             return
-        new = InFlight(rank, op, seq, group, site, self._now(), [r for _, r in placed], weakref.ref(work), tensors)
+        new = InFlight(rank, op, seq, group, site, self._now(), [r for _, r in placed], tensors)
         by_storage = self.inflight.setdefault(rank, {})
         reported: set[int] = set()
         for key, b in placed:
