@@ -320,7 +320,7 @@ def test_the_four_strategies_on_real_gloo_processes():
 
 
 # ------------------------------------------------------------------------------ behaviours a review pinned down
-WRAPPERS = {"naive": NaiveDDP, "flat": FlatDDP, "overlap": OverlapDDP, "bucketed": BucketedDDP}
+WRAPPERS = sf.WRAPPERS
 
 
 class TwoLayers(nn.Module):
