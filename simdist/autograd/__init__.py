@@ -23,7 +23,7 @@ from simdist.autograd.errors import (
 from simdist.autograd.executor import INSTRUCTIONS, Executor, TensorMeta, current_executor, use_executor
 from simdist.autograd.factories import full, full_like, ones, ones_like, tensor, zeros, zeros_like
 from simdist.autograd.function import Function
-from simdist.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from simdist.autograd.grad_mode import enable_grad, in_backward, is_grad_enabled, no_grad, set_grad_enabled
 from simdist.autograd.gradcheck import GradientComputer, gradcheck, numerical_gradient
 from simdist.autograd.graph import Graph, Node, current_graph, default_graph
 from simdist.autograd.numpy_executor import NumpyExecutor
@@ -57,6 +57,7 @@ __all__ = [
     "full",
     "full_like",
     "gradcheck",
+    "in_backward",
     "is_grad_enabled",
     "no_grad",
     "numerical_gradient",

@@ -196,6 +196,7 @@ class BackwardPass:
 
         previous = MODE.enabled
         MODE.enabled = create
+        MODE.backward_depth += 1
         # With create_graph, the backward's own ops are recorded into the graph of the nodes they differentiate,
         # so a later pass over that graph accepts them.
         graphs = _CURRENT.stack
@@ -250,6 +251,7 @@ class BackwardPass:
                     node.release()
         finally:
             MODE.enabled = previous
+            MODE.backward_depth -= 1
             graphs.pop()
 
         if captures is None:

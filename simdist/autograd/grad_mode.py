@@ -23,6 +23,8 @@ class _Scratch:
 class _GradMode(threading.local):
     # A plain attribute read is the cheapest check the hot path (every op) can make.
     enabled: bool = True
+    #: how many backward passes are running in this thread (executors tag the commands they emit with it)
+    backward_depth: int = 0
 
     def __init__(self) -> None:
         # One per thread, so ops running in different threads never share attributes set on it.
@@ -30,6 +32,11 @@ class _GradMode(threading.local):
 
 
 MODE = _GradMode()
+
+
+def in_backward() -> bool:
+    """True while a backward pass runs in this thread (its ops are the backward's, not the forward's)."""
+    return MODE.backward_depth > 0
 
 
 def is_grad_enabled() -> bool:

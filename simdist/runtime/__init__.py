@@ -1,0 +1,21 @@
+"""A client/worker remote-tensor runtime: the client's autograd tensors live on a worker that runs commands.
+
+``simulate(fn, seed=..., link=LinkSpec(...))`` runs a client function against a worker over a simulated link;
+``Client`` and ``Worker`` are the two ends, shared with the real transport in ``real``.
+"""
+
+from simdist.runtime.client import Client, RemoteArray, RemoteError
+from simdist.runtime.sim import Delivery, LinkSpec, SimRuntimeResult, simulate
+from simdist.runtime.worker import Worker, WorkerStats
+
+__all__ = [
+    "Client",
+    "Delivery",
+    "LinkSpec",
+    "RemoteArray",
+    "RemoteError",
+    "SimRuntimeResult",
+    "Worker",
+    "WorkerStats",
+    "simulate",
+]

@@ -1,0 +1,175 @@
+"""The runtime in simulated time: client and worker joined by a link with latency, bandwidth and seeded jitter.
+
+The client function runs in its own thread under simdist's baton (so it can block on a fetch inside the
+autograd engine); the worker is a simpy process that takes commands from its inbox in arrival order and
+spends simulated time on each. Every message delivery is recorded as a :class:`Delivery`. A run is a pure
+function of (client function, seed, options).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import simpy
+import torch
+
+from simdist.autograd.executor import use_executor
+from simdist.engine.baton import Baton
+from simdist.errors import RankError
+from simdist.runtime.client import Client
+from simdist.runtime.commands import Command, Response
+from simdist.runtime.worker import Worker, WorkerStats
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """One direction of the client-worker channel: seconds, bytes/s, and the upper bound of a uniform extra
+    delay drawn per message from the run's seeded generator (messages still arrive in order, as on TCP)."""
+
+    latency: float = 20e-6
+    bandwidth: float = 10e9
+    jitter: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("latency", "bandwidth", "jitter"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and np.isfinite(value) and value >= 0):
+                raise ValueError(f"LinkSpec.{name} must be a finite number >= 0, got {value!r}")
+        if self.bandwidth == 0:
+            raise ValueError("LinkSpec.bandwidth must be > 0 bytes/s")
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A message that crossed the link: direction, what it was, when it left and arrived (seconds)."""
+
+    direction: str  # "client->worker" or "worker->client"
+    what: str
+    sent: float
+    arrived: float
+
+
+class SimLink:
+    """One direction of the channel: FIFO delivery after latency + size / bandwidth + jitter."""
+
+    def __init__(self, env: simpy.Environment, spec: LinkSpec, rng: np.random.Generator, direction: str, log: list[Delivery]) -> None:
+        self.env = env
+        self.spec = spec
+        self.rng = rng
+        self.direction = direction
+        self.log = log
+        self._last = 0.0
+
+    def send(self, message: Any, deliver: Callable[[Any], None], delay: float = 0.0) -> None:
+        """Deliver ``message`` (after ``delay`` seconds of the sender's own time) by calling ``deliver`` on arrival."""
+        spec = self.spec
+        sent = self.env.now + delay
+        extra = self.rng.uniform(0.0, spec.jitter) if spec.jitter else 0.0
+        arrive = max(sent + spec.latency + message.nbytes / spec.bandwidth + extra, self._last)
+        self._last = arrive
+        what = message.describe() if hasattr(message, "describe") else f"response to #{message.seq}"
+        self.log.append(Delivery(self.direction, what, sent, arrive))
+        ev = self.env.timeout(arrive - self.env.now)
+        ev.callbacks.append(lambda _ev: deliver(message))
+
+
+@dataclass
+class SimRuntimeResult:
+    """What a simulated session produced."""
+
+    value: Any
+    sim_time: float
+    deliveries: list[Delivery]
+    stats: WorkerStats
+    sent: dict[str, int]
+    worker: Worker = field(repr=False)
+
+
+#: simulated seconds the client spends issuing one command (Python and autograd bookkeeping)
+CLIENT_SECONDS_PER_COMMAND = 2e-6
+
+
+def simulate(
+    fn: Callable[..., Any],
+    *args: Any,
+    seed: int = 0,
+    link: LinkSpec | None = None,
+    worker: Worker | None = None,
+    client_seconds: float = CLIENT_SECONDS_PER_COMMAND,
+) -> SimRuntimeResult:
+    """Run ``fn(*args)`` as the client of a simulated worker; autograd tensors inside it live on the worker.
+
+    ``fn`` creates tensors with ``simdist.autograd`` as usual: the client is the current executor while it runs.
+    Raises :class:`RankError` (rank 0 is the client) if ``fn`` raised, e.g. a ``RemoteError`` from the worker.
+    """
+    link = link or LinkSpec()
+    env = simpy.Environment()
+    rng = np.random.default_rng(seed)
+    deliveries: list[Delivery] = []
+    to_worker = SimLink(env, link, rng, "client->worker", deliveries)
+    to_client = SimLink(env, link, rng, "worker->client", deliveries)
+    worker = worker or Worker()
+    inbox: simpy.Store = simpy.Store(env)
+    waiting: dict[int, simpy.Event] = {}
+    clock = _ClientClock()
+
+    def worker_loop() -> Iterator[simpy.Event]:
+        while True:
+            cmd = yield inbox.get()
+            seconds = worker.seconds(cmd)
+            if seconds:
+                yield env.timeout(seconds)
+            response = worker.run(cmd)
+            if response is not None:
+                to_client.send(response, lambda r: waiting.pop(r.seq).succeed(r))
+
+    def send(cmd: Command) -> None:
+        if threading.current_thread() is clock.thread:  # a free from a finalizer elsewhere costs the client nothing
+            clock.pending += client_seconds
+        to_worker.send(cmd, inbox.put, clock.pending if threading.current_thread() is clock.thread else 0.0)
+
+    def request(cmd: Command) -> Response:
+        ev = env.event()
+        waiting[cmd.seq] = ev
+        send(cmd)  # leaves after the client's pending time; the answer comes later still
+        clock.pending = 0.0
+        return baton.block(ev, f"client waits for {cmd.describe()}")
+
+    client = Client(send, request)
+
+    def target(rank: int) -> Any:
+        clock.thread = threading.current_thread()
+        try:
+            with use_executor(client):
+                result = fn(*args)
+                # the client's own time up to the end (sending is not waiting: settle it)
+                if clock.pending:
+                    baton.block(env.timeout(clock.pending), "client computing")
+                    clock.pending = 0.0
+                clock.finished_at = env.now
+                return result
+        finally:
+            client.close()
+
+    env.process(worker_loop())
+    baton = Baton(env, 1, target, initial_rng_state=torch.get_rng_state())
+    baton.run()
+    state = baton.ranks[0]
+    if baton.failure is not None:
+        if state.exc is not None:
+            raise RankError(0, state.exc, state.traceback_text) from state.exc
+        raise baton.failure
+    return SimRuntimeResult(state.result, clock.finished_at, deliveries, worker.stats, dict(client.sent), worker)
+
+
+class _ClientClock:
+    """The client's own time not yet spent in simulated time (it is spent when the client waits)."""
+
+    def __init__(self) -> None:
+        self.pending = 0.0
+        self.thread: threading.Thread | None = None
+        self.finished_at = 0.0
