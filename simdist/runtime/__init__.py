@@ -5,17 +5,23 @@
 """
 
 from simdist.runtime.client import Client, RemoteArray, RemoteError
+from simdist.runtime.hotpath import HotPath, HotPathDetector, OpRecord, PathMatcher, signature
 from simdist.runtime.sim import Delivery, LinkSpec, SimRuntimeResult, simulate
 from simdist.runtime.worker import Worker, WorkerStats
 
 __all__ = [
     "Client",
     "Delivery",
+    "HotPath",
+    "HotPathDetector",
     "LinkSpec",
+    "OpRecord",
+    "PathMatcher",
     "RemoteArray",
     "RemoteError",
     "SimRuntimeResult",
     "Worker",
     "WorkerStats",
+    "signature",
     "simulate",
 ]
