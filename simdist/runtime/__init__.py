@@ -4,12 +4,15 @@
 ``Client`` and ``Worker`` are the two ends, shared with the real transport in ``real``.
 """
 
+from simdist.runtime.buffering import POLICIES, BufferingWorker, SegmentDetector, StreamTimes
 from simdist.runtime.client import Client, RemoteArray, RemoteError
 from simdist.runtime.hotpath import HotPath, HotPathDetector, OpRecord, PathMatcher, signature
 from simdist.runtime.sim import Delivery, LinkSpec, SimRuntimeResult, simulate
 from simdist.runtime.worker import Worker, WorkerStats
 
 __all__ = [
+    "POLICIES",
+    "BufferingWorker",
     "Client",
     "Delivery",
     "HotPath",
@@ -19,7 +22,9 @@ __all__ = [
     "PathMatcher",
     "RemoteArray",
     "RemoteError",
+    "SegmentDetector",
     "SimRuntimeResult",
+    "StreamTimes",
     "Worker",
     "WorkerStats",
     "signature",

@@ -117,15 +117,13 @@ def simulate(
     waiting: dict[int, simpy.Event] = {}
     clock = _ClientClock()
 
+    def reply(response: Response) -> None:
+        to_client.send(response, lambda r: waiting.pop(r.seq).succeed(r))
+
     def worker_loop() -> Iterator[simpy.Event]:
         while True:
             cmd = yield inbox.get()
-            seconds = worker.seconds(cmd)
-            if seconds:
-                yield env.timeout(seconds)
-            response = worker.run(cmd)
-            if response is not None:
-                to_client.send(response, lambda r: waiting.pop(r.seq).succeed(r))
+            yield from worker.process(env, cmd, reply)
 
     def send(cmd: Command) -> None:
         if threading.current_thread() is clock.thread:  # a free from a finalizer elsewhere costs the client nothing

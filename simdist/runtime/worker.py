@@ -8,7 +8,9 @@ learn earlier: ops are fire-and-forget). Transports (simulated in :mod:`simdist.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +51,15 @@ class Worker:
         if isinstance(cmd, Op):
             return EAGER_OP_SECONDS + SECONDS_PER_ELEMENT * sum(int(np.prod(m.shape)) for m in cmd.metas)
         return 0.0
+
+    def process(self, env: Any, cmd: Command, reply: Callable[[Response], None]) -> Iterator[Any]:
+        """Handle one arriving command in simulated time (a simpy generator): spend its time, then run it."""
+        seconds = self.seconds(cmd)
+        if seconds:
+            yield env.timeout(seconds)
+        response = self.run(cmd)
+        if response is not None:
+            reply(response)
 
     def run(self, cmd: Command) -> Response | None:
         """Run one command; return the response a Fetch gets (None for the others)."""

@@ -1,0 +1,421 @@
+"""Hot-path buffering on the worker: ops of a hot path run as one compiled batch on a compile stream.
+
+The worker's main loop takes commands in arrival order. Once a hot path is known (per phase: forward and
+backward ops are detected apart), the ops of a new instance go to the compile stream instead of running: the
+stream traces each op (capturing the input arrays that exist at that moment; inputs a pending batch has still
+to produce are looked up when the batch runs), compiles the batch once the instance is complete (a signature
+compiled before is cached), runs it and stores its outputs at the end. Meanwhile the main loop keeps taking
+commands. That is where the three races come from:
+
+- (A) an eager op reads an output of a batch the stream is still tracing (the forward buffer still filling);
+- (B) a batch runs while an input it looks up at run time was freed or never materialised (its producing
+  batch skipped an output the client had already freed);
+- (C) an eager op reads an output of a batch that is compiling or running (not yet stored).
+
+The buffer policy decides how commands that touch pending tensors are handled (see :data:`POLICIES`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import simpy
+
+from simdist.runtime.commands import Command, Fetch, Free, Op, Put, Response
+from simdist.runtime.hotpath import HotPath, OpRecord, PathMatcher, signature
+from simdist.runtime.worker import Worker
+
+#: the buffer policies: the current behaviour and four fixes
+POLICIES = {
+    "fallback": "eager ops and frees act at arrival; a batch whose inputs are missing falls back to eager",
+    "flush_on_backward": "fix 1: drain every buffer when backward starts; backward runs eagerly",
+    "track_dependencies": "fix 2: a command touching a pending tensor waits for its batch; frees of inputs wait",
+    "separate_buffers": "fix 3: backward ops and frees queue behind the forward batches on the stream",
+    "eager_if_independent": "fix 4: ops reading pending tensors join the filling buffer or wait for the flushed one",
+}
+
+
+@dataclass(frozen=True)
+class StreamTimes:
+    """Simulated seconds the compile stream spends: per traced op, per compile (new / cached signature),
+    and the share of the eager time a compiled batch takes."""
+
+    trace_per_op: float = 3e-6
+    compile_base: float = 150e-6
+    compile_per_op: float = 10e-6
+    cached_compile: float = 10e-6
+    batch_speedup: float = 0.4
+
+
+@dataclass
+class Batch:
+    """One buffered instance of a hot path (or the ops a policy appended to it)."""
+
+    index: int
+    phase: str
+    ops: list[Op] = field(default_factory=list)
+    #: input arrays captured when each op was traced: tid -> array (the others are looked up at run time)
+    captured: dict[int, Any] = field(default_factory=dict)
+    #: every tensor id its ops read
+    reads: set[int] = field(default_factory=set)
+    #: "filling" (tracing), "compiling", "running", "done"
+    state: str = "filling"
+    complete: bool = False
+    done: simpy.Event | None = None
+    signature: tuple = ()
+
+    def produces(self) -> set[int]:
+        """Every tensor id its ops write."""
+        return {t for op in self.ops for t in op.outputs}
+
+    def external_inputs(self) -> list[int]:
+        """Inputs its ops read that no op of the batch produces, in order."""
+        made, out = set(), []
+        for op in self.ops:
+            out += [t for t in op.inputs if t not in made and t not in out]
+            made.update(op.outputs)
+        return out
+
+
+class SegmentDetector:
+    """Hot paths at phase granularity: the ops between two phase changes form a segment, and a segment whose
+    signature (renormalised ids, see :func:`~simdist.runtime.hotpath.signature`) occurred ``threshold`` times
+    among the last ``window`` segments, with ``min_length`` to ``max_length`` ops, becomes hot. Instances then
+    start at a phase's first op, so a batch never spans a phase change."""
+
+    def __init__(self, window: int, threshold: int, min_length: int, max_length: int) -> None:
+        if threshold < 1 or window < threshold or not 1 <= min_length <= max_length:
+            raise ValueError(
+                f"need 1 <= threshold <= window and 1 <= min_length <= max_length; got window={window}, "
+                f"threshold={threshold}, min_length={min_length}, max_length={max_length}"
+            )
+        self.window, self.threshold, self.min_length, self.max_length = window, threshold, min_length, max_length
+        self._ops: list[OpRecord] = []
+        self._recent: list[tuple] = []
+        self.hot: dict[tuple, HotPath] = {}
+
+    def observe(self, record: OpRecord) -> None:
+        """One more op of the current segment."""
+        if len(self._ops) <= self.max_length:
+            self._ops.append(record)
+
+    def end_segment(self, phase: str) -> HotPath | None:
+        """The current segment ended; return the hot path it made hot, if it just became hot."""
+        ops, self._ops = self._ops, []
+        if not self.min_length <= len(ops) <= self.max_length:
+            return None
+        sig = (phase, signature(ops))
+        self._recent.append(sig)
+        del self._recent[: -self.window]
+        if sig in self.hot or self._recent.count(sig) < self.threshold:
+            return None
+        path = self.hot[sig] = HotPath(sig[1], len(ops), tuple(ops))
+        return path
+
+
+class BufferingWorker(Worker):
+    """A worker that detects hot paths and runs their instances as compiled batches on a compile stream."""
+
+    def __init__(
+        self,
+        policy: str = "fallback",
+        *,
+        times: StreamTimes | None = None,
+        window: int = 512,
+        threshold: int = 2,
+        min_length: int = 4,
+        max_length: int = 128,
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown buffer policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        super().__init__()
+        self.policy = policy
+        self.times = times or StreamTimes()
+        self._detector = SegmentDetector(window, threshold, min_length, max_length)
+        self._matchers = {p: PathMatcher() for p in ("forward", "backward")}
+        self._segment_start = True  # the next op begins a phase segment (an instance may start only there)
+        self._current: dict[str, Batch | None] = {"forward": None, "backward": None}
+        self.pending: dict[int, Batch] = {}  # output tid -> the batch that will store it
+        self.dead: set[int] = set()  # freed before their batch stored them
+        self._deferred: dict[int, list[int]] = {}  # batch index -> frees waiting for it
+        self._free_after: dict[int, int] = {}  # tid -> how many batches its free still waits for
+        self._compiled: set[tuple] = set()
+        self._phase = "forward"
+        self._batches = 0
+        self.env: simpy.Environment | None = None
+        self._stream: simpy.Store | None = None
+        #: (kind, command text, simulated time) of every failure, kind "A", "B", "C" or "other"
+        self.failures_by_kind: list[tuple[str, str, float]] = []
+
+    # ------------------------------------------------------------------ the main loop
+    def process(self, env: simpy.Environment, cmd: Command, reply: Callable[[Response], None]) -> Iterator[simpy.Event]:
+        """Handle one arriving command in simulated time (a simpy generator)."""
+        if self.env is None:
+            self.env = env
+            self._stream = simpy.Store(env)
+            env.process(self._stream_loop())
+        if isinstance(cmd, Put):
+            self.store[cmd.tid] = cmd.value
+        elif isinstance(cmd, Fetch):
+            yield from self._wait_for([cmd.tid])
+            reply(self.run(cmd))
+        elif isinstance(cmd, Free):
+            yield from self._free(cmd.tid)
+        else:
+            yield from self._op(cmd)
+
+    def _op(self, cmd: Op) -> Iterator[simpy.Event]:
+        phase = cmd.phase
+        if phase != self._phase:
+            previous, self._phase = self._phase, phase
+            path = self._detector.end_segment(previous)
+            if path is not None:
+                self._matchers[previous].add(path)
+            if self._current[previous] is not None:  # an instance never spans a phase change
+                self._abandon(previous)
+                self._matchers[previous].flush()
+            self._segment_start = True
+            yield from self._phase_change(phase)
+        record = OpRecord(cmd.op, cmd.inputs, cmd.outputs, cmd.attrs)
+        self._detector.observe(record)
+        at_start, self._segment_start = self._segment_start, False
+        matcher = self._matchers[phase]
+        if self._buffers_in(phase) and matcher.paths and (at_start or matcher.pending):
+            match = matcher.feed(record)
+            if match.kind in ("start", "continue", "complete"):
+                self._append(phase, cmd)
+                if match.kind == "complete":
+                    self._flush(phase)
+                return
+            # The instance broke off: what was buffered runs eagerly on the stream; this op runs unbuffered.
+            self._abandon(phase)
+            matcher.flush()
+        yield from self._unbuffered(cmd)
+
+    def _buffers_in(self, phase: str) -> bool:
+        return not (self.policy == "flush_on_backward" and phase == "backward")
+
+    def _phase_change(self, phase: str) -> Iterator[simpy.Event]:
+        if phase == "backward" and self.policy == "flush_on_backward":
+            self._abandon_or_flush("forward")
+            yield from self._drain()
+
+    def _unbuffered(self, cmd: Op) -> Iterator[simpy.Event]:
+        """An op outside any buffer: where and when it runs is the policy's choice."""
+        touches = any(t in self.pending for t in cmd.inputs)
+        policy = self.policy
+        if policy == "separate_buffers" and (cmd.phase == "backward" or touches):
+            self._serial(cmd)  # in order behind every batch before it
+            return
+        if touches and policy == "eager_if_independent":
+            current = self._current[cmd.phase]
+            if current is not None and any(self.pending.get(t) is current for t in cmd.inputs):
+                self._append(cmd.phase, cmd)  # it joins the filling buffer, after its inputs
+                return
+        if touches and policy in ("track_dependencies", "eager_if_independent"):
+            yield from self._wait_for(cmd.inputs)
+        if touches and policy == "flush_on_backward":
+            yield from self._drain()
+        yield from self._eager(cmd)
+
+    def _eager(self, cmd: Op) -> Iterator[simpy.Event]:
+        yield self.env.timeout(self.seconds(cmd))
+        self._classify_and_run(cmd)
+
+    def _classify_and_run(self, cmd: Op, kind_if_missing: str | None = None) -> None:
+        missing = self.missing_inputs(cmd)
+        if missing:
+            batch = self.pending.get(missing[0])
+            if kind_if_missing is not None:
+                kind = kind_if_missing
+            elif batch is None:
+                kind = "other"
+            else:
+                kind = "A" if batch.state == "filling" else "C"
+            self.failures_by_kind.append((kind, cmd.describe(), self.env.now))
+        self.run_eager(cmd)
+
+    def _free(self, tid: int) -> Iterator[simpy.Event]:
+        policy = self.policy
+        # Only batches that will look ``tid`` up when they run care: captured arrays are the batch's own, and a
+        # pending producer just skips storing it (its own readers use the batch-local value).
+        holders = [
+            b for b in self._open_batches() if tid in b.reads and tid not in b.captured and tid not in b.produces()
+        ]
+        if holders and policy in ("track_dependencies", "eager_if_independent", "separate_buffers"):
+            # applied once the last batch that reads it has run, whichever order they finish in
+            self._free_after[tid] = len(holders)
+            for b in holders:
+                self._deferred.setdefault(b.index, []).append(tid)
+            return
+        if policy == "separate_buffers" and self._phase == "backward":
+            yield self._stream.put(("free", tid))  # after everything queued before it
+            return
+        if holders and policy == "flush_on_backward":
+            yield from self._drain()
+        self._apply_free(tid)
+
+    def _apply_free(self, tid: int) -> None:
+        self.store.pop(tid, None)
+        if tid in self.pending:
+            self.dead.add(tid)  # the batch will not materialise it
+
+    def _wait_for(self, tids: Any) -> Iterator[simpy.Event]:
+        for batch in {id(b): b for t in tids if (b := self.pending.get(t)) is not None}.values():
+            if not batch.complete:
+                self._abandon_or_flush(batch.phase)
+            yield batch.done
+
+    def _drain(self) -> Iterator[simpy.Event]:
+        for phase in ("forward", "backward"):
+            if self._current[phase] is not None:
+                self._abandon_or_flush(phase)
+        for batch in list(self._open_batches()):
+            yield batch.done
+
+    def _open_batches(self) -> list[Batch]:
+        return list({id(b): b for b in self.pending.values()}.values())
+
+    # ------------------------------------------------------------------ buffers
+    def _append(self, phase: str, cmd: Op) -> None:
+        batch = self._current[phase]
+        if batch is None:
+            batch = self._current[phase] = Batch(self._batches, phase, done=self.env.event())
+            self._batches += 1
+        self._register(batch, cmd)
+        self._stream.put(("trace", batch, cmd))
+
+    def _serial(self, cmd: Op) -> None:
+        """Queue ``cmd`` on the stream as a batch of its own, run eagerly there in order."""
+        batch = Batch(self._batches, cmd.phase, done=self.env.event(), complete=True)
+        self._batches += 1
+        self._register(batch, cmd)
+        self._stream.put(("serial", batch))
+
+    def _register(self, batch: Batch, cmd: Op) -> None:
+        batch.ops.append(cmd)
+        batch.reads.update(cmd.inputs)
+        for t in cmd.outputs:
+            self.pending[t] = batch
+
+    def _flush(self, phase: str) -> None:
+        batch = self._current[phase]
+        if batch is None:
+            return
+        self._current[phase] = None
+        batch.complete = True
+        self._stream.put(("run", batch))
+
+    def _abandon(self, phase: str) -> None:
+        batch = self._current[phase]
+        if batch is not None:
+            self._current[phase] = None
+            batch.complete = True
+            self._stream.put(("eager", batch))
+
+    def _abandon_or_flush(self, phase: str) -> None:
+        matcher = self._matchers[phase]
+        if matcher.pending:
+            self._abandon(phase)
+            matcher.flush()
+        else:
+            self._flush(phase)
+
+    # ------------------------------------------------------------------ the compile stream
+    def _stream_loop(self) -> Iterator[simpy.Event]:
+        env = self.env
+        while True:
+            job = yield self._stream.get()
+            kind = job[0]
+            if kind == "trace":
+                _, batch, cmd = job
+                yield env.timeout(self.times.trace_per_op)
+                # Tracing holds on to the input arrays that exist now; the others are looked up when it runs.
+                for t in cmd.inputs:
+                    if t in self.store and t not in batch.captured:
+                        batch.captured[t] = self.store[t]
+            elif kind == "run":
+                yield from self._run_batch(job[1])
+            elif kind == "eager":
+                batch = job[1]
+                self.stats.fallbacks["instance broke off"] = self.stats.fallbacks.get("instance broke off", 0) + 1
+                for cmd in batch.ops:
+                    yield env.timeout(self.seconds(cmd))
+                    self._run_captured(batch, cmd, eager=True)
+                self._finish(batch)
+            elif kind == "serial":
+                batch = job[1]
+                batch.state = "running"
+                for cmd in batch.ops:
+                    yield env.timeout(self.seconds(cmd))
+                    self._run_captured(batch, cmd, eager=True)
+                self._finish(batch)
+            else:  # "free"
+                self._apply_free(job[1])
+
+    def _run_batch(self, batch: Batch) -> Iterator[simpy.Event]:
+        env, times = self.env, self.times
+        batch.state = "compiling"
+        sig = signature([OpRecord(c.op, c.inputs, c.outputs, c.attrs) for c in batch.ops])
+        if sig in self._compiled:
+            yield env.timeout(times.cached_compile)
+        else:
+            yield env.timeout(times.compile_base + times.compile_per_op * len(batch.ops))
+            self._compiled.add(sig)
+        batch.state = "running"
+        missing = [t for t in batch.external_inputs() if t not in batch.captured and t not in self.store]
+        if missing:
+            # The input-availability check failed: run the ops one by one instead (the compilation is lost).
+            self.stats.fallbacks["inputs missing at run"] = self.stats.fallbacks.get("inputs missing at run", 0) + 1
+            for cmd in batch.ops:
+                yield env.timeout(self.seconds(cmd))
+                self._run_captured(batch, cmd, eager=True)
+        else:
+            yield env.timeout(times.batch_speedup * sum(self.seconds(c) for c in batch.ops))
+            for cmd in batch.ops:
+                self._run_captured(batch, cmd, eager=False)
+        self._finish(batch)
+
+    def _run_captured(self, batch: Batch, cmd: Op, eager: bool) -> None:
+        """Run ``cmd`` of ``batch`` on captured arrays, batch-local results and the store."""
+        local = batch.__dict__.setdefault("_local", {})
+        values = []
+        for t in cmd.inputs:
+            value = local.get(t, batch.captured.get(t, self.store.get(t)))
+            if value is None:
+                self.failures_by_kind.append(("B", cmd.describe(), self.env.now))
+                self._fail_missing(cmd, t)
+                return
+            values.append(value)
+        results = self._numpy.execute(cmd.op, tuple(values), dict(cmd.attrs), cmd.metas)
+        local.update(zip(cmd.outputs, results))
+        self.stats.ops_total += 1
+        if eager:
+            self.stats.ops_eager += 1
+        else:
+            self.stats.ops_compiled += 1
+
+    def _fail_missing(self, cmd: Op, tid: int) -> None:
+        self._fail(cmd.seq, "input not found", f"Input tensor not found: t{tid}", cmd.describe())
+
+    def _finish(self, batch: Batch) -> None:
+        local = batch.__dict__.pop("_local", {})
+        for cmd in batch.ops:
+            for t in cmd.outputs:
+                if t in self.dead:
+                    self.store.pop(t, None)  # freed before it was stored: never materialised
+                    self.dead.discard(t)
+                elif t in local:
+                    self.store[t] = local[t]
+                if self.pending.get(t) is batch:
+                    del self.pending[t]
+        batch.state = "done"
+        batch.captured = {}
+        for tid in self._deferred.pop(batch.index, []):
+            self._free_after[tid] -= 1
+            if not self._free_after[tid]:
+                del self._free_after[tid]
+                self._apply_free(tid)
+        batch.done.succeed()

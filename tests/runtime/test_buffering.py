@@ -1,0 +1,116 @@
+"""Hot-path buffering: every fix policy gives the values of eager execution and never fails; the current
+fallback policy loses tensors; the segment detector's rules."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import simdist.autograd as ag
+from simdist.errors import RankError
+from simdist.runtime import LinkSpec, RemoteError, simulate
+from simdist.runtime.buffering import POLICIES, BufferingWorker, SegmentDetector, StreamTimes
+from simdist.runtime.hotpath import OpRecord
+
+FIXES = [p for p in POLICIES if p != "fallback"]
+ACTIVATIONS = {"tanh": lambda t: t.tanh(), "relu": lambda t: t.relu(), "sigmoid": lambda t: t.sigmoid()}
+
+
+def loop(widths: tuple[int, ...], activation: str, steps: int, fetch_loss: bool, seed: int):
+    """A small MLP trained with SGD on the current executor: its final weights (and losses if fetched)."""
+    rng = np.random.default_rng(seed)
+    ws = [ag.tensor(rng.standard_normal((a, b)) * 0.5, requires_grad=True) for a, b in itertools.pairwise(widths)]
+    x = ag.tensor(rng.standard_normal((6, widths[0])))
+    y = ag.tensor(rng.standard_normal((6, widths[-1])))
+    act = ACTIVATIONS[activation]
+    losses = []
+    for _ in range(steps):
+        h = x
+        for i, w in enumerate(ws):
+            h = h @ w
+            if i < len(ws) - 1:
+                h = act(h)
+        loss = ((h - y) ** 2).mean()
+        loss.backward()
+        if fetch_loss:
+            losses.append(loss.item())
+        with ag.no_grad():
+            ws = [(w - 0.1 * w.grad).detach().requires_grad_() for w in ws]
+    return [w.numpy() for w in ws], losses
+
+
+loops = st.tuples(
+    st.lists(st.integers(1, 5), min_size=2, max_size=4).map(tuple),
+    st.sampled_from(sorted(ACTIVATIONS)),
+    st.integers(2, 6),
+    st.booleans(),
+    st.integers(0, 1000),
+)
+timings = st.tuples(
+    st.integers(0, 2**16),  # link seed
+    st.sampled_from([0.0, 5e-6, 50e-6]),  # jitter
+    st.sampled_from([0.1, 1.0, 10.0]),  # compile-time scale
+)
+
+
+def times(scale: float) -> StreamTimes:
+    base = StreamTimes()
+    return StreamTimes(base.trace_per_op * scale, base.compile_base * scale, base.compile_per_op * scale, base.cached_compile * scale)
+
+
+@given(program=loops, timing=timings, policy=st.sampled_from(FIXES))
+def test_every_fix_equals_eager_execution_and_never_fails(program, timing, policy):
+    seed, jitter, scale = timing
+    want = loop(*program)
+    worker = BufferingWorker(policy, times=times(scale))
+    res = simulate(loop, *program, seed=seed, link=LinkSpec(jitter=jitter), worker=worker)
+    for got, ref in zip(res.value[0], want[0]):
+        np.testing.assert_array_equal(got, ref)
+    assert res.value[1] == want[1]
+    assert worker.failures_by_kind == [] and res.stats.failures == {}
+    assert res.stats.ops_total == res.sent["op"]
+
+
+@pytest.mark.parametrize("policy", FIXES)
+def test_fixes_compile_a_training_loop(policy):
+    worker = BufferingWorker(policy)
+    res = simulate(loop, (4, 8, 1), "tanh", 8, True, 0, worker=worker)
+    assert res.stats.ops_compiled > 0
+    if policy != "flush_on_backward":  # that fix runs backward eagerly
+        assert res.stats.compiled_fraction() > 0.4
+
+
+def test_the_fallback_policy_loses_a_tensor_and_names_the_command():
+    worker = BufferingWorker("fallback")
+    with pytest.raises(RankError) as e:
+        simulate(loop, (4, 8, 1), "tanh", 8, False, 0, worker=worker)
+    assert isinstance(e.value.exc, RemoteError) and "Input tensor not found: t" in str(e.value.exc)
+    kinds = {kind for kind, _, _ in worker.failures_by_kind}
+    assert kinds and kinds <= {"A", "B", "C"}
+
+
+def test_segments_become_hot_at_the_threshold_within_their_length_bounds():
+    det = SegmentDetector(window=8, threshold=2, min_length=2, max_length=3)
+    seg = [OpRecord("mul", (0, 1), (2,)), OpRecord("add", (2, 0), (3,))]
+    assert det.end_segment("forward") is None  # empty segment
+    for op in seg:
+        det.observe(op)
+    assert det.end_segment("forward") is None
+    for op in [OpRecord("mul", (5, 6), (7,)), OpRecord("add", (7, 5), (8,))]:  # same structure, new ids
+        det.observe(op)
+    path = det.end_segment("forward")
+    assert path is not None and path.length == 2
+    for op in seg * 2:  # too long
+        det.observe(op)
+    assert det.end_segment("backward") is None
+
+
+def test_bad_options_are_rejected():
+    with pytest.raises(ValueError, match="unknown buffer policy"):
+        BufferingWorker("optimistic")
+    with pytest.raises(ValueError, match="threshold"):
+        SegmentDetector(window=1, threshold=2, min_length=1, max_length=4)
