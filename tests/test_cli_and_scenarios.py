@@ -132,3 +132,19 @@ def test_ddp_tied_weights_scenario_on_real_gloo(capsys):
     assert [v[0] for v in verdicts] == ["(c) real gloo: de-duplicated equals the baseline", "(d) real gloo: hook's tensor: replicas diverge"]
     assert all(ok for _, ok, _ in verdicts), verdicts
     assert "(a) on real gloo the double reduction drifted in" in capsys.readouterr().out
+
+
+def test_hotpath_buffer_race_scenario_reproduces_each_race_and_no_fix_fails():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scenarios" / "hotpath_buffer_race.py")], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    verdicts = lines[next(i for i, l in enumerate(lines) if l.startswith("expectation")) + 1 :]
+    assert len(verdicts) == 9 and all(" PASS " in l for l in verdicts), "\n".join(verdicts)
+    for kind in "ABC":
+        assert f"FAILED ({kind})" in out.stdout  # the worker's own account of each race
+    report = json.loads((ROOT / "reports" / "hotpath_buffer_race.json").read_text())
+    assert report["seeds"] >= 200
+    assert report["policies"]["fallback"]["failed"] > 0
+    assert all(row["failed"] == 0 for name, row in report["policies"].items() if name != "fallback")

@@ -148,6 +148,11 @@ class BufferingWorker(Worker):
         self._stream: simpy.Store | None = None
         #: (kind, command text, simulated time) of every failure, kind "A", "B", "C" or "other"
         self.failures_by_kind: list[tuple[str, str, float]] = []
+        #: (simulated time, what the worker did): batches, eager ops, frees, failures, in order
+        self.events: list[tuple[float, str]] = []
+
+    def _event(self, what: str) -> None:
+        self.events.append((self.env.now, what))
 
     # ------------------------------------------------------------------ the main loop
     def process(self, env: simpy.Environment, cmd: Command, reply: Callable[[Response], None]) -> Iterator[simpy.Event]:
@@ -235,6 +240,9 @@ class BufferingWorker(Worker):
             else:
                 kind = "A" if batch.state == "filling" else "C"
             self.failures_by_kind.append((kind, cmd.describe(), self.env.now))
+            self._event(f"FAILED ({kind}) eager {cmd.describe()}: t{missing[0]} not in the store")
+        else:
+            self._event(f"eager {cmd.describe()}")
         self.run_eager(cmd)
 
     def _free(self, tid: int) -> Iterator[simpy.Event]:
@@ -258,6 +266,7 @@ class BufferingWorker(Worker):
         self._apply_free(tid)
 
     def _apply_free(self, tid: int) -> None:
+        self._event(f"free t{tid}" + (" (pending: will not be stored)" if tid in self.pending else ""))
         self.store.pop(tid, None)
         if tid in self.pending:
             self.dead.add(tid)  # the batch will not materialise it
@@ -304,6 +313,7 @@ class BufferingWorker(Worker):
         batch = self._current[phase]
         if batch is None:
             return
+        self._event(f"batch {batch.index} ({phase}) complete: flushed to the compile stream")
         self._current[phase] = None
         batch.complete = True
         self._stream.put(("run", batch))
@@ -358,6 +368,7 @@ class BufferingWorker(Worker):
     def _run_batch(self, batch: Batch) -> Iterator[simpy.Event]:
         env, times = self.env, self.times
         batch.state = "compiling"
+        self._event(f"batch {batch.index} ({batch.phase}, {len(batch.ops)} ops) compiling")
         sig = signature([OpRecord(c.op, c.inputs, c.outputs, c.attrs) for c in batch.ops])
         if sig in self._compiled:
             yield env.timeout(times.cached_compile)
@@ -365,6 +376,7 @@ class BufferingWorker(Worker):
             yield env.timeout(times.compile_base + times.compile_per_op * len(batch.ops))
             self._compiled.add(sig)
         batch.state = "running"
+        self._event(f"batch {batch.index} running")
         missing = [t for t in batch.external_inputs() if t not in batch.captured and t not in self.store]
         if missing:
             # The input-availability check failed: run the ops one by one instead (the compilation is lost).
@@ -386,6 +398,7 @@ class BufferingWorker(Worker):
             value = local.get(t, batch.captured.get(t, self.store.get(t)))
             if value is None:
                 self.failures_by_kind.append(("B", cmd.describe(), self.env.now))
+                self._event(f"FAILED (B) batch {batch.index} {cmd.describe()}: t{t} was freed or never stored")
                 self._fail_missing(cmd, t)
                 return
             values.append(value)
@@ -412,6 +425,7 @@ class BufferingWorker(Worker):
                 if self.pending.get(t) is batch:
                     del self.pending[t]
         batch.state = "done"
+        self._event(f"batch {batch.index} done, outputs stored")
         batch.captured = {}
         for tid in self._deferred.pop(batch.index, []):
             self._free_after[tid] -= 1
