@@ -7,7 +7,7 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 import simdist.autograd as ag
@@ -114,3 +114,22 @@ def test_bad_options_are_rejected():
         BufferingWorker("optimistic")
     with pytest.raises(ValueError, match="threshold"):
         SegmentDetector(window=1, threshold=2, min_length=1, max_length=4)
+
+
+def test_a_failing_case_of_the_fallback_policy_shrinks_to_a_short_reproduction():
+    def fails(case) -> bool:
+        program, (seed, jitter, scale) = case
+        worker = BufferingWorker("fallback", times=times(scale))
+        try:
+            simulate(loop, *program, seed=seed, link=LinkSpec(jitter=jitter), worker=worker)
+        except RankError:
+            return True
+        return False
+
+    program, timing = find(
+        st.tuples(loops, timings), fails, settings=settings(max_examples=200, database=None, derandomize=True)
+    )
+    widths, _, steps, _, _ = program
+    # Shrunk to the smallest model and the shortest loop that can race: each phase segment must be seen twice
+    # before it is buffered (the first forward differs from later ones, which also run the update), then run.
+    assert widths == (1, 1) and steps <= 4 and timing[1] == 0.0, (program, timing)
