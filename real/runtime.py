@@ -17,8 +17,10 @@ from multiprocessing.connection import Connection, Listener
 from typing import Any
 
 from simdist.autograd.executor import use_executor
+from simdist.runtime.buffering import BufferingWorker
 from simdist.runtime.client import Client
 from simdist.runtime.commands import Command, Response
+from simdist.runtime.steps import ThreadDriver
 from simdist.runtime.worker import Worker, WorkerStats
 
 _HOST = "127.0.0.1"
@@ -33,30 +35,47 @@ class RealRuntimeResult:
     wall_seconds: float
     stats: WorkerStats
     sent: dict[str, int]
+    #: the kind ("A", "B", "C", "other") of every failure the worker saw, in order
+    failure_kinds: list[str]
 
 
-def _serve(port_queue: Any, authkey: bytes) -> None:
-    """The worker process: accept one client, run its commands in order, answer fetches, report stats at close."""
+def _serve(port_queue: Any, authkey: bytes, policy: str | None) -> None:
+    """The worker process: accept one client, run its commands in order, answer fetches, report at close.
+
+    With a buffer ``policy`` the worker is a :class:`BufferingWorker` whose compile stream runs on its own
+    thread (``ThreadDriver``); the main thread holds the driver's lock except while it waits for a command.
+    """
     with Listener((_HOST, 0), authkey=authkey) as listener:
         port_queue.put(listener.address[1])
         with listener.accept() as conn:
-            worker = Worker()
-            while True:
-                cmd = conn.recv()
-                if cmd == _CLOSE:
-                    conn.send(worker.stats)
-                    return
-                response = worker.run(cmd)
-                if response is not None:
-                    conn.send(response)
+            worker = BufferingWorker(policy) if policy else Worker()
+            driver = ThreadDriver()
+            with driver.lock:
+                worker.attach(driver)
+                while True:
+                    driver.lock.release()
+                    try:
+                        cmd = conn.recv()
+                    finally:
+                        driver.lock.acquire()
+                    if cmd == _CLOSE:
+                        kinds = [k for k, _, _ in getattr(worker, "failures_by_kind", [])]
+                        conn.send((worker.stats, kinds))
+                        return
+                    driver.run(worker.process(cmd, conn.send))
 
 
-def run_remote(fn: Any, *args: Any, timeout: float = 60.0) -> RealRuntimeResult:
-    """Run ``fn(*args)`` as the client of a worker in a fresh process on this machine."""
+def run_remote(fn: Any, *args: Any, policy: str | None = None, timeout: float = 60.0) -> RealRuntimeResult:
+    """Run ``fn(*args)`` as the client of a worker in a fresh process on this machine.
+
+    ``policy`` (one of ``simdist.runtime.POLICIES``) makes the worker buffer hot paths with that policy, its
+    compile stream on a thread of its own; None runs every op eagerly. A worker failure is raised in the client
+    as ``RemoteError`` at its next fetch.
+    """
     ctx = multiprocessing.get_context("spawn")
     ports = ctx.Queue()
     authkey = os.urandom(16)
-    proc = ctx.Process(target=_serve, args=(ports, authkey), daemon=True)
+    proc = ctx.Process(target=_serve, args=(ports, authkey, policy), daemon=True)
     proc.start()
     try:
         port = ports.get(timeout=timeout)
@@ -67,12 +86,16 @@ def run_remote(fn: Any, *args: Any, timeout: float = 60.0) -> RealRuntimeResult:
             try:
                 with use_executor(client):
                     value = fn(*args)
-            finally:
+            except Exception as e:
                 client.close()
+                # what the worker saw (e.g. which race), for the caller of a failed session
+                e.worker_stats, e.failure_kinds = channel.close()  # type: ignore[attr-defined]
+                raise
+            client.close()
             wall = time.perf_counter() - start
-            stats = channel.close()
+            stats, kinds = channel.close()
         proc.join(timeout)
-        return RealRuntimeResult(value, wall, stats, dict(client.sent))
+        return RealRuntimeResult(value, wall, stats, dict(client.sent), kinds)
     finally:
         if proc.is_alive():
             proc.kill()
@@ -95,7 +118,7 @@ class _Channel:
         self.send(cmd)
         return self._receive(cmd)
 
-    def close(self) -> WorkerStats:
+    def close(self) -> tuple[WorkerStats, list[str]]:
         self.send(_CLOSE)
         return self._receive(_CLOSE)
 

@@ -15,7 +15,11 @@ fallbacks, share of ops compiled, simulated step time) is printed and written to
 reports/hotpath_buffer_race.json. Exits non-zero if an expectation fails: the current policy fails for some
 seeds, no fix ever fails, and every run that completes ends with the weights of eager execution.
 
-Usage: python scenarios/hotpath_buffer_race.py [--seeds N]
+With ``--real N`` the loop also runs N times per policy against a real worker process (``real.runtime``; its
+compile stream on a thread of its own): the current policy's failure rate there is reported as observed, and
+no fix may fail.
+
+Usage: python scenarios/hotpath_buffer_race.py [--seeds N] [--real N]
 """
 
 from __future__ import annotations
@@ -151,16 +155,57 @@ def table(seeds: int, verdicts: list[tuple[str, bool, str]]) -> dict:
     return rows
 
 
+def on_real_worker(runs: int, verdicts: list[tuple[str, bool, str]]) -> dict:
+    """The same loop against a real worker process (compile stream on its own thread), ``runs`` times per policy."""
+    from real.runtime import run_remote
+
+    eager = train()
+    rows = {}
+    print(f"Real worker process on this machine, {runs} sessions per policy:")
+    print(f"  {'policy':22s} {'failed':>7s} {'kinds':18s} {'compiled':>9s} {'wall per session (ms)':>22s}")
+    for policy in POLICIES:
+        failed, kinds, compiled, walls, equal = 0, [], [], [], []
+        for _ in range(runs):
+            try:
+                res = run_remote(train, policy=policy)
+            except Exception as e:  # noqa: BLE001 - a RemoteError from the worker is the finding
+                failed += 1
+                kinds += getattr(e, "failure_kinds", [])[:1] or [type(e).__name__]
+                continue
+            kinds += res.failure_kinds
+            compiled.append(res.stats.compiled_fraction())
+            walls.append(res.wall_seconds)
+            equal.append(all(np.array_equal(a, b) for a, b in zip(res.value, eager)))
+        rows[policy] = {"runs": runs, "failed": failed, "kinds": kinds, "completed_runs_equal_eager": all(equal)}
+        wall = f"{np.mean(walls) * 1e3:22.1f}" if walls else f"{'-':>22s}"
+        frac = f"{np.mean(compiled) * 100:8.1f}%" if compiled else f"{'-':>9s}"
+        print(f"  {policy:22s} {failed:7d} {','.join(sorted(set(kinds))) or '-':18s} {frac} {wall}")
+    print()
+    print(f"  the current policy failed in {rows['fallback']['failed']} of {runs} real sessions (real timing decides)")
+    print()
+    for policy in POLICIES:
+        if policy != "fallback":
+            verdicts.append((f"{policy} never fails on the real worker", rows[policy]["failed"] == 0, f"{runs} sessions"))
+    verdicts.append(
+        ("real completed runs equal eager execution", all(r["completed_runs_equal_eager"] for r in rows.values()), "bitwise")
+    )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=200)
+    ap.add_argument("--real", type=int, default=0, metavar="N", help="also run N sessions per policy on a real worker process")
     args = ap.parse_args(argv)
     verdicts: list[tuple[str, bool, str]] = []
     for kind, config in REPRODUCTIONS.items():
         reproduce(kind, config, verdicts)
     rows = table(args.seeds, verdicts)
+    real_rows = on_real_worker(args.real, verdicts) if args.real else None
     REPORT.parent.mkdir(parents=True, exist_ok=True)
-    REPORT.write_text(json.dumps({"seeds": args.seeds, "policies": rows, "descriptions": POLICIES}, indent=2))
+    REPORT.write_text(
+        json.dumps({"seeds": args.seeds, "policies": rows, "real": real_rows, "descriptions": POLICIES}, indent=2)
+    )
     print(f"table written to {REPORT}")
     print()
     print(f"{'expectation':48s} {'verdict':8s} detail")

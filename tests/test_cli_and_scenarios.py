@@ -148,3 +148,17 @@ def test_hotpath_buffer_race_scenario_reproduces_each_race_and_no_fix_fails():
     assert report["seeds"] >= 200
     assert report["policies"]["fallback"]["failed"] > 0
     assert all(row["failed"] == 0 for name, row in report["policies"].items() if name != "fallback")
+
+
+@pytest.mark.real
+def test_hotpath_buffer_race_on_a_real_worker(capsys):
+    sys.path.insert(0, str(ROOT / "scenarios"))
+    try:
+        import hotpath_buffer_race
+    finally:
+        sys.path.remove(str(ROOT / "scenarios"))
+    verdicts: list = []
+    rows = hotpath_buffer_race.on_real_worker(1, verdicts)
+    assert len(verdicts) == 5 and all(ok for _, ok, _ in verdicts), verdicts
+    assert set(rows) == set(hotpath_buffer_race.POLICIES)
+    assert "the current policy failed in" in capsys.readouterr().out

@@ -17,14 +17,13 @@ The buffer policy decides how commands that touch pending tensors are handled (s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import simpy
-
 from simdist.runtime.commands import Command, Fetch, Free, Op, Put, Response
 from simdist.runtime.hotpath import HotPath, OpRecord, PathMatcher, signature
+from simdist.runtime.steps import NextJob, Sleep, Steps, Wait
 from simdist.runtime.worker import Worker
 
 #: the buffer policies: the current behaviour and four fixes
@@ -63,7 +62,7 @@ class Batch:
     #: "filling" (tracing), "compiling", "running", "done"
     state: str = "filling"
     complete: bool = False
-    done: simpy.Event | None = None
+    done: Any = None  # the driver's done signal
     signature: tuple = ()
 
     def produces(self) -> set[int]:
@@ -144,23 +143,23 @@ class BufferingWorker(Worker):
         self._compiled: set[tuple] = set()
         self._phase = "forward"
         self._batches = 0
-        self.env: simpy.Environment | None = None
-        self._stream: simpy.Store | None = None
+        self.driver: Any = None
         #: (kind, command text, simulated time) of every failure, kind "A", "B", "C" or "other"
         self.failures_by_kind: list[tuple[str, str, float]] = []
         #: (simulated time, what the worker did): batches, eager ops, frees, failures, in order
         self.events: list[tuple[float, str]] = []
 
     def _event(self, what: str) -> None:
-        self.events.append((self.env.now, what))
+        self.events.append((self.driver.now(), what))
 
     # ------------------------------------------------------------------ the main loop
-    def process(self, env: simpy.Environment, cmd: Command, reply: Callable[[Response], None]) -> Iterator[simpy.Event]:
-        """Handle one arriving command in simulated time (a simpy generator)."""
-        if self.env is None:
-            self.env = env
-            self._stream = simpy.Store(env)
-            env.process(self._stream_loop())
+    def attach(self, driver: Any) -> None:
+        """Run on ``driver`` (a :mod:`simdist.runtime.steps` driver): it carries out the steps and the stream."""
+        self.driver = driver
+        driver.start_stream(self._stream_loop())
+
+    def process(self, cmd: Command, reply: Callable[[Response], None]) -> Steps:
+        """Handle one arriving command: the steps it takes (see :mod:`simdist.runtime.steps`)."""
         if isinstance(cmd, Put):
             self.store[cmd.tid] = cmd.value
         elif isinstance(cmd, Fetch):
@@ -171,7 +170,7 @@ class BufferingWorker(Worker):
         else:
             yield from self._op(cmd)
 
-    def _op(self, cmd: Op) -> Iterator[simpy.Event]:
+    def _op(self, cmd: Op) -> Steps:
         phase = cmd.phase
         if phase != self._phase:
             previous, self._phase = self._phase, phase
@@ -202,12 +201,12 @@ class BufferingWorker(Worker):
     def _buffers_in(self, phase: str) -> bool:
         return not (self.policy == "flush_on_backward" and phase == "backward")
 
-    def _phase_change(self, phase: str) -> Iterator[simpy.Event]:
+    def _phase_change(self, phase: str) -> Steps:
         if phase == "backward" and self.policy == "flush_on_backward":
             self._abandon_or_flush("forward")
             yield from self._drain()
 
-    def _unbuffered(self, cmd: Op) -> Iterator[simpy.Event]:
+    def _unbuffered(self, cmd: Op) -> Steps:
         """An op outside any buffer: where and when it runs is the policy's choice."""
         touches = any(t in self.pending for t in cmd.inputs)
         policy = self.policy
@@ -225,8 +224,8 @@ class BufferingWorker(Worker):
             yield from self._drain()
         yield from self._eager(cmd)
 
-    def _eager(self, cmd: Op) -> Iterator[simpy.Event]:
-        yield self.env.timeout(self.seconds(cmd))
+    def _eager(self, cmd: Op) -> Steps:
+        yield Sleep(self.seconds(cmd))
         self._classify_and_run(cmd)
 
     def _classify_and_run(self, cmd: Op, kind_if_missing: str | None = None) -> None:
@@ -239,13 +238,13 @@ class BufferingWorker(Worker):
                 kind = "other"
             else:
                 kind = "A" if batch.state == "filling" else "C"
-            self.failures_by_kind.append((kind, cmd.describe(), self.env.now))
+            self.failures_by_kind.append((kind, cmd.describe(), self.driver.now()))
             self._event(f"FAILED ({kind}) eager {cmd.describe()}: t{missing[0]} not in the store")
         else:
             self._event(f"eager {cmd.describe()}")
         self.run_eager(cmd)
 
-    def _free(self, tid: int) -> Iterator[simpy.Event]:
+    def _free(self, tid: int) -> Steps:
         policy = self.policy
         # Only batches that will look ``tid`` up when they run care: captured arrays are the batch's own, and a
         # pending producer just skips storing it (its own readers use the batch-local value).
@@ -259,7 +258,7 @@ class BufferingWorker(Worker):
                 self._deferred.setdefault(b.index, []).append(tid)
             return
         if policy == "separate_buffers" and self._phase == "backward":
-            yield self._stream.put(("free", tid))  # after everything queued before it
+            self.driver.submit(("free", tid))  # after everything queued before it
             return
         if holders and policy == "flush_on_backward":
             yield from self._drain()
@@ -271,18 +270,18 @@ class BufferingWorker(Worker):
         if tid in self.pending:
             self.dead.add(tid)  # the batch will not materialise it
 
-    def _wait_for(self, tids: Any) -> Iterator[simpy.Event]:
+    def _wait_for(self, tids: Any) -> Steps:
         for batch in {id(b): b for t in tids if (b := self.pending.get(t)) is not None}.values():
             if not batch.complete:
                 self._abandon_or_flush(batch.phase)
-            yield batch.done
+            yield Wait(batch.done)
 
-    def _drain(self) -> Iterator[simpy.Event]:
+    def _drain(self) -> Steps:
         for phase in ("forward", "backward"):
             if self._current[phase] is not None:
                 self._abandon_or_flush(phase)
         for batch in list(self._open_batches()):
-            yield batch.done
+            yield Wait(batch.done)
 
     def _open_batches(self) -> list[Batch]:
         return list({id(b): b for b in self.pending.values()}.values())
@@ -291,17 +290,17 @@ class BufferingWorker(Worker):
     def _append(self, phase: str, cmd: Op) -> None:
         batch = self._current[phase]
         if batch is None:
-            batch = self._current[phase] = Batch(self._batches, phase, done=self.env.event())
+            batch = self._current[phase] = Batch(self._batches, phase, done=self.driver.signal())
             self._batches += 1
         self._register(batch, cmd)
-        self._stream.put(("trace", batch, cmd))
+        self.driver.submit(("trace", batch, cmd))
 
     def _serial(self, cmd: Op) -> None:
         """Queue ``cmd`` on the stream as a batch of its own, run eagerly there in order."""
-        batch = Batch(self._batches, cmd.phase, done=self.env.event(), complete=True)
+        batch = Batch(self._batches, cmd.phase, done=self.driver.signal(), complete=True)
         self._batches += 1
         self._register(batch, cmd)
-        self._stream.put(("serial", batch))
+        self.driver.submit(("serial", batch))
 
     def _register(self, batch: Batch, cmd: Op) -> None:
         batch.ops.append(cmd)
@@ -316,14 +315,14 @@ class BufferingWorker(Worker):
         self._event(f"batch {batch.index} ({phase}) complete: flushed to the compile stream")
         self._current[phase] = None
         batch.complete = True
-        self._stream.put(("run", batch))
+        self.driver.submit(("run", batch))
 
     def _abandon(self, phase: str) -> None:
         batch = self._current[phase]
         if batch is not None:
             self._current[phase] = None
             batch.complete = True
-            self._stream.put(("eager", batch))
+            self.driver.submit(("eager", batch))
 
     def _abandon_or_flush(self, phase: str) -> None:
         matcher = self._matchers[phase]
@@ -334,14 +333,13 @@ class BufferingWorker(Worker):
             self._flush(phase)
 
     # ------------------------------------------------------------------ the compile stream
-    def _stream_loop(self) -> Iterator[simpy.Event]:
-        env = self.env
+    def _stream_loop(self) -> Steps:
         while True:
-            job = yield self._stream.get()
+            job = yield NextJob()
             kind = job[0]
             if kind == "trace":
                 _, batch, cmd = job
-                yield env.timeout(self.times.trace_per_op)
+                yield Sleep(self.times.trace_per_op, modelled=True)
                 # Tracing holds on to the input arrays that exist now; the others are looked up when it runs.
                 for t in cmd.inputs:
                     if t in self.store and t not in batch.captured:
@@ -352,28 +350,28 @@ class BufferingWorker(Worker):
                 batch = job[1]
                 self.stats.fallbacks["instance broke off"] = self.stats.fallbacks.get("instance broke off", 0) + 1
                 for cmd in batch.ops:
-                    yield env.timeout(self.seconds(cmd))
+                    yield Sleep(self.seconds(cmd))
                     self._run_captured(batch, cmd, eager=True)
                 self._finish(batch)
             elif kind == "serial":
                 batch = job[1]
                 batch.state = "running"
                 for cmd in batch.ops:
-                    yield env.timeout(self.seconds(cmd))
+                    yield Sleep(self.seconds(cmd))
                     self._run_captured(batch, cmd, eager=True)
                 self._finish(batch)
             else:  # "free"
                 self._apply_free(job[1])
 
-    def _run_batch(self, batch: Batch) -> Iterator[simpy.Event]:
-        env, times = self.env, self.times
+    def _run_batch(self, batch: Batch) -> Steps:
+        times = self.times
         batch.state = "compiling"
         self._event(f"batch {batch.index} ({batch.phase}, {len(batch.ops)} ops) compiling")
         sig = signature([OpRecord(c.op, c.inputs, c.outputs, c.attrs) for c in batch.ops])
         if sig in self._compiled:
-            yield env.timeout(times.cached_compile)
+            yield Sleep(times.cached_compile, modelled=True)
         else:
-            yield env.timeout(times.compile_base + times.compile_per_op * len(batch.ops))
+            yield Sleep(times.compile_base + times.compile_per_op * len(batch.ops), modelled=True)
             self._compiled.add(sig)
         batch.state = "running"
         self._event(f"batch {batch.index} running")
@@ -382,10 +380,10 @@ class BufferingWorker(Worker):
             # The input-availability check failed: run the ops one by one instead (the compilation is lost).
             self.stats.fallbacks["inputs missing at run"] = self.stats.fallbacks.get("inputs missing at run", 0) + 1
             for cmd in batch.ops:
-                yield env.timeout(self.seconds(cmd))
+                yield Sleep(self.seconds(cmd))
                 self._run_captured(batch, cmd, eager=True)
         else:
-            yield env.timeout(times.batch_speedup * sum(self.seconds(c) for c in batch.ops))
+            yield Sleep(times.batch_speedup * sum(self.seconds(c) for c in batch.ops))
             for cmd in batch.ops:
                 self._run_captured(batch, cmd, eager=False)
         self._finish(batch)
@@ -397,7 +395,7 @@ class BufferingWorker(Worker):
         for t in cmd.inputs:
             value = local.get(t, batch.captured.get(t, self.store.get(t)))
             if value is None:
-                self.failures_by_kind.append(("B", cmd.describe(), self.env.now))
+                self.failures_by_kind.append(("B", cmd.describe(), self.driver.now()))
                 self._event(f"FAILED (B) batch {batch.index} {cmd.describe()}: t{t} was freed or never stored")
                 self._fail_missing(cmd, t)
                 return
@@ -432,4 +430,4 @@ class BufferingWorker(Worker):
             if not self._free_after[tid]:
                 del self._free_after[tid]
                 self._apply_free(tid)
-        batch.done.succeed()
+        self.driver.fire(batch.done)

@@ -22,6 +22,7 @@ from simdist.engine.baton import Baton
 from simdist.errors import RankError
 from simdist.runtime.client import Client
 from simdist.runtime.commands import Command, Response
+from simdist.runtime.steps import SimDriver
 from simdist.runtime.worker import Worker, WorkerStats
 
 
@@ -120,10 +121,13 @@ def simulate(
     def reply(response: Response) -> None:
         to_client.send(response, lambda r: waiting.pop(r.seq).succeed(r))
 
+    driver = SimDriver(env)
+    worker.attach(driver)
+
     def worker_loop() -> Iterator[simpy.Event]:
         while True:
             cmd = yield inbox.get()
-            yield from worker.process(env, cmd, reply)
+            yield from driver.run(worker.process(cmd, reply))
 
     def send(cmd: Command) -> None:
         if threading.current_thread() is clock.thread:  # a free from a finalizer elsewhere costs the client nothing

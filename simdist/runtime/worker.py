@@ -16,6 +16,7 @@ import numpy as np
 
 from simdist.autograd.numpy_executor import NumpyExecutor
 from simdist.runtime.commands import Command, Failure, Fetch, Free, Op, Put, Response, Value
+from simdist.runtime.steps import Sleep
 
 #: simulated seconds the worker spends per eager op (dispatch and a small kernel) and per element it touches
 EAGER_OP_SECONDS = 5e-6
@@ -52,11 +53,14 @@ class Worker:
             return EAGER_OP_SECONDS + SECONDS_PER_ELEMENT * sum(int(np.prod(m.shape)) for m in cmd.metas)
         return 0.0
 
-    def process(self, env: Any, cmd: Command, reply: Callable[[Response], None]) -> Iterator[Any]:
-        """Handle one arriving command in simulated time (a simpy generator): spend its time, then run it."""
+    def attach(self, driver: Any) -> None:
+        """The eager worker needs nothing from its driver (see :mod:`simdist.runtime.steps`)."""
+
+    def process(self, cmd: Command, reply: Callable[[Response], None]) -> Iterator[Any]:
+        """Handle one arriving command: spend its time (a step for the driver), then run it."""
         seconds = self.seconds(cmd)
         if seconds:
-            yield env.timeout(seconds)
+            yield Sleep(seconds)
         response = self.run(cmd)
         if response is not None:
             reply(response)
