@@ -70,7 +70,7 @@ class Config:
     compile_scale: float = 0.3  # x the default compile-stream times
     max_length: int = 128  # longest phase segment that can become hot
 
-    def run(self, policy: str) -> tuple[object | None, BufferingWorker, str | None]:
+    def run(self, policy: str, deliveries: list | None = None) -> tuple[object | None, BufferingWorker, str | None]:
         base = StreamTimes()
         s = self.compile_scale
         times = StreamTimes(base.trace_per_op * s, base.compile_base * s, base.compile_per_op * s, base.cached_compile * s)
@@ -81,6 +81,8 @@ class Config:
             )
             return res, worker, None
         except RankError as e:
+            if deliveries is not None:
+                deliveries += e.deliveries
             return None, worker, str(e.exc)
 
 
@@ -93,7 +95,8 @@ REPRODUCTIONS = {
 
 
 def reproduce(kind: str, config: Config, verdicts: list[tuple[str, bool, str]]) -> None:
-    _, worker, error = config.run("fallback")
+    deliveries: list = []
+    _, worker, error = config.run("fallback", deliveries)
     first = worker.failures_by_kind[0] if worker.failures_by_kind else None
     ok = first is not None and first[0] == kind and error is not None
     print(f"({kind}) {config}")
@@ -104,6 +107,10 @@ def reproduce(kind: str, config: Config, verdicts: list[tuple[str, bool, str]]) 
         for when, what in worker.events:
             if t - 60e-6 <= when <= t + 1e-12:
                 print(f"      {when * 1e6:9.1f} us  {what}")
+        print("    link deliveries arriving in that window:")
+        for d in deliveries:
+            if t - 60e-6 <= d.arrived <= t + 1e-12:
+                print(f"      {d.arrived * 1e6:9.1f} us  {d.direction:15s} {d.what} (sent {d.sent * 1e6:.1f} us)")
     print()
     verdicts.append((f"({kind}) reproduced from its named seed", ok, first[1] if first else "no failure"))
 

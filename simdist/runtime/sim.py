@@ -105,7 +105,8 @@ def simulate(
     """Run ``fn(*args)`` as the client of a simulated worker; autograd tensors inside it live on the worker.
 
     ``fn`` creates tensors with ``simdist.autograd`` as usual: the client is the current executor while it runs.
-    Raises :class:`RankError` (rank 0 is the client) if ``fn`` raised, e.g. a ``RemoteError`` from the worker.
+    Raises :class:`RankError` (rank 0 is the client) if ``fn`` raised, e.g. a ``RemoteError`` from the worker;
+    its ``deliveries`` attribute holds the link's record up to then.
     """
     link = link or LinkSpec()
     env = simpy.Environment()
@@ -162,9 +163,11 @@ def simulate(
     baton.run()
     state = baton.ranks[0]
     if baton.failure is not None:
+        error = RankError(0, state.exc, state.traceback_text) if state.exc is not None else baton.failure
+        error.deliveries = deliveries  # type: ignore[union-attr]  # what crossed the link before it failed
         if state.exc is not None:
-            raise RankError(0, state.exc, state.traceback_text) from state.exc
-        raise baton.failure
+            raise error from state.exc
+        raise error
     return SimRuntimeResult(state.result, clock.finished_at, deliveries, worker.stats, dict(client.sent), worker)
 
 
