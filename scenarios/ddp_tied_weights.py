@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from verdicts import report
 
 import simdist
 from simdist.strategies import BucketedDDP, FlatDDP, NaiveDDP, OverlapDDP, check_replicas
@@ -365,10 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     timing(verdicts, Path(__file__).resolve().parent.parent / "reports" / "ddp_step.json")
     if args.real:
         on_real_gloo(args.seed, args.real, verdicts)
-    print(f"{'expectation':52s} {'verdict':8s} detail")
-    for name, ok, detail in verdicts:
-        print(f"{name:52s} {'PASS' if ok else 'FAIL':8s} {detail}")
-    return 0 if all(ok for _, ok, _ in verdicts) else 1
+    return report(verdicts)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from verdicts import report
 
 import simdist
 
@@ -142,10 +143,7 @@ def main() -> int:
     verdicts.append(("same seed, same trace hash", again.trace_hash == overlap.trace_hash, overlap.trace_hash[:16]))
     print()
 
-    print(f"{'expectation':48s} {'verdict':8s} detail")
-    for name, ok, detail in verdicts:
-        print(f"{name:48s} {'PASS' if ok else 'FAIL':8s} {detail}")
-    return 0 if all(ok for _, ok, _ in verdicts) else 1
+    return report(verdicts)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from verdicts import report
 
 import simdist.autograd as ag
 from simdist.errors import RankError
@@ -215,10 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"table written to {REPORT}")
     print()
-    print(f"{'expectation':48s} {'verdict':8s} detail")
-    for name, ok, detail in verdicts:
-        print(f"{name:48s} {'PASS' if ok else 'FAIL':8s} {detail}")
-    return 0 if all(ok for _, ok, _ in verdicts) else 1
+    return report(verdicts)
 
 
 if __name__ == "__main__":
