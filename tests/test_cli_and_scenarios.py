@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -36,6 +37,15 @@ def test_simdist_run_script(tmp_path, capsys):
         assert f"rank {r}: [6.0, 6.0, 6.0, 6.0]" in out
     assert "simulated time" in out
     assert json.loads(trace.read_text())["traceEvents"]
+
+
+def scenario_module(name: str):
+    """Import ``scenarios/<name>.py`` (scenarios are scripts, not a package; they import their siblings)."""
+    sys.path.insert(0, str(ROOT / "scenarios"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "scenarios"))
 
 
 RACY = """
@@ -122,11 +132,7 @@ def test_ddp_tied_weights_scenario_passes_and_names_the_tie():
 
 @pytest.mark.real
 def test_ddp_tied_weights_scenario_on_real_gloo(capsys):
-    sys.path.insert(0, str(ROOT / "scenarios"))
-    try:
-        import ddp_tied_weights
-    finally:
-        sys.path.remove(str(ROOT / "scenarios"))
+    ddp_tied_weights = scenario_module("ddp_tied_weights")
     verdicts: list = []
     ddp_tied_weights.on_real_gloo(0, 1, verdicts)
     assert [v[0] for v in verdicts] == ["(c) real gloo: de-duplicated equals the baseline", "(d) real gloo: hook's tensor: replicas diverge"]
@@ -152,11 +158,7 @@ def test_hotpath_buffer_race_scenario_reproduces_each_race_and_no_fix_fails():
 
 @pytest.mark.real
 def test_hotpath_buffer_race_on_a_real_worker(capsys):
-    sys.path.insert(0, str(ROOT / "scenarios"))
-    try:
-        import hotpath_buffer_race
-    finally:
-        sys.path.remove(str(ROOT / "scenarios"))
+    hotpath_buffer_race = scenario_module("hotpath_buffer_race")
     verdicts: list = []
     rows = hotpath_buffer_race.on_real_worker(1, verdicts)
     assert len(verdicts) == 5 and all(ok for _, ok, _ in verdicts), verdicts
