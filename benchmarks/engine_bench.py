@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import simdist
-from simdist.engine.world import _state
+from simdist.comm import backend
 
 HANDOFFS = 2000
 
@@ -40,7 +40,7 @@ def mlp_step() -> torch.Tensor:
 
 
 def _sleeper() -> None:
-    baton = _state["sim"].baton
+    baton = backend.active().baton
     for _ in range(HANDOFFS):
         baton.sleep(1e-6)
 

@@ -6,6 +6,9 @@
     res.trace.save_chrome("step.json")
 """
 
+from simdist import algorithms
+from simdist.engine.api import charge, now, set_algorithms
+from simdist.engine.runner import RunResult, run
 from simdist.errors import (
     ClusterSpecError,
     CollectiveMismatchError,
@@ -14,7 +17,10 @@ from simdist.errors import (
     RaceWarning,
     RankError,
     SimdistError,
+    SimTimeoutError,
 )
+from simdist.network import Cluster, load_cluster
+from simdist.trace.trace import Trace
 
 __version__ = "0.1.0"
 
@@ -30,37 +36,10 @@ __all__ = [
     "SimTimeoutError",
     "SimdistError",
     "Trace",
+    "algorithms",
     "charge",
     "load_cluster",
     "now",
     "run",
     "set_algorithms",
 ]
-
-
-def __getattr__(name: str):  # lazy: importing simdist stays cheap and free of import cycles
-    if name == "Cluster":
-        from simdist.network.topology import Cluster
-
-        return Cluster
-    if name == "load_cluster":
-        from simdist.network.presets import load_cluster
-
-        return load_cluster
-    if name in ("run", "RunResult"):
-        from simdist.engine import runner
-
-        return getattr(runner, name)
-    if name == "Trace":
-        from simdist.trace.trace import Trace
-
-        return Trace
-    if name == "SimTimeoutError":
-        from simdist.comm.work import SimTimeoutError
-
-        return SimTimeoutError
-    if name in ("now", "charge", "set_algorithms"):
-        from simdist.engine import api
-
-        return getattr(api, name)
-    raise AttributeError(f"module 'simdist' has no attribute {name!r}")

@@ -7,19 +7,21 @@ import sys
 import time
 import warnings
 
-from simdist.errors import RaceWarning, SimdistError
+from simdist.bench import COLLECTIVES, bench, format_table
+from simdist.engine.runner import run
+from simdist.errors import ClusterSpecError, RaceWarning, SimdistError
+from simdist.network import Cluster, validate_algorithms
+from simdist.network.presets import PRESETS
+from simdist.script import ScriptError, load_entry
+from simdist.units import parse_size
 
 
-def _cluster(spec: str, world_size: int | None):
-    from simdist.network.presets import load_cluster
-
-    return load_cluster(spec, world_size)
+def _cluster(spec: str, world_size: int | None) -> Cluster:
+    return Cluster.load(spec, world_size)
 
 
 def _size(text: str) -> int:
     """Bytes from "8", "64K", "128M", "1G" (nccl-tests' binary suffixes) or any unit string ("25MiB")."""
-    from simdist.units import parse_size
-
     suffix = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     t = text.strip()
     if t[-1:].upper() in suffix and t[:-1].isdigit():
@@ -29,9 +31,6 @@ def _size(text: str) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a script's entry function on every rank of a simulated cluster."""
-    from simdist.engine.runner import run
-    from simdist.script import load_entry
-
     fn = load_entry(args.script, args.entry)
     cluster = _cluster(args.cluster, args.world_size)
     t0 = time.perf_counter()
@@ -57,9 +56,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Print the nccl-tests table for one collective."""
-    from simdist.bench import COLLECTIVES, bench, format_table
-    from simdist.network.topology import validate_algorithms
-
     if args.collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {args.collective!r}; choose one of {', '.join(COLLECTIVES)}")
     cluster = _cluster(args.cluster, args.world_size)
@@ -82,8 +78,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_clusters(args: argparse.Namespace) -> int:
     """List the named cluster presets."""
-    from simdist.network.presets import PRESETS
-
     for name, preset in sorted(PRESETS.items()):
         print(f"{name:14s} {preset.summary}")
     return 0
@@ -129,9 +123,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``simdist`` console script."""
-    from simdist.errors import ClusterSpecError
-    from simdist.script import ScriptError
-
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch.distributed as dist
+
 
 class SimdistError(Exception):
     """Base class of every error simdist raises on purpose."""
@@ -31,6 +33,13 @@ class CollectiveMismatchError(SimdistError):
 
 class DeadlockError(SimdistError):
     """Every unfinished rank is blocked and nothing is scheduled: the program can never make progress."""
+
+
+class SimTimeoutError(SimdistError, dist.DistBackendError):
+    """A collective or point-to-point operation did not complete within its timeout (simulated seconds).
+
+    Also a ``torch.distributed.DistBackendError``, which is what a real backend raises on a timeout.
+    """
 
 
 class RaceError(SimdistError):

@@ -13,7 +13,7 @@ import pytest
 import simdist
 from simdist.bench import bench, bus_factor
 from simdist.cli import main
-from simdist.comm import algorithms
+from simdist import algorithms
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from simdist.errors import ClusterSpecError
 from simdist.network import PRESETS, Cluster, Link, build_preset, load_cluster, preset_names, save_cluster
-from simdist.network.presets import cluster_from_config, config_to_toml
+from simdist.network import cluster_from_config, config_to_toml
 
 
 def hops(cluster: Cluster, src: int, dst: int) -> int:
@@ -311,8 +311,8 @@ def test_large_clusters_route_lazily_one_source_at_a_time(build: object) -> None
     assert cluster.path_latency(4095, 0) > 0
     # ranks that hang off switches reuse the switches' searches: no search starts at a rank, and only
     # the few switches the two sources use were searched (not all pairs, not one per source)
-    assert all(v >= cluster.world_size for v in cluster._trees)
-    assert len(cluster._trees) <= 3
+    assert all(v >= cluster.world_size for v in cluster._router.sources_searched)
+    assert len(cluster._router.sources_searched) <= 3
 
 
 def test_route_rejects_ranks_outside_the_cluster() -> None:

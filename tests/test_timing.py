@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 import simdist
-from simdist.comm import algorithms
+from simdist import algorithms
 
 LAT = 5e-6
 BW = 100e9

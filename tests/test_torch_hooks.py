@@ -14,7 +14,7 @@ from torch.utils import _python_dispatch
 
 
 def test_c10d_world_is_replaceable_and_has_the_fields_simdist_makes_per_thread():
-    from simdist.engine.world import ThreadLocalWorld
+    from simdist.comm.thread_world import ThreadLocalWorld
 
     assert isinstance(c10d._world, c10d._World)
     for name in ("default_pg", "pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "group_count",
@@ -48,7 +48,7 @@ def test_dispatch_mode_hooks():
 
 
 def test_python_process_group_and_work_are_subclassable():
-    from simdist.comm.work import SimTimeoutError
+    from simdist.errors import SimTimeoutError
 
     assert issubclass(SimTimeoutError, dist.DistBackendError)
     assert dist.ProcessGroup.__init__ is not object.__init__

@@ -17,10 +17,8 @@ import bisect
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-import torch
-
+from simdist.comm.ops import OpSpec
 from simdist.comm.work import SimWork
 from simdist.errors import CollectiveMismatchError
 
@@ -29,13 +27,17 @@ from simdist.errors import CollectiveMismatchError
 class Call:
     """One rank's call of a collective."""
 
-    op: str
+    spec: OpSpec
     rank: int  # group rank
-    signature: tuple
     site: str
     work: SimWork
-    #: op-specific data the collective implementation needs (tensors, root, reduce op, ...)
-    data: dict[str, Any] = field(default_factory=dict)
+    #: the spec's signature when the call was issued
+    signature: tuple = ()
+
+    @property
+    def op(self) -> str:
+        """The op's name (``all_reduce``, ``all_gather_into_tensor``, ...)."""
+        return self.spec.name
 
     def describe(self) -> str:
         """``all_reduce(shape=(4,), dtype=float32, op=sum)`` style text."""
@@ -52,7 +54,6 @@ class Instance:
     ready: set[int] = field(default_factory=set)
     started: bool = False
     done_ranks: set[int] = field(default_factory=set)
-    start_time: float | None = None
     #: the slot (stream or worker thread) each group rank runs it on
     slot: dict[int, int] = field(default_factory=dict)
 
@@ -60,8 +61,7 @@ class Instance:
 class GroupState:
     """Shared by the ``SimProcessGroup`` objects of one group on every member rank."""
 
-    def __init__(self, sim: Any, name: str, global_ranks: list[int], index: int, slots: int = 1) -> None:
-        self.sim = sim
+    def __init__(self, name: str, global_ranks: list[int], index: int, slots: int = 1) -> None:
         self.name = name
         self.global_ranks = global_ranks
         self.size = len(global_ranks)
@@ -101,7 +101,6 @@ class GroupState:
         inst.ready.add(r)
         if len(inst.ready) == self.size and len(inst.calls) == self.size and not inst.started:
             inst.started = True
-            inst.start_time = self.sim.env.now
             start(inst)
 
     def rank_done(self, inst: Instance, r: int) -> None:
@@ -140,8 +139,3 @@ class GroupState:
         inst = self.instances.get(seq)
         joined = set(inst.calls) if inst else set()
         return [self.global_ranks[r] for r in range(self.size) if r not in joined]
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``float32`` for ``torch.float32``."""
-    return str(dtype).removeprefix("torch.")

@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
-from simdist.comm.collectives import raw_flat
+from simdist.comm.plans import raw_flat
 from simdist.comm.work import SimWork
+from simdist.errors import CollectiveMismatchError
 from simdist.trace.trace import Message, Span
 
 
@@ -83,8 +84,6 @@ class P2P:
 
     def _match(self, send: Post, recv: Post) -> None:
         if send.tensor.numel() != recv.tensor.numel() or send.tensor.dtype != recv.tensor.dtype:
-            from simdist.errors import CollectiveMismatchError
-
             raise CollectiveMismatchError(
                 f"send from rank {send.src} to rank {send.dst} (tag {send.tag}) of "
                 f"{tuple(send.tensor.shape)} {send.tensor.dtype} at {send.site} matched a recv of "

@@ -15,11 +15,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from simdist.comm import algorithms, collectives
-from simdist.comm.group import Call, GroupState, Instance, dtype_name
+from simdist.comm import ops
+from simdist.comm.group import Call, GroupState, Instance
+from simdist.comm.internal import internal
+from simdist.comm.launch import launch
+from simdist.comm.ops import dtype_name
 from simdist.comm.work import SimWork
-from simdist.engine.internal import internal
-from simdist.trace.trace import Span
 
 _RED = dist.ReduceOp.RedOpType
 _REDUCE_NAMES = {
@@ -106,118 +107,41 @@ class SimProcessGroup(dist.ProcessGroup):
     # ------------------------------------------------------------------ machinery
     def _issue(
         self,
-        op: str,
-        signature: tuple,
+        spec: ops.OpSpec,
         outputs: list[torch.Tensor],
-        data: dict[str, Any],
         reads: list[torch.Tensor] = (),  # type: ignore[assignment]
         writes: list[torch.Tensor] = (),  # type: ignore[assignment]
     ) -> SimWork:
-        """Issue this rank's part of collective ``op``; ``reads``/``writes`` are the user buffers it owns until waited."""
+        """Issue this rank's part of ``spec``; ``reads``/``writes`` are the user buffers it owns until waited."""
         with internal():
-            return self._issue_internal(op, signature, outputs, data, reads, writes)
+            return self._issue_internal(spec, outputs, reads, writes)
 
-    def _issue_internal(
-        self, op: str, signature: tuple, outputs: list[torch.Tensor], data: dict[str, Any], reads: Any, writes: Any
-    ) -> SimWork:
+    def _issue_internal(self, spec: ops.OpSpec, outputs: list[torch.Tensor], reads: Any, writes: Any) -> SimWork:
         sim = self.sim
         sim.settle()
         site = sim.call_site()
         seq = self.state._seq[self.grank]
         desc = (
-            f"rank {self.global_rank} waits in {op} #{seq} on group {self.state.name or 'default'} "
+            f"rank {self.global_rank} waits in {spec.name} #{seq} on group {self.state.name or 'default'} "
             f"(issued at {site})"
         )
         work = SimWork(sim, desc, outputs, self.state.timeout)
         work.group_state, work.seq, work.rank = self.state, seq, self.global_rank
         if sim.races.enabled:
-            sim.races.issue(self.global_rank, work, op, seq, self.state.name, site, list(reads), list(writes))
-        call = Call(op, self.grank, tuple(signature), site, work, data)
+            sim.races.issue(self.global_rank, work, spec.name, seq, self.state.name, site, list(reads), list(writes))
+        call = Call(spec, self.grank, site, work, spec.signature())
         self.state.join(call, self._start)
         return work
 
     def _start(self, inst: Instance) -> None:
-        sim = self.sim
-        st = self.state
-        n = st.size
-        calls = [inst.calls[r] for r in range(n)]
-        op = calls[0].op
-        d = [c.data for c in calls]
-        nbytes = d[0].get("nbytes", 0)
-        coll = op if op in algorithms.SUPPORTED else _ALGO_FAMILY.get(op, op)
-        algo = algorithms.effective_algorithm(coll, sim.algorithm_for(st, coll, nbytes), n)
-        if op in ("all_reduce", "all_reduce_coalesced"):
-            plan = collectives.plan_all_reduce([x["tensor"] for x in d], d[0]["reduce_op"], algo)
-        elif op == "broadcast":
-            plan = collectives.plan_broadcast([x["tensor"] for x in d], d[0]["root"], algo)
-        elif op == "reduce":
-            plan = collectives.plan_reduce([x["tensor"] for x in d], d[0]["root"], d[0]["reduce_op"], algo)
-        elif op in ("all_gather", "all_gather_into_tensor"):
-            plan = collectives.plan_all_gather([x["input"] for x in d], [x["output"] for x in d], algo)
-        elif op in ("reduce_scatter", "reduce_scatter_tensor"):
-            plan = collectives.plan_reduce_scatter(
-                [x["input"] for x in d], [x["output"] for x in d], d[0]["reduce_op"], algo
-            )
-        elif op == "gather":
-            root = d[0]["root"]
-            plan = collectives.plan_gather([x["input"] for x in d], d[root]["outputs"], root, algo)
-        elif op == "scatter":
-            root = d[0]["root"]
-            plan = collectives.plan_scatter(d[root]["inputs"], [x["output"] for x in d], root, algo)
-        elif op in ("all_to_all_single", "all_to_all"):
-            plan = _plan_all_to_all(calls)
-        elif op == "barrier":
-            plan = collectives.plan_barrier(n, algo)
-        else:  # pragma: no cover - every op issued above is handled
-            raise AssertionError(op)
-        name = f"{sim.progress}:{op}"
-        start_time = sim.env.now
-        streams = [st.stream_of(inst, r) for r in range(n)]
-
-        def rank_done(r: int) -> None:
-            plan.finish[r]()
-            g = st.global_ranks[r]
-            c = calls[r]
-            sim.trace.add(
-                Span(
-                    g,
-                    streams[r],
-                    name,
-                    start_time,
-                    sim.env.now,
-                    {
-                        "Collective name": op,
-                        "In msg nelems": c.data.get("in_nelems", 0),
-                        "Out msg nelems": c.data.get("out_nelems", 0),
-                        "Group size": n,
-                        "dtype": c.data.get("dtype", ""),
-                        "Process Group Name": st.name or "default",
-                        "Seq": inst.seq,
-                        "algorithm": algo,
-                        "issued": c.work.issued_at,
-                    },
-                )
-            )
-            c.work.complete()
-            st.rank_done(inst, r)
-
-        from simdist.comm.executor import ScheduleRun
-
-        run = ScheduleRun(sim, plan.msgs, n, plan.src, plan.dst, plan.reduce_op, st.global_ranks, rank_done, streams, name)
-        run.start()
+        launch(self.sim, self.state, inst)
 
     # ------------------------------------------------------------------ collectives
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
         (t,) = tensors
         _check_tensor(t, "all_reduce tensor")
         red = reduce_op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        return self._issue(
-            "all_reduce",
-            (("shape", tuple(t.shape)), ("dtype", dtype_name(t.dtype)), ("op", red)),
-            [t],
-            {"tensor": t, "reduce_op": red, **_meta(t, t)},
-            writes=[t],
-        )
+        return self._issue(ops.AllReduce(t, red), [t], writes=[t])
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
         for t in tensors:
@@ -227,13 +151,8 @@ class SimProcessGroup(dist.ProcessGroup):
         red = reduce_op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         with internal():
             flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
-        work = self._issue(
-            "all_reduce_coalesced",
-            (("shapes", tuple(tuple(t.shape) for t in tensors)), ("dtype", dtype_name(flat.dtype)), ("op", red)),
-            list(tensors),
-            {"tensor": flat, "reduce_op": red, **_meta(flat, flat)},
-            writes=list(tensors),
-        )
+        shapes = tuple(tuple(t.shape) for t in tensors)
+        work = self._issue(ops.AllReduceCoalesced(shapes, flat, red), list(tensors), writes=list(tensors))
         _scatter_back_on_completion(work, flat, tensors)
         return work
 
@@ -241,28 +160,16 @@ class SimProcessGroup(dist.ProcessGroup):
         (t,) = tensors
         _check_tensor(t, "broadcast tensor")
         root = opts.rootRank
-        return self._issue(
-            "broadcast",
-            (("shape", tuple(t.shape)), ("dtype", dtype_name(t.dtype)), ("root", root)),
-            [t],
-            {"tensor": t, "root": root, **_meta(t, t)},
-            reads=[t] if self.grank == root else [],
-            writes=[] if self.grank == root else [t],
-        )
+        mine = self.grank == root
+        return self._issue(ops.Broadcast(t, root), [t], reads=[t] if mine else [], writes=[] if mine else [t])
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> SimWork:
         (t,) = tensors
         _check_tensor(t, "reduce tensor")
         red = reduce_op_name(opts.reduceOp)
         root = opts.rootRank
-        return self._issue(
-            "reduce",
-            (("shape", tuple(t.shape)), ("dtype", dtype_name(t.dtype)), ("op", red), ("root", root)),
-            [t],
-            {"tensor": t, "root": root, "reduce_op": red, **_meta(t, t)},
-            reads=[] if self.grank == root else [t],
-            writes=[t] if self.grank == root else [],
-        )
+        mine = self.grank == root
+        return self._issue(ops.Reduce(t, root, red), [t], reads=[] if mine else [t], writes=[t] if mine else [])
 
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
         (outs,) = output_tensors
@@ -278,14 +185,7 @@ class SimProcessGroup(dist.ProcessGroup):
                     f"all_gather: every output tensor must match the input ({tuple(inp.shape)}, {inp.dtype}); "
                     f"got {tuple(o.shape)}, {o.dtype}"
                 )
-        return self._issue(
-            "all_gather",
-            (("shape", tuple(inp.shape)), ("dtype", dtype_name(inp.dtype))),
-            list(outs),
-            {"input": inp, "output": list(outs), **_meta(inp, inp, out_nelems=inp.numel() * n)},
-            reads=[inp],
-            writes=list(outs),
-        )
+        return self._issue(ops.AllGather(inp, tuple(outs)), list(outs), reads=[inp], writes=list(outs))
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         _check_tensor(output, "all_gather_into_tensor output")
@@ -296,14 +196,7 @@ class SimProcessGroup(dist.ProcessGroup):
                 f"all_gather_into_tensor: output must have world_size ({n}) x input.numel() = "
                 f"{n * input.numel()} elements of {input.dtype}; got {output.numel()} of {output.dtype}"
             )
-        return self._issue(
-            "all_gather_into_tensor",
-            (("shape", tuple(input.shape)), ("dtype", dtype_name(input.dtype))),
-            [output],
-            {"input": input, "output": output, **_meta(input, input, out_nelems=output.numel())},
-            reads=[input],
-            writes=[output],
-        )
+        return self._issue(ops.AllGatherIntoTensor(input, output), [output], reads=[input], writes=[output])
 
     _allgather_base = all_gather_single
 
@@ -322,14 +215,7 @@ class SimProcessGroup(dist.ProcessGroup):
                     f"got {tuple(t.shape)}, {t.dtype}"
                 )
         red = reduce_op_name(opts.reduceOp)
-        return self._issue(
-            "reduce_scatter",
-            (("shape", tuple(out.shape)), ("dtype", dtype_name(out.dtype)), ("op", red)),
-            [out],
-            {"input": list(ins), "output": out, "reduce_op": red, **_meta(out, out, in_nelems=out.numel() * n)},
-            reads=list(ins),
-            writes=[out],
-        )
+        return self._issue(ops.ReduceScatter(tuple(ins), out, red), [out], reads=list(ins), writes=[out])
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> SimWork:
         _check_tensor(output, "reduce_scatter_tensor output")
@@ -341,14 +227,7 @@ class SimProcessGroup(dist.ProcessGroup):
                 f"{n * output.numel()} elements of {output.dtype}; got {input.numel()} of {input.dtype}"
             )
         red = reduce_op_name(opts.reduceOp)
-        return self._issue(
-            "reduce_scatter_tensor",
-            (("shape", tuple(output.shape)), ("dtype", dtype_name(output.dtype)), ("op", red)),
-            [output],
-            {"input": input, "output": output, "reduce_op": red, **_meta(input, output)},
-            reads=[input],
-            writes=[output],
-        )
+        return self._issue(ops.ReduceScatterTensor(input, output, red), [output], reads=[input], writes=[output])
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -365,14 +244,7 @@ class SimProcessGroup(dist.ProcessGroup):
                 _check_tensor(o, "gather output")
                 if o.numel() != inp.numel() or o.dtype != inp.dtype:
                     raise ValueError(f"gather: output {tuple(o.shape)} {o.dtype} does not match input {tuple(inp.shape)} {inp.dtype}")
-        return self._issue(
-            "gather",
-            (("shape", tuple(inp.shape)), ("dtype", dtype_name(inp.dtype)), ("root", root)),
-            list(outs),
-            {"input": inp, "outputs": list(outs), "root": root, **_meta(inp, inp)},
-            reads=[inp],
-            writes=list(outs),
-        )
+        return self._issue(ops.Gather(inp, tuple(outs), root), list(outs), reads=[inp], writes=list(outs))
 
     def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any) -> SimWork:
         (out,) = output_tensors
@@ -387,14 +259,7 @@ class SimProcessGroup(dist.ProcessGroup):
                 _check_tensor(t, "scatter input")
                 if t.numel() != out.numel() or t.dtype != out.dtype:
                     raise ValueError(f"scatter: input {tuple(t.shape)} {t.dtype} does not match output {tuple(out.shape)} {out.dtype}")
-        return self._issue(
-            "scatter",
-            (("shape", tuple(out.shape)), ("dtype", dtype_name(out.dtype)), ("root", root)),
-            [out],
-            {"output": out, "inputs": list(ins), "root": root, **_meta(out, out)},
-            reads=list(ins),
-            writes=[out],
-        )
+        return self._issue(ops.Scatter(out, tuple(ins), root), [out], reads=list(ins), writes=[out])
 
     def all_to_all_single(
         self,
@@ -411,14 +276,8 @@ class SimProcessGroup(dist.ProcessGroup):
         out_splits = _splits(output, output_split_sizes, n, "output")
         if input.dtype != output.dtype:
             raise ValueError(f"all_to_all_single: input dtype {input.dtype} != output dtype {output.dtype}")
-        return self._issue(
-            "all_to_all_single",
-            (("dtype", dtype_name(input.dtype)), ("row", tuple(input.shape[1:]))),
-            [output],
-            {"input": input, "output": output, "in_splits": in_splits, "out_splits": out_splits, **_meta(input, output)},
-            reads=[input],
-            writes=[output],
-        )
+        spec = ops.AllToAllSingle(input, output, tuple(in_splits), tuple(out_splits))
+        return self._issue(spec, [output], reads=[input], writes=[output])
 
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
         n = self.state.size
@@ -430,25 +289,15 @@ class SimProcessGroup(dist.ProcessGroup):
         with internal():
             flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
             flat_out = torch.empty(sum(t.numel() for t in output_tensors), dtype=dtype)
-        work = self._issue(
-            "all_to_all",
-            (("dtype", dtype_name(dtype)),),
-            list(output_tensors),
-            {
-                "input": flat_in,
-                "output": flat_out,
-                "in_splits": [t.numel() for t in input_tensors],
-                "out_splits": [t.numel() for t in output_tensors],
-                **_meta(flat_in, flat_out),
-            },
-            reads=list(input_tensors),
-            writes=list(output_tensors),
+        spec = ops.AllToAll(
+            flat_in, flat_out, tuple(t.numel() for t in input_tensors), tuple(t.numel() for t in output_tensors)
         )
+        work = self._issue(spec, list(output_tensors), reads=list(input_tensors), writes=list(output_tensors))
         _scatter_back_on_completion(work, flat_out, output_tensors)
         return work
 
     def barrier(self, opts: Any = None) -> SimWork:
-        return self._issue("barrier", (), [], {"nbytes": 4})
+        return self._issue(ops.Barrier(), [])
 
     # ------------------------------------------------------------------ point to point
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> SimWork:
@@ -495,60 +344,6 @@ class SimProcessGroup(dist.ProcessGroup):
         return work
 
 
-def drain_at_end_of_backward(work: SimWork, taken_by_torch: bool) -> None:
-    """Wait, in Python, before a backward pass returns, for works whose future was taken inside it.
-
-    torch's C++ DDP reducer takes the future of each bucket's all-reduce inside backward and waits on it from
-    an autograd engine callback, in C++, where a simulated rank cannot hand the baton back. A callback
-    queued here, when the first future of a backward is taken, runs before the reducer's (callbacks run in
-    queue order, and the reducer queues its own after launching its last bucket) and waits on those works
-    through the baton, so they are complete when C++ looks at them. Works whose future nobody takes are
-    left alone: they complete whenever the other ranks join them.
-
-    For the race detector, a drained work counts as waited for (its buffers are rank code's again) only if
-    torch took its future (``taken_by_torch``: the reducer or one of torch's comm hooks, which C++ waits on)
-    or a callback was chained to it (a custom comm hook's ``fut.then(...)``). A future that rank code took
-    in a hook and never waited on still owns its buffers after backward, as on real hardware.
-    """
-    task = torch._C._current_graph_task_id()
-    if task == -1:
-        return
-    from simdist.engine.baton import current_rank_state
-
-    state = current_rank_state()
-    pending = state.backward_works
-    if pending.get("task") != task:
-        pending["task"] = task
-        pending["works"] = []
-
-        def drain(works: list[tuple[SimWork, bool]] = pending["works"]) -> None:
-            for w, by_torch in works:
-                if by_torch or getattr(w.future, "chained", False):
-                    w.wait()
-                else:
-                    w.block_until_done()
-
-        torch.autograd.Variable._execution_engine.queue_callback(drain)
-    pending["works"].append((work, taken_by_torch))
-
-
-_ALGO_FAMILY = {
-    "all_reduce_coalesced": "all_reduce",
-    "all_gather_into_tensor": "all_gather",
-    "reduce_scatter_tensor": "reduce_scatter",
-    "all_to_all_single": "all_to_all",
-}
-
-
-def _meta(inp: torch.Tensor, out: torch.Tensor, in_nelems: int | None = None, out_nelems: int | None = None) -> dict:
-    return {
-        "nbytes": inp.numel() * inp.element_size(),
-        "in_nelems": inp.numel() if in_nelems is None else in_nelems,
-        "out_nelems": out.numel() if out_nelems is None else out_nelems,
-        "dtype": dtype_name(inp.dtype),
-    }
-
-
 def _splits(t: torch.Tensor, sizes: list[int] | None, n: int, what: str) -> list[int]:
     rows = t.shape[0] if t.dim() > 0 else t.numel()
     if not sizes:
@@ -561,28 +356,6 @@ def _splits(t: torch.Tensor, sizes: list[int] | None, n: int, what: str) -> list
     if len(sizes) != n or sum(sizes) != rows or any(s < 0 for s in sizes):
         raise ValueError(f"all_to_all_single: {what} split sizes {sizes} must be {n} non-negative counts summing to {rows}")
     return sizes
-
-
-def _plan_all_to_all(calls: list[Call]) -> collectives.Plan:
-    n = len(calls)
-    for r, c in enumerate(calls):
-        for j in range(n):
-            sent, expected = c.data["in_splits"][j], calls[j].data["out_splits"][r]
-            row_in = c.data["input"].numel() // max(1, sum(c.data["in_splits"]))
-            row_out = calls[j].data["output"].numel() // max(1, sum(calls[j].data["out_splits"]))
-            if sent * row_in != expected * row_out:
-                from simdist.errors import CollectiveMismatchError
-
-                raise CollectiveMismatchError(
-                    f"all_to_all: rank {r} sends {sent} rows to rank {j} (at {c.site}) but rank {j} expects "
-                    f"{expected} rows from rank {r} (at {calls[j].site})"
-                )
-    return collectives.plan_all_to_all(
-        [c.data["input"] for c in calls],
-        [c.data["output"] for c in calls],
-        [c.data["in_splits"] for c in calls],
-        [c.data["out_splits"] for c in calls],
-    )
 
 
 def _scatter_back_on_completion(work: SimWork, flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:

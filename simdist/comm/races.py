@@ -33,6 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from simdist.clock.baton import current_rank_state
 from simdist.errors import RaceError, RaceWarning
 
 #: what ``run(races=...)`` accepts
@@ -375,8 +376,6 @@ _DIRECT_READS = ("tolist", "numpy", "__array__", "__repr__")
 @contextlib.contextmanager
 def checking_direct_reads(detector: RaceDetector, site: Any) -> Iterator[None]:
     """Patch :data:`_DIRECT_READS` so rank code calling them on an owned buffer is reported as a read."""
-    from simdist.engine.baton import current_rank_state
-
     originals = {name: getattr(torch.Tensor, name) for name in _DIRECT_READS}
 
     def wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:

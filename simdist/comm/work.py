@@ -13,9 +13,10 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-
-class SimTimeoutError(dist.DistBackendError):
-    """A collective or point-to-point operation did not complete within its timeout (simulated seconds)."""
+from simdist.clock.baton import current_rank_state
+from simdist.comm.drain import drain_at_end_of_backward
+from simdist.comm.thread_world import acting_as
+from simdist.errors import SimTimeoutError
 
 
 class SimFuture(Future):
@@ -78,8 +79,6 @@ def _after_completion(sim: Any, callback: Any) -> Any:
     operation's buffers there is not a race."""
 
     def run(fut: Future) -> Any:
-        from simdist.engine.baton import current_rank_state
-
         state = current_rank_state()
         if state is None or state.rank in sim.races.suspended:
             return callback(fut)
@@ -150,8 +149,6 @@ def _caller_is_torch() -> bool:
 
 
 def _in_rank_thread() -> bool:
-    from simdist.engine.baton import current_rank_state
-
     return current_rank_state() is not None
 
 
@@ -178,6 +175,8 @@ class SimWork(dist.Work):
         self.on_complete: Any = None
         #: the global rank whose part this is (set by the issuing process group)
         self.rank = -1
+        #: the collective's running schedule, from its start until this rank's part completes
+        self.messages: Any = None
 
     # ---------------------------------------------------------------- completion (simpy thread)
     def complete(self) -> None:
@@ -186,13 +185,12 @@ class SimWork(dist.Work):
             return
         if self.on_complete is not None:
             self.on_complete()
+        self.messages = None
         self.completed_at = self.sim.env.now
         entry = self.__dict__.get("_race_entry")
         if entry is not None:
             entry.done_at = self.completed_at
         self.event.succeed()
-        from simdist.engine.world import acting_as
-
         with acting_as(self.rank):  # callbacks chained to the future run here and see the rank's world
             self.future.set_result(self.outputs)
 
@@ -253,8 +251,6 @@ class SimWork(dist.Work):
 
     def get_future(self) -> Future:
         """A ``torch.futures.Future`` completed with the output tensors."""
-        from simdist.comm.process_group import drain_at_end_of_backward
-
         if torch._C._current_graph_task_id() != -1 and torch._C._current_autograd_node() is None:
             # Taken in an engine callback at the end of backward (torch DDP with static_graph launches its
             # first iteration's all-reduces there), where C++ waits on it next: wait here, in simulated time.

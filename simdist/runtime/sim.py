@@ -18,7 +18,7 @@ import simpy
 import torch
 
 from simdist.autograd.executor import use_executor
-from simdist.engine.baton import Baton
+from simdist.clock.baton import Baton
 from simdist.errors import RankError
 from simdist.runtime.client import Client
 from simdist.runtime.commands import Command, Response

@@ -1,16 +1,13 @@
-"""Per-thread torch.distributed state, so each rank thread has its own default group, group map and names.
+"""The ``"simdist"`` backend inside a run: registration, per-thread worlds, and torch's functions that need it.
 
-torch.distributed keeps its world (default group, group maps, counters) in ``distributed_c10d._world``; during a
-run that object is replaced by :class:`ThreadLocalWorld` (as torch's own threaded test backend does) and the
-C++ group-name registry is switched to thread isolation. ``init_process_group`` and ``destroy_process_group``
-are wrapped so that rank code written for torchrun (which calls them itself) runs unchanged.
+During a run, torch.distributed's world is per thread (:mod:`simdist.comm.thread_world`) and the C++
+group-name registry is switched to thread isolation. ``init_process_group`` and ``destroy_process_group``
+keep working so that rank code written for torchrun (which calls them itself) runs unchanged, and
+``torch.futures.wait_all`` / ``collect_all`` wait for simulated futures in simulated time.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -19,62 +16,33 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import _set_thread_isolation_mode
 
+from simdist.clock.baton import current_rank_state
+from simdist.comm import thread_world
+from simdist.comm.context import RunContext
+from simdist.comm.process_group import SimProcessGroup
+from simdist.comm.thread_world import ThreadLocalWorld
+from simdist.comm.work import _ThenFuture, sim_roots
+
+#: the backend name rank code passes to ``init_process_group``
 BACKEND = "simdist"
 
-_tls = threading.local()
-_state: dict[str, Any] = {"sim": None}
+#: the run in progress in this process (at most one) and what installing it replaced
+_active: dict[str, Any] = {"ctx": None, "identity": None}
+_orig: dict[str, Any] = {}
 
 
-class _WorldData:
-    def __init__(self) -> None:
-        self.default_pg = None
-        self.pg_map: dict = {}
-        self.pg_names: dict = {}
-        self.pg_group_ranks: dict = {}
-        self.pg_backend_config: dict = {}
-        self.group_count = 0
-        self.tags_to_pg: dict = {}
-        self.pg_to_tag: dict = {}
-        self.pg_coalesce_state: dict = {}
-        self.comms: list = []
+def active() -> RunContext | None:
+    """The communication context of the run in progress in this process, or None."""
+    return _active["ctx"]
 
 
-def _data() -> _WorldData:
-    w = getattr(_tls, "world", None)
-    if w is None:
-        w = _tls.world = _WorldData()
-    return w
-
-
-def _field(name: str) -> property:
-    def get(self: Any) -> Any:
-        return getattr(_data(), name)
-
-    def put(self: Any, value: Any) -> None:
-        setattr(_data(), name, value)
-
-    return property(get, put)
-
-
-class ThreadLocalWorld(c10d._World):
-    """``distributed_c10d._World`` whose every field is per thread."""
-
-    default_pg = _field("default_pg")
-    pg_map = _field("pg_map")
-    pg_names = _field("pg_names")
-    pg_group_ranks = _field("pg_group_ranks")
-    pg_backend_config = _field("pg_backend_config")
-    group_count = _field("group_count")
-    tags_to_pg = _field("tags_to_pg")
-    pg_to_tag = _field("pg_to_tag")
-    pg_coalesce_state = _field("pg_coalesce_state")
-    comms = _field("comms")
+def installed() -> bool:
+    """Whether a simulated run is in progress in this process."""
+    return _active["ctx"] is not None
 
 
 def _create_backend(opts: Any, backend_options: Any) -> dist.ProcessGroup:
-    from simdist.comm.process_group import SimProcessGroup
-
-    sim = _state["sim"]
+    sim = _active["ctx"]
     if sim is None:
         raise RuntimeError(
             "the 'simdist' backend only exists inside simdist.run(); use 'gloo' or 'nccl' for real processes"
@@ -97,13 +65,8 @@ def _create_backend(opts: Any, backend_options: Any) -> dist.ProcessGroup:
     return SimProcessGroup(sim, state, opts.group_rank)
 
 
-_orig: dict[str, Any] = {}
-
-
 def _patched_init_process_group(backend: str | None = None, *args: Any, timeout: timedelta | None = None, **kwargs: Any) -> None:
     """Accept the user's own ``init_process_group`` call: the group already exists in a simulated rank."""
-    from simdist.engine.baton import current_rank_state
-
     state = current_rank_state()
     if state is None:
         return _orig["init_process_group"](backend, *args, timeout=timeout, **kwargs)
@@ -113,13 +76,13 @@ def _patched_init_process_group(backend: str | None = None, *args: Any, timeout:
             f"the '{BACKEND}' backend. Call init_process_group only in real runs (real.run does it for you), or "
             f"pass backend='{BACKEND}'."
         )
-    sim = _state["sim"]
-    if _data().default_pg is None:  # initialised again after destroy_process_group()
+    sim = _active["ctx"]
+    if thread_world.current().default_pg is None:  # initialised again after destroy_process_group()
         init_default_group(state.rank, sim.world_size, sim.store)
     if timeout is not None:
         seconds = timeout.total_seconds()
         sim.default_timeout = seconds
-        for pg in _data().pg_map:
+        for pg in thread_world.current().pg_map:
             if hasattr(pg, "state"):
                 pg.state.timeout = seconds
     return None
@@ -145,40 +108,32 @@ def init_default_group(rank: int, world_size: int, store: Any) -> None:
         group_desc="default_pg",
     )
     c10d._update_default_pg(pg)
-    _state.setdefault("worlds", {})[rank] = _data()
-    identity = _state.get("identity")
+    thread_world.register(rank)
+    identity = _active["identity"]
     if identity is None or len(identity) != world_size:
-        identity = _state["identity"] = {i: i for i in range(world_size)}
-    _data().pg_group_ranks[pg] = identity
-
-
-def _block_on_sim_futures(futures: Any) -> None:
-    from simdist.comm.work import sim_roots
-
-    for root in sim_roots(futures):
-        root._block()
+        identity = _active["identity"] = {i: i for i in range(world_size)}
+    thread_world.current().pg_group_ranks[pg] = identity
 
 
 def _patched_wait_all(futures: Any) -> Any:
     """``torch.futures.wait_all`` that first waits for simdist futures in simulated time."""
-    _block_on_sim_futures(futures)
+    for root in sim_roots(futures):
+        root._block()
     return _orig["wait_all"](futures)
 
 
 def _patched_collect_all(futures: Any) -> Any:
     """``torch.futures.collect_all`` whose result waits for simdist futures in simulated time when waited on."""
-    from simdist.comm.work import _ThenFuture, sim_roots
-
     roots = sim_roots(futures)
     inner = _orig["collect_all"](futures)
     return _ThenFuture(roots, inner) if roots else inner
 
 
-def install(sim: Any) -> None:
-    """Make torch.distributed's world per-thread and route the ``simdist`` backend to ``sim``."""
+def install(ctx: RunContext) -> None:
+    """Make torch.distributed's world per-thread and route the ``simdist`` backend to ``ctx``."""
     if BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND, _create_backend, extended_api=True, devices=["cpu"])
-    _state["sim"] = sim
+    _active["ctx"] = ctx
     _orig["world"] = c10d._world
     c10d._world = ThreadLocalWorld()
     _set_thread_isolation_mode(True)
@@ -200,34 +155,6 @@ def uninstall() -> None:
     c10d.init_process_group = init
     dist.init_process_group = init
     torch.futures.wait_all, torch.futures.collect_all = _orig.pop("wait_all"), _orig.pop("collect_all")
-    _state["sim"] = None
-    _state.pop("identity", None)
-    _state.pop("worlds", None)
-
-
-@contextlib.contextmanager
-def acting_as(rank: int) -> Iterator[None]:
-    """Let the calling (simulator) thread see ``rank``'s torch.distributed world.
-
-    A future's callbacks run where the future completes: on real hardware in the rank's own process (a
-    backend thread), here in the simulator's thread. Seeing the rank's world there makes
-    ``dist.get_world_size()`` and friends inside a callback (e.g. a DDP comm hook's ``then``) answer as the
-    rank would.
-    """
-    mine = getattr(_tls, "world", None)
-    _tls.world = _state.get("worlds", {}).get(rank, mine)
-    try:
-        yield
-    finally:
-        _tls.world = mine
-
-
-def installed() -> bool:
-    """Whether a simulated run is in progress in this process."""
-    return _state["sim"] is not None
-
-
-def forget_thread_world() -> None:
-    """Drop the calling rank thread's groups (its world dies with the thread)."""
-    c10d._unregister_all_process_groups()
-    _tls.world = None
+    _active["ctx"] = None
+    _active["identity"] = None
+    thread_world.forget_all()

@@ -1,4 +1,4 @@
-"""Executes a message schedule (:mod:`simdist.comm.algorithms`) on the network with real data.
+"""Runs a collective's message schedule (:mod:`simdist.algorithms`) on the network with real data.
 
 Each message's payload is a snapshot of the sender's buffer taken when the message leaves, and it is reduced
 into or copied to the receiver's buffer when it arrives, at the simulated times the network computes. A
@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from simdist.comm.algorithms import Msg
+from simdist.algorithms import Msg, format_schedule
 from simdist.trace.trace import Message
 
 
@@ -73,6 +73,7 @@ class ScheduleRun:
         self.reduce = _reduce_fn(reduce_op, dtype)
         nsteps = 1 + max((m.step for m in msgs), default=-1)
         self.nsteps = nsteps
+        self.msgs = msgs
         self.sends: list[list[list[Msg]]] = [[[] for _ in range(nsteps)] for _ in range(n)]
         self.missing: list[list[int]] = [[0] * (nsteps + 1) for _ in range(n)]
         for m in msgs:
@@ -90,6 +91,11 @@ class ScheduleRun:
         while k < self.nsteps and miss[k] == 0:
             k += 1
         self.first_missing[r] = k
+
+    def progress(self) -> str:
+        """The schedule with the steps each rank has not finished yet marked (for timeout messages)."""
+        done = [min(self.next_step[r], self.first_missing[r]) for r in range(self.n)]
+        return format_schedule(self.msgs, self.n, done=done)
 
     def start(self) -> None:
         """Begin at the current simulated time (every rank is ready)."""

@@ -13,7 +13,6 @@ callback hands the baton to that rank and waits until the rank hands it back (it
 from __future__ import annotations
 
 import _thread
-import sys
 import threading
 import traceback
 from collections.abc import Callable
@@ -50,8 +49,6 @@ class RankState:
     pending: float = 0.0
     #: simulated time (seconds) at which the rank's function returned
     finish_time: float = 0.0
-    #: collectives issued inside the current autograd backward (see comm.process_group.drain_at_end_of_backward)
-    backward_works: dict[str, Any] = field(default_factory=dict)
 
 
 _current = threading.local()
@@ -216,14 +213,3 @@ class Baton:
         for state in self.ranks:
             if state.thread is not None:
                 state.thread.join()
-
-
-def caller_site(skip_prefixes: tuple[str, ...]) -> str:
-    """``file:line in function`` of the innermost frame outside simdist and torch (the user's call site)."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        fname = frame.f_code.co_filename
-        if not fname.startswith(skip_prefixes):
-            return f"{fname}:{frame.f_lineno} in {frame.f_code.co_name}"
-        frame = frame.f_back
-    return "<unknown>"

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from simdist.comm import algorithms
-from simdist.comm.algorithms import Msg
+from simdist.algorithms import Algorithm, Msg, Problem, offsets_from_sizes
 
 
 @dataclass
@@ -52,11 +51,6 @@ def raw_flat(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided((n,), (1,), t.storage_offset())
 
 
-def flat_view(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """A flat buffer over ``t``'s memory (gloo's view of it) and whether it aliases ``t`` (always True)."""
-    return raw_flat(t), True
-
-
 def _avg(buf: torch.Tensor, n: int) -> None:
     if buf.dtype.is_floating_point or buf.dtype.is_complex:
         buf.div_(n)
@@ -64,72 +58,68 @@ def _avg(buf: torch.Tensor, n: int) -> None:
         buf.copy_(torch.div(buf, n, rounding_mode="trunc"))
 
 
-def _finisher(ws: torch.Tensor, target: torch.Tensor | None, aliased: bool, avg_n: int | None) -> Callable[[], None]:
+def _finisher(ws: torch.Tensor, avg_n: int | None) -> Callable[[], None]:
+    """Divide ``ws`` (the user's memory) by ``avg_n`` at the end for AVG; nothing otherwise."""
+
     def finish() -> None:
         if avg_n:
             _avg(ws, avg_n)
-        if target is not None and not aliased:
-            target.copy_(ws.view(target.shape))
 
     return finish
 
 
-def plan_all_reduce(tensors: list[torch.Tensor], op: str, algo: str, coalesced: bool = False) -> Plan:
+def plan_all_reduce(tensors: list[torch.Tensor], op: str, algo: Algorithm) -> Plan:
     """In place on each rank's tensor (``tensors[r]``; a coalesced call passes one flat buffer per rank)."""
     n = len(tensors)
-    bufs, fins = [], []
-    for t in tensors:
-        ws, aliased = flat_view(t)
-        bufs.append(ws)
-        fins.append(_finisher(ws, t, aliased, n if op == "avg" else None))
-    msgs = algorithms.build("all_reduce", algo, n, bufs[0].numel(), bufs[0].element_size())
+    bufs = [raw_flat(t) for t in tensors]
+    fins = [_finisher(ws, n if op == "avg" else None) for ws in bufs]
+    msgs = algo.schedule(Problem(n, bufs[0].numel(), bufs[0].element_size()))
     return Plan(msgs, bufs, bufs, op, fins)
 
 
-def plan_broadcast(tensors: list[torch.Tensor], root: int, algo: str) -> Plan:
+def plan_broadcast(tensors: list[torch.Tensor], root: int, algo: Algorithm) -> Plan:
     """Root's tensor is copied into every rank's tensor."""
     n = len(tensors)
-    bufs, fins = [], []
-    for t in tensors:
-        ws, aliased = flat_view(t)
-        bufs.append(ws)
-        fins.append(_finisher(ws, t, aliased, None))
-    msgs = algorithms.build("broadcast", algo, n, bufs[0].numel(), bufs[0].element_size(), root=root)
+    bufs = [raw_flat(t) for t in tensors]
+    fins = [_finisher(ws, None) for ws in bufs]
+    msgs = algo.schedule(Problem(n, bufs[0].numel(), bufs[0].element_size(), root))
     return Plan(msgs, bufs, bufs, "sum", fins)
 
 
-def plan_reduce(tensors: list[torch.Tensor], root: int, op: str, algo: str) -> Plan:
+def plan_reduce(tensors: list[torch.Tensor], root: int, op: str, algo: Algorithm) -> Plan:
     """Root's tensor receives the reduction; other ranks' tensors are left unchanged."""
     n = len(tensors)
     bufs, fins = [], []
     for r, t in enumerate(tensors):
         if r == root:
-            ws, aliased = flat_view(t)
-            fins.append(_finisher(ws, t, aliased, n if op == "avg" else None))
+            ws = raw_flat(t)
+            fins.append(_finisher(ws, n if op == "avg" else None))
         else:
             ws = raw_flat(t).clone()
             fins.append(lambda: None)
         bufs.append(ws)
-    msgs = algorithms.build("reduce", algo, n, bufs[0].numel(), bufs[0].element_size(), root=root)
+    msgs = algo.schedule(Problem(n, bufs[0].numel(), bufs[0].element_size(), root))
     return Plan(msgs, bufs, bufs, op, fins)
 
 
-def plan_all_gather(inputs: list[torch.Tensor], outputs: list[list[torch.Tensor] | torch.Tensor], algo: str) -> Plan:
+def plan_all_gather(
+    inputs: list[torch.Tensor], outputs: list[list[torch.Tensor] | torch.Tensor], algo: Algorithm
+) -> Plan:
     """Rank r's input lands in chunk r of every rank's output (a flat tensor or a list of n tensors)."""
     n = len(inputs)
     m = inputs[0].numel()
     bufs, fins = [], []
     for r, (inp, out) in enumerate(zip(inputs, outputs)):
         if isinstance(out, torch.Tensor):
-            ws, aliased = flat_view(out)
-            fin = _finisher(ws, out, aliased, None)
+            ws = raw_flat(out)
+            fin = _finisher(ws, None)
         else:
             ws = torch.empty(n * m, dtype=inp.dtype)
             fin = _copy_out_chunks(ws, out)
         ws[r * m : (r + 1) * m].copy_(inp.reshape(-1))  # gloo copies list-API inputs as shown
         bufs.append(ws)
         fins.append(fin)
-    msgs = algorithms.build("all_gather", algo, n, n * m, inputs[0].element_size())
+    msgs = algo.schedule(Problem(n, n * m, inputs[0].element_size()))
     return Plan(msgs, bufs, bufs, "sum", fins)
 
 
@@ -146,7 +136,7 @@ def _copy_out_chunks(ws: torch.Tensor, outs: list[torch.Tensor], order: list[int
 
 
 def plan_reduce_scatter(
-    inputs: list[list[torch.Tensor] | torch.Tensor], outputs: list[torch.Tensor], op: str, algo: str
+    inputs: list[list[torch.Tensor] | torch.Tensor], outputs: list[torch.Tensor], op: str, algo: Algorithm
 ) -> Plan:
     """Chunk r of the element-wise reduction of every rank's input lands in rank r's output."""
     n = len(outputs)
@@ -159,7 +149,7 @@ def plan_reduce_scatter(
             ws = torch.cat([t.reshape(-1) for t in inp]) if inp else torch.empty(0, dtype=out.dtype)
         bufs.append(ws)
         fins.append(_chunk_to(ws, r * m, m, out, n if op == "avg" else None))
-    msgs = algorithms.build("reduce_scatter", algo, n, n * m, outputs[0].element_size())
+    msgs = algo.schedule(Problem(n, n * m, outputs[0].element_size()))
     return Plan(msgs, bufs, bufs, op, fins)
 
 
@@ -173,7 +163,7 @@ def _chunk_to(ws: torch.Tensor, lo: int, m: int, out: torch.Tensor, avg_n: int |
     return finish
 
 
-def plan_gather(inputs: list[torch.Tensor], root_outputs: list[torch.Tensor], root: int, algo: str) -> Plan:
+def plan_gather(inputs: list[torch.Tensor], root_outputs: list[torch.Tensor], root: int, algo: Algorithm) -> Plan:
     """Every rank's input lands in ``root_outputs[rank]`` on the root (relative-rank buffers, rotated)."""
     n = len(inputs)
     m = inputs[0].numel()
@@ -188,12 +178,12 @@ def plan_gather(inputs: list[torch.Tensor], root_outputs: list[torch.Tensor], ro
             fins[r] = _copy_out_chunks(ws, root_outputs, order)
         else:
             fins[r] = lambda: None
-    msgs = _rotate(algorithms.build("gather", algo, n, n * m, inputs[0].element_size()), n, root)
+    msgs = algo.schedule(Problem(n, n * m, inputs[0].element_size(), root))
     bufs = [bufs[(r - root) % n] for r in range(n)]
     return Plan(msgs, bufs, bufs, "sum", fins)
 
 
-def plan_scatter(root_inputs: list[torch.Tensor], outputs: list[torch.Tensor], root: int, algo: str) -> Plan:
+def plan_scatter(root_inputs: list[torch.Tensor], outputs: list[torch.Tensor], root: int, algo: Algorithm) -> Plan:
     """``root_inputs[rank]`` on the root lands in each rank's output."""
     n = len(outputs)
     m = outputs[0].numel()
@@ -206,17 +196,16 @@ def plan_scatter(root_inputs: list[torch.Tensor], outputs: list[torch.Tensor], r
             ws = torch.empty(n * m, dtype=out.dtype)
         bufs.append(ws)
         fins.append(_chunk_to(ws, v * m, m, raw_flat(out), None))  # gloo writes the output's raw memory
-    msgs = _rotate(algorithms.build("scatter", algo, n, n * m, outputs[0].element_size()), n, root)
+    msgs = algo.schedule(Problem(n, n * m, outputs[0].element_size(), root))
     return Plan(msgs, bufs, bufs, "sum", fins)
 
 
-def _rotate(msgs: list[Msg], n: int, root: int) -> list[Msg]:
-    """Map relative ranks (root = 0) of a schedule to group ranks."""
-    return [m._replace(src=(m.src + root) % n, dst=(m.dst + root) % n) for m in msgs]
-
-
 def plan_all_to_all(
-    inputs: list[torch.Tensor], outputs: list[torch.Tensor], in_splits: list[list[int]], out_splits: list[list[int]]
+    inputs: list[torch.Tensor],
+    outputs: list[torch.Tensor],
+    in_splits: list[list[int]],
+    out_splits: list[list[int]],
+    algo: Algorithm,
 ) -> Plan:
     """Rank r's input block j lands in rank j's output block r (blocks along dim 0, sizes in rows)."""
     n = len(inputs)
@@ -228,19 +217,20 @@ def plan_all_to_all(
         in_el.append([s * row_in for s in in_splits[r]])
         out_el.append([s * row_out for s in out_splits[r]])
         s_ws = raw_flat(inp).clone()
-        d_ws, aliased = flat_view(out)
+        d_ws = raw_flat(out)
         src.append(s_ws)
         dst.append(d_ws)
-        fins.append(_finisher(d_ws, out, aliased, None))
-        i_off = algorithms.split_offsets_from_sizes(in_el[r])
-        o_off = algorithms.split_offsets_from_sizes(out_el[r])
+        fins.append(_finisher(d_ws, None))
+        i_off = offsets_from_sizes(in_el[r])
+        o_off = offsets_from_sizes(out_el[r])
         d_ws[o_off[r] : o_off[r + 1]].copy_(s_ws[i_off[r] : i_off[r + 1]])
-    msgs = algorithms.all_to_all_direct(n, in_el, out_el) if n > 1 else []
+    counts = Problem(n, sum(in_el[0]), inp.element_size(), 0, tuple(map(tuple, in_el)), tuple(map(tuple, out_el)))
+    msgs = algo.schedule(counts)
     return Plan(msgs, src, dst, "sum", fins)
 
 
-def plan_barrier(n: int, algo: str) -> Plan:
+def plan_barrier(n: int, algo: Algorithm) -> Plan:
     """A one-element all-reduce on internal buffers (what NCCL's barrier does)."""
     bufs = [torch.zeros(1) for _ in range(n)]
-    msgs = algorithms.build("barrier", algo, n, 1, 4)
+    msgs = algo.schedule(Problem(n, 1, 4))
     return Plan(msgs, bufs, bufs, "sum", [lambda: None for _ in range(n)])

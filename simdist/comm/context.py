@@ -1,0 +1,144 @@
+"""What the communication layer of one simulated run shares: clock, network, groups, queues, races, trace."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import simpy
+import torch
+import typing_extensions
+
+from simdist.clock.baton import Baton
+from simdist.clock.ranktime import RankTime
+from simdist.clock.sites import caller_site
+from simdist.comm.group import GroupState
+from simdist.comm.p2p import P2P
+from simdist.comm.races import RaceDetector
+from simdist.comm.selection import AlgorithmSelector
+from simdist.errors import DeadlockError
+from simdist.network.cluster import Cluster
+from simdist.network.links import Network
+from simdist.trace.trace import Trace
+
+#: frames in these directories are the simulator's or torch's own, never the user's call site
+_SIMDIST = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SKIP = tuple(
+    os.path.join(_SIMDIST, d) for d in ("clock", "algorithms", "network", "compute", "trace", "comm", "engine")
+) + (
+    os.path.dirname(os.path.abspath(torch.__file__)),
+    os.path.abspath(typing_extensions.__file__).rsplit(".", 1)[0],
+    os.path.dirname(os.path.abspath(os.__file__)) + os.sep + "contextlib",
+)
+
+#: backend progress semantics: "nccl" runs a group's collectives one after another on one stream per
+#: (rank, group); "gloo" runs them on a pool of worker threads per (rank, group), so independent async
+#: operations overlap (ProcessGroupGloo's default pool has 2 threads)
+PROGRESS_MODES = ("nccl", "gloo")
+
+
+class RunContext:
+    """Everything one run's communication shares: clock, cluster, network, groups, point-to-point queues,
+    the race detector and the trace. Process groups, works and messages reach each other through it."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        baton: Baton,
+        cluster: Cluster,
+        trace: Trace,
+        progress: str = "nccl",
+        gloo_threads: int = 2,
+        races: str = "off",
+    ) -> None:
+        if progress not in PROGRESS_MODES:
+            raise ValueError(f"progress must be one of {PROGRESS_MODES}, got {progress!r}")
+        if isinstance(gloo_threads, bool) or not isinstance(gloo_threads, int) or gloo_threads < 1:
+            raise ValueError(f"gloo_threads must be a positive int (worker threads per process group), got {gloo_threads!r}")
+        self.env = env
+        self.baton = baton
+        self.time = RankTime(env, baton)
+        self.cluster = cluster
+        self.world_size = cluster.world_size
+        self.progress = progress
+        #: collectives that can run at once per (rank, group): one stream, or the gloo worker pool
+        self.slots = 1 if progress == "nccl" else gloo_threads
+        self.trace = trace
+        self.races = RaceDetector(races, progress, self.now)
+        self.network = Network(env, cluster)
+        self.p2p = P2P(self)
+        self.selector = AlgorithmSelector(cluster)
+        self.groups: dict[object, GroupState] = {}
+        #: the default timeout (simulated seconds) of groups created without one; None: no timeout
+        self.default_timeout: float | None = None
+        #: the rendezvous store every rank's default group is created with
+        self.store: Any = None
+
+    # ------------------------------------------------------------------ groups
+    def group_state(self, key: object, name: str, global_ranks: list[int], timeout: float | None) -> GroupState:
+        """The shared state of a group, created by the first member rank that builds it."""
+        st = self.groups.get(key)
+        if st is None:
+            st = self.groups[key] = GroupState(name, global_ranks, len(self.groups), self.slots)
+            st.timeout = timeout
+        return st
+
+    # ------------------------------------------------------------------ rank time
+    def charge(self, seconds: float, name: str) -> None:
+        """Add ``seconds`` of compute to the calling rank's compute stream (settled at its next sync point)."""
+        span = self.time.charge(seconds)
+        if span is not None:
+            self.trace.compute(span[0], name, span[1], span[2])
+
+    def settle(self) -> None:
+        """Advance simulated time over the calling rank's pending compute."""
+        self.time.settle()
+
+    def now(self) -> float:
+        """The calling rank's current simulated time (seconds), pending compute included."""
+        return self.time.now()
+
+    def let_time_pass(self, event: Any, description: str) -> None:
+        """A rank polled an operation that is not done: let simulated time move on (see ``RankTime``)."""
+        self.time.let_time_pass(event, description)
+
+    # ------------------------------------------------------------------ diagnosis
+    def call_site(self) -> str:
+        """The user's call site of the operation being issued."""
+        return caller_site(_SKIP)
+
+    def who_is_missing(self, work: Any) -> str:
+        """Text naming the ranks that have not joined ``work``'s collective (and, once it runs, its progress)."""
+        st = getattr(work, "group_state", None)
+        if st is None:
+            return ""
+        missing = st.missing_ranks(work.seq)
+        if missing:
+            return f"Ranks that have not issued it: {missing}."
+        running = getattr(work, "messages", None)
+        if running is None:
+            return "Every rank issued it."
+        return "Every rank issued it; it was still running. Its schedule:\n" + running.progress()
+
+    def stall_report(self) -> DeadlockError:
+        """The error raised when every unfinished rank is blocked and nothing is scheduled."""
+        lines = [f"deadlock at simulated time {self.env.now:.9g} s: every unfinished rank is blocked and nothing is scheduled."]
+        for s in self.baton.ranks:
+            if s.finished:
+                lines.append(f"  rank {s.rank}: finished")
+            else:
+                lines.append(f"  rank {s.rank}: {s.waiting_on or 'blocked'}")
+        for st in self.groups.values():
+            for seq, inst in sorted(st.instances.items()):
+                if len(inst.calls) < st.size:
+                    joined = sorted(st.global_ranks[r] for r in inst.calls)
+                    c = next(iter(inst.calls.values()))
+                    lines.append(
+                        f"  group {st.name or 'default'} {c.op} #{seq}: issued by ranks {joined}, "
+                        f"never by {st.missing_ranks(seq)}"
+                    )
+        pend = self.p2p.pending_descriptions()
+        if pend:
+            lines.append("  unmatched point-to-point operations:")
+            lines += [f"    {p}" for p in pend]
+        return DeadlockError("\n".join(lines))

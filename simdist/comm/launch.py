@@ -1,0 +1,57 @@
+"""Starting a matched collective: choose its algorithm, plan its buffers, run its messages, trace each rank's part.
+
+Called once every rank of the group has joined the instance and has a free stream or worker slot for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simdist.comm.group import Call, GroupState, Instance
+from simdist.comm.messages import ScheduleRun
+from simdist.trace.trace import Span
+
+
+def launch(sim: Any, st: GroupState, inst: Instance) -> None:
+    """Run instance ``inst`` of group ``st`` on ``sim`` (a :class:`~simdist.comm.context.RunContext`)."""
+    n = st.size
+    calls = [inst.calls[r] for r in range(n)]
+    specs = [c.spec for c in calls]
+    first = specs[0]
+    kind = type(first)
+    kind.check_across(specs, [c.site for c in calls])
+    algo = sim.selector.select(st.index, st.global_ranks, st.algorithms, first.collective, first.sizes().nbytes)
+    plan = kind.plan(specs, algo)
+    name = f"{sim.progress}:{first.name}"
+    start_time = sim.env.now
+    streams = [st.stream_of(inst, r) for r in range(n)]
+
+    def rank_done(r: int) -> None:
+        plan.finish[r]()
+        c = calls[r]
+        sim.trace.add(
+            Span(st.global_ranks[r], streams[r], name, start_time, sim.env.now, _span_args(c, st, inst, algo.name))
+        )
+        c.work.complete()
+        st.rank_done(inst, r)
+
+    run = ScheduleRun(sim, plan.msgs, n, plan.src, plan.dst, plan.reduce_op, st.global_ranks, rank_done, streams, name)
+    for c in calls:
+        c.work.messages = run
+    run.start()
+
+
+def _span_args(call: Call, st: GroupState, inst: Instance, algorithm: str) -> dict[str, Any]:
+    """A collective span's arguments, named as torch's profiler names them (plus the algorithm and issue time)."""
+    sizes = call.spec.sizes()
+    return {
+        "Collective name": call.op,
+        "In msg nelems": sizes.in_nelems,
+        "Out msg nelems": sizes.out_nelems,
+        "Group size": st.size,
+        "dtype": sizes.dtype,
+        "Process Group Name": st.name or "default",
+        "Seq": inst.seq,
+        "algorithm": algorithm,
+        "issued": call.work.issued_at,
+    }

@@ -1,0 +1,217 @@
+"""Clusters read from and written to TOML or JSON config files.
+
+A config file has a ``[cluster]`` table in one of three forms (JSON: the same keys as nested objects):
+
+* ``builder = "two_level"`` plus that builder's keyword arguments (``nodes = 2``, ``inter_bandwidth = "400Gb/s"``);
+* ``preset = "dgx-h100"`` plus overrides of the preset's builder arguments;
+* ``world_size = 4`` (and optionally ``switches = ["sw", ...]`` to fix their order) with an explicit
+  top-level ``[[links]]`` list of ``src``, ``dst``, ``bandwidth``, ``latency`` (and optional
+  ``duplex = true`` for a link in each direction). Links are numbered by source vertex (ranks, then
+  switches), then in the order listed.
+
+Every form also takes ``device``, ``name`` and a ``[cluster.algorithms]`` table. In the first two forms
+``world_size`` may replace the size argument (``n``, ``nodes`` or ``dims``) of a builder that has one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+from typing_extensions import Self
+
+from simdist.errors import ClusterSpecError
+from simdist.network.builders import BUILDERS
+from simdist.network.graph import positive_int, suggest
+from simdist.network.presets import COMMON_KEYS, PRESETS, check_keys, lookup, preset_names
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: tomllib arrived in 3.11; tomli is its backport.
+    try:
+        import tomli as tomllib  # type: ignore[no-redef]
+    except ModuleNotFoundError:
+        tomllib = None  # type: ignore[assignment]
+
+
+def _links_graph(links: Any, world_size: int, switches: Any) -> nx.DiGraph:
+    """Return the graph of ranks 0..world_size-1, the ``switches`` (in order) and the [[links]] list."""
+    if not isinstance(links, list):
+        raise ClusterSpecError(f"links must be a list of tables ([[links]]); found a {type(links).__name__}")
+    if not isinstance(switches, list) or not all(isinstance(s, str) and s for s in switches):
+        raise ClusterSpecError(f"switches must be a list of switch names (strings); found {switches!r}")
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(world_size))
+    # Switches listed here come first, in this order (it fixes link numbering); others as links name them.
+    graph.add_nodes_from(switches)
+    required = ["src", "dst", "bandwidth", "latency"]
+    for i, link in enumerate(links):
+        where = f"links[{i}]"
+        if not isinstance(link, Mapping):
+            raise ClusterSpecError(f"{where} must be a table with {', '.join(required)}; found {link!r}")
+        check_keys(link, [*required, "duplex"], where)
+        missing = [k for k in required if k not in link]
+        if missing:
+            raise ClusterSpecError(
+                f"{where} lacks {', '.join(missing)}; each link needs {', '.join(required)}"
+            )
+        for end in (link["src"], link["dst"]):
+            if isinstance(end, bool) or not isinstance(end, (int, str)) or end == "":
+                raise ClusterSpecError(
+                    f"{where}: endpoint {end!r} must be an int rank or a switch name string"
+                )
+            if isinstance(end, int) and not 0 <= end < world_size:
+                raise ClusterSpecError(
+                    f"{where}: rank {end} is outside 0..{world_size - 1} (world_size = {world_size})"
+                )
+        duplex = link.get("duplex", False)
+        if not isinstance(duplex, bool):
+            raise ClusterSpecError(f"{where}: duplex must be true or false; found {duplex!r}")
+        pairs = [(link["src"], link["dst"])] + ([(link["dst"], link["src"])] if duplex else [])
+        for u, v in pairs:
+            if graph.has_edge(u, v):
+                raise ClusterSpecError(
+                    f"{where}: link {u!r} -> {v!r} is declared twice; declare each direction once "
+                    f"(merge parallel cables into one link with their summed bandwidth)"
+                )
+            graph.add_edge(u, v, bandwidth=link["bandwidth"], latency=link["latency"])
+    return graph
+
+
+def _read(path: Path) -> Any:
+    """Return the parsed contents of the .toml or .json file at ``path``."""
+    suffix = path.suffix.lower()
+    if suffix not in (".toml", ".json"):
+        raise ClusterSpecError(
+            f"cluster file {str(path)!r} must end in .toml or .json; found {suffix or 'no suffix'!r}"
+        )
+    if not path.is_file():
+        raise ClusterSpecError(
+            f"cluster file {str(path)!r} does not exist; give a preset name or a .toml/.json path"
+        )
+    if suffix == ".json":
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ClusterSpecError(f"{path}: not valid JSON: {exc}") from None
+    if tomllib is None:
+        raise ClusterSpecError(f"{path}: reading TOML needs Python 3.11+ or the 'tomli' package; or use JSON")
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ClusterSpecError(f"{path}: not valid TOML: {exc}") from None
+
+
+def _toml_value(value: Any) -> str:
+    """Return ``value`` (bool, int, finite float, str, or a list of these) written as a TOML value."""
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)  # repr of a finite float is valid TOML and reads back exactly
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+def config_to_toml(config: Mapping[str, Any]) -> str:
+    """Return the config mapping made by ``Cluster.to_config`` as TOML text."""
+    cluster = dict(config["cluster"])
+    algorithms = cluster.pop("algorithms", None)
+    lines = ["[cluster]", *(f"{k} = {_toml_value(v)}" for k, v in cluster.items())]
+    if algorithms:
+        lines += ["", "[cluster.algorithms]", *(f"{k} = {_toml_value(v)}" for k, v in algorithms.items())]
+    for link in config.get("links", []):
+        lines += ["", "[[links]]", *(f"{k} = {_toml_value(v)}" for k, v in link.items())]
+    return "\n".join(lines) + "\n"
+
+
+class ClusterFiles:
+    """Build clusters from config mappings, files and names, and write them back; mixed into the cluster class."""
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], world_size: int | None = None, source: str = "config") -> Self:
+        """Build a cluster from a parsed config mapping (the file format above); ``source`` names it in errors."""
+        try:
+            return cls._from_config(config, world_size, source)
+        except ClusterSpecError as exc:
+            message = str(exc)
+            raise ClusterSpecError(message if message.startswith(source) else f"{source}: {message}") from None
+
+    @classmethod
+    def from_file(cls, path: str | Path, world_size: int | None = None) -> Self:
+        """Load a cluster from a .toml or .json config file; ``world_size`` sizes it or must match it."""
+        path = Path(path)
+        return cls.from_config(_read(path), world_size, source=str(path))
+
+    @classmethod
+    def load(cls, spec: str, world_size: int | None = None) -> Self:
+        """The cluster named by ``spec``: a preset name or a .toml/.json path, sized by ``world_size``."""
+        if not isinstance(spec, str) or not spec.strip():
+            raise ClusterSpecError(
+                f"cluster spec must be a preset name ({', '.join(preset_names())}) or a file path; found {spec!r}"
+            )
+        if spec.strip().lower().replace("_", "-") in PRESETS:
+            return cls.preset(spec, world_size=world_size)  # type: ignore[attr-defined]
+        path = Path(spec)
+        if path.suffix.lower() in (".toml", ".json") or path.is_file():
+            return cls.from_file(path, world_size)
+        return cls.preset(spec, world_size=world_size)  # type: ignore[attr-defined]  # raises, with suggestions
+
+    def save(self, path: str | Path) -> None:
+        """Write this cluster to a .toml or .json file (explicit links form) that ``load`` reads back."""
+        path = Path(path)
+        config = self.to_config()  # type: ignore[attr-defined]
+        suffix = path.suffix.lower()
+        if suffix == ".json":
+            path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        elif suffix == ".toml":
+            path.write_text(config_to_toml(config), encoding="utf-8")
+        else:
+            raise ClusterSpecError(f"cannot save a cluster to {str(path)!r}: use a .toml or .json file name")
+
+    @classmethod
+    def _from_config(cls, config: Mapping[str, Any], world_size: int | None, source: str) -> Self:
+        """Build a cluster from ``config``; errors are prefixed with ``source`` by the caller."""
+        if not isinstance(config, Mapping):
+            raise ClusterSpecError(f"expected a table with a 'cluster' table; found a {type(config).__name__}")
+        check_keys(config, ["cluster", "links"], "top level")
+        table = config.get("cluster")
+        if not isinstance(table, Mapping):
+            raise ClusterSpecError(
+                "needs a [cluster] table with builder = ..., preset = ..., or world_size = ... and [[links]]"
+            )
+        links = config.get("links")
+        forms = [k for k in ("preset", "builder") if k in table] + (["[[links]]"] if links is not None else [])
+        if len(forms) != 1:
+            raise ClusterSpecError(
+                'the [cluster] table needs exactly one of preset = "...", builder = "...", or a [[links]] list; '
+                f"found {', '.join(forms) if forms else 'none of them'}"
+            )
+        params = {k: v for k, v in table.items() if k not in ("preset", "builder", "world_size")}
+        if "world_size" in table:
+            file_size = positive_int(table["world_size"], "[cluster] world_size")
+            if world_size is not None and world_size != file_size:
+                raise ClusterSpecError(
+                    f"world_size = {file_size} in the file but a world size of {world_size} was requested; make them agree"
+                )
+            world_size = file_size
+        if "preset" in table:
+            preset = lookup(table["preset"])
+            check_keys(params, cls.builder_keys(preset.builder), f"[cluster] (preset {preset.name!r})")
+            return cls.preset(preset.name, world_size=world_size, **params)  # type: ignore[attr-defined]
+        if "builder" in table:
+            builder = table["builder"]
+            if builder not in BUILDERS:
+                raise ClusterSpecError(
+                    f"unknown builder {builder!r}; known builders: {', '.join(BUILDERS)}.{suggest(str(builder), BUILDERS, cutoff=0.5)}"
+                )
+            check_keys(params, cls.builder_keys(builder), f"[cluster] (builder {builder!r})")
+            return cls.build(builder, dict(params), world_size, f"builder {builder!r}")  # type: ignore[attr-defined]
+        check_keys(params, [*COMMON_KEYS, "switches"], "[cluster] (explicit [[links]])")
+        if world_size is None:
+            raise ClusterSpecError("an explicit [[links]] list needs world_size = N in the [cluster] table")
+        switches = params.pop("switches", [])
+        return cls(_links_graph(links, world_size, switches), **params)  # type: ignore[call-arg]
