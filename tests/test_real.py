@@ -27,6 +27,7 @@ from real.report import failure_error
 from real.status import StatusDir
 from real.target import ScriptTarget, target_for
 from real.worker import _to_cpu
+from simdist.errors import SimdistError
 from simdist.script import ScriptError, load_entry
 
 Pair = collections.namedtuple("Pair", "a b")
@@ -204,6 +205,16 @@ def test_script_function_is_sent_as_its_path() -> None:
 def test_bad_arguments_are_rejected(no_launch: None, kwargs: dict, match: str) -> None:
     with pytest.raises(RealConfigError, match=match):
         real.run(real_fns.main, **kwargs)
+
+
+def test_real_errors_belong_to_simdists_error_hierarchy(no_launch: None, tmp_path: Path) -> None:
+    # Callers can catch every error simdist and real raise on purpose with one except clause.
+    with pytest.raises(SimdistError) as config:
+        real.run(real_fns.main, 0)
+    assert isinstance(config.value, RealConfigError) and isinstance(config.value, ValueError)
+    run_error = failure_error(StatusDir(tmp_path), 2, "gloo", None, timed_out=True, timeout=1)
+    assert isinstance(run_error, RealRunError) and isinstance(run_error, SimdistError)
+    assert isinstance(run_error, RuntimeError)
 
 
 def test_nccl_without_cuda_is_a_clear_error(no_launch: None, monkeypatch: pytest.MonkeyPatch) -> None:
