@@ -25,7 +25,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from real import worker
+from real import rank_process
 from real.backend import resolve_backend
 from real.errors import RealConfigError
 from real.report import failure_error
@@ -34,13 +34,13 @@ from real.target import Job, ScriptTarget, dump_job, target_for
 from simdist.script import load_entry
 
 _HOST = "127.0.0.1"
-# Environment variables the launcher sets per worker; letting `env` override them would break the run.
+# Environment variables the launcher sets per rank process; letting `env` override them would break the run.
 _RESERVED_ENV = frozenset(
     {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
 )
 _LOGGER_PREFIXES = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
-_STACK_DUMP_WAIT = 2.0  # seconds the still-running workers get to write their stacks at a timeout
-_AGENT_EXIT_WAIT = 30.0  # seconds the agent gets to notice killed workers and return
+_STACK_DUMP_WAIT = 2.0  # seconds the still-running rank processes get to write their stacks at a timeout
+_AGENT_EXIT_WAIT = 30.0  # seconds the agent gets to notice killed rank processes and return
 _PORT_ATTEMPTS = 3  # launches tried with a fresh free port when the previous one was taken meanwhile
 
 
@@ -105,7 +105,7 @@ def _launch(
     timeout: float,
     env: dict[str, str] | None,
 ) -> RealResult:
-    """Check everything, start the workers, wait for them (at most ``timeout``), collect or explain."""
+    """Check everything, start the rank processes, wait for them (at most ``timeout``), collect or explain."""
     _check_arguments(nproc, timeout, master_port, env)
     resolved = resolve_backend(backend, nproc)
     blob = dump_job(Job(target, resolved, tuple(args), dict(kwargs or {}), dict(env or {})))
@@ -148,13 +148,13 @@ def _check_arguments(nproc: int, timeout: float, master_port: int | None, env: d
             raise RealConfigError(f"env must map str to str; got {key!r}: {value!r}")
         if key in _RESERVED_ENV:
             raise RealConfigError(
-                f"env may not set {key}: the launcher sets it for each worker "
+                f"env may not set {key}: the launcher sets it for each rank process "
                 f"(reserved: {', '.join(sorted(_RESERVED_ENV))})"
             )
 
 
 def _launch_config(nproc: int, port: int, timeout: float, root: str) -> LaunchConfig:
-    """A single-node elastic launch of ``nproc`` spawned workers with a static rendezvous on localhost."""
+    """A single-node elastic launch of ``nproc`` spawned rank processes with a static rendezvous on localhost."""
     return LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -178,7 +178,7 @@ def _launch_config(nproc: int, port: int, timeout: float, root: str) -> LaunchCo
 def _supervise(
     config: LaunchConfig, entry_args: tuple[Any, ...], timeout: float, status: StatusDir, nproc: int
 ) -> tuple[dict[int, Any] | None, BaseException | None, bool]:
-    """Run the elastic agent on a thread and kill its workers at ``timeout``: (returns, error, timed out)."""
+    """Run the elastic agent on a thread and kill its rank processes at ``timeout``: (returns, error, timed out)."""
     outcome: dict[str, Any] = {}
     # An Event rather than Thread.join: after a KeyboardInterrupt, Thread.join can return at once on
     # Python < 3.13 even though the thread still runs.
@@ -186,50 +186,50 @@ def _supervise(
 
     def agent() -> None:
         try:
-            outcome["values"] = elastic_launch(config, worker.entry)(*entry_args)
+            outcome["values"] = elastic_launch(config, rank_process.entry)(*entry_args)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, which raises it
             outcome["error"] = exc
         finally:
             done.set()
 
     # The agent on a non-main thread installs no signal handlers, so the caller's Ctrl-C and SIGTERM
-    # handling stays as it was; the workers are the only new children of this process.
+    # handling stays as it was; the rank processes are the only new children of this process.
     before = set(multiprocessing.active_children())
     thread = threading.Thread(target=agent, name="real-elastic-agent", daemon=True)
     with _quiet_launcher_logs(), _env_restored("TORCHELASTIC_SIGNALS_TO_HANDLE"):
         thread.start()
         try:
             finished = done.wait(timeout)
-        except BaseException:  # e.g. KeyboardInterrupt: take the workers down before propagating
-            _kill_workers(before)
+        except BaseException:  # e.g. KeyboardInterrupt: take the rank processes down before propagating
+            _kill_rank_processes(before)
             done.wait(_AGENT_EXIT_WAIT)
             raise
         if not finished:
             _dump_stacks(before, status, nproc)
-            _kill_workers(before)
+            _kill_rank_processes(before)
             done.wait(_AGENT_EXIT_WAIT)
     return outcome.get("values"), outcome.get("error"), not finished
 
 
-def _workers(before: set[multiprocessing.process.BaseProcess]) -> list[multiprocessing.process.BaseProcess]:
-    """Live child processes started since ``before`` was taken: this launch's workers."""
+def _rank_processes(before: set[multiprocessing.process.BaseProcess]) -> list[multiprocessing.process.BaseProcess]:
+    """Live child processes started since ``before`` was taken: this launch's rank processes."""
     return [p for p in multiprocessing.active_children() if p not in before]
 
 
 def _dump_stacks(before: set[multiprocessing.process.BaseProcess], status: StatusDir, nproc: int) -> None:
-    """Ask the still-running workers for their Python stacks and give them a moment to write them."""
-    for process in _workers(before):
+    """Ask the still-running rank processes for their Python stacks and give them a moment to write them."""
+    for process in _rank_processes(before):
         with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, worker.STACK_DUMP_SIGNAL)  # type: ignore[arg-type]
+            os.kill(process.pid, rank_process.STACK_DUMP_SIGNAL)  # type: ignore[arg-type]
     running = [r for r in range(nproc) if status.has(r, STARTED) and not status.has(r, RETURNED)]
     deadline = time.monotonic() + _STACK_DUMP_WAIT
     while time.monotonic() < deadline and any(status.stack(r) is None for r in running):
         time.sleep(0.05)
 
 
-def _kill_workers(before: set[multiprocessing.process.BaseProcess]) -> None:
-    """SIGKILL this launch's workers: a worker stuck in a collective ignores gentler requests."""
-    for process in _workers(before):
+def _kill_rank_processes(before: set[multiprocessing.process.BaseProcess]) -> None:
+    """SIGKILL this launch's rank processes: one stuck in a collective ignores gentler requests."""
+    for process in _rank_processes(before):
         with contextlib.suppress(ProcessLookupError):
             os.kill(process.pid, signal.SIGKILL)  # type: ignore[arg-type]
 

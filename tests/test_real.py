@@ -26,7 +26,7 @@ from real.__main__ import main as cli_main
 from real.report import failure_error
 from real.status import StatusDir
 from real.target import ScriptTarget, target_for
-from real.worker import _to_cpu
+from real.rank_process import _to_cpu
 from simdist.errors import SimdistError
 from simdist.script import ScriptError, load_entry
 
@@ -73,7 +73,7 @@ def test_all_reduce_on_real_processes_matches_arithmetic(nproc: int) -> None:
 
 
 @pytest.mark.real
-def test_worker_exception_names_the_rank_and_carries_its_traceback() -> None:
+def test_rank_exception_names_the_rank_and_carries_its_traceback() -> None:
     with pytest.raises(RealRunError) as info:
         real.run(real_fns.fail_on_rank_1, 2, timeout=120)
     error = info.value
@@ -96,7 +96,7 @@ def test_timeout_kills_a_hung_run_and_shows_where_it_was_stuck() -> None:
 
 
 @pytest.mark.real
-def test_run_script_loads_the_script_in_each_worker() -> None:
+def test_run_script_loads_the_script_in_each_rank_process() -> None:
     result = real.run_script(SCRIPT, 2, kwargs={"scale": 10})
     assert result.returns == [30, 30]
 
@@ -263,7 +263,7 @@ def test_earliest_recorded_failure_is_reported_as_the_root_cause(tmp_path: Path)
     assert error.first_rank == 2
     assert str(error).startswith("rank 2 failed on 3 real processes (backend gloo):")
     assert "rank 0: RuntimeError: second" in str(error)
-    assert "No worker reached real's entry point" in str(error)  # no rank marked itself started
+    assert "No rank process reached real's entry point" in str(error)  # no rank marked itself started
 
 
 def test_returns_are_moved_to_cpu_keeping_their_containers() -> None:

@@ -1,4 +1,8 @@
-"""The function each spawned worker process runs: set up torch.distributed, call the user's code, clean up."""
+"""What each spawned rank process runs: set up torch.distributed, call the user's code, clean up.
+
+torchrun and torch's elastic agent call these processes "workers"; this module is their entry point
+(`entry`), one call per rank.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from real.status import RETURNED, STARTED, StatusDir
 
-# Sent by the launcher at a timeout: each still-running worker dumps its Python stacks to its status file.
+# Sent by the launcher at a timeout: each still-running rank process dumps its Python stacks to its status file.
 STACK_DUMP_SIGNAL = signal.SIGUSR1
 
 
@@ -71,7 +75,7 @@ def _run(
 
 
 def _limit_threads() -> None:
-    """Use one intra-op thread per worker unless told otherwise, as torchrun does for several processes."""
+    """Use one intra-op thread per rank process unless told otherwise, as torchrun does for several processes."""
     if "OMP_NUM_THREADS" not in os.environ and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1:
         os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
