@@ -154,7 +154,7 @@ def _check_arguments(nproc: int, timeout: float, master_port: int | None, env: d
 
 
 def _launch_config(nproc: int, port: int, timeout: float, root: str) -> LaunchConfig:
-    """A single-node elastic launch of ``nproc`` spawned rank processes with a static rendezvous on localhost."""
+    """A single-node elastic launch of ``nproc`` spawned rank processes, static rendezvous on localhost."""
     return LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -178,7 +178,7 @@ def _launch_config(nproc: int, port: int, timeout: float, root: str) -> LaunchCo
 def _supervise(
     config: LaunchConfig, entry_args: tuple[Any, ...], timeout: float, status: StatusDir, nproc: int
 ) -> tuple[dict[int, Any] | None, BaseException | None, bool]:
-    """Run the elastic agent on a thread and kill its rank processes at ``timeout``: (returns, error, timed out)."""
+    """Run the elastic agent on a thread; kill its processes at ``timeout``. (returns, error, timed out)"""
     outcome: dict[str, Any] = {}
     # An Event rather than Thread.join: after a KeyboardInterrupt, Thread.join can return at once on
     # Python < 3.13 even though the thread still runs.
@@ -211,7 +211,9 @@ def _supervise(
     return outcome.get("values"), outcome.get("error"), not finished
 
 
-def _rank_processes(before: set[multiprocessing.process.BaseProcess]) -> list[multiprocessing.process.BaseProcess]:
+def _rank_processes(
+    before: set[multiprocessing.process.BaseProcess],
+) -> list[multiprocessing.process.BaseProcess]:
     """Live child processes started since ``before`` was taken: this launch's rank processes."""
     return [p for p in multiprocessing.active_children() if p not in before]
 

@@ -20,7 +20,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from real.status import RETURNED, STARTED, StatusDir
 
-# Sent by the launcher at a timeout: each still-running rank process dumps its Python stacks to its status file.
+# Sent by the launcher at a timeout: each still-running rank process dumps its Python stacks to its
+# status file.
 STACK_DUMP_SIGNAL = signal.SIGUSR1
 
 
@@ -75,7 +76,7 @@ def _run(
 
 
 def _limit_threads() -> None:
-    """Use one intra-op thread per rank process unless told otherwise, as torchrun does for several processes."""
+    """One intra-op thread per rank process unless told otherwise, as torchrun does for several processes."""
     if "OMP_NUM_THREADS" not in os.environ and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1:
         os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)

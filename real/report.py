@@ -13,7 +13,8 @@ from real.status import RETURNED, STARTED, StatusDir
 _NO_ENTRY_HINT = (
     "No rank process reached real's entry point: the spawned processes failed while starting (their stderr "
     "above shows why). A common cause is a program that calls real.run without an "
-    '`if __name__ == "__main__":` guard: each spawned rank process re-imports the main module and runs it again.'
+    '`if __name__ == "__main__":` guard: each spawned rank process re-imports the main module and runs it '
+    "again."
 )
 
 
@@ -47,7 +48,9 @@ def failure_error(
         detail = f"{type(error).__name__}: {error}" if error is not None else "no result and no error"
         if "EADDRINUSE" in detail:
             detail += "\nThe rendezvous port is in use: pass another master_port, or None to pick a free one."
-        return RealRunError(f"the elastic launcher failed before the rank processes finished on {where}: {detail}")
+        return RealRunError(
+            f"the elastic launcher failed before the rank processes finished on {where}: {detail}"
+        )
 
     lines = [f"rank {first} failed on {where}:", failures[first].rstrip()]
     others = sorted(r for r in failures if r != first)

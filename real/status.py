@@ -1,4 +1,4 @@
-"""Per-rank status files through which rank processes tell the launcher how far they got and why they failed."""
+"""Per-rank status files: how far each rank process got and why it failed, as the launcher reads them."""
 
 from __future__ import annotations
 
