@@ -30,7 +30,7 @@ from real.backend import resolve_backend
 from real.errors import RealConfigError
 from real.report import failure_error
 from real.status import RETURNED, STARTED, StatusDir
-from real.target import Job, ScriptTarget, dump_job, target_for
+from real.target import CallableTarget, Job, ScriptTarget, dump_job, target_for
 from simdist.script import load_entry
 
 _HOST = "127.0.0.1"
@@ -65,7 +65,19 @@ def run(
     timeout: float = 300.0,
     env: dict[str, str] | None = None,
 ) -> RealResult:
-    """Run ``fn(*args, **kwargs)`` as every rank of ``nproc`` real processes and collect the returns."""
+    """Run ``fn(*args, **kwargs)`` as every rank of ``nproc`` real processes and collect the returns.
+
+    Functions and classes reach the spawned processes by reference (module and qualified name), as
+    ``torch.multiprocessing.spawn`` sends them: ``fn`` may be a top-level function of an importable
+    module or of the script that calls ``run``, whose call then sits under
+    ``if __name__ == "__main__":``. Each process loads that script under another module name
+    (``__mp_main__``, or ``pkg.mod`` for ``python -m pkg.mod``), so the guarded block does not run
+    there while the rest of its top level does, once per process. Functions and classes of the script
+    passed inside ``args``/``kwargs`` travel the same way. Rejected before any process starts, with a
+    RealConfigError that says what to do: lambdas, functions nested in other functions, anything
+    defined inside the script's ``if __name__ == "__main__":`` block, functions of an interactive
+    ``__main__`` with no file (``python -c``, the REPL, notebooks), and arguments that cannot be pickled.
+    """
     return _launch(target_for(fn), nproc, backend, args, kwargs, master_port, timeout, env)
 
 
@@ -96,7 +108,7 @@ def free_port(host: str = _HOST) -> int:
 
 
 def _launch(
-    target: Any,
+    target: CallableTarget | ScriptTarget,
     nproc: int,
     backend: str | None,
     args: tuple[Any, ...],
@@ -108,7 +120,7 @@ def _launch(
     """Check everything, start the rank processes, wait for them (at most ``timeout``), collect or explain."""
     _check_arguments(nproc, timeout, master_port, env)
     resolved = resolve_backend(backend, nproc)
-    blob = dump_job(Job(target, resolved, tuple(args), dict(kwargs or {}), dict(env or {})))
+    blob, main = dump_job(Job(target, resolved, tuple(args), dict(kwargs or {}), dict(env or {})))
     with tempfile.TemporaryDirectory(prefix="real-run-") as root:
         status = StatusDir(root)
         # A port found free can be taken before the launcher binds it; then try another one.
@@ -116,7 +128,7 @@ def _launch(
             config = _launch_config(nproc, master_port or free_port(), timeout, root)
             start = time.perf_counter()
             values, error, timed_out = _supervise(
-                config, (list(sys.path), root, blob), timeout, status, nproc
+                config, (list(sys.path), root, main, blob), timeout, status, nproc
             )
             wall_time = time.perf_counter() - start
             if not _port_taken(error):
