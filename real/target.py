@@ -63,13 +63,12 @@ def target_for(fn: Callable[..., Any]) -> CallableTarget | ScriptTarget:
     """Wrap ``fn`` for sending to rank processes; a function from a loaded script is sent as a script path."""
     if not callable(fn):
         raise RealConfigError(f"fn must be callable; got {type(fn).__name__} {fn!r}")
+    qualname = getattr(fn, "__qualname__", "")
     script = script_path_of(fn)
     if script is not None:
-        qualname = getattr(fn, "__qualname__", "")
         if "." in qualname:
             raise RealConfigError(f"{qualname!r} from script {script} is not top-level; {_MOVE_IT}")
         return ScriptTarget(script, qualname)
-    qualname = getattr(fn, "__qualname__", "")
     if "<lambda>" in qualname:
         raise RealConfigError(f"fn {qualname!r} is a lambda; {_MOVE_IT}")
     if "<locals>" in qualname:

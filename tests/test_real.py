@@ -26,11 +26,12 @@ import torch
 import real
 from real import RealConfigError, RealRunError
 from real.__main__ import main as cli_main
+from real.backend import resolve_backend
 from real.main_script import MP_MAIN, MainScript
+from real.rank_process import _to_cpu
 from real.report import failure_error
 from real.status import StatusDir
 from real.target import Job, ScriptTarget, dump_job, load_job, target_for
-from real.rank_process import _to_cpu
 from simdist.errors import SimdistError
 from simdist.script import ScriptError, load_entry
 
@@ -375,9 +376,7 @@ def test_closure_is_rejected_before_launching(no_launch: None) -> None:
 
 def test_function_of_a_module_not_on_sys_path_is_rejected(no_launch: None, tmp_path: Path) -> None:
     # Loaded by path under a name no fresh process can import: pickle by reference would work here
-    # and fail in every worker.
-    import importlib.util
-
+    # and fail in every rank process.
     (tmp_path / "path_only_module.py").write_text("def f():\n    return 1\n")
     spec = importlib.util.spec_from_file_location("path_only_module", tmp_path / "path_only_module.py")
     module = importlib.util.module_from_spec(spec)
@@ -441,8 +440,6 @@ def test_nccl_with_fewer_gpus_than_processes_is_a_clear_error(
 
 
 def test_auto_backend_falls_back_to_gloo_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    from real.backend import resolve_backend
-
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_backend("auto", 2) == resolve_backend(None, 2) == "gloo"
 
