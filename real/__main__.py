@@ -58,6 +58,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-# Guarded: spawned workers re-import this module as their main module and must not run the CLI again.
+# Guarded: importing this module (the tests call `main` directly) must not run the CLI.
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,10 +1,12 @@
-"""Errors raised by the real launcher."""
+"""Errors raised by the real launcher, part of simdist's error hierarchy."""
 
 from __future__ import annotations
 
+from simdist.errors import SimdistError
 
-class RealError(Exception):
-    """Base class of every error the real launcher raises on purpose."""
+
+class RealError(SimdistError):
+    """Base class of every error the real launcher raises on purpose (a SimdistError)."""
 
 
 class RealConfigError(RealError, ValueError):

@@ -25,22 +25,22 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from real import worker
+from real import rank_process
 from real.backend import resolve_backend
 from real.errors import RealConfigError
 from real.report import failure_error
 from real.status import RETURNED, STARTED, StatusDir
-from real.target import Job, ScriptTarget, dump_job, target_for
+from real.target import CallableTarget, Job, ScriptTarget, dump_job, target_for
 from simdist.script import load_entry
 
 _HOST = "127.0.0.1"
-# Environment variables the launcher sets per worker; letting `env` override them would break the run.
+# Environment variables the launcher sets per rank process; letting `env` override them would break the run.
 _RESERVED_ENV = frozenset(
     {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
 )
 _LOGGER_PREFIXES = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
-_STACK_DUMP_WAIT = 2.0  # seconds the still-running workers get to write their stacks at a timeout
-_AGENT_EXIT_WAIT = 30.0  # seconds the agent gets to notice killed workers and return
+_STACK_DUMP_WAIT = 2.0  # seconds the still-running rank processes get to write their stacks at a timeout
+_AGENT_EXIT_WAIT = 30.0  # seconds the agent gets to notice killed rank processes and return
 _PORT_ATTEMPTS = 3  # launches tried with a fresh free port when the previous one was taken meanwhile
 
 
@@ -65,7 +65,19 @@ def run(
     timeout: float = 300.0,
     env: dict[str, str] | None = None,
 ) -> RealResult:
-    """Run ``fn(*args, **kwargs)`` as every rank of ``nproc`` real processes and collect the returns."""
+    """Run ``fn(*args, **kwargs)`` as every rank of ``nproc`` real processes and collect the returns.
+
+    Functions and classes reach the spawned processes by reference (module and qualified name), as
+    ``torch.multiprocessing.spawn`` sends them: ``fn`` may be a top-level function of an importable
+    module or of the script that calls ``run``, whose call then sits under
+    ``if __name__ == "__main__":``. Each process loads that script under another module name
+    (``__mp_main__``, or ``pkg.mod`` for ``python -m pkg.mod``), so the guarded block does not run
+    there while the rest of its top level does, once per process. Functions and classes of the script
+    passed inside ``args``/``kwargs`` travel the same way. Rejected before any process starts, with a
+    RealConfigError that says what to do: lambdas, functions nested in other functions, anything
+    defined inside the script's ``if __name__ == "__main__":`` block, functions of an interactive
+    ``__main__`` with no file (``python -c``, the REPL, notebooks), and arguments that cannot be pickled.
+    """
     return _launch(target_for(fn), nproc, backend, args, kwargs, master_port, timeout, env)
 
 
@@ -96,7 +108,7 @@ def free_port(host: str = _HOST) -> int:
 
 
 def _launch(
-    target: Any,
+    target: CallableTarget | ScriptTarget,
     nproc: int,
     backend: str | None,
     args: tuple[Any, ...],
@@ -105,10 +117,10 @@ def _launch(
     timeout: float,
     env: dict[str, str] | None,
 ) -> RealResult:
-    """Check everything, start the workers, wait for them (at most ``timeout``), collect or explain."""
+    """Check everything, start the rank processes, wait for them (at most ``timeout``), collect or explain."""
     _check_arguments(nproc, timeout, master_port, env)
     resolved = resolve_backend(backend, nproc)
-    blob = dump_job(Job(target, resolved, tuple(args), dict(kwargs or {}), dict(env or {})))
+    blob, main = dump_job(Job(target, resolved, tuple(args), dict(kwargs or {}), dict(env or {})))
     with tempfile.TemporaryDirectory(prefix="real-run-") as root:
         status = StatusDir(root)
         # A port found free can be taken before the launcher binds it; then try another one.
@@ -116,7 +128,7 @@ def _launch(
             config = _launch_config(nproc, master_port or free_port(), timeout, root)
             start = time.perf_counter()
             values, error, timed_out = _supervise(
-                config, (list(sys.path), root, blob), timeout, status, nproc
+                config, (list(sys.path), root, main, blob), timeout, status, nproc
             )
             wall_time = time.perf_counter() - start
             if not _port_taken(error):
@@ -148,13 +160,13 @@ def _check_arguments(nproc: int, timeout: float, master_port: int | None, env: d
             raise RealConfigError(f"env must map str to str; got {key!r}: {value!r}")
         if key in _RESERVED_ENV:
             raise RealConfigError(
-                f"env may not set {key}: the launcher sets it for each worker "
+                f"env may not set {key}: the launcher sets it for each rank process "
                 f"(reserved: {', '.join(sorted(_RESERVED_ENV))})"
             )
 
 
 def _launch_config(nproc: int, port: int, timeout: float, root: str) -> LaunchConfig:
-    """A single-node elastic launch of ``nproc`` spawned workers with a static rendezvous on localhost."""
+    """A single-node elastic launch of ``nproc`` spawned rank processes, static rendezvous on localhost."""
     return LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -178,7 +190,7 @@ def _launch_config(nproc: int, port: int, timeout: float, root: str) -> LaunchCo
 def _supervise(
     config: LaunchConfig, entry_args: tuple[Any, ...], timeout: float, status: StatusDir, nproc: int
 ) -> tuple[dict[int, Any] | None, BaseException | None, bool]:
-    """Run the elastic agent on a thread and kill its workers at ``timeout``: (returns, error, timed out)."""
+    """Run the elastic agent on a thread; kill its processes at ``timeout``. (returns, error, timed out)"""
     outcome: dict[str, Any] = {}
     # An Event rather than Thread.join: after a KeyboardInterrupt, Thread.join can return at once on
     # Python < 3.13 even though the thread still runs.
@@ -186,50 +198,52 @@ def _supervise(
 
     def agent() -> None:
         try:
-            outcome["values"] = elastic_launch(config, worker.entry)(*entry_args)
+            outcome["values"] = elastic_launch(config, rank_process.entry)(*entry_args)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, which raises it
             outcome["error"] = exc
         finally:
             done.set()
 
     # The agent on a non-main thread installs no signal handlers, so the caller's Ctrl-C and SIGTERM
-    # handling stays as it was; the workers are the only new children of this process.
+    # handling stays as it was; the rank processes are the only new children of this process.
     before = set(multiprocessing.active_children())
     thread = threading.Thread(target=agent, name="real-elastic-agent", daemon=True)
     with _quiet_launcher_logs(), _env_restored("TORCHELASTIC_SIGNALS_TO_HANDLE"):
         thread.start()
         try:
             finished = done.wait(timeout)
-        except BaseException:  # e.g. KeyboardInterrupt: take the workers down before propagating
-            _kill_workers(before)
+        except BaseException:  # e.g. KeyboardInterrupt: take the rank processes down before propagating
+            _kill_rank_processes(before)
             done.wait(_AGENT_EXIT_WAIT)
             raise
         if not finished:
             _dump_stacks(before, status, nproc)
-            _kill_workers(before)
+            _kill_rank_processes(before)
             done.wait(_AGENT_EXIT_WAIT)
     return outcome.get("values"), outcome.get("error"), not finished
 
 
-def _workers(before: set[multiprocessing.process.BaseProcess]) -> list[multiprocessing.process.BaseProcess]:
-    """Live child processes started since ``before`` was taken: this launch's workers."""
+def _rank_processes(
+    before: set[multiprocessing.process.BaseProcess],
+) -> list[multiprocessing.process.BaseProcess]:
+    """Live child processes started since ``before`` was taken: this launch's rank processes."""
     return [p for p in multiprocessing.active_children() if p not in before]
 
 
 def _dump_stacks(before: set[multiprocessing.process.BaseProcess], status: StatusDir, nproc: int) -> None:
-    """Ask the still-running workers for their Python stacks and give them a moment to write them."""
-    for process in _workers(before):
+    """Ask the still-running rank processes for their Python stacks and give them a moment to write them."""
+    for process in _rank_processes(before):
         with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, worker.STACK_DUMP_SIGNAL)  # type: ignore[arg-type]
+            os.kill(process.pid, rank_process.STACK_DUMP_SIGNAL)  # type: ignore[arg-type]
     running = [r for r in range(nproc) if status.has(r, STARTED) and not status.has(r, RETURNED)]
     deadline = time.monotonic() + _STACK_DUMP_WAIT
     while time.monotonic() < deadline and any(status.stack(r) is None for r in running):
         time.sleep(0.05)
 
 
-def _kill_workers(before: set[multiprocessing.process.BaseProcess]) -> None:
-    """SIGKILL this launch's workers: a worker stuck in a collective ignores gentler requests."""
-    for process in _workers(before):
+def _kill_rank_processes(before: set[multiprocessing.process.BaseProcess]) -> None:
+    """SIGKILL this launch's rank processes: one stuck in a collective ignores gentler requests."""
+    for process in _rank_processes(before):
         with contextlib.suppress(ProcessLookupError):
             os.kill(process.pid, signal.SIGKILL)  # type: ignore[arg-type]
 

@@ -1,4 +1,4 @@
-"""Turning what the workers and the elastic agent left behind into one RealRunError."""
+"""Turning what the rank processes and the elastic agent left behind into one RealRunError."""
 
 from __future__ import annotations
 
@@ -6,14 +6,15 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from real import worker
+from real import rank_process
 from real.errors import RealRunError
 from real.status import RETURNED, STARTED, StatusDir
 
 _NO_ENTRY_HINT = (
-    "No worker reached real's entry point: the spawned processes failed while starting (their stderr "
+    "No rank process reached real's entry point: the spawned processes failed while starting (their stderr "
     "above shows why). A common cause is a program that calls real.run without an "
-    '`if __name__ == "__main__":` guard: each spawned worker re-imports the main module and runs it again.'
+    '`if __name__ == "__main__":` guard: each spawned rank process re-imports the main module and runs it '
+    "again."
 )
 
 
@@ -47,7 +48,9 @@ def failure_error(
         detail = f"{type(error).__name__}: {error}" if error is not None else "no result and no error"
         if "EADDRINUSE" in detail:
             detail += "\nThe rendezvous port is in use: pass another master_port, or None to pick a free one."
-        return RealRunError(f"the elastic launcher failed before the workers finished on {where}: {detail}")
+        return RealRunError(
+            f"the elastic launcher failed before the rank processes finished on {where}: {detail}"
+        )
 
     lines = [f"rank {first} failed on {where}:", failures[first].rstrip()]
     others = sorted(r for r in failures if r != first)
@@ -90,7 +93,7 @@ def _timeout_error(
 def _recorded_failures(
     status: StatusDir, nproc: int
 ) -> tuple[dict[int, str], dict[int, str], dict[int, float]]:
-    """Tracebacks, one-line summaries and failure times the workers recorded themselves."""
+    """Tracebacks, one-line summaries and failure times the rank processes recorded themselves."""
     failures: dict[int, str] = {}
     summaries: dict[int, str] = {}
     times: dict[int, float] = {}
@@ -104,7 +107,7 @@ def _recorded_failures(
 
 
 def _describe_process_failure(failure: ProcessFailure) -> str:
-    """A failure the worker could not record itself: a signal, os._exit, a crash while starting."""
+    """A failure the rank process could not record itself: a signal, os._exit, a crash while starting."""
     if failure.exitcode < 0:
         text = f"killed by signal {failure.signal_name()} (exit code {failure.exitcode})"
     else:
@@ -125,7 +128,7 @@ def _user_frames(stack: str) -> str:
     """A faulthandler dump cut where the launcher's own frames begin (most recent call comes first)."""
     kept = []
     for line in stack.splitlines():
-        if worker.__file__ in line:
+        if rank_process.__file__ in line:
             break
         kept.append(line)
     return "\n".join(kept)

@@ -1,4 +1,4 @@
-"""Per-rank status files through which workers tell the launcher how far they got and why they failed."""
+"""Per-rank status files: how far each rank process got and why it failed, as the launcher reads them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ RETURNED = "returned"
 
 
 class StatusDir:
-    """A directory holding ``rank<R>.<kind>`` files, written by workers and read by the launcher."""
+    """A directory holding ``rank<R>.<kind>`` files, written by rank processes and read by the launcher."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
@@ -34,7 +34,7 @@ class StatusDir:
     def record_error(self, rank: int, exc: BaseException, skip_file: str | None = None) -> None:
         """Save ``exc`` raised on ``rank`` with the time it was caught (to order failures across ranks).
 
-        Leading traceback frames from ``skip_file`` (the launcher's own worker code) are left out.
+        Leading traceback frames from ``skip_file`` (real's own rank-process code) are left out.
         """
         tb = exc.__traceback__
         while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename == skip_file:

@@ -1,22 +1,27 @@
-"""What a worker runs, and the check that it can be sent to a freshly spawned process."""
+"""What a rank process runs, and the checks that it can be sent to a freshly spawned process.
+
+Functions and classes travel by reference (module and qualified name), as pickle sends them. Those of
+the calling script (``__main__``) resolve in each rank process through the same script, loaded there
+under a name other than ``__main__`` (see `real.main_script`).
+"""
 
 from __future__ import annotations
 
 import io
 import pickle
-import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from real.errors import RealConfigError
+from real.main_script import MainScript, calling_script, importable
 from simdist.script import SCRIPT_MODULE_PREFIX, load_entry, script_path_of
 
 _MOVE_IT = (
-    "spawned workers import it by module and name, so it must be a top-level function of an importable "
-    "module: move it into a module (a .py file on sys.path), or put the rank code in a script and use "
-    "real.run_script(path, nproc) / python -m real SCRIPT"
+    "spawned rank processes find it by module and qualified name, so it must be a top-level function of "
+    "the script being run (above its `if __name__ == \"__main__\":` block) or of an importable module; "
+    "or put the rank code in a script and use real.run_script(path, nproc) / python -m real SCRIPT"
 )
 
 
@@ -33,7 +38,7 @@ class CallableTarget:
 
 @dataclass(frozen=True)
 class ScriptTarget:
-    """A script's entry function, loaded by path in each worker."""
+    """A script's entry function, loaded by path in each rank process."""
 
     path: str
     entry: str = "main"
@@ -45,7 +50,7 @@ class ScriptTarget:
 
 @dataclass(frozen=True)
 class Job:
-    """Everything a worker needs besides the launcher's environment variables."""
+    """Everything a rank process needs besides the launcher's environment variables."""
 
     target: CallableTarget | ScriptTarget
     backend: str
@@ -55,22 +60,19 @@ class Job:
 
 
 def target_for(fn: Callable[..., Any]) -> CallableTarget | ScriptTarget:
-    """Wrap ``fn`` for sending to workers; a function from a loaded script is sent as a script path."""
+    """Wrap ``fn`` for sending to rank processes; a function from a loaded script is sent as a script path."""
     if not callable(fn):
         raise RealConfigError(f"fn must be callable; got {type(fn).__name__} {fn!r}")
+    qualname = getattr(fn, "__qualname__", "")
     script = script_path_of(fn)
     if script is not None:
-        qualname = getattr(fn, "__qualname__", "")
         if "." in qualname:
             raise RealConfigError(f"{qualname!r} from script {script} is not top-level; {_MOVE_IT}")
         return ScriptTarget(script, qualname)
-    qualname = getattr(fn, "__qualname__", "")
     if "<lambda>" in qualname:
         raise RealConfigError(f"fn {qualname!r} is a lambda; {_MOVE_IT}")
     if "<locals>" in qualname:
         raise RealConfigError(f"fn {qualname!r} is defined inside another function; {_MOVE_IT}")
-    if getattr(fn, "__module__", None) == "__main__":
-        raise RealConfigError(f"fn {qualname!r} is defined in __main__ (the program being run); {_MOVE_IT}")
     return CallableTarget(fn)
 
 
@@ -79,55 +81,60 @@ class _RecordingPickler(pickle.Pickler):
 
     def __init__(self, file: io.BytesIO) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.modules: dict[str, object] = {}
+        self.modules: dict[str, dict[str, object]] = {}
 
     def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, (types.FunctionType, type)):
-            self.modules.setdefault(getattr(obj, "__module__", None) or "", obj)
+        # Functions, classes, and objects pickled by name like them (functools.lru_cache wrappers).
+        if isinstance(obj, (types.FunctionType, type)) or (
+            callable(obj) and isinstance(getattr(obj, "__qualname__", None), str)
+        ):
+            module = getattr(obj, "__module__", None) or ""
+            self.modules.setdefault(module, {}).setdefault(obj.__qualname__, obj)
         return NotImplemented
 
 
-def dump_job(job: Job) -> bytes:
-    """Pickle ``job``, raising RealConfigError if a fresh process could not unpickle it."""
+def dump_job(job: Job) -> tuple[bytes, MainScript | None]:
+    """The pickled ``job`` and the calling script it refers to; RealConfigError if a process can't load it."""
     buffer = io.BytesIO()
     pickler = _RecordingPickler(buffer)
     try:
         pickler.dump(job)
     except (pickle.PicklingError, TypeError, AttributeError) as exc:
         raise RealConfigError(
-            f"cannot send the function and its arguments to the worker processes: {exc}. "
+            f"cannot send the function and its arguments to the rank processes: {exc}. "
             f"Functions and classes are sent by reference; {_MOVE_IT}. Arguments must be picklable."
         ) from exc
-    for module, obj in pickler.modules.items():
-        name = getattr(obj, "__qualname__", repr(obj))
+    main: MainScript | None = None
+    for module, objects in pickler.modules.items():
+        names = list(objects)
         if module == "__main__":
-            raise RealConfigError(f"{name!r} is defined in __main__ (the program being run); {_MOVE_IT}")
-        if module.startswith(SCRIPT_MODULE_PREFIX):
+            main = calling_script(repr(names[0]))
+            main.check_defines(names)
+        elif module.startswith(SCRIPT_MODULE_PREFIX):
             raise RealConfigError(
-                f"{name!r} is defined in a script loaded by path; workers load a script only for its entry "
-                f"function. {_MOVE_IT}"
+                f"{names[0]!r} is defined in a script loaded by path; rank processes load such a script "
+                f"only for its entry function. {_MOVE_IT}"
             )
-        if module and not _importable(module.partition(".")[0]):
+        elif module and not importable(module.partition(".")[0]):
             raise RealConfigError(
-                f"{name!r} is defined in module {module!r}, which a fresh process cannot import from "
+                f"{names[0]!r} is defined in module {module!r}, which a fresh process cannot import from "
                 f"sys.path; {_MOVE_IT}"
             )
-    return buffer.getvalue()
+    return buffer.getvalue(), main
 
 
-def _importable(top_level: str) -> bool:
-    """Whether a fresh interpreter with this sys.path could import ``top_level`` (ignoring sys.modules)."""
-    if top_level in sys.builtin_module_names:
-        return True
-    # Ask the import system's finders directly: find_spec() would answer from sys.modules and so
-    # accept modules that were loaded by path and exist only in this process.
-    for finder in sys.meta_path:
-        find_spec = getattr(finder, "find_spec", None)
-        if find_spec is None:
-            continue
-        try:
-            if find_spec(top_level, None) is not None:
-                return True
-        except Exception:  # noqa: BLE001, S112 - a third-party finder failing must not decide the answer
-            continue
-    return False
+def load_job(blob: bytes, main: MainScript | None) -> Job:
+    """Unpickle a job from `dump_job` in a rank process, first loading the calling script it refers to."""
+    if main is None:
+        return pickle.loads(blob)
+    module = main.install()
+    try:
+        return pickle.loads(blob)
+    except AttributeError as exc:
+        # The parent checked the script's top-level names, so this is a script that binds a name only
+        # under a condition that differs in the rank process.
+        raise RealConfigError(
+            f"a rank process loaded the calling script {main.path} as module {module.__name__!r} and "
+            f"could not find a function or class sent from __main__ ({exc}); define what real.run sends "
+            f"at the top level of the script, unconditionally"
+        ) from exc

@@ -1,4 +1,4 @@
-"""Rank functions for tests/test_real.py, importable by the spawned worker processes.
+"""Rank functions for tests/test_real.py, importable by the spawned rank processes.
 
 Also a script in the shared convention, with ``main()`` as its entry:
 ``python -m real tests/real_fns.py --nproc 2``.

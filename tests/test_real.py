@@ -7,6 +7,9 @@ must be rejected before any process starts.
 from __future__ import annotations
 
 import collections
+import importlib.util
+import json
+import os
 import pickle
 import signal
 import subprocess
@@ -23,10 +26,13 @@ import torch
 import real
 from real import RealConfigError, RealRunError
 from real.__main__ import main as cli_main
+from real.backend import resolve_backend
+from real.main_script import MP_MAIN, MainScript
+from real.rank_process import _to_cpu
 from real.report import failure_error
 from real.status import StatusDir
-from real.target import ScriptTarget, target_for
-from real.worker import _to_cpu
+from real.target import Job, ScriptTarget, dump_job, load_job, target_for
+from simdist.errors import SimdistError
 from simdist.script import ScriptError, load_entry
 
 Pair = collections.namedtuple("Pair", "a b")
@@ -72,7 +78,7 @@ def test_all_reduce_on_real_processes_matches_arithmetic(nproc: int) -> None:
 
 
 @pytest.mark.real
-def test_worker_exception_names_the_rank_and_carries_its_traceback() -> None:
+def test_rank_exception_names_the_rank_and_carries_its_traceback() -> None:
     with pytest.raises(RealRunError) as info:
         real.run(real_fns.fail_on_rank_1, 2, timeout=120)
     error = info.value
@@ -95,7 +101,7 @@ def test_timeout_kills_a_hung_run_and_shows_where_it_was_stuck() -> None:
 
 
 @pytest.mark.real
-def test_run_script_loads_the_script_in_each_worker() -> None:
+def test_run_script_loads_the_script_in_each_rank_process() -> None:
     result = real.run_script(SCRIPT, 2, kwargs={"scale": 10})
     assert result.returns == [30, 30]
 
@@ -123,6 +129,229 @@ def test_cli_reports_a_failing_rank_with_exit_code_1(capsys: pytest.CaptureFixtu
     assert "rank 1 failed" in err and "ValueError: rank 1 refuses to reduce" in err
 
 
+# --- functions of the calling script (__main__) -------------------------------------------------------
+
+WEIGHTS = [1.0, 2.0, 5.0]
+
+# A script that calls real.run on one of its own functions, as a user's first script does. Each load of
+# the script appends its module name to loads.txt beside it, to count how often its top level runs.
+TRAIN_SCRIPT = """
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+import real
+from weights import WEIGHTS  # a module next to the script
+
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "loads.txt"), "a") as log:
+    log.write(__name__ + "\\n")
+
+
+class Scale:
+    def __init__(self, k):
+        self.k = k
+
+
+def offset(rank):
+    return 10 * rank
+
+
+def step(scale, offset_fn):
+    rank = dist.get_rank()
+    t = torch.tensor(WEIGHTS, dtype=torch.float64) * (rank + 1) * scale.k + offset_fn(rank)
+    dist.all_reduce(t)
+    return {"rank": rank, "sum": t.tolist(), "module": __name__}
+
+
+if __name__ == "__main__":
+    result = real.run(step, 2, args=(Scale(3), offset), timeout=120)
+    print(json.dumps(result.returns))
+"""
+
+
+def _python_env() -> dict[str, str]:
+    """The environment for a child interpreter that imports this checkout's `real` and `simdist`."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
+@pytest.mark.real
+def test_run_accepts_a_function_of_the_calling_script(tmp_path: Path) -> None:
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    (project / "weights.py").write_text(f"WEIGHTS = {WEIGHTS!r}\n")
+    (project / "train.py").write_text(TRAIN_SCRIPT)
+    # Started by a relative path from another directory, as `python ../project/train.py`.
+    completed = subprocess.run(
+        [sys.executable, os.path.join("..", "project", "train.py")],
+        cwd=elsewhere,
+        env=_python_env(),
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=180,
+    )
+    assert completed.returncode == 0, completed.stderr
+    returns = json.loads(completed.stdout.splitlines()[-1])
+    expected = [sum(w * (r + 1) * 3 + 10 * r for r in range(2)) for w in WEIGHTS]
+    assert returns == [{"rank": r, "sum": expected, "module": "__mp_main__"} for r in range(2)]
+    # The script ran once as the program and once in each rank process, where its guard did not fire.
+    assert sorted((project / "loads.txt").read_text().split()) == ["__main__", "__mp_main__", "__mp_main__"]
+
+
+def test_functions_of_an_interactive_main_are_rejected_with_what_to_do() -> None:
+    program = textwrap.dedent(
+        """
+        import json
+        import real
+
+        def step():
+            return 1
+
+        def outer():
+            def inner():
+                return 1
+            return inner
+
+        found = {}
+        for name, fn in [("lambda", lambda: 1), ("nested", outer()), ("main", step)]:
+            try:
+                real.run(fn, 2, timeout=30)
+                found[name] = "launched"
+            except real.RealConfigError as exc:
+                found[name] = str(exc)
+        print(json.dumps(found))
+        """
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", program],
+        env=_python_env(),
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 0, completed.stderr
+    found = json.loads(completed.stdout.splitlines()[-1])
+    assert found["lambda"].startswith("fn '<lambda>' is a lambda;")
+    assert found["nested"].startswith("fn 'outer.<locals>.inner' is defined inside another function;")
+    assert found["main"].startswith(
+        "'step' is defined in __main__ of an interactive session (python -c, the REPL or a notebook)"
+    )
+    assert "save the code in a .py file" in found["main"]
+
+
+# The same kind of script, run in this process by `_as_main` without launching anything.
+MAIN_SCRIPT = """
+class Scale:
+    def __init__(self, k):
+        self.k = k
+
+
+def step(scale):
+    return [w * scale.k for w in (1, 2)]
+
+
+if __name__ == "__main__":
+    def late():
+        return 0
+
+    class Late:
+        pass
+"""
+
+
+def _as_main(
+    monkeypatch: pytest.MonkeyPatch, path: Path | None, module_name: str | None = None
+) -> types.ModuleType:
+    """Run MAIN_SCRIPT as this process's ``__main__``: from file ``path`` (None: as ``python -c``)."""
+    main = types.ModuleType("__main__")
+    if path is not None:
+        path.write_text(MAIN_SCRIPT)
+        main.__file__ = str(path)
+    if module_name is not None:  # as `python -m module_name`
+        main.__spec__ = importlib.util.spec_from_file_location(module_name, path)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    exec(compile(MAIN_SCRIPT, str(path or "<string>"), "exec"), main.__dict__)  # noqa: S102
+    return main
+
+
+def _in_fresh_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Give this process the bare ``__main__`` a spawned process starts with (restored afterwards)."""
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))
+    monkeypatch.setitem(sys.modules, MP_MAIN, types.ModuleType(MP_MAIN))  # removed again afterwards
+
+
+def test_a_function_of_the_calling_script_and_its_arguments_reach_a_fresh_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    main = _as_main(monkeypatch, tmp_path / "train.py")
+    blob, script = dump_job(Job(target_for(main.step), "gloo", (main.Scale(3),)))
+    assert script == MainScript(str(tmp_path / "train.py"))
+
+    _in_fresh_process(monkeypatch)
+    job = load_job(blob, script)
+    loaded = sys.modules["__main__"]
+    assert loaded.__name__ == MP_MAIN and not hasattr(loaded, "late")  # the guard did not fire
+    assert job.target.fn is loaded.step and job.target.fn is not main.step
+    # The argument's class is the freshly loaded one too, so isinstance checks in rank code hold.
+    assert type(job.args[0]) is loaded.Scale
+    assert job.target.fn(*job.args) == main.step(main.Scale(3)) == [3, 6]
+
+
+def test_a_script_run_as_python_m_is_sent_by_module_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = tmp_path / "real_test_main_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    main = _as_main(monkeypatch, package / "__main__.py", "real_test_main_pkg.__main__")
+    blob, script = dump_job(Job(target_for(main.step), "gloo", (main.Scale(2),)))
+    assert script == MainScript(str(package / "__main__.py"), "real_test_main_pkg.__main__")
+
+    # multiprocessing leaves a package's __main__ alone in a spawned process: it is imported by name.
+    _in_fresh_process(monkeypatch)
+    try:
+        job = load_job(blob, script)
+        loaded = sys.modules["__main__"]
+        assert loaded is sys.modules["real_test_main_pkg.__main__"] and not hasattr(loaded, "late")
+        assert job.target.fn(*job.args) == [2, 4]
+    finally:
+        for name in ("real_test_main_pkg", "real_test_main_pkg.__main__"):
+            sys.modules.pop(name, None)
+
+
+def test_what_the_calling_script_defines_under_its_guard_is_rejected(
+    no_launch: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    main = _as_main(monkeypatch, tmp_path / "train.py")
+    block = r"'{}' is defined inside the `if __name__ == \"__main__\":` block of .*train\.py.*move its"
+    with pytest.raises(RealConfigError, match=block.format("late")):
+        real.run(main.late, 2)
+    with pytest.raises(RealConfigError, match=block.format("Late")):
+        real.run(main.step, 2, args=(main.Late(),))
+
+
+def test_function_added_to_main_at_run_time_is_rejected(
+    no_launch: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    main = _as_main(monkeypatch, tmp_path / "train.py")
+    exec("def added():\n    return 1\n", main.__dict__)  # noqa: S102
+    with pytest.raises(RealConfigError, match=r"train\.py does not define 'added' at its top level"):
+        real.run(main.added, 2)
+
+
+def test_function_of_a_main_without_a_file_is_rejected(
+    no_launch: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    main = _as_main(monkeypatch, None)
+    with pytest.raises(RealConfigError, match=r"'step' is defined in __main__ of an interactive session"):
+        real.run(main.step, 2)
+
+
 # --- rejected before launching -----------------------------------------------------------------------
 
 
@@ -147,9 +376,7 @@ def test_closure_is_rejected_before_launching(no_launch: None) -> None:
 
 def test_function_of_a_module_not_on_sys_path_is_rejected(no_launch: None, tmp_path: Path) -> None:
     # Loaded by path under a name no fresh process can import: pickle by reference would work here
-    # and fail in every worker.
-    import importlib.util
-
+    # and fail in every rank process.
     (tmp_path / "path_only_module.py").write_text("def f():\n    return 1\n")
     spec = importlib.util.spec_from_file_location("path_only_module", tmp_path / "path_only_module.py")
     module = importlib.util.module_from_spec(spec)
@@ -160,25 +387,6 @@ def test_function_of_a_module_not_on_sys_path_is_rejected(no_launch: None, tmp_p
             real.run(module.f, 2)
     finally:
         del sys.modules["path_only_module"]
-
-
-def test_function_defined_in_main_is_rejected(no_launch: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    # What a function written in a script run as `python script.py` looks like: module __main__,
-    # reachable by name there, so pickle succeeds in the parent but cannot resolve in a worker.
-    rank_fn = types.FunctionType(real_fns.main.__code__, {"__name__": "__main__"}, "rank_fn")
-    rank_fn.__qualname__ = "rank_fn"
-    monkeypatch.setattr(sys.modules["__main__"], "rank_fn", rank_fn, raising=False)
-    with pytest.raises(RealConfigError, match="fn 'rank_fn' is defined in __main__"):
-        real.run(rank_fn, 2)
-
-
-def test_argument_of_a_class_defined_in_main_is_rejected(
-    no_launch: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    payload_type = type("Payload", (), {"__module__": "__main__", "__qualname__": "Payload"})
-    monkeypatch.setattr(sys.modules["__main__"], "Payload", payload_type, raising=False)
-    with pytest.raises(RealConfigError, match="'Payload' is defined in __main__"):
-        real.run(real_fns.main, 2, args=(payload_type(),))
 
 
 def test_unpicklable_argument_is_rejected(no_launch: None) -> None:
@@ -206,6 +414,16 @@ def test_bad_arguments_are_rejected(no_launch: None, kwargs: dict, match: str) -
         real.run(real_fns.main, **kwargs)
 
 
+def test_real_errors_belong_to_simdists_error_hierarchy(no_launch: None, tmp_path: Path) -> None:
+    # Callers can catch every error simdist and real raise on purpose with one except clause.
+    with pytest.raises(SimdistError) as config:
+        real.run(real_fns.main, 0)
+    assert isinstance(config.value, RealConfigError) and isinstance(config.value, ValueError)
+    run_error = failure_error(StatusDir(tmp_path), 2, "gloo", None, timed_out=True, timeout=1)
+    assert isinstance(run_error, RealRunError) and isinstance(run_error, SimdistError)
+    assert isinstance(run_error, RuntimeError)
+
+
 def test_nccl_without_cuda_is_a_clear_error(no_launch: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RealConfigError, match="backend 'nccl' needs CUDA GPUs.*use backend='gloo'"):
@@ -222,8 +440,6 @@ def test_nccl_with_fewer_gpus_than_processes_is_a_clear_error(
 
 
 def test_auto_backend_falls_back_to_gloo_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    from real.backend import resolve_backend
-
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_backend("auto", 2) == resolve_backend(None, 2) == "gloo"
 
@@ -252,7 +468,7 @@ def test_earliest_recorded_failure_is_reported_as_the_root_cause(tmp_path: Path)
     assert error.first_rank == 2
     assert str(error).startswith("rank 2 failed on 3 real processes (backend gloo):")
     assert "rank 0: RuntimeError: second" in str(error)
-    assert "No worker reached real's entry point" in str(error)  # no rank marked itself started
+    assert "No rank process reached real's entry point" in str(error)  # no rank marked itself started
 
 
 def test_returns_are_moved_to_cpu_keeping_their_containers() -> None:

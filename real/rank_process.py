@@ -1,4 +1,8 @@
-"""The function each spawned worker process runs: set up torch.distributed, call the user's code, clean up."""
+"""What each spawned rank process runs: set up torch.distributed, call the user's code, clean up.
+
+torchrun and torch's elastic agent call these processes "workers"; this module is their entry point
+(`entry`), one call per rank.
+"""
 
 from __future__ import annotations
 
@@ -14,17 +18,23 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from real.main_script import MainScript
 from real.status import RETURNED, STARTED, StatusDir
+from real.target import load_job
 
-# Sent by the launcher at a timeout: each still-running worker dumps its Python stacks to its status file.
+# Sent by the launcher at a timeout: each still-running rank process dumps its Python stacks to its
+# status file.
 STACK_DUMP_SIGNAL = signal.SIGUSR1
 
 
 # Elastic's own wrapper applies `record` too; applying it here keeps the error file written for any
 # wrapper, so the agent's failure report carries the traceback.
 @record
-def entry(sys_path: list[str], status_root: str, job_blob: bytes) -> Any:
-    """Run one rank of a job: the launcher's elastic agent calls this in each spawned process."""
+def entry(sys_path: list[str], status_root: str, main: MainScript | None, job_blob: bytes) -> Any:
+    """Run one rank of a job: the launcher's elastic agent calls this in each spawned process.
+
+    ``main`` is the calling script when the job refers to functions or classes of ``__main__``.
+    """
     # The job is unpickled only after the parent's sys.path is in place, so functions from test
     # directories and other path-only locations resolve exactly as they did in the parent.
     sys.path[:0] = [p for p in sys_path if p not in sys.path]
@@ -34,7 +44,7 @@ def entry(sys_path: list[str], status_root: str, job_blob: bytes) -> Any:
     stack_file = open(status.path(rank, "stack.txt"), "w")  # noqa: SIM115 - faulthandler keeps it open
     faulthandler.register(STACK_DUMP_SIGNAL, file=stack_file, all_threads=True)
     try:
-        job = pickle.loads(job_blob)
+        job = load_job(job_blob, main)
         os.environ.update(job.env)
         _limit_threads()
         result = _run(job.target.resolve(), job.backend, job.args, job.kwargs, status, rank)
@@ -71,7 +81,7 @@ def _run(
 
 
 def _limit_threads() -> None:
-    """Use one intra-op thread per worker unless told otherwise, as torchrun does for several processes."""
+    """One intra-op thread per rank process unless told otherwise, as torchrun does for several processes."""
     if "OMP_NUM_THREADS" not in os.environ and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1:
         os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
