@@ -6,9 +6,8 @@ BackwardPass walks the graph iteratively in reverse topological order; the Numpy
 executor that emits commands to a remote worker plugs in through the same Executor interface.
 """
 
-# Tensor first: loading it loads the op modules, which build on it.
-from simdist.autograd.tensor import Tensor  # isort: skip
-
+from simdist.autograd import dispatch, ops
+from simdist.autograd import tensor as _tensor_module
 from simdist.autograd.backward import BackwardPass
 from simdist.autograd.errors import (
     AutogradError,
@@ -20,7 +19,14 @@ from simdist.autograd.errors import (
     NonDifferentiableError,
     ShapeError,
 )
-from simdist.autograd.executor import INSTRUCTIONS, Executor, TensorMeta, current_executor, use_executor
+from simdist.autograd.executor import (
+    INSTRUCTIONS,
+    Executor,
+    TensorMeta,
+    current_executor,
+    set_default_executor,
+    use_executor,
+)
 from simdist.autograd.factories import full, full_like, ones, ones_like, tensor, zeros, zeros_like
 from simdist.autograd.function import Function
 from simdist.autograd.grad_mode import enable_grad, in_backward, is_grad_enabled, no_grad, set_grad_enabled
@@ -28,6 +34,11 @@ from simdist.autograd.gradcheck import GradientComputer, gradcheck, numerical_gr
 from simdist.autograd.graph import Graph, Node, current_graph, default_graph
 from simdist.autograd.numpy_executor import NumpyExecutor
 from simdist.autograd.ops import cat, chunk, split, sum_to, where
+from simdist.autograd.tensor import Tensor
+
+# Tensor's methods call the ops and the backward pass, which build on Tensor: bound here, once all exist.
+_tensor_module.bind(ops, dispatch, BackwardPass)
+set_default_executor(NumpyExecutor())
 
 __all__ = [
     "INSTRUCTIONS",
@@ -67,6 +78,7 @@ __all__ = [
     "split",
     "sum_to",
     "tensor",
+    "set_default_executor",
     "use_executor",
     "where",
     "zeros",

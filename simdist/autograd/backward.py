@@ -14,8 +14,7 @@ from simdist.autograd.errors import (
 )
 from simdist.autograd.executor import TensorMeta
 from simdist.autograd.grad_mode import MODE
-from simdist.autograd.graph import _CURRENT, Edge, Graph, Node, current_graph, topological_order
-from simdist.autograd.leaf import edge_of
+from simdist.autograd.graph import _CURRENT, Edge, Graph, Node, current_graph, edge_of, topological_order
 from simdist.autograd.tensor import Tensor
 
 

@@ -84,17 +84,20 @@ class _ExecutorStack(threading.local):
 
 
 _STACK = _ExecutorStack()
+#: the process-wide executor outside any use_executor(); simdist.autograd installs a NumpyExecutor (which
+#: builds on this module, so this module cannot make it)
 _DEFAULT: list[Executor] = []
 
 
+def set_default_executor(executor: Executor) -> None:
+    """Make ``executor`` the one tensors are created on outside any ``use_executor()`` block."""
+    _DEFAULT[:] = [executor]
+
+
 def current_executor() -> Executor:
-    """The executor new tensors are created on: the innermost use_executor(), else a process-wide NumpyExecutor."""
+    """The executor new tensors are created on: the innermost use_executor(), else the process-wide default."""
     if _STACK.stack:
         return _STACK.stack[-1]
-    if not _DEFAULT:
-        from simdist.autograd.numpy_executor import NumpyExecutor
-
-        _DEFAULT.append(NumpyExecutor())
     return _DEFAULT[0]
 
 

@@ -7,8 +7,7 @@ from typing import Any, ClassVar
 from simdist.autograd.errors import BackwardError
 from simdist.autograd.executor import TensorMeta
 from simdist.autograd.grad_mode import MODE
-from simdist.autograd.graph import _CURRENT, _DEFAULT, Edge, Node, _SavedOutput
-from simdist.autograd.leaf import accumulator
+from simdist.autograd.graph import _CURRENT, _DEFAULT, Edge, Node, _SavedOutput, accumulator
 from simdist.autograd.sites import call_site
 from simdist.autograd.tensor import Tensor
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, final
 
-from simdist.autograd.errors import GraphCycleError, GraphReleasedError, ShapeError
+from simdist.autograd.errors import BackwardError, GraphCycleError, GraphReleasedError, ShapeError
 from simdist.autograd.executor import Array, Executor, TensorMeta, current_executor
+from simdist.autograd.grad_mode import MODE
 from simdist.autograd.sites import call_site
 from simdist.autograd.tensor import Tensor
 
@@ -168,14 +170,10 @@ class Graph:
 
     def connect(self, node: Node, input_index: int, source: Node | Tensor, output_index: int = 0) -> None:
         """Make input `input_index` of `node` come from `source` (a node's output, or a tensor)."""
-        from simdist.autograd.leaf import edge_of
-
         if not 0 <= input_index < len(node.input_metas):
             raise IndexError(f"{node.describe()} has {len(node.input_metas)} inputs, not input {input_index}")
         if isinstance(source, Tensor):
             if not source.requires_grad:
-                from simdist.autograd.errors import BackwardError
-
                 raise BackwardError(
                     f"connect: input {input_index} of {node.describe()} would come from a tensor that does not "
                     "require grad, so no gradient could reach it. Set requires_grad=True on it, or leave the input "
@@ -285,3 +283,51 @@ def current_graph() -> Graph:
 
 
 _DEFAULT = Graph("default")
+
+
+# --- leaves: the sink node that accumulates gradients into `.grad`, and the edge an input contributes ---
+
+_LEAF_IDS = itertools.count(1)
+
+
+class AccumulateGrad:
+    """The backward of a leaf: adds the incoming gradient to `leaf.grad` (a new tensor; nothing is in place)."""
+
+    op = "accumulate_grad"
+
+    @staticmethod
+    def backward(ctx: Node, grad: Tensor) -> tuple[()]:
+        """Accumulate; with create_graph off, the stored gradient carries no graph."""
+        leaf = ctx.leaf
+        if grad.requires_grad and not MODE.enabled:
+            grad = grad.detach()
+        leaf.grad = grad if leaf.grad is None else leaf.grad + grad
+        return ()
+
+
+def accumulator(t: Tensor) -> Node:
+    """The AccumulateGrad node of leaf `t`, shared by every graph that uses `t` while any of them lives."""
+    ref = t._accumulator
+    node = ref() if ref is not None else None
+    if node is None:
+        node = Node(AccumulateGrad)  # type: ignore[arg-type]
+        node.id = next(_LEAF_IDS)
+        node.graph = None  # shared by every graph the leaf is used in
+        node.released = False  # never released: a leaf keeps accumulating across passes
+        node.site = None
+        node.leaf = t
+        node.executor = t.executor
+        node.next_edges = ()
+        node.input_metas = ()
+        node.needs_input_grad = ()
+        node.output_metas = (TensorMeta(t.shape, t.dtype),)
+        # The tensor points at its accumulator weakly: the graph's edges keep it alive, not the leaf.
+        t._accumulator = weakref.ref(node)
+    return node
+
+
+def edge_of(t: Tensor) -> tuple[Node, int]:
+    """Where gradient for `t` (which requires grad) goes: its producing node's output, or its accumulator."""
+    if t.grad_fn is not None:
+        return (t.grad_fn, t.output_index)
+    return (accumulator(t), 0)

@@ -170,9 +170,7 @@ class Tensor:
         self, gradient: Tensor | None = None, retain_graph: bool | None = None, create_graph: bool = False
     ) -> None:
         """Accumulate d(self)/d(leaf) into every leaf's .grad; `gradient` is required unless self has one element."""
-        from simdist.autograd.backward import BackwardPass
-
-        BackwardPass(retain_graph=retain_graph, create_graph=create_graph).run(self, gradient)
+        _late.BackwardPass(retain_graph=retain_graph, create_graph=create_graph).run(self, gradient)
 
     # --- operators ----------------------------------------------------------------------------------------------
 
@@ -186,35 +184,35 @@ class Tensor:
                 dtype = self.dtype
             else:
                 dtype = np.result_type(self.dtype, type(other))
-            return _dispatch.constant(other, dtype, self.executor)
+            return _late.dispatch.constant(other, dtype, self.executor)
         return Tensor(other, executor=self.executor)
 
     def __add__(self, other: Any) -> Tensor:
-        return _ops.Add.apply(self, other if type(other) is Tensor else self._lift(other))
+        return _late.ops.Add.apply(self, other if type(other) is Tensor else self._lift(other))
 
     def __radd__(self, other: Any) -> Tensor:
-        return _ops.Add.apply(self._lift(other), self)
+        return _late.ops.Add.apply(self._lift(other), self)
 
     def __sub__(self, other: Any) -> Tensor:
-        return _ops.Sub.apply(self, other if type(other) is Tensor else self._lift(other))
+        return _late.ops.Sub.apply(self, other if type(other) is Tensor else self._lift(other))
 
     def __rsub__(self, other: Any) -> Tensor:
-        return _ops.Sub.apply(self._lift(other), self)
+        return _late.ops.Sub.apply(self._lift(other), self)
 
     def __mul__(self, other: Any) -> Tensor:
-        return _ops.Mul.apply(self, other if type(other) is Tensor else self._lift(other))
+        return _late.ops.Mul.apply(self, other if type(other) is Tensor else self._lift(other))
 
     def __rmul__(self, other: Any) -> Tensor:
-        return _ops.Mul.apply(self._lift(other), self)
+        return _late.ops.Mul.apply(self._lift(other), self)
 
     def __truediv__(self, other: Any) -> Tensor:
-        return _ops.Div.apply(self, other if type(other) is Tensor else self._lift(other))
+        return _late.ops.Div.apply(self, other if type(other) is Tensor else self._lift(other))
 
     def __rtruediv__(self, other: Any) -> Tensor:
-        return _ops.Div.apply(self._lift(other), self)
+        return _late.ops.Div.apply(self._lift(other), self)
 
     def __neg__(self) -> Tensor:
-        return _ops.Neg.apply(self)
+        return _late.ops.Neg.apply(self)
 
     def __pos__(self) -> Tensor:
         return self
@@ -223,78 +221,78 @@ class Tensor:
         return self.pow(exponent)
 
     def __rpow__(self, base: Any) -> Tensor:
-        return _ops.Pow.apply(self._lift(base), self)
+        return _late.ops.Pow.apply(self._lift(base), self)
 
     def __matmul__(self, other: Any) -> Tensor:
-        return _ops.Matmul.apply(self, self._lift(other))
+        return _late.ops.Matmul.apply(self, self._lift(other))
 
     def __rmatmul__(self, other: Any) -> Tensor:
-        return _ops.Matmul.apply(self._lift(other), self)
+        return _late.ops.Matmul.apply(self._lift(other), self)
 
     def __gt__(self, other: Any) -> Tensor:
-        return _ops.compare("gt", self, self._lift(other))
+        return _late.ops.compare("gt", self, self._lift(other))
 
     def __ge__(self, other: Any) -> Tensor:
-        return _ops.compare("ge", self, self._lift(other))
+        return _late.ops.compare("ge", self, self._lift(other))
 
     def __lt__(self, other: Any) -> Tensor:
-        return _ops.compare("lt", self, self._lift(other))
+        return _late.ops.compare("lt", self, self._lift(other))
 
     def __le__(self, other: Any) -> Tensor:
-        return _ops.compare("le", self, self._lift(other))
+        return _late.ops.compare("le", self, self._lift(other))
 
     def eq(self, other: Any) -> Tensor:
         """Elementwise ==, as a bool tensor (== itself keeps Python identity semantics so tensors stay hashable)."""
-        return _ops.compare("eq", self, self._lift(other))
+        return _late.ops.compare("eq", self, self._lift(other))
 
     def __and__(self, other: Any) -> Tensor:
-        return _ops.logical_and(self, self._lift(other))
+        return _late.ops.logical_and(self, self._lift(other))
 
     # --- methods ------------------------------------------------------------------------------------------------
 
     def pow(self, exponent: Any) -> Tensor:
         """self ** exponent; a Python number exponent is an attribute, a tensor exponent is differentiated too."""
         if isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
-            return _ops.PowScalar.apply(self, exponent=float(exponent))
-        return _ops.Pow.apply(self, self._lift(exponent))
+            return _late.ops.PowScalar.apply(self, exponent=float(exponent))
+        return _late.ops.Pow.apply(self, self._lift(exponent))
 
     def matmul(self, other: Any) -> Tensor:
         """self @ other with NumPy matmul semantics."""
-        return _ops.Matmul.apply(self, self._lift(other))
+        return _late.ops.Matmul.apply(self, self._lift(other))
 
     def exp(self) -> Tensor:
         """e ** self."""
-        return _ops.Exp.apply(self)
+        return _late.ops.Exp.apply(self)
 
     def log(self) -> Tensor:
         """Natural logarithm."""
-        return _ops.Log.apply(self)
+        return _late.ops.Log.apply(self)
 
     def tanh(self) -> Tensor:
         """Hyperbolic tangent."""
-        return _ops.Tanh.apply(self)
+        return _late.ops.Tanh.apply(self)
 
     def sigmoid(self) -> Tensor:
         """Logistic function 1 / (1 + e ** -self)."""
-        return _ops.Sigmoid.apply(self)
+        return _late.ops.Sigmoid.apply(self)
 
     def relu(self) -> Tensor:
         """max(self, 0); the gradient at exactly 0 is 0, as in torch."""
-        return _ops.Relu.apply(self)
+        return _late.ops.Relu.apply(self)
 
     def sum(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
         """Sum over `axis` (None: all axes)."""
-        return _ops.Sum.apply(self, axis=axis, keepdims=keepdims)
+        return _late.ops.Sum.apply(self, axis=axis, keepdims=keepdims)
 
     def mean(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
         """Mean over `axis` (None: all axes)."""
-        return _ops.Mean.apply(self, axis=axis, keepdims=keepdims)
+        return _late.ops.Mean.apply(self, axis=axis, keepdims=keepdims)
 
     def reshape(self, *shape: Any) -> Tensor:
         """Same values in a new shape (one size may be -1); accepts reshape(2, 3) or reshape((2, 3))."""
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
             shape = tuple(shape[0])
-        return _ops.Reshape.apply(self, shape=shape)
+        return _late.ops.Reshape.apply(self, shape=shape)
 
     def view(self, *shape: Any) -> Tensor:
         """Alias of reshape (tensors are immutable, so views and copies behave alike)."""
@@ -322,19 +320,19 @@ class Tensor:
         """Reorder the axes; accepts permute(1, 0) or permute((1, 0))."""
         if len(axes) == 1 and not isinstance(axes[0], (int, np.integer)):
             axes = tuple(axes[0])
-        return _ops.Permute.apply(self, axes=axes)
+        return _late.ops.Permute.apply(self, axes=axes)
 
     def transpose(self, axis0: int = -2, axis1: int = -1) -> Tensor:
         """Swap two axes (torch semantics; by default the last two)."""
         axes = list(range(self.ndim))
         a, b = normalize_axis(axis0, self.ndim, "transpose"), normalize_axis(axis1, self.ndim, "transpose")
         axes[a], axes[b] = axes[b], axes[a]
-        return _ops.Permute.apply(self, axes=tuple(axes))
+        return _late.ops.Permute.apply(self, axes=tuple(axes))
 
     @property
     def T(self) -> Tensor:
         """All axes reversed."""
-        return _ops.Permute.apply(self, axes=tuple(range(self.ndim - 1, -1, -1)))
+        return _late.ops.Permute.apply(self, axes=tuple(range(self.ndim - 1, -1, -1)))
 
     @property
     def mT(self) -> Tensor:
@@ -345,33 +343,48 @@ class Tensor:
         """Broadcast to `shape` (NumPy rules); the gradient sums back."""
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
             shape = tuple(shape[0])
-        return _ops.Expand.apply(self, shape=tuple(shape))
+        return _late.ops.Expand.apply(self, shape=tuple(shape))
 
     def broadcast_to(self, shape: Sequence[int]) -> Tensor:
         """Alias of expand(shape)."""
-        return _ops.Expand.apply(self, shape=tuple(shape))
+        return _late.ops.Expand.apply(self, shape=tuple(shape))
 
     def sum_to(self, shape: Sequence[int]) -> Tensor:
         """Sum a broadcast result back to `shape` (the adjoint of expand)."""
-        return _ops.sum_to(self, tuple(shape))
+        return _late.ops.sum_to(self, tuple(shape))
 
     def split(self, sections: int | Sequence[int], axis: int = 0) -> tuple[Tensor, ...]:
         """Pieces along `axis`: an int is the piece size (torch.split), a sequence the sizes."""
-        return _ops.split(self, sections, axis)
+        return _late.ops.split(self, sections, axis)
 
     def chunk(self, chunks: int, axis: int = 0) -> tuple[Tensor, ...]:
         """About `chunks` equal pieces along `axis` (torch.chunk)."""
-        return _ops.chunk(self, chunks, axis)
+        return _late.ops.chunk(self, chunks, axis)
 
     def astype(self, dtype: Any) -> Tensor:
         """Values converted to `dtype`; differentiable between floating dtypes."""
-        return _ops.Cast.apply(self, dtype=np.dtype(dtype))
+        return _late.ops.Cast.apply(self, dtype=np.dtype(dtype))
 
     def to(self, dtype: Any) -> Tensor:
         """Alias of astype (dtype only: the executor is fixed per tensor)."""
         return self.astype(dtype)
 
 
-# Imported last: these modules build on Tensor.
-from simdist.autograd import dispatch as _dispatch
-from simdist.autograd import ops as _ops
+class _Late:
+    """What Tensor's methods call from modules that build on Tensor (the ops, constants, the backward pass).
+
+    Those modules import this one, so this one cannot import them; ``simdist.autograd`` binds them here
+    once it has imported them (importing any autograd module runs the package's ``__init__`` first).
+    """
+
+    ops: Any = None
+    dispatch: Any = None
+    BackwardPass: Any = None
+
+
+_late = _Late()
+
+
+def bind(ops: Any, dispatch: Any, backward_pass: type) -> None:
+    """Give Tensor's methods the ops package, the dispatch module and the BackwardPass class."""
+    _late.ops, _late.dispatch, _late.BackwardPass = ops, dispatch, backward_pass

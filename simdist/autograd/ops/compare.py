@@ -10,7 +10,7 @@ from simdist.autograd.dispatch import emit1
 from simdist.autograd.executor import TensorMeta
 from simdist.autograd.function import Function
 from simdist.autograd.graph import Node
-from simdist.autograd.ops.broadcast import sum_to
+from simdist.autograd.ops.reduce import sum_to
 from simdist.autograd.shapes import broadcast_shapes, result_dtype
 from simdist.autograd.tensor import Tensor
 

@@ -1,0 +1,181 @@
+"""simdist's modules form a one-way chain of layers, with no import cycle and no import inside a function.
+
+The chain: foundation (errors, units, trace records, device models, algorithm schedules) -> clock and rank
+threads -> network -> communication -> the run (``simdist.run``) -> tools (CLI, bench, scripts, the package's
+public API). A module may import its own layer and the layers before it, never a later one. Imports inside
+functions count as edges too, so a cycle cannot hide behind a lazy import; and apart from optional heavy
+dependencies there are none.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("simdist", "real")
+
+#: layers in order; a module belongs to the last layer one of whose prefixes it starts with
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("foundation", ("simdist.errors", "simdist.units", "simdist.trace", "simdist.compute", "simdist.algorithms")),
+    ("clock", ("simdist.clock",)),
+    ("network", ("simdist.network",)),
+    ("communication", ("simdist.comm",)),
+    ("run", ("simdist.engine",)),
+    ("tools", ("simdist", "simdist.cli", "simdist.bench", "simdist.script")),
+]
+#: packages outside the chain and the simdist modules each may import (strategies: plain torch.distributed)
+OUTSIDE: dict[str, tuple[str, ...]] = {
+    "simdist.strategies": ("simdist.strategies",),
+    "simdist.autograd": ("simdist.autograd", "simdist.errors"),
+    "simdist.runtime": ("simdist.runtime", "simdist.autograd", "simdist.clock", "simdist.errors"),
+}
+#: function-level imports allowed: (module, imported module) for optional heavy dependencies only
+LAZY_ALLOWED: set[tuple[str, str]] = set()
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def all_modules() -> dict[str, Path]:
+    return {
+        module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py")) if "__pycache__" not in p.parts
+    }
+
+
+def imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, bool, int]]:
+    """(imported module, inside a function, line) for every import of a project module in ``path``."""
+    tree = ast.parse(path.read_text(), str(path))
+    is_pkg = path.name == "__init__.py"
+    lazy_nodes = {
+        id(n)
+        for f in ast.walk(tree)
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for n in ast.walk(f)
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+    }
+    # `if TYPE_CHECKING:` imports exist for annotations only and never run
+    typing_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for n in ast.walk(block)
+    }
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = name.split(".") if is_pkg else name.split(".")[:-1]
+                pkg = pkg[: len(pkg) - node.level + 1]
+                base = ".".join(pkg + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        for t in targets:
+            while t and t not in modules:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                out.append((t, id(node) in lazy_nodes, node.lineno))
+    return out
+
+
+def layer_of(name: str) -> int | None:
+    best = None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        if any(name == p or name.startswith(p + ".") for p in prefixes):
+            if best is None or max(len(p) for p in prefixes if name == p or name.startswith(p + ".")) >= best[1]:
+                best = (i, max(len(p) for p in prefixes if name == p or name.startswith(p + ".")))
+    return None if best is None else best[0]
+
+
+def outside_package(name: str) -> str | None:
+    return next((p for p in OUTSIDE if name == p or name.startswith(p + ".")), None)
+
+
+MODULES = all_modules()
+EDGES = {name: imports(name, path, MODULES) for name, path in MODULES.items()}
+
+
+def test_the_scan_sees_the_packages() -> None:
+    assert {"simdist", "simdist.engine.runner", "simdist.comm.backend", "simdist.clock.baton", "real.launcher"} <= set(
+        MODULES
+    )
+    assert ("simdist.clock.baton", False) in {(t, lazy) for t, lazy, _ in EDGES["simdist.engine.runner"]}
+
+
+def test_no_import_cycle_between_modules_counting_function_level_imports() -> None:
+    graph = nx.DiGraph()
+    graph.add_nodes_from(MODULES)
+    for name, edges in EDGES.items():
+        for target, _, _ in edges:
+            # a package's __init__ re-exporting its own submodules is not a dependency of the package's parts
+            if not target.startswith(name + "."):
+                graph.add_edge(name, target)
+    cycles = [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_no_import_inside_a_function() -> None:
+    lazy = [
+        f"{MODULES[name].relative_to(ROOT)}:{line} imports {target}"
+        for name, edges in EDGES.items()
+        for target, is_lazy, line in edges
+        if is_lazy and (name, target) not in LAZY_ALLOWED
+    ]
+    assert not lazy, "imports inside functions:\n" + "\n".join(lazy)
+
+
+def test_layers_only_import_downwards() -> None:
+    bad = []
+    for name, edges in EDGES.items():
+        if not name.startswith("simdist"):
+            continue
+        outside = outside_package(name)
+        for target, _, line in edges:
+            if target.startswith(name + "."):
+                continue
+            where = f"{MODULES[name].relative_to(ROOT)}:{line}"
+            if outside is not None:
+                if not any(target == a or target.startswith(a + ".") for a in OUTSIDE[outside]):
+                    bad.append(f"{where}: {name} ({outside}) imports {target}")
+                continue
+            mine, theirs = layer_of(name), layer_of(target)
+            assert mine is not None, f"{name} belongs to no layer: add it to LAYERS or OUTSIDE"
+            if theirs is None or theirs > mine:
+                bad.append(f"{where}: {name} ({LAYERS[mine][0]}) imports {target} "
+                           f"({'outside the chain' if theirs is None else LAYERS[theirs][0]})")
+    assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("import simdist.engine.runner\n", [("simdist.engine.runner", False)]),
+    ("def f():\n    from simdist.comm import backend\n", [("simdist.comm.backend", True)]),
+    ("from . import schedule\n", [("simdist.algorithms.schedule", False)]),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from simdist.comm import ops\n", []),
+])
+def test_the_scanner_finds_imports(tmp_path: Path, source: str, expected: list) -> None:
+    path = tmp_path / "mod.py"
+    path.write_text(source)
+    found = [(t, lazy) for t, lazy, _ in imports("simdist.algorithms.registry", path, MODULES)]
+    assert found == expected
+
+
+def test_the_public_api_is_typed_not_lazy() -> None:
+    import simdist
+
+    assert not hasattr(simdist, "__getattr__")
+    for name in simdist.__all__:
+        assert getattr(simdist, name) is not None, name
+    assert simdist.run.__module__ == "simdist.engine.runner"
+    assert simdist.Cluster.__module__ == "simdist.network.cluster"
