@@ -1,22 +1,26 @@
 """``simdist bench``: the nccl-tests table for one collective over a range of sizes on a simulated cluster.
 
 Columns as nccl-tests prints them: size (B), count (elements), type, redop, root, time (us), algbw and busbw
-(GB/s), #wrong. busbw = algbw x factor: all-reduce 2(n-1)/n; reduce-scatter, all-gather and all-to-all
-(n-1)/n; broadcast and reduce 1. Every run carries real data and #wrong counts the output elements that
-differ from the expected values.
+(GB/s), #wrong. busbw = algbw x factor: all-reduce 2(n-1)/n; reduce-scatter, all-gather, all-to-all, gather
+and scatter (n-1)/n; broadcast and reduce 1. Every run carries real data and #wrong counts the output
+elements that differ from the expected values. The collectives and their algorithms are the registry's
+(:mod:`simdist.algorithms`); the barrier has no size to sweep.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from simdist import algorithms
 from simdist.engine.runner import run
+from simdist.network.cluster import Cluster
+from simdist.network.graph import validate_algorithms
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
+#: what the bench sweeps: every collective of the registry except the barrier
+COLLECTIVES = tuple(c for c in algorithms.COLLECTIVES if c != "barrier")
 DTYPES = {"float": torch.float32, "double": torch.float64, "half": torch.float16, "bfloat16": torch.bfloat16, "int32": torch.int32, "int64": torch.int64}
 REDOPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 
@@ -25,7 +29,7 @@ def bus_factor(collective: str, n: int) -> float:
     """nccl-tests' bus-bandwidth factor."""
     if collective == "all_reduce":
         return 2 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
+    if collective in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
         return (n - 1) / n
     return 1.0
 
@@ -72,6 +76,17 @@ def _bench_rank(collective: str, count: int, dtype: torch.dtype, op_name: str, r
             want = torch.full_like(t, vals[root])
         return int((t != want).sum())
     chunk = count // n
+    if collective == "gather":
+        out = [torch.zeros(chunk, dtype=dtype) for _ in range(n)] if rank == root else None
+        dist.gather(torch.full((chunk,), vals[rank], dtype=dtype), out, dst=root)
+        if out is None:
+            return 0
+        return int((torch.cat(out) != torch.cat([torch.full((chunk,), v, dtype=dtype) for v in vals])).sum())
+    if collective == "scatter":
+        out = torch.zeros(chunk, dtype=dtype)
+        parts = [torch.full((chunk,), vals[j], dtype=dtype) for j in range(n)] if rank == root else None
+        dist.scatter(out, parts, src=root)
+        return int((out != vals[rank]).sum())
     if collective == "all_gather":
         out = torch.zeros(chunk * n, dtype=dtype)
         _all_gather_single(out, torch.full((chunk,), vals[rank], dtype=dtype))
@@ -101,7 +116,7 @@ def _prod(xs: list[float]) -> float:
 
 
 def bench(
-    cluster: Any,
+    cluster: Cluster,
     collective: str = "all_reduce",
     min_bytes: int = 8,
     max_bytes: int = 64 << 20,
@@ -109,10 +124,14 @@ def bench(
     dtype: str = "float",
     redop: str = "sum",
     root: int = 0,
+    algorithm: str = algorithms.AUTO,
 ) -> list[Row]:
-    """Simulate ``collective`` at every size from ``min_bytes`` to ``max_bytes`` (x ``step_factor``)."""
+    """Simulate ``collective`` at every size from ``min_bytes`` to ``max_bytes`` (x ``step_factor``), with
+    ``algorithm`` (a registry name, or ``"auto"`` for the cluster's choice)."""
     if collective not in COLLECTIVES:
-        raise ValueError(f"unknown collective {collective!r}; choose one of {COLLECTIVES}")
+        raise ValueError(f"unknown collective {collective!r}; choose one of {', '.join(COLLECTIVES)}")
+    if algorithm != algorithms.AUTO:
+        cluster.algorithms = validate_algorithms({**cluster.algorithms, collective: algorithm})
     if dtype not in DTYPES:
         raise ValueError(f"unknown type {dtype!r}; choose one of {sorted(DTYPES)}")
     if redop not in REDOPS:
@@ -128,7 +147,7 @@ def bench(
     size = min_bytes
     while size <= max_bytes:
         count = max(1, size // itemsize)
-        if collective in ("all_gather", "reduce_scatter", "all_to_all"):
+        if collective in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
             count = max(n, count - count % n)
         res = run(_bench_rank, cluster, args=(collective, count, tdt, redop, root), trace="collectives", compute=False)
         spans = res.trace.collectives()
@@ -142,7 +161,7 @@ def bench(
                 count=count,
                 dtype=dtype,
                 redop=redop if shows_op else "none",
-                root=root if collective in ("broadcast", "reduce") else -1,
+                root=root if collective in ("broadcast", "reduce", "gather", "scatter") else -1,
                 time_us=t * 1e6,
                 algbw=algbw,
                 busbw=algbw * bus_factor(collective, n),
@@ -154,7 +173,7 @@ def bench(
     return rows
 
 
-def format_table(rows: list[Row], collective: str, cluster: Any) -> str:
+def format_table(rows: list[Row], collective: str, cluster: Cluster) -> str:
     """The rows as nccl-tests prints them, with a header naming the cluster."""
     lines = [
         f"# simdist bench: {collective} on {cluster.name} ({cluster.world_size} ranks, simulated)",

@@ -7,10 +7,11 @@ import sys
 import time
 import warnings
 
+from simdist import algorithms
 from simdist.bench import COLLECTIVES, bench, format_table
 from simdist.engine.runner import run
 from simdist.errors import ClusterSpecError, RaceWarning, SimdistError
-from simdist.network import Cluster, validate_algorithms
+from simdist.network import Cluster
 from simdist.network.presets import PRESETS
 from simdist.script import ScriptError, load_entry
 from simdist.units import parse_size
@@ -59,9 +60,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {args.collective!r}; choose one of {', '.join(COLLECTIVES)}")
     cluster = _cluster(args.cluster, args.world_size)
-    if args.algorithm != "auto":
-        coll = "all_to_all" if args.collective == "all_to_all" else args.collective
-        cluster.algorithms = validate_algorithms({**cluster.algorithms, coll: args.algorithm})
     rows = bench(
         cluster,
         args.collective,
@@ -71,6 +69,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.datatype,
         args.op,
         args.root,
+        args.algorithm,
     )
     print(format_table(rows, args.collective, cluster))
     return 1 if any(r.wrong for r in rows) else 0
@@ -104,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     b = sub.add_parser("bench", help="nccl-tests style table for one collective on a simulated cluster")
-    b.add_argument("collective", nargs="?", default="all_reduce", help="all_reduce (default), all_gather, reduce_scatter, broadcast, reduce, all_to_all")
+    b.add_argument("collective", nargs="?", default="all_reduce", help=f"one of {', '.join(COLLECTIVES)} (default: all_reduce)")
     b.add_argument("--cluster", default="dgx-h100")
     b.add_argument("--world-size", type=int, default=None)
     b.add_argument("-b", "--minbytes", default="8")
@@ -113,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-d", "--datatype", default="float")
     b.add_argument("-o", "--op", default="sum")
     b.add_argument("-r", "--root", type=int, default=0)
-    b.add_argument("-a", "--algorithm", default="auto", help="ring, tree, rhd, direct or auto (default)")
+    b.add_argument("-a", "--algorithm", default="auto", help=f"one of {', '.join(algorithms.NAMES)}, or auto (default)")
     b.set_defaults(func=cmd_bench)
 
     c = sub.add_parser("clusters", help="list cluster presets")

@@ -215,6 +215,28 @@ def test_simulated_timeouts_raise_like_torch():
     assert res.returns[1].startswith("timeout: Timed out after 0.01 s")
 
 
+def _slow_all_reduce():
+    simdist.set_algorithms(all_reduce="ring")
+    w = dist.all_reduce(torch.ones(1 << 20), async_op=True)  # 4 MiB at 1 GB/s: milliseconds per step
+    try:
+        w.wait(timeout=timedelta(microseconds=100))
+    except dist.DistBackendError as e:
+        return str(e)
+    return "no timeout"
+
+
+def test_a_timeout_while_the_collective_runs_shows_its_schedule_and_progress():
+    res = simdist.run(_slow_all_reduce, simdist.Cluster.ring(4, bandwidth="1GB/s", latency="1us", device="cpu"))
+    text = res.returns[0]
+    assert text.startswith("Timed out after 0.0001 s of simulated time: rank 0 waits in all_reduce #0")
+    assert "Every rank issued it; it was still running. Its schedule:" in text
+    schedule = text.split("Its schedule:\n", 1)[1].splitlines()
+    assert schedule[0].split()[:3] == ["step", "rank", "0"]
+    assert len(schedule) == 1 + 2 * 3 + 1  # header, 2(n-1) steps, the legend
+    # 100 us into a ring all-reduce whose first step takes about 1 ms, no rank has finished step 0
+    assert all(" *" in line for line in schedule[1:7]) and schedule[-1] == "* not yet done"
+
+
 def test_world_size_zero_and_bad_cluster_are_clear_errors():
     with pytest.raises(simdist.ClusterSpecError):
         simdist.Cluster.ring(0)
