@@ -95,8 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--trace", default=None, help="write the Chrome/Perfetto trace JSON here")
     r.add_argument("--entry", default="main", help="name of the entry function in SCRIPT (default: main)")
     r.add_argument("--progress", default="nccl", choices=("nccl", "gloo"),
-                   help="backend progress semantics: nccl (one stream per group) or gloo (worker threads; default: nccl)")
-    r.add_argument("--gloo-threads", type=int, default=2, help="worker threads per group with --progress gloo (default: 2)")
+                   help="backend progress semantics: nccl (one stream per group) or gloo (a pool of threads per group; default: nccl)")
+    r.add_argument("--gloo-threads", type=int, default=2, help="threads per group with --progress gloo (default: 2)")
     r.add_argument("--races", default="warn", choices=("error", "warn", "off"),
                    help="race detector: error (stop at the first race), warn (report every race; exit status 3), off")
     r.add_argument("--show-none", action="store_true", help="also print ranks that returned None")

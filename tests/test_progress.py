@@ -57,7 +57,7 @@ def test_independent_async_ops_are_correct_and_overlap_as_many_as_there_are_work
         assert spans[0].duration == pytest.approx(ring_all_reduce_time(n, numel * 4), rel=1e-6)
     else:
         assert len({s.stream for s in spans}) == min(slots, count)
-        assert all(":worker" in s.stream for s in spans)
+        assert all(":thread" in s.stream for s in spans)
 
 
 def _same_buffer_twice():

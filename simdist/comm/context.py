@@ -32,7 +32,7 @@ _SKIP = tuple(
 )
 
 #: backend progress semantics: "nccl" runs a group's collectives one after another on one stream per
-#: (rank, group); "gloo" runs them on a pool of worker threads per (rank, group), so independent async
+#: (rank, group); "gloo" runs them on a pool of threads per (rank, group), so independent async
 #: operations overlap (ProcessGroupGloo's default pool has 2 threads)
 PROGRESS_MODES = ("nccl", "gloo")
 
@@ -54,14 +54,14 @@ class RunContext:
         if progress not in PROGRESS_MODES:
             raise ValueError(f"progress must be one of {PROGRESS_MODES}, got {progress!r}")
         if isinstance(gloo_threads, bool) or not isinstance(gloo_threads, int) or gloo_threads < 1:
-            raise ValueError(f"gloo_threads must be a positive int (worker threads per process group), got {gloo_threads!r}")
+            raise ValueError(f"gloo_threads must be a positive int (gloo threads per process group), got {gloo_threads!r}")
         self.env = env
         self.baton = baton
         self.time = RankTime(env, baton)
         self.cluster = cluster
         self.world_size = cluster.world_size
         self.progress = progress
-        #: collectives that can run at once per (rank, group): one stream, or the gloo worker pool
+        #: collectives that can run at once per (rank, group): one stream, or the gloo thread pool
         self.slots = 1 if progress == "nccl" else gloo_threads
         self.trace = trace
         self.races = RaceDetector(races, progress, self.now)

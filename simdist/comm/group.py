@@ -7,7 +7,7 @@ root): any difference is a :class:`CollectiveMismatchError` naming every rank's 
 Progress: each (rank, group) pair has ``slots`` places where its collectives run, taken in issue order. With one
 slot (NCCL-like progress) that is the group's stream: an instance starts once every rank has joined it and
 every rank's previous instance on that group has finished. With several (gloo-like progress: ProcessGroupGloo
-runs each async operation on one of a pool of worker threads, two by default) independent operations run
+runs each async operation on one of a pool of threads, two by default) independent operations run
 concurrently, each reading and writing its buffers at the simulated times of its own messages.
 """
 
@@ -54,7 +54,7 @@ class Instance:
     ready: set[int] = field(default_factory=set)
     started: bool = False
     done_ranks: set[int] = field(default_factory=set)
-    #: the slot (stream or worker thread) each group rank runs it on
+    #: the slot (the stream, or one of the gloo threads) each group rank runs it on
     slot: dict[int, int] = field(default_factory=dict)
 
 
@@ -113,7 +113,7 @@ class GroupState:
 
     def stream_of(self, inst: Instance, r: int) -> str:
         """The trace stream (Chrome ``tid``) rank ``r`` runs ``inst`` on."""
-        return self.stream if self.slots == 1 else f"{self.stream}:worker{inst.slot[r]}"
+        return self.stream if self.slots == 1 else f"{self.stream}:thread{inst.slot[r]}"
 
     def _check(self, inst: Instance) -> None:
         calls = [inst.calls[r] for r in range(self.size)]

@@ -1,6 +1,6 @@
 """Starting a matched collective: choose its algorithm, plan its buffers, run its messages, trace each rank's part.
 
-Called once every rank of the group has joined the instance and has a free stream or worker slot for it.
+Called once every rank of the group has joined the instance and has a free stream or gloo thread for it.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ things are races on real hardware:
 - **overlap**: the same rank issues a second operation whose buffers overlap the first's in memory, and at
   least one of the two writes the overlapping bytes (a tied weight's gradient all-reduced twice). Under
   NCCL-like progress the two run one after another on the group's stream and the result can come out right
-  by luck; under gloo-like progress they run at once on worker threads and corrupt each other.
+  by luck; under gloo-like progress they run at once on gloo threads and corrupt each other.
 - **access**: rank code (any aten op, e.g. ``optimizer.step()`` or autograd accumulating a gradient) reads a
   buffer the operation writes, or writes a buffer it reads or writes.
 
@@ -130,7 +130,7 @@ class Race:
             if self.progress == "nccl":
                 lines.append(
                     "  Under NCCL-like progress these ran one after the other on the group's stream, so the data "
-                    "may have come out right; on gloo (worker threads) they run at once and corrupt each other."
+                    "may have come out right; on gloo (a pool of threads) they run at once and corrupt each other."
                 )
             lines.append(
                 "  Fix: issue one operation per buffer (de-duplicate shared parameters), or wait() the first "

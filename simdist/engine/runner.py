@@ -81,7 +81,7 @@ def run(
     ``fn`` is ordinary torch.distributed code: the default process group (backend ``"simdist"``) is already
     initialised in each rank's thread, and ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` read as under torchrun.
     ``progress`` picks the backend's progress semantics: ``"nccl"`` runs a group's collectives one after another
-    on one stream per (rank, group); ``"gloo"`` runs them on ``gloo_threads`` worker threads per (rank, group),
+    on one stream per (rank, group); ``"gloo"`` runs them on ``gloo_threads`` threads per (rank, group),
     so independent async operations overlap and really interleave their reads and writes.
     ``races`` sets the in-flight buffer race detector: ``"error"`` raises :class:`RaceError` at the racing call,
     ``"warn"`` warns once per distinct race and records every finding in ``RunResult.races``, ``"off"`` checks
