@@ -189,3 +189,43 @@ def test_the_documentation_table_is_generated_from_the_registry() -> None:
     assert update(page) == page, "docs/algorithms.md is stale: run python3 -m simdist.algorithms.table docs/algorithms.md"
     for a in algorithms.ALGORITHMS:
         assert f"| `{a.collective}` | `{a.name}` |" in markdown()
+
+
+def _gather_16k(variant: str) -> str:
+    import torch
+    import torch.distributed as dist
+
+    n = dist.get_world_size()
+    x = torch.ones(4096)  # 16 KiB per rank, 64 KiB gathered
+    if variant == "list":
+        dist.all_gather([torch.empty(4096) for _ in range(n)], x)
+    elif variant == "reduce_scatter_list":
+        dist.reduce_scatter(x, [torch.ones(4096) for _ in range(n)])
+    else:
+        dist.all_gather_into_tensor(torch.empty(4096 * n), x)
+    return "ok"
+
+
+@pytest.mark.parametrize("variant", ["list", "tensor", "reduce_scatter_list"])
+def test_auto_prices_all_gather_with_the_whole_buffer_like_the_closed_forms(variant: str) -> None:
+    import networkx as nx
+
+    import simdist
+
+    # a fast ring (10 us, 100 GB/s) with slow shortcuts between opposite ranks (1 us, 1 GB/s): the ring pays
+    # more latency, recursive doubling (which talks across) more bandwidth; they cross near 38 KB
+    g = nx.Graph()
+    for i in range(4):
+        g.add_edge(i, (i + 1) % 4, bandwidth="100GB/s", latency="10us")
+    g.add_edge(0, 2, bandwidth="1GB/s", latency="1us")
+    g.add_edge(1, 3, bandwidth="1GB/s", latency="1us")
+    cluster = simdist.Cluster.from_graph(g, device="cpu")
+    m = 4 * 4096 * 4  # the whole gathered buffer, bytes
+    ring = 3 * 10e-6 + 3 / 4 * m / 100e9
+    rhd = 2 * 1e-6 + 3 / 4 * m / 1e9
+    want = "ring" if ring < rhd else "rhd"
+    assert want == "ring"  # at a quarter of the size (one rank's input) it would be rhd
+    res = simdist.run(_gather_16k, cluster, args=(variant,))
+    spans = res.trace.collectives()
+    assert {s.args["algorithm"] for s in spans} == {want}
+    assert res.sim_time == pytest.approx(ring, rel=1e-6)

@@ -23,9 +23,15 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
 @dataclass(frozen=True)
 class Sizes:
-    """What a collective's trace span reports: bytes of its input, element counts in and out, dtype."""
+    """A collective's sizes: the bytes its algorithm is chosen for (each rank's whole buffer, as in the
+    closed forms: the all-gather output, the reduce-scatter input), and the element counts and dtype its
+    trace span reports."""
 
     nbytes: int
     in_nelems: int
@@ -33,10 +39,17 @@ class Sizes:
     dtype: str
 
     @classmethod
-    def of(cls, inp: torch.Tensor, out: torch.Tensor, in_nelems: int | None = None, out_nelems: int | None = None) -> Sizes:
-        """Sizes read from the input and output tensors (counts may be given instead)."""
+    def of(
+        cls,
+        inp: torch.Tensor,
+        out: torch.Tensor,
+        in_nelems: int | None = None,
+        out_nelems: int | None = None,
+        nbytes: int | None = None,
+    ) -> Sizes:
+        """Sizes read from the input and output tensors (bytes and counts may be given instead)."""
         return cls(
-            inp.numel() * inp.element_size(),
+            _nbytes(inp) if nbytes is None else nbytes,
             inp.numel() if in_nelems is None else in_nelems,
             out.numel() if out_nelems is None else out_nelems,
             dtype_name(inp.dtype),
@@ -174,7 +187,8 @@ class AllGather(OpSpec):
         return _shape_dtype(self.input)
 
     def sizes(self) -> Sizes:
-        return Sizes.of(self.input, self.input, out_nelems=self.input.numel() * len(self.outputs))
+        n = len(self.outputs)
+        return Sizes.of(self.input, self.input, out_nelems=self.input.numel() * n, nbytes=_nbytes(self.input) * n)
 
     @classmethod
     def plan(cls, ops: list[AllGather], algo: Algorithm) -> plans.Plan:
@@ -194,7 +208,7 @@ class AllGatherIntoTensor(OpSpec):
         return _shape_dtype(self.input)
 
     def sizes(self) -> Sizes:
-        return Sizes.of(self.input, self.input, out_nelems=self.output.numel())
+        return Sizes.of(self.input, self.input, out_nelems=self.output.numel(), nbytes=_nbytes(self.output))
 
     @classmethod
     def plan(cls, ops: list[AllGatherIntoTensor], algo: Algorithm) -> plans.Plan:
@@ -215,7 +229,8 @@ class ReduceScatter(OpSpec):
         return (*_shape_dtype(self.output), ("op", self.reduce_op))
 
     def sizes(self) -> Sizes:
-        return Sizes.of(self.output, self.output, in_nelems=self.output.numel() * len(self.inputs))
+        n = len(self.inputs)
+        return Sizes.of(self.output, self.output, in_nelems=self.output.numel() * n, nbytes=_nbytes(self.output) * n)
 
     @classmethod
     def plan(cls, ops: list[ReduceScatter], algo: Algorithm) -> plans.Plan:
