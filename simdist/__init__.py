@@ -20,6 +20,7 @@ from simdist.errors import (
     SimTimeoutError,
 )
 from simdist.network import Cluster, load_cluster
+from simdist.script import ScriptError
 from simdist.trace.trace import Trace
 
 __version__ = "0.1.0"
@@ -33,6 +34,7 @@ __all__ = [
     "RaceWarning",
     "RankError",
     "RunResult",
+    "ScriptError",
     "SimTimeoutError",
     "SimdistError",
     "Trace",
