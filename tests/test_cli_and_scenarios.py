@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import simdist
+from simdist import algorithms
 from simdist.bench import bench, bus_factor
 from simdist.cli import main
-from simdist import algorithms
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,8 +18,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from simdist.errors import ClusterSpecError
-from simdist.network import PRESETS, Cluster, Link, build_preset, load_cluster, preset_names, save_cluster
-from simdist.network import cluster_from_config, config_to_toml
+from simdist.network import (
+    PRESETS,
+    Cluster,
+    Link,
+    build_preset,
+    cluster_from_config,
+    config_to_toml,
+    load_cluster,
+    preset_names,
+    save_cluster,
+)
 
 
 def hops(cluster: Cluster, src: int, dst: int) -> int:

@@ -91,12 +91,11 @@ def imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, 
 
 
 def layer_of(name: str) -> int | None:
-    best = None
-    for i, (_, prefixes) in enumerate(LAYERS):
-        if any(name == p or name.startswith(p + ".") for p in prefixes):
-            if best is None or max(len(p) for p in prefixes if name == p or name.startswith(p + ".")) >= best[1]:
-                best = (i, max(len(p) for p in prefixes if name == p or name.startswith(p + ".")))
-    return None if best is None else best[0]
+    """The layer of ``name``: the one with the longest prefix it starts with."""
+    matches = [
+        (len(p), i) for i, (_, prefixes) in enumerate(LAYERS) for p in prefixes if name == p or name.startswith(p + ".")
+    ]
+    return max(matches)[1] if matches else None
 
 
 def outside_package(name: str) -> str | None:

@@ -76,10 +76,6 @@ def _check_tensor(t: Any, what: str) -> torch.Tensor:
     return t
 
 
-def _sig_tensor(t: torch.Tensor) -> tuple:
-    return (tuple(t.shape), dtype_name(t.dtype))
-
-
 class SimProcessGroup(dist.ProcessGroup):
     """One rank's handle on one simulated process group."""
 

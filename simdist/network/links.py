@@ -27,8 +27,8 @@ class Network:
         self._bw = [link.bandwidth for link in cluster.links]
         self._lat = [link.latency for link in cluster.links]
         self._routes: dict[tuple[int, int], tuple[tuple[int, ...], float, float]] = {}
+        #: messages sent so far (``RunResult.messages``)
         self.messages = 0
-        self.bytes = 0
 
     def _route(self, src: int, dst: int) -> tuple[tuple[int, ...], float, float]:
         key = (src, dst)
@@ -49,7 +49,6 @@ class Network:
         env = self.env
         now = env.now
         self.messages += 1
-        self.bytes += nbytes
         ev = Event(env)
         ev._ok = True
         ev._value = value

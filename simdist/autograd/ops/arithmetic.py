@@ -6,8 +6,8 @@ from simdist.autograd.dispatch import emit1
 from simdist.autograd.executor import TensorMeta
 from simdist.autograd.function import Function
 from simdist.autograd.graph import Node
-from simdist.autograd.ops.reduce import sum_to
 from simdist.autograd.ops.compare import compare, logical_and, where
+from simdist.autograd.ops.reduce import sum_to
 from simdist.autograd.shapes import binary_meta, floating_meta
 from simdist.autograd.tensor import Tensor
 
