@@ -4,9 +4,9 @@
 ``Client`` and ``Worker`` are the two ends, shared with the real transport in ``real``.
 """
 
-from simdist.runtime.buffering import POLICIES, BufferingWorker, SegmentDetector, StreamTimes
+from simdist.runtime.buffering import POLICIES, BufferingWorker, StreamTimes
 from simdist.runtime.client import Client, RemoteArray, RemoteError
-from simdist.runtime.hotpath import HotPath, HotPathDetector, OpRecord, PathMatcher, signature
+from simdist.runtime.hotpath import HotPath, OpRecord, PathMatcher, SegmentDetector, signature
 from simdist.runtime.sim import Delivery, LinkSpec, SimRuntimeResult, simulate
 from simdist.runtime.worker import Worker, WorkerStats
 
@@ -16,7 +16,6 @@ __all__ = [
     "Client",
     "Delivery",
     "HotPath",
-    "HotPathDetector",
     "LinkSpec",
     "OpRecord",
     "PathMatcher",

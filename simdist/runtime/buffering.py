@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simdist.runtime.commands import Command, Fetch, Free, Op, Put, Response
-from simdist.runtime.hotpath import HotPath, OpRecord, PathMatcher, signature
+from simdist.runtime.hotpath import OpRecord, PathMatcher, SegmentDetector, signature
 from simdist.runtime.steps import NextJob, Sleep, Steps, Wait
 from simdist.runtime.worker import Worker
 
@@ -76,42 +76,6 @@ class Batch:
             out += [t for t in op.inputs if t not in made and t not in out]
             made.update(op.outputs)
         return out
-
-
-class SegmentDetector:
-    """Hot paths at phase granularity: the ops between two phase changes form a segment, and a segment whose
-    signature (renormalised ids, see :func:`~simdist.runtime.hotpath.signature`) occurred ``threshold`` times
-    among the last ``window`` segments, with ``min_length`` to ``max_length`` ops, becomes hot. Instances then
-    start at a phase's first op, so a batch never spans a phase change."""
-
-    def __init__(self, window: int, threshold: int, min_length: int, max_length: int) -> None:
-        if threshold < 1 or window < threshold or not 1 <= min_length <= max_length:
-            raise ValueError(
-                f"need 1 <= threshold <= window and 1 <= min_length <= max_length; got window={window}, "
-                f"threshold={threshold}, min_length={min_length}, max_length={max_length}"
-            )
-        self.window, self.threshold, self.min_length, self.max_length = window, threshold, min_length, max_length
-        self._ops: list[OpRecord] = []
-        self._recent: list[tuple] = []
-        self.hot: dict[tuple, HotPath] = {}
-
-    def observe(self, record: OpRecord) -> None:
-        """One more op of the current segment."""
-        if len(self._ops) <= self.max_length:
-            self._ops.append(record)
-
-    def end_segment(self, phase: str) -> HotPath | None:
-        """The current segment ended; return the hot path it made hot, if it just became hot."""
-        ops, self._ops = self._ops, []
-        if not self.min_length <= len(ops) <= self.max_length:
-            return None
-        sig = (phase, signature(ops))
-        self._recent.append(sig)
-        del self._recent[: -self.window]
-        if sig in self.hot or self._recent.count(sig) < self.threshold:
-            return None
-        path = self.hot[sig] = HotPath(sig[1], len(ops), tuple(ops))
-        return path
 
 
 class BufferingWorker(Worker):
@@ -172,9 +136,10 @@ class BufferingWorker(Worker):
 
     def _op(self, cmd: Op) -> Steps:
         phase = cmd.phase
+        record = OpRecord(cmd.op, cmd.inputs, cmd.outputs, cmd.attrs)
+        path = self._detector.observe(record, phase)
         if phase != self._phase:
             previous, self._phase = self._phase, phase
-            path = self._detector.end_segment(previous)
             if path is not None:
                 self._matchers[previous].add(path)
             if self._current[previous] is not None:  # an instance never spans a phase change
@@ -182,8 +147,6 @@ class BufferingWorker(Worker):
                 self._matchers[previous].flush()
             self._segment_start = True
             yield from self._phase_change(phase)
-        record = OpRecord(cmd.op, cmd.inputs, cmd.outputs, cmd.attrs)
-        self._detector.observe(record)
         at_start, self._segment_start = self._segment_start, False
         matcher = self._matchers[phase]
         if self._buffers_in(phase) and matcher.paths and (at_start or matcher.pending):

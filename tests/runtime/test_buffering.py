@@ -1,5 +1,5 @@
 """Hot-path buffering: every fix policy gives the values of eager execution and never fails; the current
-fallback policy loses tensors; the segment detector's rules."""
+fallback policy loses tensors."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 import simdist.autograd as ag
 from simdist.errors import RankError
 from simdist.runtime import LinkSpec, RemoteError, simulate
-from simdist.runtime.buffering import POLICIES, BufferingWorker, SegmentDetector, StreamTimes
-from simdist.runtime.hotpath import OpRecord
+from simdist.runtime.buffering import POLICIES, BufferingWorker, StreamTimes
 
 FIXES = [p for p in POLICIES if p != "fallback"]
 ACTIVATIONS = {"tanh": lambda t: t.tanh(), "relu": lambda t: t.relu(), "sigmoid": lambda t: t.sigmoid()}
@@ -93,27 +92,9 @@ def test_the_fallback_policy_loses_a_tensor_and_names_the_command():
     assert kinds and kinds <= {"A", "B", "C"}
 
 
-def test_segments_become_hot_at_the_threshold_within_their_length_bounds():
-    det = SegmentDetector(window=8, threshold=2, min_length=2, max_length=3)
-    seg = [OpRecord("mul", (0, 1), (2,)), OpRecord("add", (2, 0), (3,))]
-    assert det.end_segment("forward") is None  # empty segment
-    for op in seg:
-        det.observe(op)
-    assert det.end_segment("forward") is None
-    for op in [OpRecord("mul", (5, 6), (7,)), OpRecord("add", (7, 5), (8,))]:  # same structure, new ids
-        det.observe(op)
-    path = det.end_segment("forward")
-    assert path is not None and path.length == 2
-    for op in seg * 2:  # too long
-        det.observe(op)
-    assert det.end_segment("backward") is None
-
-
 def test_bad_options_are_rejected():
     with pytest.raises(ValueError, match="unknown buffer policy"):
         BufferingWorker("optimistic")
-    with pytest.raises(ValueError, match="threshold"):
-        SegmentDetector(window=1, threshold=2, min_length=1, max_length=4)
 
 
 def test_a_failing_case_of_the_fallback_policy_shrinks_to_a_short_reproduction():
