@@ -20,6 +20,7 @@ from simdist.autograd.executor import use_executor
 from simdist.runtime.buffering import BufferingWorker
 from simdist.runtime.client import Client
 from simdist.runtime.commands import Command, Response
+from simdist.runtime.policies import BufferPolicy
 from simdist.runtime.steps import ThreadDriver
 from simdist.runtime.worker import Worker, WorkerStats
 
@@ -39,7 +40,7 @@ class RealRuntimeResult:
     failure_kinds: list[str]
 
 
-def _serve(port_queue: Any, authkey: bytes, policy: str | None) -> None:
+def _serve(port_queue: Any, authkey: bytes, policy: str | BufferPolicy | None) -> None:
     """The worker process: accept one client, run its commands in order, answer fetches, report at close.
 
     With a buffer ``policy`` the worker is a :class:`BufferingWorker` whose compile stream runs on its own
@@ -65,12 +66,14 @@ def _serve(port_queue: Any, authkey: bytes, policy: str | None) -> None:
                     driver.run(worker.process(cmd, conn.send))
 
 
-def run_remote(fn: Any, *args: Any, policy: str | None = None, timeout: float = 60.0) -> RealRuntimeResult:
+def run_remote(
+    fn: Any, *args: Any, policy: str | BufferPolicy | None = None, timeout: float = 60.0
+) -> RealRuntimeResult:
     """Run ``fn(*args)`` as the client of a worker in a fresh process on this machine.
 
-    ``policy`` (one of ``simdist.runtime.POLICIES``) makes the worker buffer hot paths with that policy, its
-    compile stream on a thread of its own; None runs every op eagerly. A worker failure is raised in the client
-    as ``RemoteError`` at its next fetch.
+    ``policy`` (a ``simdist.runtime.BufferPolicy`` or the name of one in ``simdist.runtime.POLICIES``) makes the
+    worker buffer hot paths with that policy, its compile stream on a thread of its own; None runs every op
+    eagerly. A worker failure is raised in the client as ``RemoteError`` at its next fetch.
     """
     ctx = multiprocessing.get_context("spawn")
     ports = ctx.Queue()

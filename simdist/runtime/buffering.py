@@ -12,7 +12,8 @@ commands. That is where the three races come from:
   batch skipped an output the client had already freed);
 - (C) an eager op reads an output of a batch that is compiling or running (not yet stored).
 
-The buffer policy decides how commands that touch pending tensors are handled (see :data:`POLICIES`).
+The buffer policy (:mod:`simdist.runtime.policies`) decides how commands that touch pending tensors are
+handled; the worker asks it and carries out the answer.
 """
 
 from __future__ import annotations
@@ -23,18 +24,9 @@ from typing import Any
 
 from simdist.runtime.commands import Command, Fetch, Free, Op, Put, Response
 from simdist.runtime.hotpath import OpRecord, PathMatcher, SegmentDetector, signature
+from simdist.runtime.policies import BufferPolicy, BufferPolicyError, FreePlacement, OpPlacement, buffer_policy
 from simdist.runtime.steps import NextJob, Sleep, Steps, Wait
 from simdist.runtime.worker import Worker
-
-#: the buffer policies: the current behaviour and four fixes
-POLICIES = {
-    "fallback": "eager ops and frees act at arrival; a batch whose inputs are missing falls back to eager",
-    "flush_on_backward": "fix 1: drain every buffer when backward starts; backward runs eagerly",
-    "track_dependencies": "fix 2: a command touching a pending tensor waits for its batch; frees of inputs wait",
-    "separate_buffers": "fix 3: backward ops and frees queue behind the forward batches on the stream",
-    "eager_if_independent": "fix 4: ops reading pending tensors join the filling buffer or wait for the flushed one",
-}
-
 
 @dataclass(frozen=True)
 class StreamTimes:
@@ -79,11 +71,15 @@ class Batch:
 
 
 class BufferingWorker(Worker):
-    """A worker that detects hot paths and runs their instances as compiled batches on a compile stream."""
+    """A worker that detects hot paths and runs their instances as compiled batches on a compile stream.
+
+    ``policy`` is a :class:`~simdist.runtime.policies.BufferPolicy` or the name of one in
+    :data:`~simdist.runtime.policies.POLICIES`.
+    """
 
     def __init__(
         self,
-        policy: str = "fallback",
+        policy: str | BufferPolicy = "fallback",
         *,
         times: StreamTimes | None = None,
         window: int = 512,
@@ -91,10 +87,8 @@ class BufferingWorker(Worker):
         min_length: int = 4,
         max_length: int = 128,
     ) -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"unknown buffer policy {policy!r}; choose one of {', '.join(POLICIES)}")
         super().__init__()
-        self.policy = policy
+        self.policy = buffer_policy(policy)
         self.times = times or StreamTimes()
         self._detector = SegmentDetector(window, threshold, min_length, max_length)
         self._matchers = {p: PathMatcher() for p in ("forward", "backward")}
@@ -146,10 +140,11 @@ class BufferingWorker(Worker):
                 self._abandon(previous)
                 self._matchers[previous].flush()
             self._segment_start = True
-            yield from self._phase_change(phase)
+            if self.policy.drains_on_entering(phase):
+                yield from self._drain()
         at_start, self._segment_start = self._segment_start, False
         matcher = self._matchers[phase]
-        if self._buffers_in(phase) and matcher.paths and (at_start or matcher.pending):
+        if self.policy.buffers(phase) and matcher.paths and (at_start or matcher.pending):
             match = matcher.feed(record)
             if match.kind in ("start", "continue", "complete"):
                 self._append(phase, cmd)
@@ -161,29 +156,26 @@ class BufferingWorker(Worker):
             matcher.flush()
         yield from self._unbuffered(cmd)
 
-    def _buffers_in(self, phase: str) -> bool:
-        return not (self.policy == "flush_on_backward" and phase == "backward")
-
-    def _phase_change(self, phase: str) -> Steps:
-        if phase == "backward" and self.policy == "flush_on_backward":
-            self._abandon_or_flush("forward")
-            yield from self._drain()
-
     def _unbuffered(self, cmd: Op) -> Steps:
         """An op outside any buffer: where and when it runs is the policy's choice."""
-        touches = any(t in self.pending for t in cmd.inputs)
-        policy = self.policy
-        if policy == "separate_buffers" and (cmd.phase == "backward" or touches):
-            self._serial(cmd)  # in order behind every batch before it
+        current = self._current[cmd.phase]
+        reads_filling = current is not None and any(self.pending.get(t) is current for t in cmd.inputs)
+        reads_pending = any(t in self.pending for t in cmd.inputs)
+        placement = self.policy.place_op(cmd, reads_pending=reads_pending, reads_filling=reads_filling)
+        if placement is OpPlacement.ON_STREAM:
+            self._serial(cmd)
             return
-        if touches and policy == "eager_if_independent":
-            current = self._current[cmd.phase]
-            if current is not None and any(self.pending.get(t) is current for t in cmd.inputs):
-                self._append(cmd.phase, cmd)  # it joins the filling buffer, after its inputs
-                return
-        if touches and policy in ("track_dependencies", "eager_if_independent"):
+        if placement is OpPlacement.JOIN_FILLING:
+            if not reads_filling:
+                raise BufferPolicyError(
+                    f"buffer policy {self.policy!r} placed {cmd.describe()} in the filling {cmd.phase} buffer, but "
+                    "the op reads nothing that buffer produces; answer JOIN_FILLING only when reads_filling is true"
+                )
+            self._append(cmd.phase, cmd)
+            return
+        if placement is OpPlacement.AFTER_INPUTS:
             yield from self._wait_for(cmd.inputs)
-        if touches and policy == "flush_on_backward":
+        elif placement is OpPlacement.AFTER_DRAIN:
             yield from self._drain()
         yield from self._eager(cmd)
 
@@ -208,22 +200,22 @@ class BufferingWorker(Worker):
         self.run_eager(cmd)
 
     def _free(self, tid: int) -> Steps:
-        policy = self.policy
         # Only batches that will look ``tid`` up when they run care: captured arrays are the batch's own, and a
         # pending producer just skips storing it (its own readers use the batch-local value).
         holders = [
             b for b in self._open_batches() if tid in b.reads and tid not in b.captured and tid not in b.produces()
         ]
-        if holders and policy in ("track_dependencies", "eager_if_independent", "separate_buffers"):
+        placement = self.policy.place_free(read_by_pending=bool(holders), phase=self._phase)
+        if placement is FreePlacement.AFTER_READERS and holders:
             # applied once the last batch that reads it has run, whichever order they finish in
             self._free_after[tid] = len(holders)
             for b in holders:
                 self._deferred.setdefault(b.index, []).append(tid)
             return
-        if policy == "separate_buffers" and self._phase == "backward":
-            self.driver.submit(("free", tid))  # after everything queued before it
+        if placement is FreePlacement.ON_STREAM:
+            self.driver.submit(("free", tid))
             return
-        if holders and policy == "flush_on_backward":
+        if placement is FreePlacement.AFTER_DRAIN:
             yield from self._drain()
         self._apply_free(tid)
 
