@@ -22,7 +22,7 @@ from simdist.runtime.policies import (
     TrackDependencies,
     buffer_policy,
 )
-from simdist.runtime.sim import Delivery, LinkSpec, SimRuntimeResult, simulate
+from simdist.runtime.simulated import Delivery, LinkSpec, SimRuntimeResult, simulate
 from simdist.runtime.worker import Worker, WorkerStats
 
 __all__ = [
