@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -16,7 +17,9 @@ from multiprocessing.connection import Client as Connect
 from multiprocessing.connection import Connection, Listener
 from typing import Any
 
+from real.errors import RealError
 from simdist.autograd.executor import use_executor
+from simdist.errors import SimdistError
 from simdist.runtime.buffering import BufferingWorker
 from simdist.runtime.client import Client
 from simdist.runtime.commands import Command, Response
@@ -26,6 +29,10 @@ from simdist.runtime.worker import Worker, WorkerStats
 
 _HOST = "127.0.0.1"
 _CLOSE = "close"
+
+
+class RemoteTimeoutError(RealError, SimdistError, TimeoutError):
+    """The runtime's worker process did not start or did not answer within the session's timeout."""
 
 
 @dataclass
@@ -81,7 +88,13 @@ def run_remote(
     proc = ctx.Process(target=_serve, args=(ports, authkey, policy), daemon=True)
     proc.start()
     try:
-        port = ports.get(timeout=timeout)
+        try:
+            port = ports.get(timeout=timeout)
+        except queue.Empty:
+            raise RemoteTimeoutError(
+                f"the worker process did not start listening within {timeout:g} s (exit code {proc.exitcode}); "
+                "see its output above, or raise run_remote(timeout=...) on a slow machine"
+            ) from None
         with Connect((_HOST, port), authkey=authkey) as conn:
             channel = _Channel(conn, timeout)
             client = Client(channel.send, channel.request)
@@ -127,5 +140,8 @@ class _Channel:
 
     def _receive(self, what: Any) -> Any:
         if not self.conn.poll(self.timeout):
-            raise TimeoutError(f"the worker process did not answer {what} within {self.timeout:g} s")
+            raise RemoteTimeoutError(
+                f"the worker process did not answer {what} within {self.timeout:g} s; it may have died (see its "
+                "output) or be slower than that: raise run_remote(timeout=...)"
+            )
         return self.conn.recv()

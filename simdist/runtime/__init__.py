@@ -7,12 +7,12 @@ to commands that touch tensors a batch has not stored yet.
 """
 
 from simdist.runtime.buffering import BufferingWorker, StreamTimes
-from simdist.runtime.client import Client, RemoteArray, RemoteError
+from simdist.runtime.client import Client, RemoteArray
+from simdist.runtime.errors import BufferPolicyError, RemoteError, RuntimeConfigError
 from simdist.runtime.hotpath import HotPath, OpRecord, PathMatcher, SegmentDetector, signature
 from simdist.runtime.policies import (
     POLICIES,
     BufferPolicy,
-    BufferPolicyError,
     EagerIfIndependent,
     FallBackToEager,
     FlushOnBackward,
@@ -43,6 +43,7 @@ __all__ = [
     "PathMatcher",
     "RemoteArray",
     "RemoteError",
+    "RuntimeConfigError",
     "SegmentDetector",
     "SeparateBuffers",
     "SimRuntimeResult",

@@ -24,7 +24,8 @@ from typing import Any
 
 from simdist.runtime.commands import Command, Fetch, Free, Op, Put, Response
 from simdist.runtime.hotpath import OpRecord, PathMatcher, SegmentDetector, signature
-from simdist.runtime.policies import BufferPolicy, BufferPolicyError, FreePlacement, OpPlacement, buffer_policy
+from simdist.runtime.errors import BufferPolicyError
+from simdist.runtime.policies import BufferPolicy, FreePlacement, OpPlacement, buffer_policy
 from simdist.runtime.steps import NextJob, Sleep, Steps, Wait
 from simdist.runtime.worker import Worker
 

@@ -24,6 +24,8 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from simdist.runtime.errors import RuntimeConfigError
+
 InputRef = tuple[int, int]
 OpSignature = tuple[str, tuple[Hashable, ...], int, tuple[InputRef, ...]]
 Signature = tuple[OpSignature, ...]
@@ -100,7 +102,7 @@ class SegmentDetector:
 
     def __init__(self, window: int, threshold: int, min_length: int, max_length: int) -> None:
         if threshold < 1 or window < threshold or not 1 <= min_length <= max_length:
-            raise ValueError(
+            raise RuntimeConfigError(
                 f"need 1 <= threshold <= window and 1 <= min_length <= max_length; got window={window}, "
                 f"threshold={threshold}, min_length={min_length}, max_length={max_length}"
             )
@@ -202,7 +204,7 @@ class PathMatcher:
     def add(self, path: HotPath) -> None:
         """Follow one more hot path (a path with an already-known signature is ignored)."""
         if not path.signature:
-            raise ValueError("a hot path needs at least one op, got an empty signature")
+            raise RuntimeConfigError("a hot path needs at least one op, got an empty signature")
         node = self._root
         for entry in path.signature:
             node = node.children.setdefault(entry, _Node())

@@ -20,8 +20,8 @@ from __future__ import annotations
 from enum import Enum
 from typing import ClassVar
 
-from simdist.errors import SimdistError
 from simdist.runtime.commands import Op
+from simdist.runtime.errors import BufferPolicyError
 
 
 class OpPlacement(Enum):
@@ -175,10 +175,6 @@ POLICIES: dict[str, BufferPolicy] = {
     policy.name: policy
     for policy in (FallBackToEager(), FlushOnBackward(), TrackDependencies(), SeparateBuffers(), EagerIfIndependent())
 }
-
-
-class BufferPolicyError(SimdistError, ValueError):
-    """A buffer policy is not registered, or answered what the worker cannot do."""
 
 
 def buffer_policy(policy: str | BufferPolicy) -> BufferPolicy:

@@ -22,6 +22,7 @@ from simdist.engine.baton import Baton, RankAbort
 from simdist.errors import RankError
 from simdist.runtime.client import Client
 from simdist.runtime.commands import Command, Response
+from simdist.runtime.errors import RuntimeConfigError
 from simdist.runtime.steps import SimDriver
 from simdist.runtime.worker import Worker, WorkerStats
 
@@ -39,9 +40,9 @@ class LinkSpec:
         for name in ("latency", "bandwidth", "jitter"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and np.isfinite(value) and value >= 0):
-                raise ValueError(f"LinkSpec.{name} must be a finite number >= 0, got {value!r}")
+                raise RuntimeConfigError(f"LinkSpec.{name} must be a finite number >= 0, got {value!r}")
         if self.bandwidth == 0:
-            raise ValueError("LinkSpec.bandwidth must be > 0 bytes/s")
+            raise RuntimeConfigError("LinkSpec.bandwidth must be > 0 bytes/s, got 0")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from simdist.runtime.errors import RuntimeConfigError
 from simdist.runtime.hotpath import HotPath, OpRecord, PathMatcher, SegmentDetector, signature
 
 # A loop-body op input: ("int", j, k) output k of body op j of this iteration; ("carry", j, k) the same output
@@ -355,7 +356,7 @@ def test_segments_become_hot_at_the_threshold_within_their_length_bounds() -> No
     ],
 )
 def test_bad_parameters_are_rejected(kwargs: dict[str, int], message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(RuntimeConfigError, match=message):
         SegmentDetector(**kwargs)
 
 
@@ -429,7 +430,7 @@ def test_matcher_hands_back_an_op_that_starts_nothing() -> None:
     assert matcher.feed(stray).ops == (stray,)
     assert matcher.feed(OpRecord("A", (7,), (8,))).kind == "start"
     assert [op.op for op in matcher.flush()] == ["A"]
-    with pytest.raises(ValueError, match="at least one op"):
+    with pytest.raises(RuntimeConfigError, match="at least one op"):
         matcher.add(HotPath((), 0, ()))
 
 
