@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simdist.runtime.commands import Command, Fetch, Free, Op, Put, Response
-from simdist.runtime.hotpath import OpRecord, PathMatcher, SegmentDetector, signature
 from simdist.runtime.errors import BufferPolicyError
+from simdist.runtime.hotpath import OpRecord, PathMatcher, SegmentDetector, signature
 from simdist.runtime.policies import BufferPolicy, FreePlacement, OpPlacement, buffer_policy
 from simdist.runtime.steps import NextJob, Sleep, Steps, Wait
 from simdist.runtime.worker import Worker
@@ -52,11 +52,12 @@ class Batch:
     captured: dict[int, Any] = field(default_factory=dict)
     #: every tensor id its ops read
     reads: set[int] = field(default_factory=set)
+    #: outputs of its ops that have run, until the batch stores them: tid -> array
+    local: dict[int, Any] = field(default_factory=dict)
     #: "filling" (tracing), "compiling", "running", "done"
     state: str = "filling"
     complete: bool = False
     done: Any = None  # the driver's done signal
-    signature: tuple = ()
 
     def produces(self) -> set[int]:
         """Every tensor id its ops write."""
@@ -184,13 +185,11 @@ class BufferingWorker(Worker):
         yield Sleep(self.seconds(cmd))
         self._classify_and_run(cmd)
 
-    def _classify_and_run(self, cmd: Op, kind_if_missing: str | None = None) -> None:
+    def _classify_and_run(self, cmd: Op) -> None:
         missing = self.missing_inputs(cmd)
         if missing:
             batch = self.pending.get(missing[0])
-            if kind_if_missing is not None:
-                kind = kind_if_missing
-            elif batch is None:
+            if batch is None:
                 kind = "other"
             else:
                 kind = "A" if batch.state == "filling" else "C"
@@ -346,7 +345,7 @@ class BufferingWorker(Worker):
 
     def _run_captured(self, batch: Batch, cmd: Op, eager: bool) -> None:
         """Run ``cmd`` of ``batch`` on captured arrays, batch-local results and the store."""
-        local = batch.__dict__.setdefault("_local", {})
+        local = batch.local
         values = []
         for t in cmd.inputs:
             value = local.get(t, batch.captured.get(t, self.store.get(t)))
@@ -368,7 +367,7 @@ class BufferingWorker(Worker):
         self._fail(cmd.seq, "input not found", f"Input tensor not found: t{tid}", cmd.describe())
 
     def _finish(self, batch: Batch) -> None:
-        local = batch.__dict__.pop("_local", {})
+        local, batch.local = batch.local, {}
         for cmd in batch.ops:
             for t in cmd.outputs:
                 if t in self.dead:
