@@ -78,9 +78,9 @@ def run_remote(
 ) -> RealRuntimeResult:
     """Run ``fn(*args)`` as the client of a worker in a fresh process on this machine.
 
-    ``policy`` (a ``simdist.runtime.BufferPolicy`` or the name of one in ``simdist.runtime.POLICIES``) makes the
-    worker buffer hot paths with that policy, its compile stream on a thread of its own; None runs every op
-    eagerly. A worker failure is raised in the client as ``RemoteError`` at its next fetch.
+    ``policy`` (a ``simdist.runtime.BufferPolicy`` or the name of one in ``simdist.runtime.POLICIES``) makes
+    the worker buffer hot paths with that policy, its compile stream on a thread of its own; None runs every
+    op eagerly. A worker failure is raised in the client as ``RemoteError`` at its next fetch.
     """
     ctx = multiprocessing.get_context("spawn")
     ports = ctx.Queue()
@@ -92,8 +92,8 @@ def run_remote(
             port = ports.get(timeout=timeout)
         except queue.Empty:
             raise RemoteTimeoutError(
-                f"the worker process did not start listening within {timeout:g} s (exit code {proc.exitcode}); "
-                "see its output above, or raise run_remote(timeout=...) on a slow machine"
+                f"the worker process did not start listening within {timeout:g} s (exit code "
+                f"{proc.exitcode}); see its output above, or raise run_remote(timeout=...) on a slow machine"
             ) from None
         with Connect((_HOST, port), authkey=authkey) as conn:
             channel = _Channel(conn, timeout)
@@ -141,7 +141,7 @@ class _Channel:
     def _receive(self, what: Any) -> Any:
         if not self.conn.poll(self.timeout):
             raise RemoteTimeoutError(
-                f"the worker process did not answer {what} within {self.timeout:g} s; it may have died (see its "
-                "output) or be slower than that: raise run_remote(timeout=...)"
+                f"the worker process did not answer {what} within {self.timeout:g} s; it may have died "
+                "(see its output) or be slower than that: raise run_remote(timeout=...)"
             )
         return self.conn.recv()

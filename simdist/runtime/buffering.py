@@ -170,8 +170,9 @@ class BufferingWorker(Worker):
         if placement is OpPlacement.JOIN_FILLING:
             if not reads_filling:
                 raise BufferPolicyError(
-                    f"buffer policy {self.policy!r} placed {cmd.describe()} in the filling {cmd.phase} buffer, but "
-                    "the op reads nothing that buffer produces; answer JOIN_FILLING only when reads_filling is true"
+                    f"buffer policy {self.policy!r} placed {cmd.describe()} in the filling {cmd.phase} "
+                    "buffer, but the op reads nothing that buffer produces; answer JOIN_FILLING only when "
+                    "reads_filling is true"
                 )
             self._append(cmd.phase, cmd)
             return
@@ -179,6 +180,11 @@ class BufferingWorker(Worker):
             yield from self._wait_for(cmd.inputs)
         elif placement is OpPlacement.AFTER_DRAIN:
             yield from self._drain()
+        elif placement is not OpPlacement.EAGER:
+            raise BufferPolicyError(
+                f"buffer policy {self.policy!r} answered {placement!r} for {cmd.describe()}; place_op must "
+                "return an OpPlacement"
+            )
         yield from self._eager(cmd)
 
     def _eager(self, cmd: Op) -> Steps:
@@ -217,6 +223,11 @@ class BufferingWorker(Worker):
             return
         if placement is FreePlacement.AFTER_DRAIN:
             yield from self._drain()
+        elif placement not in (FreePlacement.NOW, FreePlacement.AFTER_READERS):
+            raise BufferPolicyError(
+                f"buffer policy {self.policy!r} answered {placement!r} for the free of t{tid}; place_free must "
+                "return a FreePlacement"
+            )
         self._apply_free(tid)
 
     def _apply_free(self, tid: int) -> None:

@@ -6,11 +6,11 @@ from simdist.errors import SimdistError
 
 
 class RemoteError(SimdistError, RuntimeError):
-    """The worker failed a command (e.g. ``Input tensor not found``); names the command and its sequence number."""
+    """The worker failed a command (e.g. ``Input tensor not found``); names the command and its number."""
 
 
 class RuntimeConfigError(SimdistError, ValueError):
-    """A runtime setting is invalid: a link spec, the hot-path detector's window or lengths, an empty hot path."""
+    """A runtime setting is invalid: a link spec, the hot-path detector's window or lengths, an empty path."""
 
 
 class BufferPolicyError(SimdistError, ValueError):

@@ -106,7 +106,8 @@ class SegmentDetector:
                 f"need 1 <= threshold <= window and 1 <= min_length <= max_length; got window={window}, "
                 f"threshold={threshold}, min_length={min_length}, max_length={max_length}"
             )
-        self.window, self.threshold, self.min_length, self.max_length = window, threshold, min_length, max_length
+        self.window, self.threshold = window, threshold
+        self.min_length, self.max_length = min_length, max_length
         self._phase: str | None = None
         self._ops: list[OpRecord] = []
         self._recent: deque[tuple[str, Signature]] = deque(maxlen=window)
@@ -118,13 +119,13 @@ class SegmentDetector:
         return tuple(self._hot.values())
 
     def observe(self, record: OpRecord, phase: str) -> HotPath | None:
-        """One more op, of `phase`; return the hot path of the segment it ends, if that one just became hot."""
+        """One more op, of `phase`; return the hot path of the segment it ends, if it just became hot."""
         path = None
         if phase != self._phase:
             if self._phase is not None:
                 path = self._end_segment(self._phase)
             self._phase = phase
-        # One op past max_length is enough to know the segment is too long; keeping more would only cost memory.
+        # One op past max_length tells the segment is too long; keeping more would only cost memory.
         if len(self._ops) <= self.max_length:
             self._ops.append(record)
         return path

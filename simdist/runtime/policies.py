@@ -1,7 +1,7 @@
 """Buffer policies: what a buffering worker does with commands that touch tensors a batch has not stored yet.
 
-A :class:`~simdist.runtime.buffering.BufferingWorker` holds the mechanism (buffers, the compile stream, waits);
-the policy answers four questions the worker asks, and nothing else:
+A :class:`~simdist.runtime.buffering.BufferingWorker` holds the mechanism (buffers, the compile stream,
+waits); the policy answers four questions the worker asks, and nothing else:
 
 - ``buffers(phase)``: may ops of this phase be buffered at all?
 - ``drains_on_entering(phase)``: when the client switches to this phase, does the worker first wait for every
@@ -10,9 +10,9 @@ the policy answers four questions the worker asks, and nothing else:
 - ``place_free(...)``: when does a free of a tensor take effect (a :class:`FreePlacement`)?
 
 :data:`POLICIES` registers them by name. ``"fallback"`` is the behaviour with no coordination, which loses
-tensors in three races (see :mod:`simdist.runtime.buffering`); the other four each close all three, in the
-order of the fix options of the hot-path buffer race write-up (flush on backward entry, cross-buffer
-dependency tracking, separate forward/backward compilation, no buffering of ops that read older tensors).
+tensors in three races (see :mod:`simdist.runtime.buffering`); the other four are the race's fixes 1 to 4,
+each closing all three: flush on backward entry, cross-buffer dependency tracking, separate forward and
+backward work, and eager execution only for ops independent of pending tensors.
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ class BufferPolicy:
         raise NotImplementedError
 
     def place_free(self, *, read_by_pending: bool, phase: str) -> FreePlacement:
-        """When a free takes effect; ``read_by_pending``: a batch not yet run looks the tensor up when it runs;
-        ``phase``: the phase of the last op that arrived."""
+        """When a free takes effect; ``read_by_pending``: a batch not yet run looks the tensor up when it
+        runs; ``phase``: the phase of the last op that arrived."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -77,8 +77,8 @@ class BufferPolicy:
 
 
 class FallBackToEager(BufferPolicy):
-    """No coordination: eager ops and frees act at arrival; a batch whose inputs are missing when it runs falls
-    back to running its ops one by one (and fails on the missing one)."""
+    """No coordination: eager ops and frees act at arrival; a batch whose inputs are missing when it runs
+    falls back to running its ops one by one (and fails on the missing one)."""
 
     name = "fallback"
     description = "eager ops and frees act at arrival; a batch whose inputs are missing falls back to eager"
@@ -94,7 +94,7 @@ class FallBackToEager(BufferPolicy):
 
 class FlushOnBackward(BufferPolicy):
     """Flush on backward entry: every buffer drains when backward starts, and backward is never buffered, so
-    forward tensors exist before anything reads them (fix option 1; backward loses its compilation)."""
+    forward tensors exist before anything reads them (fix 1; backward loses its compilation)."""
 
     name = "flush_on_backward"
     description = "drain every buffer when backward starts; backward runs eagerly"
@@ -118,7 +118,7 @@ class FlushOnBackward(BufferPolicy):
 
 class TrackDependencies(BufferPolicy):
     """Cross-buffer dependency tracking: an op waits for the batches that produce its inputs, and a free waits
-    for the batches that still read the tensor (fix option 2)."""
+    for the batches that still read the tensor (fix 2)."""
 
     name = "track_dependencies"
     description = "a command touching a pending tensor waits for its batch; frees of inputs wait"
@@ -135,7 +135,7 @@ class TrackDependencies(BufferPolicy):
 class SeparateBuffers(BufferPolicy):
     """Separate forward and backward work: backward ops (and ops reading pending tensors) and backward frees
     queue on the compile stream behind the forward batches, so they see every forward tensor stored
-    (fix option 3)."""
+    (fix 3)."""
 
     name = "separate_buffers"
     description = "backward ops and frees queue behind the forward batches on the stream"
@@ -154,13 +154,13 @@ class SeparateBuffers(BufferPolicy):
 class EagerIfIndependent(BufferPolicy):
     """Eager only when independent: an op reading the filling buffer joins it, one reading a flushed batch
     waits for it, and only ops that read no pending tensor run eagerly at arrival; frees wait for their
-    readers (fix option 4)."""
+    readers (fix 4)."""
 
     name = "eager_if_independent"
     description = "ops reading pending tensors join the filling buffer or wait for the flushed one"
 
     def place_op(self, cmd: Op, *, reads_pending: bool, reads_filling: bool) -> OpPlacement:
-        """Into the filling buffer if it reads it; after its producing batches if it reads another; else now."""
+        """Into the filling buffer if it reads it; after its producers if it reads another batch; else now."""
         if reads_filling:
             return OpPlacement.JOIN_FILLING
         return OpPlacement.AFTER_INPUTS if reads_pending else OpPlacement.EAGER
@@ -173,12 +173,18 @@ class EagerIfIndependent(BufferPolicy):
 #: the buffer policies by name, the one with no coordination first
 POLICIES: dict[str, BufferPolicy] = {
     policy.name: policy
-    for policy in (FallBackToEager(), FlushOnBackward(), TrackDependencies(), SeparateBuffers(), EagerIfIndependent())
+    for policy in (
+        FallBackToEager(),
+        FlushOnBackward(),
+        TrackDependencies(),
+        SeparateBuffers(),
+        EagerIfIndependent(),
+    )
 }
 
 
 def buffer_policy(policy: str | BufferPolicy) -> BufferPolicy:
-    """The policy named ``policy`` in :data:`POLICIES`, or ``policy`` itself if it is a :class:`BufferPolicy`."""
+    """The policy registered as ``policy`` in :data:`POLICIES`, or ``policy`` itself if it is a policy."""
     if isinstance(policy, BufferPolicy):
         return policy
     found = POLICIES.get(policy) if isinstance(policy, str) else None

@@ -135,7 +135,9 @@ def noise(draw: st.DrawFn, ids: Iterator[int], max_size: int, names: list[str]) 
     return ops
 
 
-def instantiate(body: list[BodyOp], previous: list[int], params: list[int], ids: Iterator[int]) -> list[OpRecord]:
+def instantiate(
+    body: list[BodyOp], previous: list[int], params: list[int], ids: Iterator[int]
+) -> list[OpRecord]:
     """One phase segment from `body` with fresh ids; a carried input reads an output of the segment before."""
     made: dict[tuple[int, int], int] = {}
     ops = []
@@ -163,7 +165,7 @@ NAMES = ["a", "b"]
 @st.composite
 def segment_streams(draw: st.DrawFn, max_size: int) -> list[tuple[str, OpRecord]]:
     """(phase, op) pairs as a training loop sends them: segments alternate phases and follow a repeated
-    pattern of a few bodies, with some segments replaced by bodies of their own; two names make coincidences."""
+    pattern of a few bodies, some segments replaced by bodies of their own; two names make coincidences."""
     bodies = draw(st.lists(loop_bodies(1, max_size, names=NAMES), min_size=1, max_size=3))
     pattern = draw(st.lists(st.integers(0, len(bodies) - 1), min_size=1, max_size=4))
     schedule: list[list[BodyOp]] = [bodies[b] for b in pattern] * draw(st.sampled_from([6, 3, 8, 1]))
@@ -258,7 +260,8 @@ def test_reused_versus_distinct_external_changes_signature(ops: list[OpRecord], 
 
 def detect(detector: SegmentDetector, stream: list[tuple[str, OpRecord]]) -> list[tuple[int, HotPath]]:
     """Feed `stream`; the hot paths reported, with the index of the op that reported each."""
-    return [(i, path) for i, (phase, op) in enumerate(stream) if (path := detector.observe(op, phase)) is not None]
+    reported = ((i, detector.observe(op, phase)) for i, (phase, op) in enumerate(stream))
+    return [(i, path) for i, path in reported if path is not None]
 
 
 def brute_force_hot(
