@@ -153,3 +153,22 @@ class FreeLikeAnOp(WaitForAll):
 def test_a_policy_answer_the_worker_cannot_carry_out_is_an_error_naming_the_command(policy, message):
     with pytest.raises(BufferPolicyError, match=message):
         simulate(loop, (4, 8, 1), "tanh", 2, True, 0, worker=BufferingWorker(policy))
+
+
+def test_a_failing_case_of_the_fallback_policy_shrinks_to_a_short_reproduction():
+    def fails(case) -> bool:
+        program, (seed, jitter, scale) = case
+        worker = BufferingWorker("fallback", times=times(scale))
+        try:
+            simulate(loop, *program, seed=seed, link=LinkSpec(jitter=jitter), worker=worker)
+        except RankError:
+            return True
+        return False
+
+    program, timing = find(
+        st.tuples(loops, timings), fails, settings=settings(max_examples=200, database=None, derandomize=True)
+    )
+    widths, _, steps, _, _ = program
+    # Shrunk to the smallest model and the shortest loop that can race: each phase segment must be seen twice
+    # before it is buffered (the first forward differs from later ones, which also run the update), then run.
+    assert widths == (1, 1) and steps <= 4 and timing[1] == 0.0, (program, timing)

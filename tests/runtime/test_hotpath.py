@@ -350,6 +350,36 @@ def test_segments_become_hot_at_the_threshold_within_their_length_bounds() -> No
 
 
 @pytest.mark.parametrize(
+    ("ref", "changed_ref"),
+    [
+        (("int", 0, 0), ("int", 0, 1)),  # the other output of the same producer
+        (("int", 0, 0), ("int", 1, 0)),  # another producer
+        (("param", 0), ("param", 1)),  # another external
+        (("param", 0), ("data",)),  # a distinct external instead of a reused one
+    ],
+)
+def test_each_kind_of_dependency_change_makes_a_new_hot_path(ref: Ref, changed_ref: Ref) -> None:
+    def forward(r: Ref) -> list[BodyOp]:
+        return [("op0", (("param", 0),), 2), ("op1", (), 1), ("op2", (("int", 1, 0), r), 1), ("op3", (), 1)]
+
+    backward: list[BodyOp] = [("grad", (("carry", 0, 0),), 1)]
+    ids = itertools.count(1000)
+    params = [next(ids) for _ in range(PARAMS)]
+    previous: list[int] = []
+    stream: list[tuple[str, OpRecord]] = []
+    for body in [forward(ref)] * 3 + [forward(changed_ref)] * 3:
+        for phase, ops in (("forward", body), ("backward", backward)):
+            instance = instantiate(ops, previous, params, ids)
+            stream += [(phase, op) for op in instance]
+            previous = [t for op in instance for t in op.outputs]
+    events = detect(SegmentDetector(window=4, threshold=2, min_length=1, max_length=8), stream)
+    assert [(i, list(p.template)) for i, p in events] == brute_force_hot(stream, 4, 2, 1, 8)
+    forward_paths = [p for _, p in events if p.template[0].op == "op0"]
+    # same names before and after the change: only the dependencies tell the two loops apart
+    assert len(forward_paths) == 2 and forward_paths[0].signature != forward_paths[1].signature
+
+
+@pytest.mark.parametrize(
     ("kwargs", "message"),
     [
         ({"window": 1, "threshold": 2, "min_length": 1, "max_length": 4}, "threshold <= window"),
