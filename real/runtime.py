@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -16,15 +17,22 @@ from multiprocessing.connection import Client as Connect
 from multiprocessing.connection import Connection, Listener
 from typing import Any
 
+from real.errors import RealError
 from simdist.autograd.executor import use_executor
+from simdist.errors import SimdistError
 from simdist.runtime.buffering import BufferingWorker
 from simdist.runtime.client import Client
 from simdist.runtime.commands import Command, Response
+from simdist.runtime.policies import BufferPolicy
 from simdist.runtime.steps import ThreadDriver
 from simdist.runtime.worker import Worker, WorkerStats
 
 _HOST = "127.0.0.1"
 _CLOSE = "close"
+
+
+class RemoteTimeoutError(RealError, SimdistError, TimeoutError):
+    """The runtime's worker process did not start or did not answer within the session's timeout."""
 
 
 @dataclass
@@ -39,7 +47,7 @@ class RealRuntimeResult:
     failure_kinds: list[str]
 
 
-def _serve(port_queue: Any, authkey: bytes, policy: str | None) -> None:
+def _serve(port_queue: Any, authkey: bytes, policy: str | BufferPolicy | None) -> None:
     """The worker process: accept one client, run its commands in order, answer fetches, report at close.
 
     With a buffer ``policy`` the worker is a :class:`BufferingWorker` whose compile stream runs on its own
@@ -65,12 +73,14 @@ def _serve(port_queue: Any, authkey: bytes, policy: str | None) -> None:
                     driver.run(worker.process(cmd, conn.send))
 
 
-def run_remote(fn: Any, *args: Any, policy: str | None = None, timeout: float = 60.0) -> RealRuntimeResult:
+def run_remote(
+    fn: Any, *args: Any, policy: str | BufferPolicy | None = None, timeout: float = 60.0
+) -> RealRuntimeResult:
     """Run ``fn(*args)`` as the client of a worker in a fresh process on this machine.
 
-    ``policy`` (one of ``simdist.runtime.POLICIES``) makes the worker buffer hot paths with that policy, its
-    compile stream on a thread of its own; None runs every op eagerly. A worker failure is raised in the client
-    as ``RemoteError`` at its next fetch.
+    ``policy`` (a ``simdist.runtime.BufferPolicy`` or the name of one in ``simdist.runtime.POLICIES``) makes
+    the worker buffer hot paths with that policy, its compile stream on a thread of its own; None runs every
+    op eagerly. A worker failure is raised in the client as ``RemoteError`` at its next fetch.
     """
     ctx = multiprocessing.get_context("spawn")
     ports = ctx.Queue()
@@ -78,7 +88,13 @@ def run_remote(fn: Any, *args: Any, policy: str | None = None, timeout: float = 
     proc = ctx.Process(target=_serve, args=(ports, authkey, policy), daemon=True)
     proc.start()
     try:
-        port = ports.get(timeout=timeout)
+        try:
+            port = ports.get(timeout=timeout)
+        except queue.Empty:
+            raise RemoteTimeoutError(
+                f"the worker process did not start listening within {timeout:g} s (exit code "
+                f"{proc.exitcode}); see its output above, or raise run_remote(timeout=...) on a slow machine"
+            ) from None
         with Connect((_HOST, port), authkey=authkey) as conn:
             channel = _Channel(conn, timeout)
             client = Client(channel.send, channel.request)
@@ -124,5 +140,8 @@ class _Channel:
 
     def _receive(self, what: Any) -> Any:
         if not self.conn.poll(self.timeout):
-            raise TimeoutError(f"the worker process did not answer {what} within {self.timeout:g} s")
+            raise RemoteTimeoutError(
+                f"the worker process did not answer {what} within {self.timeout:g} s; it may have died "
+                "(see its output) or be slower than that: raise run_remote(timeout=...)"
+            )
         return self.conn.recv()

@@ -211,8 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = table(args.seeds, verdicts)
     real_rows = on_real_worker(args.real, verdicts) if args.real else None
     REPORT.parent.mkdir(parents=True, exist_ok=True)
+    descriptions = {name: policy.description for name, policy in POLICIES.items()}
     REPORT.write_text(
-        json.dumps({"seeds": args.seeds, "policies": rows, "real": real_rows, "descriptions": POLICIES}, indent=2)
+        json.dumps({"seeds": args.seeds, "policies": rows, "real": real_rows, "descriptions": descriptions}, indent=2)
     )
     print(f"table written to {REPORT}")
     print()

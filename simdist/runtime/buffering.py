@@ -12,7 +12,8 @@ commands. That is where the three races come from:
   batch skipped an output the client had already freed);
 - (C) an eager op reads an output of a batch that is compiling or running (not yet stored).
 
-The buffer policy decides how commands that touch pending tensors are handled (see :data:`POLICIES`).
+The buffer policy (:mod:`simdist.runtime.policies`) decides how commands that touch pending tensors are
+handled; the worker asks it and carries out the answer.
 """
 
 from __future__ import annotations
@@ -22,19 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simdist.runtime.commands import Command, Fetch, Free, Op, Put, Response
-from simdist.runtime.hotpath import HotPath, OpRecord, PathMatcher, signature
+from simdist.runtime.errors import BufferPolicyError
+from simdist.runtime.hotpath import OpRecord, PathMatcher, SegmentDetector, signature
+from simdist.runtime.policies import BufferPolicy, FreePlacement, OpPlacement, buffer_policy
 from simdist.runtime.steps import NextJob, Sleep, Steps, Wait
 from simdist.runtime.worker import Worker
-
-#: the buffer policies: the current behaviour and four fixes
-POLICIES = {
-    "fallback": "eager ops and frees act at arrival; a batch whose inputs are missing falls back to eager",
-    "flush_on_backward": "fix 1: drain every buffer when backward starts; backward runs eagerly",
-    "track_dependencies": "fix 2: a command touching a pending tensor waits for its batch; frees of inputs wait",
-    "separate_buffers": "fix 3: backward ops and frees queue behind the forward batches on the stream",
-    "eager_if_independent": "fix 4: ops reading pending tensors join the filling buffer or wait for the flushed one",
-}
-
 
 @dataclass(frozen=True)
 class StreamTimes:
@@ -59,11 +52,12 @@ class Batch:
     captured: dict[int, Any] = field(default_factory=dict)
     #: every tensor id its ops read
     reads: set[int] = field(default_factory=set)
+    #: outputs of its ops that have run, until the batch stores them: tid -> array
+    local: dict[int, Any] = field(default_factory=dict)
     #: "filling" (tracing), "compiling", "running", "done"
     state: str = "filling"
     complete: bool = False
     done: Any = None  # the driver's done signal
-    signature: tuple = ()
 
     def produces(self) -> set[int]:
         """Every tensor id its ops write."""
@@ -78,48 +72,16 @@ class Batch:
         return out
 
 
-class SegmentDetector:
-    """Hot paths at phase granularity: the ops between two phase changes form a segment, and a segment whose
-    signature (renormalised ids, see :func:`~simdist.runtime.hotpath.signature`) occurred ``threshold`` times
-    among the last ``window`` segments, with ``min_length`` to ``max_length`` ops, becomes hot. Instances then
-    start at a phase's first op, so a batch never spans a phase change."""
-
-    def __init__(self, window: int, threshold: int, min_length: int, max_length: int) -> None:
-        if threshold < 1 or window < threshold or not 1 <= min_length <= max_length:
-            raise ValueError(
-                f"need 1 <= threshold <= window and 1 <= min_length <= max_length; got window={window}, "
-                f"threshold={threshold}, min_length={min_length}, max_length={max_length}"
-            )
-        self.window, self.threshold, self.min_length, self.max_length = window, threshold, min_length, max_length
-        self._ops: list[OpRecord] = []
-        self._recent: list[tuple] = []
-        self.hot: dict[tuple, HotPath] = {}
-
-    def observe(self, record: OpRecord) -> None:
-        """One more op of the current segment."""
-        if len(self._ops) <= self.max_length:
-            self._ops.append(record)
-
-    def end_segment(self, phase: str) -> HotPath | None:
-        """The current segment ended; return the hot path it made hot, if it just became hot."""
-        ops, self._ops = self._ops, []
-        if not self.min_length <= len(ops) <= self.max_length:
-            return None
-        sig = (phase, signature(ops))
-        self._recent.append(sig)
-        del self._recent[: -self.window]
-        if sig in self.hot or self._recent.count(sig) < self.threshold:
-            return None
-        path = self.hot[sig] = HotPath(sig[1], len(ops), tuple(ops))
-        return path
-
-
 class BufferingWorker(Worker):
-    """A worker that detects hot paths and runs their instances as compiled batches on a compile stream."""
+    """A worker that detects hot paths and runs their instances as compiled batches on a compile stream.
+
+    ``policy`` is a :class:`~simdist.runtime.policies.BufferPolicy` or the name of one in
+    :data:`~simdist.runtime.policies.POLICIES`.
+    """
 
     def __init__(
         self,
-        policy: str = "fallback",
+        policy: str | BufferPolicy = "fallback",
         *,
         times: StreamTimes | None = None,
         window: int = 512,
@@ -127,10 +89,8 @@ class BufferingWorker(Worker):
         min_length: int = 4,
         max_length: int = 128,
     ) -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"unknown buffer policy {policy!r}; choose one of {', '.join(POLICIES)}")
         super().__init__()
-        self.policy = policy
+        self.policy = buffer_policy(policy)
         self.times = times or StreamTimes()
         self._detector = SegmentDetector(window, threshold, min_length, max_length)
         self._matchers = {p: PathMatcher() for p in ("forward", "backward")}
@@ -172,21 +132,21 @@ class BufferingWorker(Worker):
 
     def _op(self, cmd: Op) -> Steps:
         phase = cmd.phase
+        record = OpRecord(cmd.op, cmd.inputs, cmd.outputs, cmd.attrs)
+        path = self._detector.observe(record, phase)
         if phase != self._phase:
             previous, self._phase = self._phase, phase
-            path = self._detector.end_segment(previous)
             if path is not None:
                 self._matchers[previous].add(path)
             if self._current[previous] is not None:  # an instance never spans a phase change
                 self._abandon(previous)
                 self._matchers[previous].flush()
             self._segment_start = True
-            yield from self._phase_change(phase)
-        record = OpRecord(cmd.op, cmd.inputs, cmd.outputs, cmd.attrs)
-        self._detector.observe(record)
+            if self.policy.drains_on_entering(phase):
+                yield from self._drain()
         at_start, self._segment_start = self._segment_start, False
         matcher = self._matchers[phase]
-        if self._buffers_in(phase) and matcher.paths and (at_start or matcher.pending):
+        if self.policy.buffers(phase) and matcher.paths and (at_start or matcher.pending):
             match = matcher.feed(record)
             if match.kind in ("start", "continue", "complete"):
                 self._append(phase, cmd)
@@ -198,43 +158,44 @@ class BufferingWorker(Worker):
             matcher.flush()
         yield from self._unbuffered(cmd)
 
-    def _buffers_in(self, phase: str) -> bool:
-        return not (self.policy == "flush_on_backward" and phase == "backward")
-
-    def _phase_change(self, phase: str) -> Steps:
-        if phase == "backward" and self.policy == "flush_on_backward":
-            self._abandon_or_flush("forward")
-            yield from self._drain()
-
     def _unbuffered(self, cmd: Op) -> Steps:
         """An op outside any buffer: where and when it runs is the policy's choice."""
-        touches = any(t in self.pending for t in cmd.inputs)
-        policy = self.policy
-        if policy == "separate_buffers" and (cmd.phase == "backward" or touches):
-            self._serial(cmd)  # in order behind every batch before it
+        current = self._current[cmd.phase]
+        reads_filling = current is not None and any(self.pending.get(t) is current for t in cmd.inputs)
+        reads_pending = any(t in self.pending for t in cmd.inputs)
+        placement = self.policy.place_op(cmd, reads_pending=reads_pending, reads_filling=reads_filling)
+        if placement is OpPlacement.ON_STREAM:
+            self._serial(cmd)
             return
-        if touches and policy == "eager_if_independent":
-            current = self._current[cmd.phase]
-            if current is not None and any(self.pending.get(t) is current for t in cmd.inputs):
-                self._append(cmd.phase, cmd)  # it joins the filling buffer, after its inputs
-                return
-        if touches and policy in ("track_dependencies", "eager_if_independent"):
+        if placement is OpPlacement.JOIN_FILLING:
+            if not reads_filling:
+                raise BufferPolicyError(
+                    f"buffer policy {self.policy!r} placed {cmd.describe()} in the filling {cmd.phase} "
+                    "buffer, but the op reads nothing that buffer produces; answer JOIN_FILLING only when "
+                    "reads_filling is true"
+                )
+            self._append(cmd.phase, cmd)
+            return
+        if placement is OpPlacement.AFTER_INPUTS:
             yield from self._wait_for(cmd.inputs)
-        if touches and policy == "flush_on_backward":
+        elif placement is OpPlacement.AFTER_DRAIN:
             yield from self._drain()
+        elif placement is not OpPlacement.EAGER:
+            raise BufferPolicyError(
+                f"buffer policy {self.policy!r} answered {placement!r} for {cmd.describe()}; place_op must "
+                "return an OpPlacement"
+            )
         yield from self._eager(cmd)
 
     def _eager(self, cmd: Op) -> Steps:
         yield Sleep(self.seconds(cmd))
         self._classify_and_run(cmd)
 
-    def _classify_and_run(self, cmd: Op, kind_if_missing: str | None = None) -> None:
+    def _classify_and_run(self, cmd: Op) -> None:
         missing = self.missing_inputs(cmd)
         if missing:
             batch = self.pending.get(missing[0])
-            if kind_if_missing is not None:
-                kind = kind_if_missing
-            elif batch is None:
+            if batch is None:
                 kind = "other"
             else:
                 kind = "A" if batch.state == "filling" else "C"
@@ -245,23 +206,28 @@ class BufferingWorker(Worker):
         self.run_eager(cmd)
 
     def _free(self, tid: int) -> Steps:
-        policy = self.policy
         # Only batches that will look ``tid`` up when they run care: captured arrays are the batch's own, and a
         # pending producer just skips storing it (its own readers use the batch-local value).
         holders = [
             b for b in self._open_batches() if tid in b.reads and tid not in b.captured and tid not in b.produces()
         ]
-        if holders and policy in ("track_dependencies", "eager_if_independent", "separate_buffers"):
+        placement = self.policy.place_free(read_by_pending=bool(holders), phase=self._phase)
+        if placement is FreePlacement.AFTER_READERS and holders:
             # applied once the last batch that reads it has run, whichever order they finish in
             self._free_after[tid] = len(holders)
             for b in holders:
                 self._deferred.setdefault(b.index, []).append(tid)
             return
-        if policy == "separate_buffers" and self._phase == "backward":
-            self.driver.submit(("free", tid))  # after everything queued before it
+        if placement is FreePlacement.ON_STREAM:
+            self.driver.submit(("free", tid))
             return
-        if holders and policy == "flush_on_backward":
+        if placement is FreePlacement.AFTER_DRAIN:
             yield from self._drain()
+        elif placement not in (FreePlacement.NOW, FreePlacement.AFTER_READERS):
+            raise BufferPolicyError(
+                f"buffer policy {self.policy!r} answered {placement!r} for the free of t{tid}; place_free must "
+                "return a FreePlacement"
+            )
         self._apply_free(tid)
 
     def _apply_free(self, tid: int) -> None:
@@ -390,7 +356,7 @@ class BufferingWorker(Worker):
 
     def _run_captured(self, batch: Batch, cmd: Op, eager: bool) -> None:
         """Run ``cmd`` of ``batch`` on captured arrays, batch-local results and the store."""
-        local = batch.__dict__.setdefault("_local", {})
+        local = batch.local
         values = []
         for t in cmd.inputs:
             value = local.get(t, batch.captured.get(t, self.store.get(t)))
@@ -412,7 +378,7 @@ class BufferingWorker(Worker):
         self._fail(cmd.seq, "input not found", f"Input tensor not found: t{tid}", cmd.describe())
 
     def _finish(self, batch: Batch) -> None:
-        local = batch.__dict__.pop("_local", {})
+        local, batch.local = batch.local, {}
         for cmd in batch.ops:
             for t in cmd.outputs:
                 if t in self.dead:

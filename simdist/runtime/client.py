@@ -19,10 +19,7 @@ import numpy as np
 from simdist.autograd.executor import Executor, TensorMeta
 from simdist.autograd.grad_mode import in_backward
 from simdist.runtime.commands import Command, Failure, Fetch, Free, Op, Put, Response, Value
-
-
-class RemoteError(RuntimeError):
-    """The worker failed a command (e.g. ``Input tensor not found``); names the command and its sequence number."""
+from simdist.runtime.errors import RemoteError
 
 
 class RemoteArray:

@@ -92,7 +92,6 @@ class ThreadDriver:
         self.lock = threading.Lock()
         self._jobs: queue.Queue = queue.Queue()
         self._start = time.perf_counter()
-        self._stream: threading.Thread | None = None
 
     def now(self) -> float:
         """Seconds since the driver was made."""
@@ -117,8 +116,7 @@ class ThreadDriver:
             with self.lock:
                 self.run(steps)
 
-        self._stream = threading.Thread(target=body, name="compile-stream", daemon=True)
-        self._stream.start()
+        threading.Thread(target=body, name="compile-stream", daemon=True).start()
 
     def run(self, steps: Steps) -> None:
         """Carry out ``steps`` in the calling thread, which holds :attr:`lock` except while it waits."""

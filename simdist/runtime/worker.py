@@ -2,7 +2,7 @@
 
 The worker runs commands in arrival order. An op whose input is not in the store fails with ``Input tensor
 not found``; the first failure is kept and becomes the answer to the client's next fetch (the client cannot
-learn earlier: ops are fire-and-forget). Transports (simulated in :mod:`simdist.runtime.sim`, real in
+learn earlier: ops are fire-and-forget). Transports (simulated in :mod:`simdist.runtime.simulated`, real in
 ``real.runtime``) deliver commands to :meth:`Worker.run` and carry its responses back.
 """
 

@@ -1,5 +1,5 @@
 """Hot-path buffering: every fix policy gives the values of eager execution and never fails; the current
-fallback policy loses tensors; the segment detector's rules."""
+fallback policy loses tensors."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 import simdist.autograd as ag
-from simdist.errors import RankError
+from simdist.errors import RankError, SimdistError
 from simdist.runtime import LinkSpec, RemoteError, simulate
-from simdist.runtime.buffering import POLICIES, BufferingWorker, SegmentDetector, StreamTimes
-from simdist.runtime.hotpath import OpRecord
+from simdist.runtime.buffering import BufferingWorker, StreamTimes
+from simdist.runtime.commands import Op
+from simdist.runtime.policies import POLICIES, BufferPolicy, BufferPolicyError, FreePlacement, OpPlacement
 
 FIXES = [p for p in POLICIES if p != "fallback"]
 ACTIVATIONS = {"tanh": lambda t: t.tanh(), "relu": lambda t: t.relu(), "sigmoid": lambda t: t.sigmoid()}
@@ -93,27 +94,65 @@ def test_the_fallback_policy_loses_a_tensor_and_names_the_command():
     assert kinds and kinds <= {"A", "B", "C"}
 
 
-def test_segments_become_hot_at_the_threshold_within_their_length_bounds():
-    det = SegmentDetector(window=8, threshold=2, min_length=2, max_length=3)
-    seg = [OpRecord("mul", (0, 1), (2,)), OpRecord("add", (2, 0), (3,))]
-    assert det.end_segment("forward") is None  # empty segment
-    for op in seg:
-        det.observe(op)
-    assert det.end_segment("forward") is None
-    for op in [OpRecord("mul", (5, 6), (7,)), OpRecord("add", (7, 5), (8,))]:  # same structure, new ids
-        det.observe(op)
-    path = det.end_segment("forward")
-    assert path is not None and path.length == 2
-    for op in seg * 2:  # too long
-        det.observe(op)
-    assert det.end_segment("backward") is None
+class WaitForAll(BufferPolicy):
+    """The test's own policy: ops reading pending tensors wait for every batch, frees for their readers."""
+
+    name = "wait_for_all"
+    description = "ops touching pending tensors drain every buffer; frees wait for their readers"
+
+    def place_op(self, cmd: Op, *, reads_pending: bool, reads_filling: bool) -> OpPlacement:
+        return OpPlacement.AFTER_DRAIN if reads_pending else OpPlacement.EAGER
+
+    def place_free(self, *, read_by_pending: bool, phase: str) -> FreePlacement:
+        return FreePlacement.AFTER_READERS
 
 
-def test_bad_options_are_rejected():
-    with pytest.raises(ValueError, match="unknown buffer policy"):
+def test_a_policy_is_chosen_by_its_registered_name_or_passed_as_an_object():
+    for name, policy in POLICIES.items():
+        assert policy.name == name and BufferingWorker(name).policy is policy
+    own = WaitForAll()
+    assert BufferingWorker(own).policy is own
+    # an object the registry does not know works like the registered ones: eager values, batches compiled
+    program = ((4, 8, 1), "tanh", 8, True, 0)
+    want = loop(*program)
+    worker = BufferingWorker(own)
+    res = simulate(loop, *program, seed=3, link=LinkSpec(jitter=50e-6), worker=worker)
+    for got, ref in zip(res.value[0], want[0]):
+        np.testing.assert_array_equal(got, ref)
+    assert worker.failures_by_kind == [] and res.stats.ops_compiled > 0
+
+
+def test_an_unknown_policy_name_lists_the_registered_ones():
+    with pytest.raises(BufferPolicyError, match="unknown buffer policy 'optimistic'; choose one of ") as e:
         BufferingWorker("optimistic")
-    with pytest.raises(ValueError, match="threshold"):
-        SegmentDetector(window=1, threshold=2, min_length=1, max_length=4)
+    assert isinstance(e.value, SimdistError) and isinstance(e.value, ValueError)
+    assert all(name in str(e.value) for name in POLICIES)
+
+
+class JoinAlways(WaitForAll):
+    """Answers JOIN_FILLING for ops that read nothing the filling buffer produces."""
+
+    def place_op(self, cmd: Op, *, reads_pending: bool, reads_filling: bool) -> OpPlacement:
+        return OpPlacement.JOIN_FILLING
+
+
+class FreeLikeAnOp(WaitForAll):
+    """Answers an OpPlacement where a FreePlacement is due."""
+
+    def place_free(self, *, read_by_pending: bool, phase: str) -> FreePlacement:
+        return OpPlacement.EAGER  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [
+        (JoinAlways(), r"JoinAlways\(\) placed #\d+ \w+\(.*in the filling forward buffer, but the op"),
+        (FreeLikeAnOp(), r"FreeLikeAnOp\(\) answered <OpPlacement.EAGER.*free of t\d+; place_free must"),
+    ],
+)
+def test_a_policy_answer_the_worker_cannot_carry_out_is_an_error_naming_the_command(policy, message):
+    with pytest.raises(BufferPolicyError, match=message):
+        simulate(loop, (4, 8, 1), "tanh", 2, True, 0, worker=BufferingWorker(policy))
 
 
 def test_a_failing_case_of_the_fallback_policy_shrinks_to_a_short_reproduction():

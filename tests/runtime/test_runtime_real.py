@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from multiprocessing import Pipe
+
 import numpy as np
 import pytest
 from test_runtime_sim import train
 
-from real.runtime import run_remote
+from real.errors import RealError
+from real.runtime import RemoteTimeoutError, _Channel, run_remote
+from simdist.errors import SimdistError
 
 
 @pytest.mark.real
@@ -36,3 +40,11 @@ def test_every_fix_on_a_real_worker_with_its_compile_thread_equals_local_executi
     # How much gets compiled depends on real timing (a fix may give up a batch it would have to wait for),
     # but batches do run on the compile thread.
     assert any(compiled.values()), compiled
+
+
+def test_a_worker_that_does_not_answer_is_a_timeout_error_saying_what_to_do():
+    ours, _theirs = Pipe()
+    message = r"did not answer close within 0.01 s.*run_remote\(timeout="
+    with pytest.raises(RemoteTimeoutError, match=message) as e:
+        _Channel(ours, timeout=0.01).close()
+    assert all(isinstance(e.value, base) for base in (TimeoutError, RealError, SimdistError))

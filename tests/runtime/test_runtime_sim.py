@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import simdist.autograd as ag
-from simdist.errors import RankError
-from simdist.runtime import LinkSpec, RemoteError, Worker, simulate
+from simdist.errors import RankError, SimdistError
+from simdist.runtime import LinkSpec, RemoteError, RuntimeConfigError, Worker, simulate
 from simdist.runtime.commands import Op
 
 
@@ -90,7 +90,7 @@ def test_a_missing_input_fails_the_next_fetch_naming_the_command():
     with pytest.raises(RankError) as e:
         simulate(train, 1, 3, 0, worker=ForgetfulWorker())
     err = e.value.exc
-    assert isinstance(err, RemoteError)
+    assert isinstance(err, RemoteError) and isinstance(err, SimdistError) and isinstance(err, RuntimeError)
     assert "Input tensor not found: t" in str(err) and "tanh(" in str(err) and "[forward]" in str(err)
 
 
@@ -109,5 +109,5 @@ def test_ops_are_tagged_forward_or_backward():
 
 @pytest.mark.parametrize("field,value", [("latency", -1.0), ("bandwidth", 0.0), ("jitter", float("nan"))])
 def test_bad_link_specs_are_rejected(field, value):
-    with pytest.raises(ValueError, match=f"LinkSpec.{field}"):
+    with pytest.raises(RuntimeConfigError, match=f"LinkSpec.{field}"):
         LinkSpec(**{field: value})

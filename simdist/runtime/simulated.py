@@ -18,10 +18,11 @@ import simpy
 import torch
 
 from simdist.autograd.executor import use_executor
-from simdist.clock.baton import Baton
+from simdist.clock.baton import Baton, RankAbort
 from simdist.errors import RankError
 from simdist.runtime.client import Client
 from simdist.runtime.commands import Command, Response
+from simdist.runtime.errors import RuntimeConfigError
 from simdist.runtime.steps import SimDriver
 from simdist.runtime.worker import Worker, WorkerStats
 
@@ -39,9 +40,9 @@ class LinkSpec:
         for name in ("latency", "bandwidth", "jitter"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and np.isfinite(value) and value >= 0):
-                raise ValueError(f"LinkSpec.{name} must be a finite number >= 0, got {value!r}")
+                raise RuntimeConfigError(f"LinkSpec.{name} must be a finite number >= 0, got {value!r}")
         if self.bandwidth == 0:
-            raise ValueError("LinkSpec.bandwidth must be > 0 bytes/s")
+            raise RuntimeConfigError("LinkSpec.bandwidth must be > 0 bytes/s, got 0")
 
 
 @dataclass(frozen=True)
@@ -105,8 +106,9 @@ def simulate(
     """Run ``fn(*args)`` as the client of a simulated worker; autograd tensors inside it live on the worker.
 
     ``fn`` creates tensors with ``simdist.autograd`` as usual: the client is the current executor while it runs.
-    Raises :class:`RankError` (rank 0 is the client) if ``fn`` raised, e.g. a ``RemoteError`` from the worker;
-    its ``deliveries`` attribute holds the link's record up to then.
+    Raises :class:`RankError` (rank 0 is the client) if ``fn`` raised, e.g. a ``RemoteError`` from the worker,
+    and the worker's own exception if its code raised; either has a ``deliveries`` attribute: the link's
+    record up to then.
     """
     link = link or LinkSpec()
     env = simpy.Environment()
@@ -163,9 +165,11 @@ def simulate(
     baton.run()
     state = baton.ranks[0]
     if baton.failure is not None:
-        error = RankError(0, state.exc, state.traceback_text) if state.exc is not None else baton.failure
+        # The client raised (e.g. a RemoteError), or the worker's own code did and the client was unwound.
+        client_raised = state.exc is not None and not isinstance(state.exc, RankAbort)
+        error = RankError(0, state.exc, state.traceback_text) if client_raised else baton.failure
         error.deliveries = deliveries  # type: ignore[union-attr]  # what crossed the link before it failed
-        if state.exc is not None:
+        if client_raised:
             raise error from state.exc
         raise error
     return SimRuntimeResult(state.result, clock.finished_at, deliveries, worker.stats, dict(client.sent), worker)
