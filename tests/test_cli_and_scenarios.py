@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import alpha_beta
 import pytest
 
 import simdist
@@ -100,11 +101,30 @@ def test_bench_rows_verify_data_and_match_closed_forms(collective):
             assert r.time_us == pytest.approx(want * 1e6, rel=0.01)
 
 
-def test_bench_cli_prints_the_nccl_tests_table(capsys):
-    assert main(["bench", "all_reduce", "--cluster", "switch", "--world-size", "4", "-b", "8", "-e", "64K", "-f", "8"]) == 0
+# "direct" is left out: its n - 1 concurrent messages per rank contend in a way the closed form does not see
+@pytest.mark.parametrize("algorithm", ["auto", "ring", "tree"])
+def test_bench_cli_prints_the_nccl_tests_table(capsys, algorithm):
+    n = 4
+    args = ["--cluster", "switch", "--world-size", str(n), "-b", "8", "-e", "256K", "-f", "32", "-a", algorithm]
+    assert main(["bench", "all_reduce", *args]) == 0
     out = capsys.readouterr().out
     assert "#wrong" in out and "busbw" in out and "algbw" in out
     assert "Out of bounds values : 0 OK" in out
+    cluster = simdist.Cluster.preset("switch", world_size=n)
+    alpha, beta = cluster.path_latency(0, 1), 1 / cluster.path_bandwidth(0, 1)
+    rows = [line.split() for line in out.splitlines() if line.strip() and not line.startswith("#")]
+    assert [int(r[0]) for r in rows] == [8, 256, 8 << 10, 256 << 10]
+    for size, count, dtype, redop, root, time_us, algbw, busbw, wrong, algo in rows:
+        assert (int(count), dtype, redop, root, wrong) == (int(size) // 4, "float", "sum", "-1", "0")
+        assert algo == algorithm or algorithm == "auto"
+        want = alpha_beta.all_reduce_seconds(algo, n, int(size), alpha, beta)
+        assert float(time_us) == pytest.approx(want * 1e6, rel=1e-3, abs=0.005), (size, algo)
+        # GB/s printed with two decimals, from the unrounded time; busbw is algbw x 2(n-1)/n as in nccl-tests
+        bw = int(size) / (float(time_us) * 1e-6) / 1e9
+        assert float(algbw) == pytest.approx(bw, rel=1e-3, abs=0.006)
+        assert float(busbw) == pytest.approx(bw * 2 * (n - 1) / n, rel=1e-3, abs=0.006)
+    avg = float(out.split("Avg bus bandwidth    :")[1])
+    assert avg == pytest.approx(sum(float(r[7]) for r in rows) / len(rows), rel=1e-3, abs=0.005)
 
 
 def run_scenario(name: str, out_dir: Path) -> subprocess.CompletedProcess[str]:
@@ -203,6 +223,13 @@ def test_hotpath_buffer_race_scenario_reproduces_each_race_and_no_fix_fails(tmp_
     assert report["seeds"] >= 200
     assert report["policies"]["fallback"]["failed"] > 0
     assert all(row["failed"] == 0 for name, row in report["policies"].items() if name != "fallback")
+    # the JSON holds the printed table's numbers: failures by kind and fallbacks per policy
+    table = [l.split() for l in lines if l.startswith("  ") and l.split()[:1] and l.split()[0] in report["policies"]]
+    printed = {row[0]: row[1:6] for row in table}
+    assert len(table) == len(printed) == len(report["policies"])
+    for name, row in report["policies"].items():
+        kinds = row["failures_by_kind"]
+        assert printed[name] == [str(v) for v in (row["failed"], kinds["A"], kinds["B"], kinds["C"], row["fallbacks"])]
     check_golden("hotpath_buffer_race", out, tmp_path, update_golden)
 
 
