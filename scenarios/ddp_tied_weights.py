@@ -20,12 +20,12 @@ run is compared with the single-process model trained on the full batch.
 
 Then the simulated step time of each wrapper on two DGX-H100 nodes (16 ranks) for a 24-layer MLP, with the
 compute / communication breakdown per rank; the Chrome trace of one BucketedDDP step is written to
-reports/ddp_step.json. With ``--real N`` cases (a), (c) and (d) also run N times on real gloo processes (one
+ddp_step.json in the output directory (reports/ by default). With ``--real N`` cases (a), (c) and (d) also run N times on real gloo processes (one
 per rank, through ``real``): the de-duplicated wrapper must equal the baseline and the hook-tensor bug must
 leave replicas diverged; how often the double reduction drifts on a real machine is reported (it depends on
 timing there). Prints a verdict table; exits non-zero if any expectation fails.
 
-Usage: python scenarios/ddp_tied_weights.py [--seed N] [--real N]
+Usage: python scenarios/ddp_tied_weights.py [--seed N] [--real N] [--out DIR]
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from simdist.strategies import BucketedDDP, FlatDDP, NaiveDDP, OverlapDDP, check
 
 VOCAB, DIM, SEQ, BATCH, STEPS, LR = 48, 16, 6, 3, 3, 0.5
 WORLD = 4
+REPORTS = Path(__file__).resolve().parent.parent / "reports"
 #: exact equality is not expected (the ranks sum in another order than one process), closeness is
 TOL = 1e-10
 
@@ -360,10 +361,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--real", type=int, default=0, metavar="N",
                     help="also run cases a, c and d on real gloo processes, N launches each")
+    ap.add_argument("--out", type=Path, default=REPORTS, metavar="DIR", help="where the Chrome trace is written (default: %(default)s)")
     args = ap.parse_args(argv)
     verdicts: list[tuple[str, bool, str]] = []
     correctness(args.seed, verdicts)
-    timing(verdicts, Path(__file__).resolve().parent.parent / "reports" / "ddp_step.json")
+    timing(verdicts, args.out / "ddp_step.json")
     if args.real:
         on_real_gloo(args.seed, args.real, verdicts)
     return report(verdicts)

@@ -7,13 +7,14 @@
    deadlock naming what every rank waits on instead of hanging.
 3. A mismatched collective: rank 3 reduces bfloat16 where the others reduce float32.
 4. Replay: the same (program, cluster, seed) gives the same trace hash; the Chrome trace of one step is
-   written to reports/demo_step.json (open it in ui.perfetto.dev).
+   written to demo_step.json in the output directory (reports/ by default; open it in ui.perfetto.dev).
 
-Prints a verdict table and exits non-zero if any expectation fails. Usage: python scenarios/demo.py
+Prints a verdict table and exits non-zero if any expectation fails. Usage: python scenarios/demo.py [--out DIR]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -25,6 +26,7 @@ import simdist
 
 WIDTH, LAYERS, BATCH = 512, 4, 32
 NODES, GPUS = 2, 8
+REPORTS = Path(__file__).resolve().parent.parent / "reports"
 
 
 def make_model() -> torch.nn.Module:
@@ -92,7 +94,10 @@ def breakdown(res: simdist.RunResult, rank: int) -> tuple[float, float]:
     return res.trace.busy_time(rank, "compute"), res.trace.busy_time(rank, "comm")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=REPORTS, metavar="DIR", help="where the Chrome trace is written (default: %(default)s)")
+    args = ap.parse_args(argv)
     cluster = simdist.Cluster.preset("dgx-h100", world_size=NODES * GPUS)
     verdicts: list[tuple[str, bool, str]] = []
     print(cluster.describe())
@@ -137,7 +142,7 @@ def main() -> int:
     print()
 
     again = simdist.run(step_overlapped, cluster, seed=0)
-    out = Path(__file__).resolve().parent.parent / "reports" / "demo_step.json"
+    out = args.out / "demo_step.json"
     overlap.trace.save_chrome(out)
     print(f"4. replay: trace hash {overlap.trace_hash[:16]} twice; Chrome trace written to {out}")
     verdicts.append(("same seed, same trace hash", again.trace_hash == overlap.trace_hash, overlap.trace_hash[:16]))

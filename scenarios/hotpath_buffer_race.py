@@ -12,14 +12,14 @@ that buffers hot paths and runs them as compiled batches on a compile stream
 Each is reproduced from a named config and seed, with the failing command and the worker's and the link's
 events around it. Then every policy runs the loop over 200 seeds with jitter; the table (failures by kind,
 fallbacks, share of ops compiled, simulated step time) is printed and written to
-reports/hotpath_buffer_race.json. Exits non-zero if an expectation fails: the current policy fails for some
+hotpath_buffer_race.json in the output directory (reports/ by default). Exits non-zero if an expectation fails: the current policy fails for some
 seeds, no fix ever fails, and every run that completes ends with the weights of eager execution.
 
 With ``--real N`` the loop also runs N times per policy against a real worker process (``real.runtime``; its
 compile stream on a thread of its own): the current policy's failure rate there is reported as observed, and
 no fix may fail.
 
-Usage: python scenarios/hotpath_buffer_race.py [--seeds N] [--real N]
+Usage: python scenarios/hotpath_buffer_race.py [--seeds N] [--real N] [--out DIR]
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from simdist.errors import RankError
 from simdist.runtime import POLICIES, BufferingWorker, LinkSpec, StreamTimes, simulate
 
 WIDTHS, STEPS, LR = (4, 8, 1), 6, 0.1
-REPORT = Path(__file__).resolve().parent.parent / "reports" / "hotpath_buffer_race.json"
+REPORTS = Path(__file__).resolve().parent.parent / "reports"
 
 
 def train(seed: int = 0) -> list[np.ndarray]:
@@ -204,18 +204,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=200)
     ap.add_argument("--real", type=int, default=0, metavar="N", help="also run N sessions per policy on a real worker process")
+    ap.add_argument("--out", type=Path, default=REPORTS, metavar="DIR", help="where the JSON table is written (default: %(default)s)")
     args = ap.parse_args(argv)
     verdicts: list[tuple[str, bool, str]] = []
     for kind, config in REPRODUCTIONS.items():
         reproduce(kind, config, verdicts)
     rows = table(args.seeds, verdicts)
     real_rows = on_real_worker(args.real, verdicts) if args.real else None
-    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    report_path = args.out / "hotpath_buffer_race.json"
+    report_path.parent.mkdir(parents=True, exist_ok=True)
     descriptions = {name: policy.description for name, policy in POLICIES.items()}
-    REPORT.write_text(
+    report_path.write_text(
         json.dumps({"seeds": args.seeds, "policies": rows, "real": real_rows, "descriptions": descriptions}, indent=2)
     )
-    print(f"table written to {REPORT}")
+    print(f"table written to {report_path}")
     print()
     return report(verdicts)
 

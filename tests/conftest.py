@@ -1,12 +1,30 @@
-"""Shared pytest configuration: hypothesis profiles.
+"""Shared pytest configuration: hypothesis profiles and the ``--update-golden`` option.
 
 ``HYPOTHESIS_PROFILE=ci`` (used by ``.ci/run``) keeps example counts small so the whole suite stays fast;
 ``dev`` explores more. Both are deterministic (derandomized) so a failure reproduces on the next run.
+``--update-golden`` rewrites ``scenarios/expected/*.txt`` from this run's scenario output (see scenarios/README.md).
 """
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Register ``--update-golden``."""
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        help="rewrite scenarios/expected/<name>.txt from the scenarios' output in this run (after an intended change)",
+    )
+
+
+@pytest.fixture
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    """Whether this run rewrites the scenarios' expected output instead of only comparing with it."""
+    return bool(request.config.getoption("--update-golden"))
+
 
 settings.register_profile(
     "ci",

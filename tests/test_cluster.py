@@ -317,7 +317,7 @@ def test_large_clusters_route_lazily_one_source_at_a_time(build: object) -> None
         assert hops(cluster, 0, dst) == 2
     for _ in range(100_000):
         cluster.route(0, 4095)
-    assert cluster.path_latency(4095, 0) > 0
+    assert cluster.path_latency(4095, 0) == 2 * 5e-6  # two links of the builders' default 5 us
     # ranks that hang off switches reuse the switches' searches: no search starts at a rank, and only
     # the few switches the two sources use were searched (not all pairs, not one per source)
     assert all(v >= cluster.world_size for v in cluster._router.sources_searched)

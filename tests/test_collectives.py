@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import alpha_beta
 import numpy as np
 import pytest
 import torch
@@ -286,16 +287,36 @@ def test_async_work_future_and_is_completed():
         assert value == [3.0] * 4
 
 
+BARRIER_ALGORITHMS = ["ring", "tree", "rhd", "direct"]
+
+
 def _barrier_times():
-    if dist.get_rank() == 0:
-        simdist.charge(1e-3)
-    dist.barrier()
-    return simdist.now()
+    """One barrier per algorithm, rank 0 arriving 1 ms after the others: (arrival, departure) of each."""
+    out = []
+    for algo in BARRIER_ALGORITHMS:
+        simdist.set_algorithms(barrier=algo)
+        if dist.get_rank() == 0:
+            simdist.charge(1e-3)
+        arrived = simdist.now()
+        dist.barrier()
+        out.append((arrived, simdist.now()))
+    return out
 
 
-def test_barrier_waits_for_the_slowest_rank():
-    res = simdist.run(_barrier_times, cluster(4))
-    assert all(t >= 1e-3 for t in res.returns)
+def test_barrier_waits_for_the_slowest_rank_then_takes_a_one_element_all_reduce():
+    n, lat, bw = 8, 2e-6, 100e9
+    res = simdist.run(_barrier_times, simdist.Cluster.switch(n, bandwidth=bw, latency=lat, device="cpu"))
+    used = [s.args["algorithm"] for s in res.trace.collectives(0) if s.args["Collective name"] == "barrier"]
+    assert used == BARRIER_ALGORITHMS
+    for i, algo in enumerate(BARRIER_ALGORITHMS):
+        last = max(times[i][0] for times in res.returns)
+        assert last == res.returns[0][i][0]  # rank 0 is the last to arrive
+        assert all(times[i][1] >= last for times in res.returns)  # nobody leaves before it
+        # a barrier is an all-reduce of one float32; through the switch a message crosses two links. The
+        # latency terms must match exactly; the byte terms within 2n element times (a piece of the buffer
+        # is at least one element, and direct's concurrent messages share links)
+        want = alpha_beta.all_reduce_seconds(algo, n, 4, alpha=2 * lat, beta=1 / bw)
+        assert max(times[i][1] for times in res.returns) - last == pytest.approx(want, abs=2 * n * 4 / bw), algo
 
 
 def _future_waits():

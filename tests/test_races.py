@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -38,7 +39,8 @@ def test_reading_a_buffer_before_wait_is_an_error_naming_op_site_and_access():
 
 def test_the_check_rides_on_the_compute_cost_mode_when_compute_is_charged():
     cluster = simdist.Cluster.switch(2, bandwidth="10GB/s", latency="5us", device="H100")
-    res = simdist.run(_read_before_wait, cluster, races="warn")
+    with pytest.warns(RaceWarning, match=r"rank code read \(in aten.mul.Tensor\)"):
+        res = simdist.run(_read_before_wait, cluster, races="warn")
     assert sorted(r.rank for r in res.races) == [0, 1] and res.sim_time > 0
     assert any(s.stream == "compute" for s in res.trace.spans)  # the op was charged too
 
@@ -113,7 +115,8 @@ def _write_broadcast_root_buffer():
 
 
 def test_writing_a_buffer_an_operation_reads_is_a_race():
-    res = simdist.run(_write_broadcast_root_buffer, switch(2), races="warn")
+    with pytest.warns(RaceWarning, match=r"rank code wrote \(in aten.add_.Tensor\)"):
+        res = simdist.run(_write_broadcast_root_buffer, switch(2), races="warn")
     assert sorted(r.rank for r in res.races) == [0, 1]
     assert all(r.access == "wrote (in aten.add_.Tensor)" for r in res.races)
 
@@ -130,7 +133,8 @@ def _isend_then_modify():
 
 
 def test_point_to_point_buffers_are_owned_until_waited():
-    res = simdist.run(_isend_then_modify, switch(2), races="warn")
+    with pytest.warns(RaceWarning, match=r"rank code wrote \(in aten.zero_\)"):
+        res = simdist.run(_isend_then_modify, switch(2), races="warn")
     assert [r.rank for r in res.races] == [0]
     assert "send" in res.races[0].first.op
 
@@ -164,7 +168,8 @@ def _tied_hooks():
 
 @pytest.mark.parametrize("progress", ["nccl", "gloo"])
 def test_a_tied_weight_reduced_twice_is_an_overlap_under_both_progress_modes(progress):
-    res = simdist.run(_tied_hooks, switch(2), progress=progress, races="warn")
+    with pytest.warns(RaceWarning, match="two operations in flight on overlapping memory"):
+        res = simdist.run(_tied_hooks, switch(2), progress=progress, races="warn")
     assert sorted(r.rank for r in res.races) == [0, 1]
     race = res.races[0]
     assert race.kind == "overlap"
@@ -213,10 +218,14 @@ def expected_overlaps(prog) -> list[tuple[int, int]]:
 
 @given(prog=programs, progress=st.sampled_from(["nccl", "gloo"]))
 def test_overlaps_are_reported_exactly_when_program_order_says_so(prog, progress):
-    res = simdist.run(_slices_program, switch(2), args=(prog,), progress=progress, races="warn")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RaceWarning)
+        res = simdist.run(_slices_program, switch(2), args=(prog,), progress=progress, races="warn")
     for rank in (0, 1):
         got = [(r.first.seq, r.second.seq) for r in res.races if r.rank == rank]
         assert got == expected_overlaps(prog)
+    # every overlap comes from the same pair of call sites: one warning if any, none otherwise
+    assert sum(issubclass(w.category, RaceWarning) for w in caught) == (1 if expected_overlaps(prog) else 0)
 
 
 # ---------------------------------------------------------------------------------------------- review cases
@@ -249,7 +258,8 @@ def _collect_all_then_write():
 
 
 def test_collect_all_waits_only_when_its_future_is_waited_on():
-    res = simdist.run(_collect_all_then_write, switch(2), races="warn")
+    with pytest.warns(RaceWarning, match=r"rank code wrote \(in aten.add_.Tensor\)"):
+        res = simdist.run(_collect_all_then_write, switch(2), races="warn")
     assert res.returns == [0.0, 0.0]
     assert {r.access for r in res.races} == {"wrote (in aten.add_.Tensor)"}
 
@@ -277,7 +287,8 @@ def _future_in_hook_never_waited():
 
 
 def test_a_future_taken_in_a_hook_still_owns_its_buffer_after_backward():
-    res = simdist.run(_future_in_hook_never_waited, switch(2), races="warn")
+    with pytest.warns(RaceWarning, match="rank code"):
+        res = simdist.run(_future_in_hook_never_waited, switch(2), races="warn")
     assert {r.kind for r in res.races} == {"access"} and all("_foreach" in r.access or "add" in r.access for r in res.races)
 
 
@@ -290,7 +301,8 @@ def _readers(how):
 
 @pytest.mark.parametrize("how", ["tolist", "str", "numpy", "item"])
 def test_reads_outside_the_dispatcher_are_reported(how):
-    res = simdist.run(_readers, switch(2), args=(how,), races="warn")
+    with pytest.warns(RaceWarning, match="rank code read"):
+        res = simdist.run(_readers, switch(2), args=(how,), races="warn")
     assert sorted(r.rank for r in res.races) == [0, 1]
 
 
@@ -327,7 +339,11 @@ def _list_all_to_all_and_subclass():
 
 
 def test_list_all_to_all_inputs_and_plain_subclasses_are_owned():
-    res = simdist.run(_list_all_to_all_and_subclass, switch(2), races="warn")
+    with pytest.warns(RaceWarning) as caught:
+        res = simdist.run(_list_all_to_all_and_subclass, switch(2), races="warn")
+    # one warning per pair of call sites: the all-to-all's input written, then the subclass's data written
+    found = sorted(re.search(r"wrote \(in (\S+)\).*?, while (\w+)", str(w.message)).groups() for w in caught)
+    assert found == [("aten.add_.Tensor", "all_to_all"), ("aten.mul_.Tensor", "all_reduce")]
     assert sorted((r.rank, r.first.op) for r in res.races) == [(0, "all_reduce"), (0, "all_to_all"), (1, "all_reduce"), (1, "all_to_all")]
 
 
@@ -350,5 +366,6 @@ def test_a_dropped_operation_stops_owning_its_buffers_at_completion():
 
 
 def test_recorded_races_do_not_keep_tensors_alive():
-    res = simdist.run(_read_before_wait, switch(2), races="warn")
+    with pytest.warns(RaceWarning, match="rank code read"):
+        res = simdist.run(_read_before_wait, switch(2), races="warn")
     assert res.races and all(r.first.tensors == [] for r in res.races)
