@@ -8,6 +8,7 @@ it, and the planner that turns the matched descriptions of every rank into buffe
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -56,7 +57,7 @@ class Sizes:
         )
 
 
-class OpSpec:
+class OpSpec(ABC):
     """One rank's call of a collective."""
 
     #: the name shown in traces and errors (torch's, e.g. ``all_gather_into_tensor``)
@@ -64,13 +65,13 @@ class OpSpec:
     #: the registry collective whose algorithms run it
     collective: ClassVar[str]
 
+    @abstractmethod
     def signature(self) -> tuple[tuple[str, object], ...]:
         """What every rank of the group must agree on, as (field, value) pairs."""
-        raise NotImplementedError
 
+    @abstractmethod
     def sizes(self) -> Sizes:
         """Sizes for the trace span and algorithm selection."""
-        raise NotImplementedError
 
     @classmethod
     def check_across(cls, ops: list, sites: list[str]) -> None:
@@ -78,9 +79,9 @@ class OpSpec:
         (``sites[r]`` is group rank r's call site); nothing to check by default."""
 
     @classmethod
+    @abstractmethod
     def plan(cls, ops: list, algo: Algorithm) -> plans.Plan:
         """Buffers and schedule for the matched calls ``ops`` (indexed by group rank)."""
-        raise NotImplementedError
 
     def describe(self) -> str:
         """``all_reduce(shape=(4,), dtype=float32, op=sum)`` style text."""

@@ -29,6 +29,7 @@ from simdist.runtime.policies import BufferPolicy, FreePlacement, OpPlacement, b
 from simdist.runtime.steps import NextJob, Sleep, Steps, Wait
 from simdist.runtime.worker import Worker
 
+
 @dataclass(frozen=True)
 class StreamTimes:
     """Simulated seconds the compile stream spends: per traced op, per compile (new / cached signature),

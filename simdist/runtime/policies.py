@@ -17,6 +17,7 @@ backward work, and eager execution only for ops independent of pending tensors.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from enum import Enum
 from typing import ClassVar
 
@@ -43,7 +44,7 @@ class FreePlacement(Enum):
     ON_STREAM = "on the compile stream, behind every batch queued before it"
 
 
-class BufferPolicy:
+class BufferPolicy(ABC):
     """What a buffering worker does with commands that touch pending tensors; subclasses answer its questions.
 
     A policy is stateless: one object may serve any number of workers.
@@ -62,15 +63,15 @@ class BufferPolicy:
         """Whether the worker waits for every buffered batch when the client enters ``phase``."""
         return False
 
+    @abstractmethod
     def place_op(self, cmd: Op, *, reads_pending: bool, reads_filling: bool) -> OpPlacement:
         """Where ``cmd``, not buffered, runs; ``reads_pending``: an input is still to be stored by a batch;
         ``reads_filling``: one is to be stored by the batch of ``cmd``'s phase that is still filling."""
-        raise NotImplementedError
 
+    @abstractmethod
     def place_free(self, *, read_by_pending: bool, phase: str) -> FreePlacement:
         """When a free takes effect; ``read_by_pending``: a batch not yet run looks the tensor up when it
         runs; ``phase``: the phase of the last op that arrived."""
-        raise NotImplementedError
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
