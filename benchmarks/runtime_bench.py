@@ -1,6 +1,11 @@
 """Step time per buffer policy of the remote-tensor runtime, simulated and real, each fix against the current policy.
 
-Prints figures; it is not a test. Usage: ``python benchmarks/runtime_bench.py [--seeds 100] [--sessions 5]``.
+Prints figures; it is not a test. Usage:
+``python benchmarks/runtime_bench.py [--seeds 100] [--sessions 5] [--detect-ops 100000]``.
+
+Hot-path detection: ops per wall second that the worker's ``SegmentDetector`` takes on a loop of two 10-op
+phases (forward, backward), each op reading its predecessor and one constant; 0.6-1.0 million ops/s on the
+machine below.
 
 The workload is the loop of ``scenarios/hotpath_buffer_race.py`` (a 4-8-1 MLP, 6 SGD steps, the loss fetched
 every step). Simulated: mean simulated step time over the seeds each policy completes (jitter 100 us, 10 us
@@ -29,6 +34,7 @@ from __future__ import annotations
 import argparse
 import platform
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +43,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scenarios"))
 import hotpath_buffer_race as scenario
 
 from real.runtime import run_remote
-from simdist.runtime import POLICIES
+from simdist.runtime import POLICIES, OpRecord, SegmentDetector
+
+
+def detection(n_ops: int) -> None:
+    """Ops per second of hot-path detection with the worker's default settings."""
+    ops, tid = [], 1
+    while len(ops) < n_ops:
+        for phase in ("forward", "backward"):
+            prev = 1
+            for k in range(10):
+                tid += 1
+                ops.append((OpRecord("add" if k % 2 else "mul", (prev, 0), (tid,)), phase))
+                prev = tid
+    detector = SegmentDetector(window=512, threshold=2, min_length=4, max_length=128)
+    t0 = time.perf_counter()
+    for record, phase in ops:
+        detector.observe(record, phase)
+    wall = time.perf_counter() - t0
+    print(f"hot-path detection: {len(ops) / wall:,.0f} ops/s ({len(ops)} ops, {len(detector.hot_paths)} hot paths)")
 
 
 def simulated(seeds: int) -> None:
@@ -78,8 +102,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seeds", type=int, default=100)
     ap.add_argument("--sessions", type=int, default=5)
+    ap.add_argument("--detect-ops", type=int, default=100_000)
     args = ap.parse_args()
     print(f"# machine: {platform.machine()}, {platform.processor() or 'cpu'}; python {platform.python_version()}")
+    detection(args.detect_ops)
     simulated(args.seeds)
     real(args.sessions)
 

@@ -256,8 +256,8 @@ def get(collective: str, name: str) -> Algorithm:
     """The algorithm ``name`` of ``collective``; a ValueError naming the choices if there is none."""
     algo = _BY_KEY.get((collective, name))
     if algo is None:
-        check_choice(collective, name)
-        raise AssertionError("unreachable: check_choice accepted an unknown algorithm")
+        check_choice(collective, name)  # raises, naming the choices, unless name is "auto"
+        raise ValueError(f"'auto' names no algorithm of {collective}: it asks choose() for one")
     return algo
 
 
