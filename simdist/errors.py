@@ -21,8 +21,12 @@ class RankError(SimdistError):
         self.exc = exc
         self.traceback_text = traceback_text
         extra = f" (ranks {others} also raised)" if others else ""
+        try:
+            text = str(exc)
+        except Exception:  # noqa: BLE001 - a user exception whose __str__ raises is still reported
+            text = f"<{type(exc).__name__}.__str__ raised>"
         super().__init__(
-            f"rank {rank} raised {type(exc).__name__}: {exc}{extra}\n"
+            f"rank {rank} raised {type(exc).__name__}: {text}{extra}\n"
             f"--- traceback of rank {rank} ---\n{traceback_text}"
         )
 
@@ -48,3 +52,26 @@ class RaceError(SimdistError):
 
 class RaceWarning(UserWarning):
     """The warning-mode form of :class:`RaceError` (``simdist.run(..., races="warn")``)."""
+
+
+class WatchdogError(SimdistError):
+    """A rank kept the simulator (ran Python without communicating or waiting) longer than the watchdog allows.
+
+    Carries the rank, the wall-clock seconds it held the simulator, its simulated time and its Python stack.
+    """
+
+    def __init__(self, rank: int, held: float, limit: float, sim_time: float, stack: str, thread: str = "") -> None:
+        self.rank = rank
+        self.held = held
+        self.sim_time = sim_time
+        self.stack = stack
+        who = f"rank {rank}" + (f" (its thread {thread!r})" if thread else "")
+        super().__init__(
+            f"{who} ran for {held:.1f} s of wall-clock time without communicating or waiting (watchdog limit "
+            f"{limit:g} s), at simulated time {sim_time:.9g} s. Simulated ranks run one at a time, so a rank "
+            f"that never hands over (an endless loop, very long CPU work, a wait on a lock, queue or event that "
+            f"another thread of the same rank must set) stops every rank.\n"
+            f"--- where rank {rank} was ---\n{stack}"
+            f"If the work is legitimate, raise the limit: simdist.run(..., watchdog=SECONDS), "
+            f"`simdist run --watchdog SECONDS` or $SIMDIST_WATCHDOG."
+        )

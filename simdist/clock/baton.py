@@ -8,12 +8,23 @@ simpy event order and therefore deterministic.
 The simpy loop runs in the thread that called :meth:`Baton.run`. A rank that must wait for simulated time
 (:meth:`Baton.block`) attaches a callback to a simpy event and hands the baton back; when the event fires, the
 callback hands the baton to that rank and waits until the rank hands it back (it blocks again or finishes).
+
+A rank may own further threads (:meth:`Baton.spawn`): threads its code starts, and the thread that runs its
+futures' callbacks. They act as that rank and take the baton like it, one at a time.
+
+The watchdog: a thread that keeps the baton longer than ``watchdog`` wall-clock seconds (a ``while True:``
+loop, CPU work that never communicates) stops the run with a :class:`WatchdogError` naming the rank, its
+Python stack and its simulated time; the thread is interrupted with an asynchronous :class:`RankAbort`.
 """
 
 from __future__ import annotations
 
 import _thread
+import ctypes
+import os
+import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +32,8 @@ from typing import Any
 
 import simpy
 import torch
+
+from simdist.errors import WatchdogError
 
 
 class RankAbort(BaseException):
@@ -49,6 +62,22 @@ class RankState:
     pending: float = 0.0
     #: simulated time (seconds) at which the rank's function returned
     finish_time: float = 0.0
+    #: the rank this thread belongs to, for a thread the rank's code or its futures started; None for the rank's
+    #: own thread. The two share torch's RNG as threads of one process do.
+    parent: RankState | None = None
+    #: what the thread runs instead of the rank's function (threads the rank started)
+    body: Callable[[], Any] | None = None
+    #: fires when the thread finishes (a rank's ``Thread.join`` waits for it)
+    done: simpy.Event | None = None
+    #: True while the thread runs user code (the watchdog may interrupt it only then)
+    in_user: bool = False
+    #: the watchdog has sent this thread an asynchronous RankAbort
+    interrupted: bool = False
+
+    @property
+    def owner(self) -> RankState:
+        """The rank's own state (itself, for a rank thread)."""
+        return self.parent if self.parent is not None else self
 
 
 _current = threading.local()
@@ -70,6 +99,12 @@ def current_rank_state() -> RankState | None:
     return getattr(_current, "state", None)
 
 
+#: how often (wall-clock seconds) the simpy thread looks at a rank that keeps the baton
+_WATCH_PERIOD = 1.0
+#: how long (wall-clock seconds) an interrupted thread gets to unwind before it is abandoned
+_UNWIND_GRACE = 5.0
+
+
 class Baton:
     """Runs ``world_size`` rank threads one at a time under a simpy environment."""
 
@@ -81,18 +116,28 @@ class Baton:
         *,
         initial_rng_state: torch.Tensor,
         stack_size: int = 0,
+        watchdog: float = float("inf"),
     ) -> None:
         self.env = env
         self.target = target
         self.ranks = [RankState(r) for r in range(world_size)]
+        #: threads the ranks started (see :meth:`spawn`), in start order
+        self.children: list[RankState] = []
         self._main_sem = _signal()
         self._initial_rng = initial_rng_state
         self._stack_size = stack_size
+        #: wall-clock seconds a thread may keep the baton before the run is stopped
+        self.watchdog = watchdog
+        # Taken by the watchdog to interrupt a thread and by a thread leaving user code, so that an
+        # asynchronous exception never lands inside the baton's own hand-off.
+        self._watch_lock = threading.Lock()
         self.failure: BaseException | None = None
         self.aborting = False
         self.running: RankState | None = None
         #: called in the simpy thread when every unfinished rank is blocked and no event is scheduled
         self.on_stall: Callable[[], BaseException | None] | None = None
+        #: threads the watchdog could not unwind (stuck inside C code); they are left behind as daemons
+        self.abandoned: list[RankState] = []
 
     # ----------------------------------------------------------------- rank side
     def block(self, event: simpy.Event, description: str) -> Any:
@@ -102,6 +147,7 @@ class Baton:
         """
         state = current_rank_state()
         assert state is not None, "Baton.block called outside a rank thread"
+        self._leave_user_code(state)
         if self.aborting:
             raise RankAbort()
         if not event.processed:
@@ -109,6 +155,7 @@ class Baton:
             event.callbacks.append(lambda _ev, s=state: self._resume(s))
             self._hand_back(state)
             state.waiting_on = None
+        state.in_user = True
         if self.aborting:
             raise RankAbort()
         if not event.ok:
@@ -120,8 +167,53 @@ class Baton:
         if seconds > 0:
             self.block(self.env.timeout(seconds), description)
 
+    def spawn(
+        self, body: Callable[[], Any], *, rank: int | None = None, thread: threading.Thread | None = None, name: str = ""
+    ) -> RankState:
+        """A thread that acts as ``rank`` (default: the calling rank) and runs ``body()`` when the baton reaches it.
+
+        It first runs at the current simulated time, after the calling thread hands the baton back. With
+        ``thread`` (a not yet started ``threading.Thread``) that thread is used: its ``run`` is replaced and the
+        caller starts it; otherwise a daemon thread named ``name`` is started here.
+        """
+        if rank is None:
+            parent = current_rank_state()
+            assert parent is not None, "Baton.spawn without rank= called outside a rank thread"
+            rank = parent.rank
+        owner = self.ranks[rank]
+        child = RankState(rank, parent=owner, body=body, done=self.env.event(), started=True)
+        self.children.append(child)
+        ev = self.env.event()
+        ev.callbacks.append(lambda _ev, s=child: self._resume(s))
+        ev.succeed()
+        if thread is None:
+            child.thread = threading.Thread(target=self._thread_main, args=(child,), name=name, daemon=True)
+            child.thread.start()
+        else:
+            child.thread = thread
+            thread.run = lambda: self._thread_main(child)  # type: ignore[method-assign]
+        return child
+
+    def _leave_user_code(self, state: RankState) -> None:
+        """Mark ``state`` as running simulator code: from here on the watchdog's interrupt cannot land.
+
+        Raises :class:`RankAbort` if the watchdog interrupted the thread (its asynchronous exception, if not yet
+        delivered, is cancelled and raised here instead).
+        """
+        while True:
+            try:
+                with self._watch_lock:
+                    state.in_user = False
+                    if state.interrupted:
+                        _async_raise(state.thread, None)
+                break
+            except RankAbort:  # delivered just before the lock: nothing is pending any more, go on
+                continue
+        if state.interrupted:
+            raise RankAbort()
+
     def _hand_back(self, state: RankState) -> None:
-        state.rng_state = torch.get_rng_state()
+        state.owner.rng_state = torch.get_rng_state()
         self.running = None
         self._main_sem.release()
         state.sem.acquire()
@@ -138,31 +230,90 @@ class Baton:
             )
             state.thread.start()
         else:
-            torch.set_rng_state(state.rng_state)
+            torch.set_rng_state(state.owner.rng_state)
             self.running = state
             state.sem.release()
-        self._main_sem.acquire()
-        if state.exc is not None and self.failure is None and not isinstance(state.exc, RankAbort):
+        self._wait_for(state)
+        if (
+            state.exc is not None
+            and self.failure is None
+            and not isinstance(state.exc, RankAbort)
+            and state.parent is None
+        ):
             self.failure = state.exc
             self.aborting = True
 
+    def _wait_for(self, state: RankState) -> None:
+        """Wait until ``state``'s thread hands the baton back; stop the run if it keeps it too long."""
+        if self.watchdog == float("inf"):
+            self._main_sem.acquire()
+            return
+        start = time.monotonic()
+        while not self._main_sem.acquire(timeout=min(_WATCH_PERIOD, self.watchdog)):
+            held = time.monotonic() - start
+            if held >= self.watchdog and self._interrupt(state, held):
+                return
+
+    def _interrupt(self, state: RankState, held: float) -> bool:
+        """Stop the run: ``state``'s thread has kept the baton ``held`` seconds. True once the baton is back."""
+        with self._watch_lock:
+            if not state.in_user:
+                return False  # it is handing the baton back right now
+            frame = sys._current_frames().get(state.thread.ident) if state.thread is not None else None
+            stack = _user_stack(frame)
+            if self.failure is None:
+                thread = state.thread.name if state.parent is not None and state.thread is not None else ""
+                self.failure = WatchdogError(state.rank, held, self.watchdog, self.env.now + state.pending, stack, thread)
+            self.aborting = True
+            state.interrupted = True
+            _async_raise(state.thread, RankAbort)
+        # A thread inside C code (a lock, a long kernel) sees the interrupt only when it returns to Python.
+        deadline = time.monotonic() + _UNWIND_GRACE
+        while not self._main_sem.acquire(timeout=0.1):
+            if time.monotonic() > deadline:
+                self.abandoned.append(state)
+                return True
+            with self._watch_lock:
+                if state.in_user:  # it caught the interrupt and went on: send another
+                    _async_raise(state.thread, RankAbort)
+        return True
+
     def _thread_main(self, state: RankState) -> None:
         _current.state = state
+        if state.parent is None:
+            torch.set_rng_state(self._initial_rng)
+        else:
+            state.sem.acquire()  # a rank's further thread starts at once but runs only with the baton
         self.running = state
-        torch.set_rng_state(self._initial_rng)
+        state.in_user = True
         try:
-            state.result = self.target(state.rank)
+            try:
+                if self.aborting:
+                    raise RankAbort()
+                if state.body is not None:
+                    state.result = state.body()
+                else:
+                    state.result = self.target(state.rank)
+            finally:
+                self._leave_user_code(state)
         except RankAbort as e:
             state.exc = e
         except BaseException as e:  # noqa: BLE001 - every failure of user code is reported by run()
             state.exc = e
-            state.traceback_text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+            state.traceback_text = _format_exception(e)
         finally:
             state.finished = True
             state.waiting_on = None
+            if state.done is not None and not self.aborting:
+                state.done.succeed()
+            state.owner.rng_state = torch.get_rng_state()
             self.running = None
             _current.state = None
             self._main_sem.release()
+        if state.parent is not None and state.exc is not None and not isinstance(state.exc, RankAbort):
+            # As in a real process, an exception that ends a thread the rank started does not end the rank:
+            # it reaches threading.excepthook (which prints it), outside the baton.
+            raise state.exc
 
     def start_all(self) -> None:
         """Start every rank at simulated time 0, in rank order."""
@@ -204,12 +355,46 @@ class Baton:
             torch.set_grad_enabled(grad_was)
 
     def _unwind(self) -> None:
-        """Resume every blocked rank with ``aborting`` set so it raises :class:`RankAbort` and exits."""
+        """Resume every blocked thread with ``aborting`` set so it raises :class:`RankAbort` and exits."""
         self.aborting = True
-        for state in self.ranks:
-            if state.started and not state.finished:
+        abandoned = {id(s) for s in self.abandoned}
+        threads = [*self.ranks, *self.children]
+        for state in threads:
+            if state.started and not state.finished and id(state) not in abandoned:
                 state.sem.release()
-                self._main_sem.acquire()
-        for state in self.ranks:
-            if state.thread is not None:
+                self._wait_for(state)
+        for state in threads:
+            if state.thread is not None and state.started and id(state) not in abandoned:
                 state.thread.join()
+
+
+#: frames of these files are the baton's and the run's own: a watchdog report starts below them
+_OWN = (threading.__file__, os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + "engine")
+
+
+def _user_stack(frame: Any) -> str:
+    """The stack of ``frame`` as text, without the thread start-up and run frames above the user's code."""
+    if frame is None:
+        return "(no Python frame)\n"
+    frames = traceback.extract_stack(frame)
+    start = 0
+    for i, f in enumerate(frames):
+        if f.filename == __file__ or f.filename.startswith(_OWN):
+            start = i + 1
+    return "".join(traceback.format_list(frames[start:] or frames))
+
+
+def _async_raise(thread: threading.Thread | None, exc: type[BaseException] | None) -> None:
+    """Raise ``exc`` in ``thread`` at its next Python instruction (None: cancel a pending one)."""
+    if thread is None or thread.ident is None:
+        return
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(exc) if exc else None)
+
+
+def _format_exception(e: BaseException) -> str:
+    """``e``'s traceback as text, even when its ``__str__`` raises."""
+    try:
+        return "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    except Exception:  # noqa: BLE001 - a broken __str__ must not hide the traceback
+        frames = "".join(traceback.format_tb(e.__traceback__))
+        return f"Traceback (most recent call last):\n{frames}{type(e).__name__}: <__str__ raised>\n"

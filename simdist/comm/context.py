@@ -12,6 +12,7 @@ import typing_extensions
 from simdist.clock.baton import Baton
 from simdist.clock.ranktime import RankTime
 from simdist.clock.sites import caller_site
+from simdist.comm.callbacks import IDLE, FutureCallbacks
 from simdist.comm.group import GroupState
 from simdist.comm.p2p import P2P
 from simdist.comm.races import RaceDetector
@@ -73,6 +74,8 @@ class RunContext:
         self.default_timeout: float | None = None
         #: the rendezvous store every rank's default group is created with
         self.store: Any = None
+        #: where callbacks chained to the ranks' futures run
+        self.callbacks = FutureCallbacks(env, baton)
 
     # ------------------------------------------------------------------ groups
     def group_state(self, key: object, name: str, global_ranks: list[int], timeout: float | None) -> GroupState:
@@ -128,6 +131,10 @@ class RunContext:
                 lines.append(f"  rank {s.rank}: finished")
             else:
                 lines.append(f"  rank {s.rank}: {s.waiting_on or 'blocked'}")
+        for s in self.baton.children:
+            if not s.finished and s.waiting_on != IDLE:
+                name = s.thread.name if s.thread is not None else "thread"
+                lines.append(f"  rank {s.rank}, its thread {name!r}: {s.waiting_on or 'blocked'}")
         for st in self.groups.values():
             for seq, inst in sorted(st.instances.items()):
                 if len(inst.calls) < st.size:

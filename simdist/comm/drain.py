@@ -27,8 +27,8 @@ _tls = threading.local()
 def drain_at_end_of_backward(work: Any, taken_by_torch: bool) -> None:
     """Have the current backward pass wait for ``work`` before it returns (no-op outside backward).
 
-    ``work`` needs ``wait()``, ``block_until_done()`` and ``future``; ``taken_by_torch`` says whether torch's
-    own code took its future.
+    ``work`` needs ``wait()`` and ``block_until_done()`` (and ``future``, if it is a work); ``taken_by_torch``
+    says whether torch's own code took its future.
     """
     task = torch._C._current_graph_task_id()
     if task == -1:
@@ -43,7 +43,7 @@ def drain_at_end_of_backward(work: Any, taken_by_torch: bool) -> None:
 
 def _drain(works: list[tuple[Any, bool]]) -> None:
     for w, by_torch in works:
-        if by_torch or getattr(w.future, "chained", False):
+        if by_torch or getattr(getattr(w, "future", None), "chained", False):
             w.wait()
         else:
             w.block_until_done()

@@ -24,7 +24,8 @@ class SimFuture(Future):
 
     torch's own ``Future.wait()`` blocks the OS thread in C++, which would stop the whole simulation (the
     future is completed by the simulator, which waits for the rank). ``then()`` returns a future that waits
-    the same way.
+    the same way. A future with callbacks is completed in its rank's callback thread (:mod:`callbacks`), so
+    those callbacks may issue and wait on collectives.
     """
 
     def __init__(self, sim: Any, event: simpy.Event, description: str, work: SimWork | None = None) -> None:
@@ -33,12 +34,17 @@ class SimFuture(Future):
         self._event = event
         self._description = description
         self._work = weakref.ref(work) if work is not None else None
+        self.chained = False
+        #: fires when the value is set; only for chained futures, whose value is set in the callback thread
+        self._ready: simpy.Event | None = None
 
     def _block(self) -> None:
         if not _in_rank_thread():
             return
         if not self._event.processed and self._sim.baton is not None:
             self._sim.baton.block(self._event, self._description)
+        if self._ready is not None and not self._ready.triggered:
+            self._sim.baton.block(self._ready, self._description + " (its callbacks)")
         work = self._work() if self._work is not None else None
         if work is not None:
             self._sim.races.observed(work)
@@ -68,9 +74,13 @@ class SimFuture(Future):
 
     def then(self, callback: Any) -> Future:
         """Chain ``callback``; the returned future's ``wait()`` also blocks in simulated time."""
-        self.chained = True
+        if not self.chained:
+            self.chained = True
+            ready = self._ready = self._sim.env.event()
+            # First of the callbacks (they run in the order added): the value is there before they run.
+            self.add_done_callback(lambda _f: ready.triggered or ready.succeed())
         inner = super().then(_after_completion(self._sim, callback))
-        return _ThenFuture([self], inner)
+        return _drained(_ThenFuture([self], inner))
 
 
 def _after_completion(sim: Any, callback: Any) -> Any:
@@ -91,14 +101,29 @@ def _after_completion(sim: Any, callback: Any) -> Any:
     return run
 
 
+def _drained(fut: _ThenFuture) -> _ThenFuture:
+    """``fut``, waited for before the current backward pass returns if it was chained inside one.
+
+    torch's DDP reducer waits in C++ for the future its comm hook returns (e.g. PowerSGD's chain of
+    ``then()``); the chain's later collectives are issued by callbacks, so the works alone are not enough.
+    """
+    drain_at_end_of_backward(fut, taken_by_torch=False)
+    return fut
+
+
 class _ThenFuture(Future):
     """A future derived from simdist futures (``then()``, ``collect_all``): waits for them in simulated time,
     then for ``inner``, the torch future that holds the value."""
 
-    def __init__(self, roots: list[SimFuture], inner: Future) -> None:
+    def __init__(self, roots: list[Any], inner: Future) -> None:
         super().__init__()
+        sim = self._sim = roots[0]._sim
         self._roots = roots
         self._inner = inner
+        #: fires once this future has its value (callbacks may complete it in a rank's callback thread)
+        ready = self._ready = sim.env.event()
+        # First of the callbacks (they run in the order added): the value is there before they run.
+        self.add_done_callback(lambda _f: ready.triggered or ready.succeed())
         inner.add_done_callback(lambda f: self._settle(f))
 
     def _settle(self, f: Future) -> None:
@@ -110,6 +135,12 @@ class _ThenFuture(Future):
     def _block(self) -> None:
         for root in self._roots:
             root._block()
+        if _in_rank_thread() and not self._ready.triggered:
+            self._sim.baton.block(self._ready, "a future chained with then()")
+
+    def block_until_done(self) -> None:
+        """Wait in simulated time until the value is set, without raising the callbacks' error."""
+        self._block()
 
     def wait(self) -> Any:
         """Block (in simulated time) until the roots are done; return the value."""
@@ -123,20 +154,12 @@ class _ThenFuture(Future):
 
     def then(self, callback: Any) -> Future:
         """Chain further; the result again waits for the roots in simulated time."""
-        sim = self._roots[0]._sim if self._roots else None
-        cb = _after_completion(sim, callback) if sim is not None else callback
-        return _ThenFuture(self._roots, super().then(cb))
+        return _drained(_ThenFuture([self], super().then(_after_completion(self._sim, callback))))
 
 
-def sim_roots(futures: Any) -> list[SimFuture]:
-    """The simdist futures that ``futures`` (torch futures, some derived from simdist's) depend on."""
-    roots: list[SimFuture] = []
-    for f in futures:
-        if isinstance(f, SimFuture):
-            roots.append(f)
-        elif isinstance(f, _ThenFuture):
-            roots += f._roots
-    return roots
+def sim_roots(futures: Any) -> list[Any]:
+    """The simdist futures among ``futures`` (each has ``_block()``: wait in simulated time until it is done)."""
+    return [f for f in futures if isinstance(f, (SimFuture, _ThenFuture))]
 
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -191,7 +214,11 @@ class SimWork(dist.Work):
         if entry is not None:
             entry.done_at = self.completed_at
         self.event.succeed()
-        with acting_as(self.rank):  # callbacks chained to the future run here and see the rank's world
+        if self.future.chained and self.rank >= 0:
+            future, outputs = self.future, self.outputs
+            self.sim.callbacks.post(self.rank, lambda: future.set_result(outputs))
+            return
+        with acting_as(self.rank):  # a future without callbacks: nothing runs as the rank but the value's setting
             self.future.set_result(self.outputs)
 
     # ---------------------------------------------------------------- torch API (rank threads)

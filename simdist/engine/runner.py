@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
+import math
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,13 +23,23 @@ from simdist.comm.context import RunContext
 from simdist.comm.races import Race, RaceCheckMode, checking_direct_reads
 from simdist.compute.cost import ComputeCostMode
 from simdist.compute.devices import DeviceSpec, get_device
+from simdist.comm.thread_world import acting_as
 from simdist.engine.process import run_context
+from simdist.engine.threads import rank_threads
 from simdist.errors import RankError, SimdistError, SimTimeoutError
 from simdist.network.cluster import Cluster
 from simdist.trace.trace import Trace
 
 #: rank threads run the user's code, torch's autograd and NumPy; 16 MiB covers deep recursion in them
 _STACK_BYTES = 16 * 1024 * 1024
+
+#: watchdog defaults (wall-clock seconds one rank may run without communicating): under pytest a stuck test
+#: should fail well before pytest-timeout's 300 s; interactively, long CPU work (loading data) is legitimate
+WATCHDOG_PYTEST = 60.0
+WATCHDOG_INTERACTIVE = 600.0
+
+#: one run at a time per process: torch.distributed's world and the "simdist" backend are process-wide
+_RUN_LOCK = threading.Lock()
 
 
 @dataclass
@@ -75,6 +88,8 @@ def run(
     races: str | None = None,
     trace: str = "messages",
     compute: bool = True,
+    copy_args: bool = True,
+    watchdog: float | None = None,
 ) -> RunResult:
     """Run ``fn(*args, **kwargs)`` on every rank of ``cluster`` in simulated time.
 
@@ -89,15 +104,40 @@ def run(
     ``trace="collectives"`` skips recording individual messages (faster for thousands of ranks).
     ``compute=False`` charges no simulated time for tensor operations. ``cluster`` may also be a preset name
     or a cluster file path.
+    ``args`` and ``kwargs`` are deep-copied for each rank, as each process of a real launch receives its own
+    copy; ``copy_args=False`` hands every rank the same objects (for large read-only inputs).
+    ``watchdog`` is the wall-clock seconds a rank may run without communicating or waiting before the run
+    stops with :class:`WatchdogError` (default ``$SIMDIST_WATCHDOG``, else 60 under pytest, else 600;
+    ``math.inf`` turns it off). Runs from several Python threads execute one after another.
     Raises :class:`RankError` if a rank raised, or the diagnosis (mismatch, deadlock) that stopped the run.
     """
+    if current_rank_state() is not None:
+        raise SimdistError("simdist.run cannot be nested inside another simulated run (it was called by a rank)")
+    limit = _watchdog_limit(watchdog)
+    with _RUN_LOCK:
+        return _run(fn, cluster, args, kwargs or {}, seed, progress, gloo_threads, races, trace, compute, copy_args, limit)
+
+
+def _run(
+    fn: Callable[..., Any],
+    cluster: Cluster | str,
+    args: tuple,
+    kwargs: dict[str, Any],
+    seed: int,
+    progress: str,
+    gloo_threads: int,
+    races: str | None,
+    trace: str,
+    compute: bool,
+    copy_args: bool,
+    watchdog: float,
+) -> RunResult:
+    """:func:`run` once the run lock is held."""
     if dist.is_initialized() and not backend.installed():
         raise RuntimeError(
             "simdist.run was called inside a process whose default process group is already initialised; "
             "call it from plain Python (not from a torchrun worker or another simdist rank)"
         )
-    if backend.installed():
-        raise RuntimeError("simdist.run cannot be nested inside another simulated run")
     if isinstance(cluster, str):
         cluster = Cluster.load(cluster)
     if not isinstance(cluster, Cluster):
@@ -108,24 +148,28 @@ def run(
     n = cluster.world_size
     device = cluster.device if isinstance(cluster.device, DeviceSpec) else get_device(cluster.device)
     tr = Trace(trace)
-    kwargs = kwargs or {}
     initial_rng = torch.Generator().manual_seed(seed).get_state()
     env = simpy.Environment()
-    baton = Baton(env, n, lambda rank: target(rank), initial_rng_state=initial_rng, stack_size=_STACK_BYTES)
+    baton = Baton(
+        env, n, lambda rank: target(rank), initial_rng_state=initial_rng, stack_size=_STACK_BYTES, watchdog=watchdog
+    )
     sim = RunContext(env, baton, cluster, tr, progress, gloo_threads, default_race_mode() if races is None else races)
     store = sim.store = dist.HashStore()
     local_world = _local_world_size(cluster)
 
+    def rank_mode(rank: int) -> Any:
+        """The dispatch mode a thread of ``rank`` runs under: compute costs, with the race check riding on it."""
+        races = RaceCheckMode(sim.races, rank, sim.call_site) if sim.races.enabled else None
+        if compute and not device.is_zero_cost:
+            return ComputeCostMode(device, sim.charge, before=races.check if races is not None else None)
+        return races if races is not None else contextlib.nullcontext()
+
     def target(rank: int) -> Any:
         backend.init_default_group(rank, n, store)
         try:
-            races = RaceCheckMode(sim.races, rank, sim.call_site) if sim.races.enabled else None
-            if compute and not device.is_zero_cost:  # one dispatch mode per rank: the race check rides on it
-                mode = ComputeCostMode(device, sim.charge, before=races.check if races is not None else None)
-            else:
-                mode = races
-            with mode if mode is not None else contextlib.nullcontext():
-                result = fn(*args, **kwargs)
+            a, kw = _copy_for_rank(args, kwargs, rank) if copy_args else (args, kwargs)
+            with rank_mode(rank):
+                result = fn(*a, **kw)
             sim.settle()
             return result
         finally:
@@ -133,10 +177,19 @@ def run(
             state.finish_time = sim.env.now + state.pending
             thread_world.forget_thread()
 
+    def in_rank(rank: int, body: Callable[[], Any]) -> Callable[[], Any]:
+        def run_as_rank() -> Any:
+            with acting_as(rank), rank_mode(rank):
+                result = body()
+            sim.settle()
+            return result
+
+        return run_as_rank
+
     baton.on_stall = sim.stall_report
     with run_context(sim, n, local_world), (
         checking_direct_reads(sim.races, sim.call_site) if sim.races.enabled else contextlib.nullcontext()
-    ):
+    ), rank_threads(baton, in_rank):
         baton.run()
     _raise_failure(baton)
     finish = [s.finish_time for s in baton.ranks]
@@ -149,6 +202,44 @@ def run(
         world_size=n,
         races=sim.races.races,
     )
+
+
+def _watchdog_limit(watchdog: float | None) -> float:
+    """The watchdog limit in wall-clock seconds: ``watchdog``, else ``$SIMDIST_WATCHDOG``, else the default."""
+    source = "watchdog"
+    if watchdog is None and os.environ.get("SIMDIST_WATCHDOG"):
+        watchdog, source = os.environ["SIMDIST_WATCHDOG"], "$SIMDIST_WATCHDOG"
+    if watchdog is None:
+        return WATCHDOG_PYTEST if "PYTEST_CURRENT_TEST" in os.environ else WATCHDOG_INTERACTIVE
+    try:
+        limit = float(watchdog)
+    except (TypeError, ValueError):
+        limit = math.nan
+    if isinstance(watchdog, bool) or not limit > 0:
+        raise SimdistError(
+            f"{source}={watchdog!r}: expected a positive number of wall-clock seconds (or inf to turn it off)"
+        )
+    return limit
+
+
+def _copy_for_rank(args: tuple, kwargs: dict[str, Any], rank: int) -> tuple[tuple, dict[str, Any]]:
+    """A deep copy of the arguments for one rank, as a separate process would receive them."""
+    try:
+        return copy.deepcopy((args, kwargs))
+    except Exception as e:  # noqa: BLE001 - any object that refuses to be copied
+        raise SimdistError(
+            f"rank {rank}: could not copy the arguments of simdist.run for the rank "
+            f"({type(e).__name__}: {_safe_str(e)}). Each rank receives its own deep copy, as each process of a "
+            f"real launch does; pass copy_args=False to share them (read-only inputs)"
+        ) from e
+
+
+def _safe_str(e: BaseException) -> str:
+    """``str(e)``, or a placeholder when its ``__str__`` raises."""
+    try:
+        return str(e)
+    except Exception:  # noqa: BLE001 - user exceptions may have a broken __str__
+        return f"<{type(e).__name__}.__str__ raised>"
 
 
 def default_race_mode() -> str:

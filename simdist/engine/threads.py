@@ -1,0 +1,60 @@
+"""Threads that rank code starts act as their rank: they take the baton like it, one thread at a time.
+
+During a run, ``threading.Thread.start`` called from a rank's code starts the thread as one of the rank's
+threads (:meth:`Baton.spawn`): it sees the rank's process groups, environment and RNG (one RNG per rank, as one
+per process), and first runs when the starting thread hands the baton back (issues or waits on communication,
+or finishes). ``Thread.join`` from a rank thread waits in simulated time. Threads started outside rank code are
+untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from simdist.clock.baton import Baton, RankState, current_rank_state
+
+_start = threading.Thread.start
+_join = threading.Thread.join
+
+
+@contextlib.contextmanager
+def rank_threads(baton: Baton, wrap: Callable[[int, Callable[[], Any]], Callable[[], Any]]) -> Iterator[None]:
+    """Make threads started by rank code act as their rank while the block runs.
+
+    ``wrap(rank, body)`` returns what the thread runs: ``body`` inside the rank's world and dispatch modes.
+    """
+
+    def start(self: threading.Thread) -> None:
+        state = current_rank_state()
+        if state is None or getattr(self, "_simdist_child", None) is not None:
+            return _start(self)
+        if self._started.is_set():  # type: ignore[attr-defined]
+            raise RuntimeError("threads can only be started once")
+        child = baton.spawn(wrap(state.rank, self.run), thread=self)
+        self._simdist_child = child  # type: ignore[attr-defined]
+        return _start(self)
+
+    def join(self: threading.Thread, timeout: float | None = None) -> None:
+        child: RankState | None = getattr(self, "_simdist_child", None)
+        if child is None or current_rank_state() is None:
+            return _join(self, timeout)
+        if current_rank_state() is child:
+            raise RuntimeError("cannot join current thread")
+        what = f"rank {child.rank} joining its thread {self.name!r}"
+        if timeout is None:
+            baton.block(child.done, what)
+        else:
+            baton.block(baton.env.any_of([child.done, baton.env.timeout(max(float(timeout), 0.0))]), what)
+        if child.finished:
+            _join(self)  # the thread has handed the baton back; it is leaving threading's own bookkeeping
+
+    threading.Thread.start = start  # type: ignore[method-assign]
+    threading.Thread.join = join  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        threading.Thread.start = _start  # type: ignore[method-assign]
+        threading.Thread.join = _join  # type: ignore[method-assign]
