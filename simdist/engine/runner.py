@@ -21,9 +21,9 @@ from simdist.clock.baton import Baton, current_rank_state
 from simdist.comm import backend, thread_world
 from simdist.comm.context import RunContext
 from simdist.comm.races import Race, RaceCheckMode, checking_direct_reads
+from simdist.comm.thread_world import acting_as
 from simdist.compute.cost import ComputeCostMode
 from simdist.compute.devices import DeviceSpec, get_device
-from simdist.comm.thread_world import acting_as
 from simdist.engine.process import run_context
 from simdist.engine.threads import rank_threads
 from simdist.errors import RankError, SimdistError, SimTimeoutError
@@ -226,7 +226,7 @@ def _copy_for_rank(args: tuple, kwargs: dict[str, Any], rank: int) -> tuple[tupl
     """A deep copy of the arguments for one rank, as a separate process would receive them."""
     try:
         return copy.deepcopy((args, kwargs))
-    except Exception as e:  # noqa: BLE001 - any object that refuses to be copied
+    except Exception as e:
         raise SimdistError(
             f"rank {rank}: could not copy the arguments of simdist.run for the rank "
             f"({type(e).__name__}: {_safe_str(e)}). Each rank receives its own deep copy, as each process of a "
