@@ -127,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         verdicts.append(("hang reported as a deadlock", False, "no error raised"))
     except simdist.DeadlockError as e:
         text = str(e)
-        print("   " + "\n   ".join(text.splitlines()[:4] + ["   ..."] + text.splitlines()[-1:]))
-        verdicts.append(("hang reported as a deadlock", "never by [11]" in text, "names rank 11"))
+        print("   " + "\n   ".join(text.splitlines()))
+        verdicts.append(("hang reported as a deadlock", "never issued by rank 11;" in text, "names rank 11"))
     print()
 
     print("3. a rank reduces the wrong dtype")
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         verdicts.append(("mismatch reported", False, "no error raised"))
     except simdist.CollectiveMismatchError as e:
         lines = str(e).splitlines()
-        print("   " + "\n   ".join(lines[:1] + [l for l in lines if "rank 3:" in l or "rank 4:" in l]))
+        print("   " + "\n   ".join(lines[:3]))
         verdicts.append(("mismatch reported", "rank 3: all_reduce(shape=(256,), dtype=bfloat16" in str(e), "names rank 3 and its call site"))
     print()
 

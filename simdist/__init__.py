@@ -18,6 +18,7 @@ from simdist.errors import (
     RankError,
     SimdistError,
     SimTimeoutError,
+    WatchdogError,
 )
 from simdist.network import Cluster, load_cluster
 from simdist.script import ScriptError
@@ -36,6 +37,7 @@ __all__ = [
     "RunResult",
     "ScriptError",
     "SimTimeoutError",
+    "WatchdogError",
     "SimdistError",
     "Trace",
     "algorithms",

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as P
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 _LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -56,3 +58,25 @@ def main(scale: int = 1) -> int:
 
 if __name__ == "__main__":
     print("run me with: python -m real tests/real_fns.py --nproc 2")
+
+
+def powersgd_grads(steps: int = 3) -> list:
+    """torch DDP with torch's PowerSGD comm hook at full rank (so it equals plain averaging): each step's grads.
+
+    (torch 2.13's ``batched_powerSGD_hook`` fails its own assertion in ``_orthogonalize`` on real gloo too.)
+    """
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    ddp = DDP(model)
+    state = P.PowerSGDState(
+        process_group=None, matrix_approximation_rank=16, start_powerSGD_iter=2, min_compression_rate=0.0,
+        use_error_feedback=False, warm_start=False,
+    )
+    ddp.register_comm_hook(state, P.powerSGD_hook)
+    out = []
+    for step in range(steps):
+        model.zero_grad()
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(100 * step + dist.get_rank()))
+        ddp(x).pow(2).mean().backward()
+        out.append([p.grad.clone() for p in model.parameters()])
+    return out

@@ -178,7 +178,7 @@ def test_demo_scenario_passes_and_reports_each_finding(tmp_path, update_golden):
     text = out.stdout
     for line in ("both variants equal the single-process model", "overlap shortens the step", "hang reported as a deadlock", "mismatch reported", "same seed, same trace hash"):
         assert any(l.startswith(line) and "PASS" in l for l in text.splitlines()), line
-    assert "never by [11]" in text
+    assert "never issued by rank 11;" in text
     assert json.loads((tmp_path / "demo_step.json").read_text())["traceEvents"]
     check_golden("demo", out, tmp_path, update_golden)
 

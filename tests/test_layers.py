@@ -20,7 +20,7 @@ PACKAGES = ("simdist", "real")
 
 #: layers in order; a module belongs to the last layer one of whose prefixes it starts with
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("simdist.errors", "simdist.units", "simdist.trace", "simdist.compute", "simdist.algorithms")),
+    ("foundation", ("simdist.errors", "simdist.ranks", "simdist.units", "simdist.trace", "simdist.compute", "simdist.algorithms")),
     ("clock", ("simdist.clock",)),
     ("network", ("simdist.network",)),
     ("communication", ("simdist.comm",)),

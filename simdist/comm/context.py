@@ -20,6 +20,7 @@ from simdist.comm.selection import AlgorithmSelector
 from simdist.errors import DeadlockError
 from simdist.network.cluster import Cluster
 from simdist.network.links import Network
+from simdist.ranks import by_text, format_ranks
 from simdist.trace.trace import Trace
 
 #: frames in these directories are the simulator's or torch's own, never the user's call site
@@ -117,33 +118,38 @@ class RunContext:
             return ""
         missing = st.missing_ranks(work.seq)
         if missing:
-            return f"Ranks that have not issued it: {missing}."
+            return f"Not issued by {format_ranks(missing)}."
         running = getattr(work, "messages", None)
         if running is None:
             return "Every rank issued it."
         return "Every rank issued it; it was still running. Its schedule:\n" + running.progress()
 
     def stall_report(self) -> DeadlockError:
-        """The error raised when every unfinished rank is blocked and nothing is scheduled."""
+        """The error raised when every unfinished rank is blocked and nothing is scheduled.
+
+        Collectives some ranks never joined come first; ranks in the same state share one line, so the report
+        names every rank at any world size.
+        """
         lines = [f"deadlock at simulated time {self.env.now:.9g} s: every unfinished rank is blocked and nothing is scheduled."]
+        for st in self.groups.values():
+            for seq, inst in sorted(st.instances.items()):
+                if len(inst.calls) < st.size:
+                    joined = [st.global_ranks[r] for r in inst.calls]
+                    c = next(iter(inst.calls.values()))
+                    lines.append(
+                        f"  group {st.name or 'default'} {c.op} #{seq}: never issued by "
+                        f"{format_ranks(st.missing_ranks(seq))}; issued by {format_ranks(joined)}"
+                    )
+        states = []
         for s in self.baton.ranks:
-            if s.finished:
-                lines.append(f"  rank {s.rank}: finished")
-            else:
-                lines.append(f"  rank {s.rank}: {s.waiting_on or 'blocked'}")
+            prefix = f"rank {s.rank} "
+            what = "finished" if s.finished else (s.waiting_on or "blocked")
+            states.append((s.rank, what.removeprefix(prefix)))
+        lines += [f"  {format_ranks(ranks)}: {what}" for ranks, what in by_text(states)]
         for s in self.baton.children:
             if not s.finished and s.waiting_on != IDLE:
                 name = s.thread.name if s.thread is not None else "thread"
                 lines.append(f"  rank {s.rank}, its thread {name!r}: {s.waiting_on or 'blocked'}")
-        for st in self.groups.values():
-            for seq, inst in sorted(st.instances.items()):
-                if len(inst.calls) < st.size:
-                    joined = sorted(st.global_ranks[r] for r in inst.calls)
-                    c = next(iter(inst.calls.values()))
-                    lines.append(
-                        f"  group {st.name or 'default'} {c.op} #{seq}: issued by ranks {joined}, "
-                        f"never by {st.missing_ranks(seq)}"
-                    )
         pend = self.p2p.pending_descriptions()
         if pend:
             lines.append("  unmatched point-to-point operations:")

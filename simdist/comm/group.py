@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from simdist.comm.ops import OpSpec
 from simdist.comm.work import SimWork
 from simdist.errors import CollectiveMismatchError
+from simdist.ranks import by_text, format_ranks
 
 
 @dataclass
@@ -121,8 +122,9 @@ class GroupState:
         if all(c.op == first.op and c.signature == first.signature for c in calls):
             return
         lines = [f"collective #{inst.seq} on group {self.name or 'default'} does not match across ranks:"]
-        for c in calls:
-            lines.append(f"  rank {self.global_ranks[c.rank]}: {c.describe()} at {c.site}")
+        issued = by_text((self.global_ranks[c.rank], f"{c.describe()} at {c.site}") for c in calls)
+        for ranks, text in issued:
+            lines.append(f"  {format_ranks(ranks)}: {text}")
         lines.append("Every rank of a group must issue the same collectives, with the same shapes, dtypes,")
         lines.append("reduce op and root, in the same order.")
         raise CollectiveMismatchError("\n".join(lines))

@@ -28,6 +28,7 @@ from simdist.engine.process import run_context
 from simdist.engine.threads import rank_threads
 from simdist.errors import RankError, SimdistError, SimTimeoutError
 from simdist.network.cluster import Cluster
+from simdist.ranks import ranges
 from simdist.trace.trace import Trace
 
 #: rank threads run the user's code, torch's autograd and NumPy; 16 MiB covers deep recursion in them
@@ -67,7 +68,7 @@ class RunResult:
         out = []
         for found in groups.values():
             ranks = sorted({r.rank for r in found})
-            out.append(f"{found[0]}\n  on ranks {_ranges(ranks)} ({len(found)} findings)")
+            out.append(f"{found[0]}\n  on ranks {ranges(ranks)} ({len(found)} findings)")
         return "\n\n".join(out) if out else "no races found"
 
     @functools.cached_property
@@ -248,18 +249,6 @@ def default_race_mode() -> str:
     if mode:
         return mode
     return "error" if "PYTEST_CURRENT_TEST" in os.environ else "warn"
-
-
-def _ranges(ranks: list[int]) -> str:
-    """``0-3, 6`` for ``[0, 1, 2, 3, 6]``."""
-    parts, i = [], 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ", ".join(parts)
 
 
 def _local_world_size(cluster: Cluster) -> int:
