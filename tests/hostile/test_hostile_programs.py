@@ -62,7 +62,7 @@ def _spins_catching_everything() -> None:
             try:
                 while True:
                     pass
-            except BaseException:  # noqa: BLE001 - a hostile program swallows even the interrupt
+            except BaseException:  # noqa: BLE001, S110 - a hostile program swallows even the interrupt
                 pass
     dist.barrier()
 
