@@ -13,6 +13,21 @@ class ClusterSpecError(SimdistError, ValueError):
     """A cluster description is invalid (bad unit, negative bandwidth, disconnected graph, unknown preset)."""
 
 
+class RankExit(BaseException):
+    """Raised in a rank that called ``os._exit(code)``: its process would end at once; the run reports it.
+
+    A ``BaseException``, as ``SystemExit``, so that ``except Exception`` does not swallow it.
+    """
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+        super().__init__(f"os._exit({code}) called by rank code: on a real launch this rank's process ends at once")
+
+
+class RunArgumentError(SimdistError, ValueError):
+    """An argument of :func:`simdist.run` is invalid (not callable, a seed out of range, an unknown mode)."""
+
+
 class RankError(SimdistError):
     """A rank's function raised; the original exception is ``__cause__`` and the text has its traceback."""
 

@@ -69,6 +69,8 @@ class RankState:
     body: Callable[[], Any] | None = None
     #: fires when the thread finishes (a rank's ``Thread.join`` waits for it)
     done: simpy.Event | None = None
+    #: a thread of the simulator's own acting as the rank (its future callbacks): never keeps a run going
+    service: bool = False
     #: True while the thread runs user code (the watchdog may interrupt it only then)
     in_user: bool = False
     #: the watchdog has sent this thread an asynchronous RankAbort
@@ -121,6 +123,8 @@ class Baton:
         self.env = env
         self.target = target
         self.ranks = [RankState(r) for r in range(world_size)]
+        #: ranks whose function has not returned yet
+        self._unfinished = world_size
         #: threads the ranks started (see :meth:`spawn`), in start order
         self.children: list[RankState] = []
         self._main_sem = _signal()
@@ -168,20 +172,27 @@ class Baton:
             self.block(self.env.timeout(seconds), description)
 
     def spawn(
-        self, body: Callable[[], Any], *, rank: int | None = None, thread: threading.Thread | None = None, name: str = ""
+        self,
+        body: Callable[[], Any],
+        *,
+        rank: int | None = None,
+        thread: threading.Thread | None = None,
+        name: str = "",
+        service: bool = False,
     ) -> RankState:
         """A thread that acts as ``rank`` (default: the calling rank) and runs ``body()`` when the baton reaches it.
 
         It first runs at the current simulated time, after the calling thread hands the baton back. With
         ``thread`` (a not yet started ``threading.Thread``) that thread is used: its ``run`` is replaced and the
-        caller starts it; otherwise a daemon thread named ``name`` is started here.
+        caller starts it; otherwise a daemon thread named ``name`` is started here. A ``service`` thread (the
+        simulator's own) does not keep the run going once the ranks finished.
         """
         if rank is None:
             parent = current_rank_state()
             assert parent is not None, "Baton.spawn without rank= called outside a rank thread"
             rank = parent.rank
         owner = self.ranks[rank]
-        child = RankState(rank, parent=owner, body=body, done=self.env.event(), started=True)
+        child = RankState(rank, parent=owner, body=body, done=self.env.event(), started=True, service=service)
         self.children.append(child)
         ev = self.env.event()
         ev.callbacks.append(lambda _ev, s=child: self._resume(s))
@@ -303,6 +314,8 @@ class Baton:
             state.traceback_text = _format_exception(e)
         finally:
             state.finished = True
+            if state.parent is None:
+                self._unfinished -= 1
             state.waiting_on = None
             if state.done is not None and not self.aborting:
                 state.done.succeed()
@@ -335,8 +348,10 @@ class Baton:
             self.start_all()
             env = self.env
             while not self.aborting:
+                if self._unfinished == 0 and self._only_daemons_left():
+                    break  # as a process exits when its main thread ends, killing its daemon threads
                 if env.peek() == float("inf"):
-                    if all(s.finished for s in self.ranks):
+                    if self._unfinished == 0 and not self._foreground():
                         break
                     err = self.on_stall() if self.on_stall else None
                     if env.peek() != float("inf") and err is None:
@@ -353,6 +368,15 @@ class Baton:
             self._unwind()
             threading.stack_size(old_stack)
             torch.set_grad_enabled(grad_was)
+
+    def _foreground(self) -> list[RankState]:
+        """Unfinished non-daemon threads the ranks started: a process waits for them before it exits."""
+        return [c for c in self.children if not c.finished and not c.service and not c.thread.daemon]
+
+    def _only_daemons_left(self) -> bool:
+        """Every rank finished, and only daemon threads the ranks started are still running."""
+        user = [c for c in self.children if not c.finished and not c.service]
+        return bool(user) and all(c.thread.daemon for c in user)
 
     def _unwind(self) -> None:
         """Resume every blocked thread with ``aborting`` set so it raises :class:`RankAbort` and exits."""

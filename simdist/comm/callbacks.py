@@ -36,7 +36,9 @@ class FutureCallbacks:
         queue = self._queues.setdefault(rank, deque())
         queue.append(complete)
         if rank not in self._threads:
-            self._threads[rank] = self.baton.spawn(lambda: self._serve(rank), rank=rank, name=f"simdist-rank-{rank}-callbacks")
+            self._threads[rank] = self.baton.spawn(
+                lambda: self._serve(rank), rank=rank, name=f"simdist-rank-{rank}-callbacks", service=True
+            )
             return
         wake = self._wake.pop(rank, None)
         if wake is not None and not wake.triggered:

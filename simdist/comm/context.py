@@ -17,7 +17,7 @@ from simdist.comm.group import GroupState
 from simdist.comm.p2p import P2P
 from simdist.comm.races import RaceDetector
 from simdist.comm.selection import AlgorithmSelector
-from simdist.errors import DeadlockError
+from simdist.errors import DeadlockError, RunArgumentError
 from simdist.network.cluster import Cluster
 from simdist.network.links import Network
 from simdist.ranks import by_text, format_ranks
@@ -54,9 +54,11 @@ class RunContext:
         races: str = "off",
     ) -> None:
         if progress not in PROGRESS_MODES:
-            raise ValueError(f"progress must be one of {PROGRESS_MODES}, got {progress!r}")
-        if isinstance(gloo_threads, bool) or not isinstance(gloo_threads, int) or gloo_threads < 1:
-            raise ValueError(f"gloo_threads must be a positive int (gloo threads per process group), got {gloo_threads!r}")
+            raise RunArgumentError(f"progress must be one of {PROGRESS_MODES}, got {progress!r}")
+        if isinstance(gloo_threads, bool) or not isinstance(gloo_threads, int) or not 1 <= gloo_threads <= 1024:
+            raise RunArgumentError(
+                f"gloo_threads must be an int from 1 to 1024 (gloo threads per process group), got {gloo_threads!r}"
+            )
         self.env = env
         self.baton = baton
         self.time = RankTime(env, baton)

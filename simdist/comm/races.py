@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from simdist.clock.baton import current_rank_state
-from simdist.errors import RaceError, RaceWarning
+from simdist.errors import RaceError, RaceWarning, RunArgumentError
 
 #: what ``run(races=...)`` accepts
 RACE_MODES = ("error", "warn", "off")
@@ -190,7 +190,7 @@ class RaceDetector:
 
     def __init__(self, mode: str, progress: str, now: Any) -> None:
         if mode not in RACE_MODES:
-            raise ValueError(f"races must be one of {RACE_MODES}, got {mode!r}")
+            raise RunArgumentError(f"races must be one of {RACE_MODES}, got {mode!r}")
         self.mode = mode
         self.progress = progress
         self._now = now

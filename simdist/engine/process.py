@@ -1,8 +1,10 @@
 """Process-wide state a simulated run changes, all restored afterwards.
 
 Environment variables as torchrun sets them (a per-rank view of ``os.environ``), torch's thread count and
-global RNG, CPU pinning, garbage-collector settings, CPU-only seeding, and the ``"simdist"`` backend's
-installation in torch.distributed.
+global RNG, CPU pinning, garbage-collector settings, CPU-only seeding, the ``"simdist"`` backend's
+installation in torch.distributed, and the process-wide calls rank code may make as if it were a process of
+its own: ``os._exit`` (ends the rank, not the simulator's process), ``signal.signal`` (a handler per rank) and
+``time.sleep`` (the rank waits in simulated time, handing the others the baton).
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import signal
 import sys
+import time
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
@@ -19,6 +23,7 @@ import torch
 from simdist.clock.baton import current_rank_state
 from simdist.comm import backend
 from simdist.comm.context import RunContext
+from simdist.errors import RankExit
 
 
 @contextlib.contextmanager
@@ -40,11 +45,15 @@ def run_context(ctx: RunContext, n: int, local_world: int) -> Iterator[None]:
     # a formatted stack trace per call (about a millisecond on a CPU-only build): seed the CPU generator only.
     seed_fns = (torch.manual_seed, torch.random.manual_seed)
     torch.manual_seed = torch.random.manual_seed = _seed_cpu_only
+    process_calls = (os._exit, signal.signal, signal.getsignal, time.sleep)
+    os._exit, signal.signal, signal.getsignal = _rank_exit, *_rank_signals()
+    time.sleep = _rank_sleep(ctx)
     backend.install(ctx)
     try:
         yield
     finally:
         backend.uninstall()
+        os._exit, signal.signal, signal.getsignal, time.sleep = process_calls
         torch.manual_seed, torch.random.manual_seed = seed_fns
         os.environ = real_environ  # noqa: B003
         gc.unfreeze()
@@ -55,6 +64,69 @@ def run_context(ctx: RunContext, n: int, local_world: int) -> Iterator[None]:
         if affinity is not None:
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(0, affinity)
+
+
+_real_exit = os._exit
+
+
+def _rank_exit(code: int) -> None:
+    """``os._exit`` during a run: in rank code it ends that rank (reported), never the whole process."""
+    if current_rank_state() is None:
+        _real_exit(code)
+    raise RankExit(code)
+
+
+def _rank_sleep(ctx: RunContext) -> Any:
+    """``time.sleep`` that, in rank code, waits ``seconds`` of simulated time instead of holding every rank.
+
+    A heartbeat or progress thread (``while True: time.sleep(1); ...``) then runs once per simulated second
+    and a rank that sleeps lets the others run, as on real hardware.
+    """
+    real_sleep = time.sleep
+
+    def sleep(seconds: float) -> None:
+        state = current_rank_state()
+        if state is None:
+            return real_sleep(seconds)
+        seconds = float(seconds)
+        if not seconds >= 0:  # NaN included
+            raise ValueError("sleep length must be non-negative")
+        ctx.settle()
+        ctx.baton.sleep(seconds, f"rank {state.rank} in time.sleep({seconds:g})")
+        return None
+
+    return sleep
+
+
+def _rank_signals() -> tuple[Any, Any]:
+    """``signal.signal`` and ``signal.getsignal`` that keep one handler table per rank in rank code.
+
+    In a real launch each rank's code runs in its process's main thread and may install handlers; here it runs in
+    a rank thread, where Python refuses. Handlers are recorded per rank (no signal is simulated) and what the
+    previous handler was is answered as in a process of its own.
+    """
+    real_signal, real_getsignal = signal.signal, signal.getsignal
+    tables: dict[int, dict[int, Any]] = {}
+
+    def rank_signal(signum: int, handler: Any) -> Any:
+        state = current_rank_state()
+        if state is None:
+            return real_signal(signum, handler)
+        if not callable(handler) and handler not in (signal.SIG_DFL, signal.SIG_IGN):
+            raise TypeError("signal handler must be signal.SIG_IGN, signal.SIG_DFL, or a callable object")
+        signum = signal.Signals(signum)  # ValueError for an unknown signal, as signal.signal
+        table = tables.setdefault(state.rank, {})
+        previous = table.get(signum, real_getsignal(signum))
+        table[signum] = handler
+        return previous
+
+    def rank_getsignal(signum: int) -> Any:
+        state = current_rank_state()
+        if state is None:
+            return real_getsignal(signum)
+        return tables.get(state.rank, {}).get(signal.Signals(signum), real_getsignal(signum))
+
+    return rank_signal, rank_getsignal
 
 
 def _seed_cpu_only(seed: int) -> torch.Generator:

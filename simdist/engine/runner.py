@@ -6,6 +6,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import inspect
 import math
 import os
 import threading
@@ -26,7 +27,7 @@ from simdist.compute.cost import ComputeCostMode
 from simdist.compute.devices import DeviceSpec, get_device
 from simdist.engine.process import run_context
 from simdist.engine.threads import rank_threads
-from simdist.errors import RankError, SimdistError, SimTimeoutError
+from simdist.errors import RankError, RunArgumentError, SimdistError, SimTimeoutError
 from simdist.network.cluster import Cluster
 from simdist.ranks import ranges
 from simdist.trace.trace import Trace
@@ -114,6 +115,7 @@ def run(
     """
     if current_rank_state() is not None:
         raise SimdistError("simdist.run cannot be nested inside another simulated run (it was called by a rank)")
+    _check_arguments(fn, args, kwargs, seed)
     limit = _watchdog_limit(watchdog)
     with _RUN_LOCK:
         return _run(fn, cluster, args, kwargs or {}, seed, progress, gloo_threads, races, trace, compute, copy_args, limit)
@@ -205,6 +207,32 @@ def _run(
     )
 
 
+#: the seeds torch.manual_seed accepts
+_SEEDS = range(-(2**63), 2**64)
+
+
+def _check_arguments(fn: Any, args: Any, kwargs: Any, seed: Any) -> None:
+    """Refuse what would fail inside every rank, or silently do something else than the caller meant."""
+    if not callable(fn):
+        raise RunArgumentError(f"simdist.run needs a function to run on every rank; got {type(fn).__name__} {fn!r:.60}")
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+        kind = "a generator function" if inspect.isgeneratorfunction(fn) else "an async function"
+        raise RunArgumentError(
+            f"{getattr(fn, '__qualname__', fn)!s} is {kind}: calling it returns an object without running its body "
+            "(as it would in a real process); pass a plain function (wrap it, e.g. asyncio.run(...) inside one)"
+        )
+    if not isinstance(args, (tuple, list)):
+        raise RunArgumentError(
+            f"args must be a tuple of positional arguments, got {type(args).__name__}; for one argument write args=(x,)"
+        )
+    if kwargs is not None and (not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs)):
+        raise RunArgumentError(f"kwargs must be a dict of keyword arguments (str keys), got {type(kwargs).__name__}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed not in _SEEDS:
+        raise RunArgumentError(
+            f"seed must be an int from -2**63 to 2**64 - 1 (what torch.manual_seed accepts), got {seed!r:.40}"
+        )
+
+
 def _watchdog_limit(watchdog: float | None) -> float:
     """The watchdog limit in wall-clock seconds: ``watchdog``, else ``$SIMDIST_WATCHDOG``, else the default."""
     source = "watchdog"
@@ -217,7 +245,7 @@ def _watchdog_limit(watchdog: float | None) -> float:
     except (TypeError, ValueError):
         limit = math.nan
     if isinstance(watchdog, bool) or not limit > 0:
-        raise SimdistError(
+        raise RunArgumentError(
             f"{source}={watchdog!r}: expected a positive number of wall-clock seconds (or inf to turn it off)"
         )
     return limit

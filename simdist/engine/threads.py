@@ -16,6 +16,7 @@ from typing import Any
 
 from simdist.clock.baton import Baton, RankState, current_rank_state
 
+_init = threading.Thread.__init__
 _start = threading.Thread.start
 _join = threading.Thread.join
 
@@ -26,6 +27,13 @@ def rank_threads(baton: Baton, wrap: Callable[[int, Callable[[], Any]], Callable
 
     ``wrap(rank, body)`` returns what the thread runs: ``body`` inside the rank's world and dispatch modes.
     """
+
+    def init(self: threading.Thread, *args: Any, daemon: bool | None = None, **kwargs: Any) -> None:
+        # A thread inherits daemon-ness from the thread that creates it; rank code runs in a process's main
+        # thread, which is not a daemon (the simulator's rank threads are).
+        if daemon is None and current_rank_state() is not None:
+            daemon = False
+        _init(self, *args, daemon=daemon, **kwargs)
 
     def start(self: threading.Thread) -> None:
         state = current_rank_state()
@@ -51,10 +59,12 @@ def rank_threads(baton: Baton, wrap: Callable[[int, Callable[[], Any]], Callable
         if child.finished:
             _join(self)  # the thread has handed the baton back; it is leaving threading's own bookkeeping
 
+    threading.Thread.__init__ = init  # type: ignore[method-assign]
     threading.Thread.start = start  # type: ignore[method-assign]
     threading.Thread.join = join  # type: ignore[method-assign]
     try:
         yield
     finally:
+        threading.Thread.__init__ = _init  # type: ignore[method-assign]
         threading.Thread.start = _start  # type: ignore[method-assign]
         threading.Thread.join = _join  # type: ignore[method-assign]

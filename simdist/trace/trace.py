@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simdist.errors import RunArgumentError
+
 #: ``"messages"`` records every message; ``"collectives"`` only compute spans and collectives
 TRACE_LEVELS = ("messages", "collectives")
 
@@ -53,7 +55,7 @@ class Trace:
 
     def __init__(self, level: str = "messages") -> None:
         if level not in TRACE_LEVELS:
-            raise ValueError(f"trace level must be one of {TRACE_LEVELS}, got {level!r}")
+            raise RunArgumentError(f"trace level must be one of {TRACE_LEVELS}, got {level!r}")
         self.level = level
         # compute spans are by far the most numerous: they are kept as plain tuples until first read
         self._items: list[Span | tuple] = []

@@ -4,7 +4,9 @@ concurrent runs, huge worlds."""
 from __future__ import annotations
 
 import math
+import os
 import pathlib
+import signal
 import tempfile
 import threading
 import time
@@ -56,21 +58,59 @@ def _spins_forever() -> None:
     dist.barrier()
 
 
+#: ends the spinning of _spins_catching_everything once its case has been checked: a thread that swallows every
+#: interrupt cannot be stopped from outside, and would spin on for the rest of the test session
+_STOP_SPINNING = threading.Event()
+
+
 def _spins_catching_everything() -> None:
     if dist.get_rank() == 0:
-        while True:
+        while not _STOP_SPINNING.is_set():
             try:
-                while True:
+                while not _STOP_SPINNING.is_set():
                     pass
             except BaseException:  # noqa: BLE001, S110 - a hostile program swallows even the interrupt
                 pass
     dist.barrier()
 
 
-def _sleeps_in_c() -> None:
+def _run_spinner_then_stop_it() -> None:
+    _STOP_SPINNING.clear()
+    try:
+        simdist.run(_spins_catching_everything, RING2, watchdog=1.0)
+    finally:
+        _STOP_SPINNING.set()
+
+
+def _blocks_in_c() -> None:
     if dist.get_rank() == 0:
-        time.sleep(4)  # C code: the interrupt lands when it returns
+        lock = threading.Lock()
+        lock.acquire()
+        lock.acquire(timeout=4)  # C code: the interrupt lands when it returns
     dist.barrier()
+
+
+def _sleeps() -> float:
+    time.sleep(2.5 if dist.get_rank() else 0.5)
+    dist.barrier()
+    return simdist.now()
+
+
+def _heartbeat_thread() -> int:
+    beats: list = []
+
+    def beat() -> None:
+        while True:
+            time.sleep(1.0)
+            beats.append(simdist.now())
+
+    threading.Thread(target=beat, daemon=True).start()
+    time.sleep(10.5)
+    return len(beats)
+
+
+def _forgotten_thread() -> None:
+    threading.Thread(target=dist.barrier).start()  # non-daemon, its barrier never matched by the other rank
 
 
 def _waits_for_own_thread_event() -> None:
@@ -204,6 +244,26 @@ def _mismatch_one(n: int):
     return fn
 
 
+def _os_exit() -> None:
+    if dist.get_rank() == 1:
+        os._exit(3)
+    dist.barrier()
+
+
+def _installs_signal_handler() -> tuple:
+    previous = signal.signal(signal.SIGTERM, lambda *a: None)
+    return previous, callable(signal.getsignal(signal.SIGTERM))
+
+
+async def _async_step() -> None:
+    dist.barrier()
+
+
+def _generator_step():
+    dist.barrier()
+    yield
+
+
 def _nested_run() -> None:
     simdist.run(lambda: None, RING2)
 
@@ -272,18 +332,37 @@ CASES: list[Case] = [
     Case(
         "while-true-swallows-interrupt",
         "a spinning rank catches BaseException and spins on",
-        lambda: simdist.run(_spins_catching_everything, RING2, watchdog=1.0),
+        _run_spinner_then_stop_it,
         error=simdist.WatchdogError,
         match=r"rank 0 ran for",
         slow=True,
     ),
     Case(
         "long-c-call",
-        "a rank sleeps 4 s of wall-clock time in C code",
-        lambda: simdist.run(_sleeps_in_c, RING2, watchdog=1.0),
+        "a rank blocks 4 s of wall-clock time in C code (a lock it holds itself)",
+        lambda: simdist.run(_blocks_in_c, RING2, watchdog=1.0),
         error=simdist.WatchdogError,
-        match=r"(?s)rank 0 ran for.*time\.sleep",
+        match=r"(?s)rank 0 ran for.*lock\.acquire\(timeout=4\)",
         slow=True,
+    ),
+    Case(
+        "time-sleep",
+        "ranks call time.sleep (0.5 s and 2.5 s) before a barrier",
+        lambda: simdist.run(_sleeps, RING2, compute=False),
+        check=lambda r: all(2.5 <= x < 2.6 for x in r.returns) or pytest.fail(str(r.returns)),
+    ),
+    Case(
+        "heartbeat-daemon-thread",
+        "a rank starts a daemon heartbeat thread that sleeps 1 s in a loop forever",
+        lambda: simdist.run(_heartbeat_thread, RING2, compute=False),
+        check=lambda r: r.returns == [10, 10] or pytest.fail(str(r.returns)),
+    ),
+    Case(
+        "forgotten-foreground-thread",
+        "rank 0's non-daemon thread waits in a barrier nobody else enters (the process would never exit)",
+        lambda: simdist.run(lambda: _forgotten_thread() if dist.get_rank() == 0 else None, RING2),
+        error=simdist.DeadlockError,
+        match=r"rank 0, its thread 'Thread-\d+ \(barrier\)': .*barrier",
     ),
     Case(
         "thread-event-of-same-rank",
@@ -367,6 +446,104 @@ CASES: list[Case] = [
         error=simdist.CollectiveMismatchError,
         match=r"rank 1021: all_reduce\(shape=\(2,\), dtype=float64.*\n  ranks 0-1020, 1022-1023: all_reduce",
         slow=True,
+    ),
+    Case(
+        "os-exit",
+        "a rank calls os._exit(3), which would end the whole simulator process",
+        lambda: simdist.run(_os_exit, RING2),
+        error=simdist.RankError,
+        match=r"rank 1 raised RankExit: os\._exit\(3\)",
+    ),
+    Case(
+        "signal-handler",
+        "rank code installs a SIGTERM handler (allowed in a process's main thread, refused in other threads)",
+        lambda: simdist.run(_installs_signal_handler, RING2),
+        check=lambda r: (r.returns == [(signal.SIG_DFL, True)] * 2 and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
+        or pytest.fail(str(r.returns)),
+    ),
+    Case(
+        "async-function",
+        "an `async def` step passed to simdist.run (its body would never run)",
+        lambda: simdist.run(_async_step, RING2),
+        error=simdist.RunArgumentError,
+        match=r"_async_step is an async function",
+    ),
+    Case(
+        "generator-function",
+        "a generator function passed to simdist.run (its body would never run)",
+        lambda: simdist.run(_generator_step, RING2),
+        error=simdist.RunArgumentError,
+        match=r"_generator_step is a generator function",
+    ),
+    Case(
+        "not-callable",
+        "simdist.run(5, cluster)",
+        lambda: simdist.run(5, RING2),
+        error=simdist.RunArgumentError,
+        match=r"needs a function to run on every rank; got int",
+    ),
+    Case(
+        "args-not-a-tuple",
+        "args=torch.ones(3) instead of args=(torch.ones(3),) (a tensor would be unpacked row by row)",
+        lambda: simdist.run(lambda *a: len(a), RING2, args=torch.ones(3)),
+        error=simdist.RunArgumentError,
+        match=r"args must be a tuple.*args=\(x,\)",
+    ),
+    Case(
+        "kwargs-not-a-dict",
+        "kwargs=[1]",
+        lambda: simdist.run(lambda: None, RING2, kwargs=[1]),
+        error=simdist.RunArgumentError,
+        match=r"kwargs must be a dict",
+    ),
+    Case(
+        "seed-too-large",
+        "seed=2**70",
+        lambda: simdist.run(lambda: None, RING2, seed=2**70),
+        error=simdist.RunArgumentError,
+        match=r"seed must be an int from -2\*\*63 to 2\*\*64 - 1",
+    ),
+    Case(
+        "seed-string",
+        "seed='1'",
+        lambda: simdist.run(lambda: None, RING2, seed="1"),
+        error=simdist.RunArgumentError,
+        match=r"seed must be an int.*got '1'",
+    ),
+    Case(
+        "seed-negative",
+        "seed=-1 (torch.manual_seed accepts it: the same RNG stream as 2**64 - 1)",
+        lambda: simdist.run(lambda: torch.rand(2), RING2, seed=-1),
+        check=lambda r: torch.equal(r.returns[0], torch.rand(2, generator=torch.Generator().manual_seed(2**64 - 1)))
+        or pytest.fail(str(r.returns)),
+    ),
+    Case(
+        "progress-typo",
+        "progress='NCCL'",
+        lambda: simdist.run(lambda: None, RING2, progress="NCCL"),
+        error=simdist.RunArgumentError,
+        match=r"progress must be one of \('nccl', 'gloo'\), got 'NCCL'",
+    ),
+    Case(
+        "gloo-threads-absurd",
+        "gloo_threads=10**9",
+        lambda: simdist.run(lambda: None, RING2, progress="gloo", gloo_threads=10**9),
+        error=simdist.RunArgumentError,
+        match=r"gloo_threads must be an int from 1 to 1024",
+    ),
+    Case(
+        "races-typo",
+        "races='maybe'",
+        lambda: simdist.run(lambda: None, RING2, races="maybe"),
+        error=simdist.RunArgumentError,
+        match=r"races must be one of",
+    ),
+    Case(
+        "trace-typo",
+        "trace='all'",
+        lambda: simdist.run(lambda: None, RING2, trace="all"),
+        error=simdist.RunArgumentError,
+        match=r"trace level must be one of",
     ),
     Case(
         "nested-run",
