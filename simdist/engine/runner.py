@@ -75,6 +75,7 @@ def run(
     races: str | None = None,
     trace: str = "messages",
     compute: bool = True,
+    backend_name: str = "simdist",
 ) -> RunResult:
     """Run ``fn(*args, **kwargs)`` on every rank of ``cluster`` in simulated time.
 
@@ -88,7 +89,7 @@ def run(
     nothing (fastest). The default is ``$SIMDIST_RACES`` if set, else ``"error"`` under pytest, else ``"warn"``.
     ``trace="collectives"`` skips recording individual messages (faster for thousands of ranks).
     ``compute=False`` charges no simulated time for tensor operations. ``cluster`` may also be a preset name
-    or a cluster file path.
+    or a cluster file path. ``backend_name`` is the backend name rank code sees (``"simdist"``, ``"gloo"`` or ``"nccl"``).
     Raises :class:`RankError` if a rank raised, or the diagnosis (mismatch, deadlock) that stopped the run.
     """
     if dist.is_initialized() and not backend.installed():
@@ -113,6 +114,7 @@ def run(
     env = simpy.Environment()
     baton = Baton(env, n, lambda rank: target(rank), initial_rng_state=initial_rng, stack_size=_STACK_BYTES)
     sim = RunContext(env, baton, cluster, tr, progress, gloo_threads, default_race_mode() if races is None else races)
+    sim.backend_name = backend.check_backend_name(backend_name)
     store = sim.store = dist.HashStore()
     local_world = _local_world_size(cluster)
 
