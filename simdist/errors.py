@@ -46,6 +46,15 @@ class RankError(SimdistError):
         )
 
 
+class InvalidArgumentError(SimdistError, RuntimeError, ValueError):
+    """A collective or point-to-point call has an argument the backend rejects (a root or peer outside the
+    group, a reduce op the dtype does not support, a wrong list length or tensor size).
+
+    Also a ``RuntimeError``, what ProcessGroupGloo raises for these, and a ``ValueError``, what simdist
+    raised for some of them before.
+    """
+
+
 class CollectiveMismatchError(SimdistError):
     """Ranks of one group issued different collectives (op, shape, dtype or order) at the same position."""
 

@@ -25,6 +25,87 @@ def _try(fn):
         return ("error", type(e).__name__)
 
 
+def _raises(fn):
+    """``("ok", value)``, or ``("raised", names of the exception's classes, message)``: a simulated error must be
+    an instance of the class real gloo raises (it may be a subclass, such as a SimdistError)."""
+    try:
+        return ("ok", fn())
+    except Exception as e:  # noqa: BLE001 - the error type is the result compared with gloo
+        return ("raised", [c.__name__ for c in type(e).__mro__], str(e).split("\n")[0])
+
+
+def _all_gather_coalesced(n: int, rank: int) -> list:
+    outs = [[torch.zeros(2), torch.zeros(1)] for _ in range(n)]
+    dist.all_gather_coalesced(outs, [torch.full((2,), float(rank)), torch.ones(1) * rank])
+    return outs
+
+
+def gloo_parity() -> dict:
+    """Odd inputs every rank passes alike: gloo rejects them on every rank (so the next one still runs), or
+    computes them (sparse all-reduce, bitwise ops on integers, monitored_barrier)."""
+    import datetime
+
+    n, rank = dist.get_world_size(), dist.get_rank()
+    R = dist.ReduceOp
+    out = {}
+
+    def ar(t, op=R.SUM):
+        dist.all_reduce(t, op=op)
+        return t
+
+    cases = {
+        "broadcast_src_outside": lambda: dist.broadcast(torch.ones(3), src=n + 5),
+        "broadcast_src_negative": lambda: dist.broadcast(torch.ones(3), src=-1),
+        "reduce_dst_outside": lambda: dist.reduce(torch.ones(3), dst=n),
+        "gather_dst_outside": lambda: dist.gather(torch.ones(3), None, dst=n + 1),
+        "scatter_src_outside": lambda: dist.scatter(torch.ones(3), None, src=n + 1),
+        "avg_int64": lambda: ar(torch.arange(3) + rank, R.AVG),
+        "avg_uint8_reduce": lambda: dist.reduce(torch.ones(3, dtype=torch.uint8), 0, op=R.AVG),
+        "avg_int32_reduce_scatter": lambda: dist.reduce_scatter_tensor(
+            torch.zeros(2, dtype=torch.int32), torch.ones(2 * n, dtype=torch.int32), op=R.AVG),
+        "band_float32": lambda: ar(torch.ones(3), R.BAND),
+        "bxor_bfloat16": lambda: ar(torch.ones(3, dtype=torch.bfloat16), R.BXOR),
+        "bor_float_reduce_scatter": lambda: dist.reduce_scatter_tensor(torch.zeros(2), torch.ones(2 * n), op=R.BOR),
+        "premul_sum": lambda: ar(torch.ones(3), dist._make_nccl_premul_sum(2.0)),
+        "band_int64": lambda: ar(torch.tensor([3, 5, 7]) + rank, R.BAND),
+        "bor_bool": lambda: ar(torch.tensor([True, False, rank == 0]), R.BOR),
+        "send_to_self": lambda: dist.send(torch.ones(2), rank),
+        "recv_from_self": lambda: dist.recv(torch.ones(2), rank),
+        "negative_tag": lambda: dist.send(torch.ones(2), (rank + 1) % n, tag=-5),
+        "all_gather_short_list": lambda: dist.all_gather([torch.ones(2)], torch.ones(2)),
+        "all_gather_wrong_size": lambda: dist.all_gather([torch.ones(3)] * n, torch.ones(2)),
+        "all_gather_into_tensor_wrong_size": lambda: dist.all_gather_into_tensor(torch.zeros(2 * n + 1), torch.ones(2)),
+        "all_gather_coalesced": lambda: _all_gather_coalesced(n, rank),
+        "all_gather_coalesced_wrong_lists": lambda: dist.all_gather_coalesced([[torch.zeros(2)]], [torch.ones(2)]),
+        "reduce_scatter_short_list": lambda: dist.reduce_scatter(torch.zeros(2), [torch.ones(2)]),
+        "reduce_scatter_tensor_wrong_size": lambda: dist.reduce_scatter_tensor(torch.zeros(2), torch.ones(2 * n + 1)),
+        "all_to_all_single_bad_split_sum": lambda: dist.all_to_all_single(torch.zeros(2 * n), torch.ones(2 * n), [1] * n, [2] * n),
+        "all_to_all_single_split_count": lambda: dist.all_to_all_single(torch.zeros(2 * n), torch.ones(2 * n), [2 * n], [2 * n]),
+        "all_to_all_short_list": lambda: dist.all_to_all([torch.zeros(2)], [torch.ones(2)]),
+        "sparse_all_reduce_max": lambda: ar(torch.eye(2).to_sparse(), R.MAX),
+        "empty_all_reduce": lambda: ar(torch.ones(0)),
+    }
+    for name, fn in cases.items():
+        out[name] = _raises(fn)
+
+    def sparse():
+        t = torch.sparse_coo_tensor([[rank, 2, 2]], [1.0, 2.0, 3.0], (n + 3,))  # uncoalesced: index 2 twice
+        dist.all_reduce(t)
+        return t.layout == torch.sparse_coo, t.is_coalesced(), t.to_dense()
+
+    out["sparse_all_reduce_sum"] = _raises(sparse)
+    out["sparse_all_reduce_2d"] = _raises(lambda: ar(torch.sparse_coo_tensor([[rank, 1], [0, 2]], [1.0, 2.0], (n, 3))).to_dense())
+    out["monitored_barrier"] = _raises(lambda: dist.monitored_barrier(timeout=datetime.timedelta(seconds=30)))
+    out["monitored_barrier_wait_all"] = _raises(
+        lambda: dist.monitored_barrier(timeout=datetime.timedelta(seconds=30), wait_all_ranks=True))
+    out["backend"] = (str(dist.get_backend()), dist.get_backend_config(), dist.group.WORLD._get_backend_name())
+    if n == 2:  # last: rank 1 never arrives, rank 0 names it after the timeout (no other rank waits for rank 0)
+        out["monitored_barrier_missing"] = (
+            _raises(lambda: dist.monitored_barrier(timeout=datetime.timedelta(seconds=1))) if rank == 0 else ("skipped",)
+        )
+    return out
+
+
 def collectives_by_dtype(numel: int) -> dict:
     """Every collective on every dtype, with a size not divisible by the world size where it may be."""
     n, rank = dist.get_world_size(), dist.get_rank()
@@ -147,4 +228,5 @@ def everything(numel: int) -> dict:
         "dtypes": collectives_by_dtype(numel),
         "non_contiguous": _quiet(non_contiguous),
         "misc": scatter_gather_alltoall(numel),
+        "gloo": _quiet(gloo_parity),
     }

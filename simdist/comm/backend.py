@@ -8,6 +8,7 @@ keep working so that rank code written for torchrun (which calls them itself) ru
 
 from __future__ import annotations
 
+import warnings
 from datetime import timedelta
 from typing import Any
 
@@ -22,12 +23,16 @@ from simdist.comm.context import RunContext
 from simdist.comm.process_group import SimProcessGroup
 from simdist.comm.thread_world import ThreadLocalWorld
 from simdist.comm.work import _ThenFuture, sim_roots
+from simdist.errors import InvalidArgumentError, RunArgumentError
 
 #: the backend name rank code passes to ``init_process_group``
 BACKEND = "simdist"
 
+#: the names a run may present to rank code (``simdist.run(..., backend_name=...)``)
+BACKEND_NAMES = ("simdist", "gloo", "nccl")
+
 #: the run in progress in this process (at most one) and what installing it replaced
-_active: dict[str, Any] = {"ctx": None, "identity": None}
+_active: dict[str, Any] = {"ctx": None, "identity": None, "name": BACKEND, "creating": None}
 _orig: dict[str, Any] = {}
 
 
@@ -39,6 +44,32 @@ def active() -> RunContext | None:
 def installed() -> bool:
     """Whether a simulated run is in progress in this process."""
     return _active["ctx"] is not None
+
+
+def check_backend_name(name: Any) -> str:
+    """``name`` if rank code may be shown it as the backend's name; a clear error otherwise."""
+    if name not in BACKEND_NAMES:
+        raise RunArgumentError(
+            f"backend_name must be one of {BACKEND_NAMES} (the name dist.get_backend() answers in rank code), "
+            f"got {name!r}"
+        )
+    return name
+
+
+def _presented(requested: Any) -> str | None:
+    """The name a group created with backend ``requested`` shows rank code, or None if simdist cannot run it.
+
+    Rank code written for a real cluster creates groups with the backends it knows (``new_group(backend=
+    "gloo")`` next to an NCCL default group is common): inside a run they are simulated groups that
+    present the requested name; ``"simdist"`` and no backend present the run's name.
+    """
+    text = str(requested).lower() if requested else ""
+    if text in ("", "undefined", BACKEND, "cpu:" + BACKEND):
+        return _active["name"]
+    parts = [p.split(":")[-1] for p in text.split(",")]
+    if all(p in BACKEND_NAMES for p in parts):
+        return str(requested)
+    return None
 
 
 def _create_backend(opts: Any, backend_options: Any) -> dist.ProcessGroup:
@@ -62,7 +93,59 @@ def _create_backend(opts: Any, backend_options: Any) -> dist.ProcessGroup:
             f"process group {opts.group_id!r} was created with {state.size} ranks on one rank and "
             f"{opts.group_size} on another: every rank must create groups in the same order"
         )
-    return SimProcessGroup(sim, state, opts.group_rank)
+    return SimProcessGroup(sim, state, opts.group_rank, str(_active["creating"] or _active["name"]))
+
+
+def _present(pg: dist.ProcessGroup, name: str) -> None:
+    """Make torch's bookkeeping of ``pg`` (``get_backend``, ``get_backend_config``) show ``name``."""
+    if name == BACKEND:
+        return
+    world = c10d._world
+    backend = dist.Backend(name)
+    _, store = world.pg_map[pg]
+    world.pg_map[pg] = (backend, store)
+    world.pg_backend_config[pg] = str(c10d.BackendConfig(backend))
+
+
+def _patched_new_process_group_helper(group_size: int, group_rank: int, global_ranks: Any, backend: Any, *args: Any, **kwargs: Any) -> Any:
+    """Create a simulated group for a rank thread's ``new_group``, whatever real backend it names."""
+    if current_rank_state() is None:
+        return _orig["new_process_group_helper"](group_size, group_rank, global_ranks, backend, *args, **kwargs)
+    name = _presented(backend)
+    if name is None:
+        raise InvalidArgumentError(
+            f"new_group(backend={str(backend)!r}) inside simdist.run: simulated groups can present the backends "
+            f"{BACKEND_NAMES}; pass one of those (or none, for the run's backend_name {_active['name']!r})"
+        )
+    _active["creating"] = name
+    try:
+        pg, prefix_store = _orig["new_process_group_helper"](
+            group_size, group_rank, global_ranks, dist.Backend(BACKEND), *args, **kwargs
+        )
+    finally:
+        _active["creating"] = None
+    if pg is not c10d.GroupMember.NON_GROUP_MEMBER:
+        _present(pg, name)
+    return pg, prefix_store
+
+
+def _patched_monitored_barrier(group: Any = c10d.GroupMember.WORLD, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+    """``dist.monitored_barrier`` that also accepts groups presented as ``"simdist"`` (gloo's algorithm runs)."""
+    if current_rank_state() is None or c10d._rank_not_in_group(group) or dist.get_backend(group) != BACKEND:
+        return _orig["monitored_barrier"](group, timeout, wait_all_ranks)
+    # the same argument handling as torch's, whose check for the "gloo" name this backend does not pass
+    if timeout is None:
+        timeout = c10d._get_default_timeout(dist.get_backend(group))
+    elif isinstance(timeout, float):
+        warnings.warn(
+            f"Please specify timeout arg as a timedelta. Converting current value of {timeout} assuming it "
+            f"represents seconds",
+            stacklevel=2,
+        )
+        timeout = timedelta(seconds=timeout)
+    c10d._check_valid_timeout(timeout)
+    pg = c10d._get_default_group() if group is None else group
+    return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
 
 def _patched_init_process_group(backend: str | None = None, *args: Any, timeout: timedelta | None = None, **kwargs: Any) -> None:
@@ -70,11 +153,12 @@ def _patched_init_process_group(backend: str | None = None, *args: Any, timeout:
     state = current_rank_state()
     if state is None:
         return _orig["init_process_group"](backend, *args, timeout=timeout, **kwargs)
-    if backend not in (None, BACKEND, "cpu:" + BACKEND):
+    name = _active["name"]
+    if backend not in (None, BACKEND, "cpu:" + BACKEND) and str(backend).lower() != name:
         raise ValueError(
             f"init_process_group(backend={backend!r}) inside simdist.run: the default group already exists with "
-            f"the '{BACKEND}' backend. Call init_process_group only in real runs (real.run does it for you), or "
-            f"pass backend='{BACKEND}'."
+            f"the '{name}' backend (the name this run presents). Pass backend={name!r} (or none), or run with "
+            f"simdist.run(..., backend_name=...) set to the backend this code asks for ({BACKEND_NAMES})."
         )
     sim = _active["ctx"]
     if thread_world.current().default_pg is None:  # initialised again after destroy_process_group()
@@ -134,6 +218,7 @@ def install(ctx: RunContext) -> None:
     if BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND, _create_backend, extended_api=True, devices=["cpu"])
     _active["ctx"] = ctx
+    _active["name"] = check_backend_name(ctx.backend_name)
     _orig["world"] = c10d._world
     c10d._world = ThreadLocalWorld()
     _set_thread_isolation_mode(True)
@@ -144,6 +229,14 @@ def install(ctx: RunContext) -> None:
     # torch waits on these in C++, which a rank thread cannot do without stopping the simulation
     _orig["wait_all"], _orig["collect_all"] = torch.futures.wait_all, torch.futures.collect_all
     torch.futures.wait_all, torch.futures.collect_all = _patched_wait_all, _patched_collect_all
+    _orig["new_process_group_helper"] = c10d._new_process_group_helper
+    c10d._new_process_group_helper = _patched_new_process_group_helper
+    _orig["monitored_barrier"] = c10d.monitored_barrier
+    c10d.monitored_barrier = dist.monitored_barrier = _patched_monitored_barrier
+    # CPU builds of torch have no NCCL timeout and warn on every new_group of a group named "nccl"
+    _orig["nccl_timeout"] = c10d.default_pg_nccl_timeout
+    if c10d.default_pg_nccl_timeout is None:
+        c10d.default_pg_nccl_timeout = c10d.default_pg_timeout
 
 
 def uninstall() -> None:
@@ -155,6 +248,10 @@ def uninstall() -> None:
     c10d.init_process_group = init
     dist.init_process_group = init
     torch.futures.wait_all, torch.futures.collect_all = _orig.pop("wait_all"), _orig.pop("collect_all")
+    c10d._new_process_group_helper = _orig.pop("new_process_group_helper")
+    c10d.monitored_barrier = dist.monitored_barrier = _orig.pop("monitored_barrier")
+    c10d.default_pg_nccl_timeout = _orig.pop("nccl_timeout")
     _active["ctx"] = None
+    _active["name"] = BACKEND
     _active["identity"] = None
     thread_world.forget_all()

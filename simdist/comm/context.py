@@ -79,6 +79,8 @@ class RunContext:
         self.store: Any = None
         #: where callbacks chained to the ranks' futures run
         self.callbacks = FutureCallbacks(env, baton)
+        #: the backend name rank code sees (``dist.get_backend()``): "simdist", "gloo" or "nccl"
+        self.backend_name = "simdist"
 
     # ------------------------------------------------------------------ groups
     def group_state(self, key: object, name: str, global_ranks: list[int], timeout: float | None) -> GroupState:

@@ -17,6 +17,7 @@ import bisect
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from simdist.comm.ops import OpSpec
 from simdist.comm.work import SimWork
@@ -76,6 +77,9 @@ class GroupState:
         self._free: list[list[int]] = [list(range(slots)) for _ in range(self.size)]
         self._queue: list[deque[tuple[Instance, Callable[[Instance], None]]]] = [deque() for _ in range(self.size)]
         self.instances: dict[int, Instance] = {}
+        #: ``monitored_barrier`` calls (:mod:`simdist.comm.monitored`): each rank's count, and the open rounds
+        self.monitored_seq = [0] * self.size
+        self.monitored_rounds: dict[int, Any] = {}
 
     def join(self, call: Call, start: Callable[[Instance], None]) -> None:
         """Register ``call``; ``start(instance)`` runs once every rank has joined and has a free slot for it."""

@@ -135,6 +135,29 @@ class AllReduceCoalesced(OpSpec):
 
 
 @dataclass(frozen=True, eq=False)
+class AllReduceSparse(OpSpec):
+    """``all_reduce`` (SUM) of a sparse COO ``tensor``, as gloo runs it: every rank's indices and values are
+    all-gathered, and each rank's tensor becomes the coalesced sum."""
+
+    name: ClassVar[str] = "all_reduce"
+    collective: ClassVar[str] = "all_gather"
+    tensor: torch.Tensor
+
+    def signature(self) -> tuple[tuple[str, object], ...]:
+        t = self.tensor
+        return (*_shape_dtype(t), ("op", "sum"), ("layout", "sparse_coo"), ("sparse_dim", t.sparse_dim()))
+
+    def sizes(self) -> Sizes:
+        nbytes = plans.sparse_payload_bytes(self.tensor)
+        nnz = self.tensor._nnz()
+        return Sizes(nbytes, nnz, nnz, dtype_name(self.tensor.dtype))
+
+    @classmethod
+    def plan(cls, ops: list[AllReduceSparse], algo: Algorithm) -> plans.Plan:
+        return plans.plan_all_reduce_sparse([o.tensor for o in ops], algo)
+
+
+@dataclass(frozen=True, eq=False)
 class Broadcast(OpSpec):
     """``broadcast``: the root's ``tensor`` lands in every rank's."""
 
@@ -213,6 +236,28 @@ class AllGatherIntoTensor(OpSpec):
 
     @classmethod
     def plan(cls, ops: list[AllGatherIntoTensor], algo: Algorithm) -> plans.Plan:
+        return plans.plan_all_gather([o.input for o in ops], [o.output for o in ops], algo)
+
+
+@dataclass(frozen=True, eq=False)
+class AllGatherCoalesced(OpSpec):
+    """``all_gather_coalesced``: one all-gather of ``input`` (the input list concatenated) into ``output``,
+    copied back into the output lists after."""
+
+    name: ClassVar[str] = "all_gather_coalesced"
+    collective: ClassVar[str] = "all_gather"
+    input: torch.Tensor
+    output: torch.Tensor
+    shapes: tuple[tuple[int, ...], ...]
+
+    def signature(self) -> tuple[tuple[str, object], ...]:
+        return (("shapes", self.shapes), ("dtype", dtype_name(self.input.dtype)))
+
+    def sizes(self) -> Sizes:
+        return Sizes.of(self.input, self.input, out_nelems=self.output.numel(), nbytes=_nbytes(self.output))
+
+    @classmethod
+    def plan(cls, ops: list[AllGatherCoalesced], algo: Algorithm) -> plans.Plan:
         return plans.plan_all_gather([o.input for o in ops], [o.output for o in ops], algo)
 
 

@@ -77,6 +77,58 @@ def plan_all_reduce(tensors: list[torch.Tensor], op: str, algo: Algorithm) -> Pl
     return Plan(msgs, bufs, bufs, op, fins)
 
 
+def _sparse_parts(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The coalesced indices (int64, ``sparse_dim x nnz``) and values of a sparse COO tensor."""
+    c = t.detach().coalesce()
+    return c.indices(), c.values()
+
+
+def sparse_payload_bytes(t: torch.Tensor) -> int:
+    """Bytes of a sparse COO tensor's indices and values, what one rank contributes to a sparse all-reduce."""
+    return t._indices().numel() * 8 + t._values().numel() * t.element_size()
+
+
+def plan_all_reduce_sparse(tensors: list[torch.Tensor], algo: Algorithm) -> Plan:
+    """Each rank's sparse COO tensor becomes the coalesced sum of every rank's.
+
+    Like gloo, the ranks all-gather their indices and values (serialised as bytes, each rank's chunk padded
+    to the largest), and each rank sums what it received.
+    """
+    n = len(tensors)
+    parts = [_sparse_parts(t) for t in tensors]
+    payloads = []
+    for idx, val in parts:
+        raw = [idx.contiguous().reshape(-1).view(torch.uint8), val.contiguous().reshape(-1).view(torch.uint8)]
+        payloads.append(torch.cat(raw))
+    m = max(p.numel() for p in payloads)
+    bufs, fins = [], []
+    for r, p in enumerate(payloads):
+        ws = torch.zeros(n * m, dtype=torch.uint8)
+        ws[r * m : r * m + p.numel()].copy_(p)
+        bufs.append(ws)
+        fins.append(_sparse_sum_into(ws, m, parts, tensors[r]))
+    msgs = algo.schedule(Problem(n, n * m, 1))
+    return Plan(msgs, bufs, bufs, "sum", fins)
+
+
+def _sparse_sum_into(ws: torch.Tensor, m: int, parts: list, out: torch.Tensor) -> Callable[[], None]:
+    """Decode every rank's chunk of ``ws`` (shapes from ``parts``) and write the coalesced sum into ``out``."""
+
+    def finish() -> None:
+        idxs, vals = [], []
+        for k, (idx, val) in enumerate(parts):
+            chunk = ws[k * m : (k + 1) * m]
+            ni = idx.numel() * 8
+            idxs.append(chunk[:ni].clone().view(torch.int64).view(idx.shape))
+            nv = val.numel() * val.element_size()
+            vals.append(chunk[ni : ni + nv].clone().view(val.dtype).view(val.shape))
+        total = torch.sparse_coo_tensor(torch.cat(idxs, 1), torch.cat(vals), out.shape).coalesce()
+        with torch.no_grad():
+            out.copy_(total)
+
+    return finish
+
+
 def plan_broadcast(tensors: list[torch.Tensor], root: int, algo: Algorithm) -> Plan:
     """Root's tensor is copied into every rank's tensor."""
     n = len(tensors)

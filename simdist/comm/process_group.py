@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import functools
 import warnings
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from simdist.comm import ops
+from simdist.comm import monitored, ops
 from simdist.comm.group import Call, GroupState, Instance
 from simdist.comm.internal import internal
 from simdist.comm.launch import launch
 from simdist.comm.ops import dtype_name
 from simdist.comm.work import SimWork
+from simdist.errors import InvalidArgumentError
 
 _RED = dist.ReduceOp.RedOpType
 _REDUCE_NAMES = {
@@ -36,12 +38,38 @@ _REDUCE_NAMES = {
 
 
 def reduce_op_name(op: Any) -> str:
-    """``"sum"`` for ``ReduceOp.SUM``; a clear error for ops simdist does not implement."""
+    """``"sum"`` for ``ReduceOp.SUM``; gloo's error for ops it does not implement (PREMUL_SUM, UNUSED)."""
     kind = getattr(op, "op", op)
     name = _REDUCE_NAMES.get(kind)
     if name is None:
-        raise ValueError(f"simdist does not implement reduce op {op}; use SUM, AVG, PRODUCT, MIN, MAX or a bitwise op")
+        label = str(kind).rsplit(".", 1)[-1]
+        raise InvalidArgumentError(
+            f"Cannot use ReduceOp.{label} with Gloo: simdist implements the reduce ops gloo does "
+            f"(SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR); scale the tensor yourself for PREMUL_SUM"
+        )
     return name
+
+
+def _check_reduce(red: str, dtype: torch.dtype, what: str) -> None:
+    """Reject the (reduce op, dtype) pairs gloo rejects, with gloo's words first."""
+    if red in ("band", "bor", "bxor") and (dtype.is_floating_point or dtype.is_complex):
+        raise InvalidArgumentError(
+            f"Cannot use ReduceOp.{red.upper()} with non-integral dtype: {what} has dtype {dtype}; "
+            f"bitwise reductions need an integer or bool tensor"
+        )
+    if red == "avg" and not (dtype.is_floating_point or dtype.is_complex):
+        # gloo divides by the world size in floating point, then fails to write the float back
+        raise InvalidArgumentError(
+            f"result type Float can't be cast to the desired output type {_TORCH_TYPE_NAMES.get(dtype, dtype)}: "
+            f"ReduceOp.AVG on {what} of dtype {dtype}; use a floating-point tensor, or SUM and divide yourself"
+        )
+
+
+#: torch's C++ names of the integer types, as its casting error spells them
+_TORCH_TYPE_NAMES = {
+    torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
+    torch.bool: "Bool",
+}
 
 
 #: element types gloo can move (it answers "Invalid scalar type" for the others); complex tensors reach the
@@ -62,10 +90,22 @@ def _check_tensor(t: Any, what: str) -> torch.Tensor:
             f"Cast the tensor first."
         )
     if t.layout != torch.strided:
-        raise ValueError(f"{what}: only dense (strided) tensors are supported, got layout {t.layout}")
+        raise InvalidArgumentError(
+            f"{what}: only dense (strided) tensors are supported here, got layout {t.layout} "
+            f"(gloo: \"Could not run ... with arguments from the 'Sparse' backend\"); sparse COO tensors work "
+            f"with all_reduce (SUM) only, as with gloo"
+        )
     if t.device.type not in ("cpu", "meta"):
-        raise ValueError(f"{what}: simulated ranks hold CPU tensors, got a tensor on {t.device}")
+        raise InvalidArgumentError(f"{what}: simulated ranks hold CPU tensors, got a tensor on {t.device}")
     if not t.is_contiguous():
+        if t.device.type != "meta" and t.numel() and t.storage_offset() + t.numel() > (
+            t.untyped_storage().nbytes() // t.element_size()
+        ):
+            raise InvalidArgumentError(
+                f"{what} of shape {tuple(t.shape)} and strides {t.stride()} does not own {t.numel()} elements of "
+                f"memory from its first element (an expanded or strided view): gloo would read and write past "
+                f"its storage. Pass tensor.contiguous() and copy the result back."
+            )
         warnings.warn(
             f"{what} is not contiguous (shape {tuple(t.shape)}, strides {t.stride()}): like gloo, simdist "
             f"reads and writes its {t.numel()} elements as one block of memory from its first element, which "
@@ -79,16 +119,18 @@ def _check_tensor(t: Any, what: str) -> torch.Tensor:
 class SimProcessGroup(dist.ProcessGroup):
     """One rank's handle on one simulated process group."""
 
-    def __init__(self, sim: Any, state: GroupState, group_rank: int) -> None:
+    def __init__(self, sim: Any, state: GroupState, group_rank: int, backend_name: str = "simdist") -> None:
         super().__init__(group_rank, state.size)
         self.sim = sim
         self.state = state
         self.grank = group_rank
+        #: the backend name rank code sees (``pg.name()``, ``pg._get_backend_name()``)
+        self.backend_name = backend_name
 
 
     # ------------------------------------------------------------------ identity
     def getBackendName(self) -> str:
-        return "simdist"
+        return self.backend_name
 
     @property
     def group_name(self) -> str:
@@ -132,21 +174,77 @@ class SimProcessGroup(dist.ProcessGroup):
     def _start(self, inst: Instance) -> None:
         launch(self.sim, self.state, inst)
 
+    # ------------------------------------------------------------------ argument checks
+    def _reject(self, op: str, problem: str, expected: str) -> InvalidArgumentError:
+        """The error for a bad argument: gloo's words, then the rank, the op and what was expected."""
+        return InvalidArgumentError(
+            f"{problem} (rank {self.global_rank}, {op} on group {self.state.name or 'default'} of "
+            f"{self.state.size} ranks, at {self.sim.call_site()}): {expected}"
+        )
+
+    def _check_root(self, op: str, root: int, arg: str) -> None:
+        n = self.state.size
+        if not 0 <= root < n:
+            raise self._reject(
+                op, f"ProcessGroupGloo::{op}: invalid root rank: {root}",
+                f"{arg} must be a rank of the group, 0..{n - 1} (global ranks {self.state.global_ranks[0]}.."
+                f"{self.state.global_ranks[-1]} in the default group)",
+            )
+
+    def _check_list(self, op: str, tensors: list[torch.Tensor], ref: torch.Tensor, what: str, ref_what: str) -> None:
+        """Every tensor of ``tensors`` must hold as many elements of the same dtype as ``ref``."""
+        n = self.state.size
+        if len(tensors) != n:
+            raise self._reject(
+                op, f"ProcessGroupGloo::{op}: invalid {what} list size {len(tensors)}",
+                f"{what} needs one tensor per rank of the group ({n})",
+            )
+        for i, t in enumerate(tensors):
+            _check_tensor(t, f"{op} {what}")
+            if t.numel() != ref.numel() or t.dtype != ref.dtype:
+                raise self._reject(
+                    op, f"ProcessGroupGloo::{op}: invalid tensor size or type at index {i}",
+                    f"{what}[{i}] is {tuple(t.shape)} {t.dtype}, the {ref_what} is {tuple(ref.shape)} {ref.dtype}; "
+                    f"every {what} tensor must match it",
+                )
+
     # ------------------------------------------------------------------ collectives
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
         (t,) = tensors
-        _check_tensor(t, "all_reduce tensor")
         red = reduce_op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        if t.layout == torch.sparse_coo:
+            return self._allreduce_sparse(t, red)
+        _check_tensor(t, "all_reduce tensor")
+        _check_reduce(red, t.dtype, "the all_reduce tensor")
         return self._issue(ops.AllReduce(t, red), [t], writes=[t])
 
+    def _allreduce_sparse(self, t: torch.Tensor, red: str) -> SimWork:
+        if red != "sum":
+            raise self._reject(
+                "allreduce", "ProcessGroupGloo::allreduce: unsupported reduction operation (allreduce of sparse "
+                "tensors only works with ReduceOp.SUM)", f"got ReduceOp.{red.upper()} on a sparse COO tensor",
+            )
+        if t.dtype not in SUPPORTED_DTYPES or t.device.type != "cpu":
+            _check_tensor(t.values(), "all_reduce sparse tensor values")
+        return self._issue(ops.AllReduceSparse(t), [t], writes=[t])
+
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
+        if not tensors:
+            raise self._reject(
+                "allreduce_coalesced", "all_reduce_coalesced got an empty list of tensors",
+                "pass at least one tensor (torch's dispatcher rejects an empty list with gloo too)",
+            )
         for t in tensors:
             _check_tensor(t, "all_reduce_coalesced tensor")
         if len({t.dtype for t in tensors}) > 1:
-            raise ValueError("all_reduce_coalesced: all tensors must have the same dtype")
+            raise self._reject(
+                "allreduce_coalesced", "all_reduce_coalesced: tensors of different dtypes",
+                f"all tensors must have one dtype, got {sorted({str(t.dtype) for t in tensors})}",
+            )
         red = reduce_op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        _check_reduce(red, tensors[0].dtype, "the all_reduce_coalesced tensors")
         with internal():
-            flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
+            flat = torch.cat([t.reshape(-1) for t in tensors])
         shapes = tuple(tuple(t.shape) for t in tensors)
         work = self._issue(ops.AllReduceCoalesced(shapes, flat, red), list(tensors), writes=list(tensors))
         _scatter_back_on_completion(work, flat, tensors)
@@ -154,16 +252,19 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> SimWork:
         (t,) = tensors
-        _check_tensor(t, "broadcast tensor")
         root = opts.rootRank
+        self._check_root("broadcast", root, "src")
+        _check_tensor(t, "broadcast tensor")
         mine = self.grank == root
         return self._issue(ops.Broadcast(t, root), [t], reads=[t] if mine else [], writes=[] if mine else [t])
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> SimWork:
         (t,) = tensors
+        root = opts.rootRank
+        self._check_root("reduce", root, "dst")
         _check_tensor(t, "reduce tensor")
         red = reduce_op_name(opts.reduceOp)
-        root = opts.rootRank
+        _check_reduce(red, t.dtype, "the reduce tensor")
         mine = self.grank == root
         return self._issue(ops.Reduce(t, root, red), [t], reads=[] if mine else [t], writes=[t] if mine else [])
 
@@ -171,26 +272,58 @@ class SimProcessGroup(dist.ProcessGroup):
         (outs,) = output_tensors
         (inp,) = input_tensors
         _check_tensor(inp, "all_gather input")
-        n = self.state.size
-        if len(outs) != n:
-            raise ValueError(f"all_gather: tensor_list has {len(outs)} tensors, the group has {n} ranks")
-        for o in outs:
-            _check_tensor(o, "all_gather output")
-            if o.numel() != inp.numel() or o.dtype != inp.dtype:
-                raise ValueError(
-                    f"all_gather: every output tensor must match the input ({tuple(inp.shape)}, {inp.dtype}); "
-                    f"got {tuple(o.shape)}, {o.dtype}"
-                )
+        self._check_list("allgather", outs, inp, "output", "input")
         return self._issue(ops.AllGather(inp, tuple(outs)), list(outs), reads=[inp], writes=list(outs))
+
+    def allgather_coalesced(
+        self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: Any = None
+    ) -> SimWork:
+        n = self.state.size
+        if len(output_lists) != n:
+            raise self._reject(
+                "allgather_coalesced", "ProcessGroupGloo::allgather_coalesced: output lists should be equal to world size",
+                f"got {len(output_lists)} output lists for {n} ranks",
+            )
+        if not input_list:
+            raise self._reject("allgather_coalesced", "all_gather_coalesced got no input tensors", "pass at least one")
+        for t in input_list:
+            _check_tensor(t, "all_gather_coalesced input")
+        for r, outs in enumerate(output_lists):
+            if len(outs) != len(input_list):
+                raise self._reject(
+                    "allgather_coalesced", "ProcessGroupGloo::allgather_coalesced: invalid output list",
+                    f"output list {r} has {len(outs)} tensors, the input list {len(input_list)}",
+                )
+            for i, (o, t) in enumerate(zip(outs, input_list)):
+                _check_tensor(o, "all_gather_coalesced output")
+                if tuple(o.shape) != tuple(t.shape) or o.dtype != t.dtype:
+                    raise self._reject(
+                        "allgather_coalesced", "ProcessGroupGloo::allgather_coalesced: invalid tensor size or type",
+                        f"output_tensor_lists[{r}][{i}] is {tuple(o.shape)} {o.dtype}, input_tensor_list[{i}] is "
+                        f"{tuple(t.shape)} {t.dtype}; they must match",
+                    )
+        dtype = input_list[0].dtype
+        if any(t.dtype != dtype for t in input_list):
+            raise self._reject("allgather_coalesced", "all_gather_coalesced: tensors of different dtypes", "use one dtype")
+        flat_outs = [o for outs in output_lists for o in outs]
+        with internal():
+            flat_in = torch.cat([t.reshape(-1) for t in input_list])
+            flat_out = torch.empty(n * flat_in.numel(), dtype=dtype)
+        shapes = tuple(tuple(t.shape) for t in input_list)
+        spec = ops.AllGatherCoalesced(flat_in, flat_out, shapes)
+        work = self._issue(spec, flat_outs, reads=list(input_list), writes=flat_outs)
+        _scatter_back_on_completion(work, flat_out, flat_outs)
+        return work
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> SimWork:
         _check_tensor(output, "all_gather_into_tensor output")
         _check_tensor(input, "all_gather_into_tensor input")
         n = self.state.size
         if output.numel() != n * input.numel() or output.dtype != input.dtype:
-            raise ValueError(
-                f"all_gather_into_tensor: output must have world_size ({n}) x input.numel() = "
-                f"{n * input.numel()} elements of {input.dtype}; got {output.numel()} of {output.dtype}"
+            raise self._reject(
+                "allgather", "ProcessGroupGloo::allgather: invalid output tensor size or type",
+                f"all_gather_into_tensor's output must hold world_size ({n}) x input.numel() = "
+                f"{n * input.numel()} elements of {input.dtype}; got {output.numel()} of {output.dtype}",
             )
         return self._issue(ops.AllGatherIntoTensor(input, output), [output], reads=[input], writes=[output])
 
@@ -200,17 +333,9 @@ class SimProcessGroup(dist.ProcessGroup):
         (out,) = output_tensors
         (ins,) = input_tensors
         _check_tensor(out, "reduce_scatter output")
-        n = self.state.size
-        if len(ins) != n:
-            raise ValueError(f"reduce_scatter: input_list has {len(ins)} tensors, the group has {n} ranks")
-        for t in ins:
-            _check_tensor(t, "reduce_scatter input")
-            if t.numel() != out.numel() or t.dtype != out.dtype:
-                raise ValueError(
-                    f"reduce_scatter: every input must match the output ({tuple(out.shape)}, {out.dtype}); "
-                    f"got {tuple(t.shape)}, {t.dtype}"
-                )
+        self._check_list("reduce_scatter", ins, out, "input", "output")
         red = reduce_op_name(opts.reduceOp)
+        _check_reduce(red, out.dtype, "the reduce_scatter output")
         return self._issue(ops.ReduceScatter(tuple(ins), out, red), [out], reads=list(ins), writes=[out])
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> SimWork:
@@ -218,43 +343,35 @@ class SimProcessGroup(dist.ProcessGroup):
         _check_tensor(input, "reduce_scatter_tensor input")
         n = self.state.size
         if input.numel() != n * output.numel() or output.dtype != input.dtype:
-            raise ValueError(
-                f"reduce_scatter_tensor: input must have world_size ({n}) x output.numel() = "
-                f"{n * output.numel()} elements of {output.dtype}; got {input.numel()} of {input.dtype}"
+            raise self._reject(
+                "reduce_scatter_tensor", "ProcessGroupGloo::reduce_scatter_tensor: invalid input size or type",
+                f"the input must hold world_size ({n}) x output.numel() = {n * output.numel()} elements of "
+                f"{output.dtype}; got {input.numel()} of {input.dtype}",
             )
         red = reduce_op_name(opts.reduceOp)
+        _check_reduce(red, output.dtype, "the reduce_scatter_tensor output")
         return self._issue(ops.ReduceScatterTensor(input, output, red), [output], reads=[input], writes=[output])
 
     _reduce_scatter_base = reduce_scatter_single
 
     def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any) -> SimWork:
         (inp,) = input_tensors
-        _check_tensor(inp, "gather input")
         root = opts.rootRank
-        n = self.state.size
+        self._check_root("gather", root, "dst")
+        _check_tensor(inp, "gather input")
         outs = output_tensors[0] if output_tensors else []
         if self.grank == root:
-            if len(outs) != n:
-                raise ValueError(f"gather: gather_list on the root has {len(outs)} tensors, the group has {n} ranks")
-            for o in outs:
-                _check_tensor(o, "gather output")
-                if o.numel() != inp.numel() or o.dtype != inp.dtype:
-                    raise ValueError(f"gather: output {tuple(o.shape)} {o.dtype} does not match input {tuple(inp.shape)} {inp.dtype}")
+            self._check_list("gather", outs, inp, "output", "input")
         return self._issue(ops.Gather(inp, tuple(outs), root), list(outs), reads=[inp], writes=list(outs))
 
     def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any) -> SimWork:
         (out,) = output_tensors
-        _check_tensor(out, "scatter output")
         root = opts.rootRank
-        n = self.state.size
+        self._check_root("scatter", root, "src")
+        _check_tensor(out, "scatter output")
         ins = input_tensors[0] if input_tensors else []
         if self.grank == root:
-            if len(ins) != n:
-                raise ValueError(f"scatter: scatter_list on the root has {len(ins)} tensors, the group has {n} ranks")
-            for t in ins:
-                _check_tensor(t, "scatter input")
-                if t.numel() != out.numel() or t.dtype != out.dtype:
-                    raise ValueError(f"scatter: input {tuple(t.shape)} {t.dtype} does not match output {tuple(out.shape)} {out.dtype}")
+            self._check_list("scatter", ins, out, "input", "output")
         return self._issue(ops.Scatter(out, tuple(ins), root), [out], reads=list(ins), writes=[out])
 
     def all_to_all_single(
@@ -268,17 +385,46 @@ class SimProcessGroup(dist.ProcessGroup):
         _check_tensor(output, "all_to_all_single output")
         _check_tensor(input, "all_to_all_single input")
         n = self.state.size
-        in_splits = _splits(input, input_split_sizes, n, "input")
-        out_splits = _splits(output, output_split_sizes, n, "output")
         if input.dtype != output.dtype:
-            raise ValueError(f"all_to_all_single: input dtype {input.dtype} != output dtype {output.dtype}")
+            raise self._reject(
+                "alltoall_base", "all_to_all_single: input and output dtypes differ",
+                f"input is {input.dtype}, output {output.dtype}",
+            )
+        in_splits = self._splits(input, input_split_sizes, n, "input")
+        out_splits = self._splits(output, output_split_sizes, n, "output")
         spec = ops.AllToAllSingle(input, output, tuple(in_splits), tuple(out_splits))
         return self._issue(spec, [output], reads=[input], writes=[output])
 
+    def _splits(self, t: torch.Tensor, sizes: list[int] | None, n: int, what: str) -> list[int]:
+        rows = t.shape[0] if t.dim() > 0 else t.numel()
+        if not sizes:
+            if rows % n:
+                raise self._reject(
+                    "alltoall_base", f"all_to_all_single: the {what} has {rows} rows, not divisible by the group size {n}",
+                    f"pass {what}_split_sizes (NCCL rejects this too; gloo silently drops the remainder)",
+                )
+            return [rows // n] * n
+        sizes = list(sizes)
+        if len(sizes) != n:
+            raise self._reject(
+                "alltoall_base", "Number of tensor splits not equal to group size",
+                f"{what}_split_sizes {sizes} has {len(sizes)} entries for {n} ranks",
+            )
+        if sum(sizes) != rows or any(s < 0 for s in sizes):
+            raise self._reject(
+                "alltoall_base", "Split sizes doesn't match total dim 0 size",
+                f"{what}_split_sizes {sizes} must be {n} non-negative row counts summing to the {what}'s {rows} rows",
+            )
+        return sizes
+
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
         n = self.state.size
-        if len(output_tensors) != n or len(input_tensors) != n:
-            raise ValueError(f"all_to_all: expected {n} input and {n} output tensors")
+        for name, lst in (("input", input_tensors), ("output", output_tensors)):
+            if len(lst) != n:
+                raise self._reject(
+                    "alltoall", f"ProcessGroupGloo::alltoall: {name} tensor list size {len(lst)} does not match world size {n}",
+                    f"pass one {name} tensor per rank",
+                )
         for t in list(output_tensors) + list(input_tensors):
             _check_tensor(t, "all_to_all tensor")
         dtype = input_tensors[0].dtype
@@ -294,6 +440,12 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def barrier(self, opts: Any = None) -> SimWork:
         return self._issue(ops.Barrier(), [])
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """gloo's ``monitored_barrier``: rank 0 names the ranks that do not arrive within ``timeout``."""
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else self.state.timeout
+        with internal():
+            monitored.barrier(self.sim, self.state, self.grank, seconds, wait_all_ranks)
 
     # ------------------------------------------------------------------ point to point
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> SimWork:
@@ -321,10 +473,19 @@ class SimProcessGroup(dist.ProcessGroup):
         sim.settle()
         site = sim.call_site()
         me = self.global_rank
+        arg = "dst" if kind == "send" else "src"
         if peer is not None and not 0 <= peer < st.size:
-            raise ValueError(f"{kind}: peer rank {peer} is not in the group of size {st.size}")
+            # gloo crashes the process (a segfault) on such a peer
+            raise self._reject(
+                kind, f"{kind}: invalid peer rank {peer}", f"{arg} must be a rank of the group, 0..{st.size - 1}"
+            )
         if peer is not None and peer == self.grank:
-            raise ValueError(f"{kind}: rank {me} cannot {kind} to/from itself")
+            raise self._reject(
+                kind, f"{kind}: rank {me} cannot {kind} to/from itself (gloo: \"Pair is not connected\")",
+                f"{arg} must be another rank of the group",
+            )
+        if tag < 0:
+            raise self._reject(kind, "Tag must be nonnegative", f"got tag={tag}")
         g_peer = None if peer is None else st.global_ranks[peer]
         what = f"{'send to' if kind == 'send' else 'recv from'} rank {'any' if g_peer is None else g_peer}"
         desc = f"rank {me} waits in {what} (tag {tag}, {tuple(t.shape)} {dtype_name(t.dtype)}, issued at {site})"
@@ -338,20 +499,6 @@ class SimProcessGroup(dist.ProcessGroup):
         else:
             sim.p2p.post_recv(st, g_peer, me, tag, t, work, site)
         return work
-
-
-def _splits(t: torch.Tensor, sizes: list[int] | None, n: int, what: str) -> list[int]:
-    rows = t.shape[0] if t.dim() > 0 else t.numel()
-    if not sizes:
-        if rows % n:
-            raise ValueError(
-                f"all_to_all_single: {what} has {rows} rows, not divisible by the group size {n}; pass split sizes"
-            )
-        return [rows // n] * n
-    sizes = list(sizes)
-    if len(sizes) != n or sum(sizes) != rows or any(s < 0 for s in sizes):
-        raise ValueError(f"all_to_all_single: {what} split sizes {sizes} must be {n} non-negative counts summing to {rows}")
-    return sizes
 
 
 def _scatter_back_on_completion(work: SimWork, flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:

@@ -27,7 +27,7 @@ from simdist.compute.cost import ComputeCostMode
 from simdist.compute.devices import DeviceSpec, get_device
 from simdist.engine.process import run_context
 from simdist.engine.threads import rank_threads
-from simdist.errors import RankError, RunArgumentError, SimdistError, SimTimeoutError
+from simdist.errors import InvalidArgumentError, RankError, RunArgumentError, SimdistError, SimTimeoutError
 from simdist.network.cluster import Cluster
 from simdist.ranks import ranges
 from simdist.trace.trace import Trace
@@ -92,6 +92,7 @@ def run(
     compute: bool = True,
     copy_args: bool = True,
     watchdog: float | None = None,
+    backend_name: str = "simdist",
 ) -> RunResult:
     """Run ``fn(*args, **kwargs)`` on every rank of ``cluster`` in simulated time.
 
@@ -105,7 +106,8 @@ def run(
     nothing (fastest). The default is ``$SIMDIST_RACES`` if set, else ``"error"`` under pytest, else ``"warn"``.
     ``trace="collectives"`` skips recording individual messages (faster for thousands of ranks).
     ``compute=False`` charges no simulated time for tensor operations. ``cluster`` may also be a preset name
-    or a cluster file path.
+    or a cluster file path. ``backend_name`` is the backend name rank code sees (``"simdist"``, ``"gloo"`` or
+    ``"nccl"``); it changes nothing else.
     ``args`` and ``kwargs`` are deep-copied for each rank, as each process of a real launch receives its own
     copy; ``copy_args=False`` hands every rank the same objects (for large read-only inputs).
     ``watchdog`` is the wall-clock seconds a rank may run without communicating or waiting before the run
@@ -117,8 +119,11 @@ def run(
         raise SimdistError("simdist.run cannot be nested inside another simulated run (it was called by a rank)")
     _check_arguments(fn, args, kwargs, seed)
     limit = _watchdog_limit(watchdog)
+    name = backend.check_backend_name(backend_name)
     with _RUN_LOCK:
-        return _run(fn, cluster, args, kwargs or {}, seed, progress, gloo_threads, races, trace, compute, copy_args, limit)
+        return _run(
+            fn, cluster, args, kwargs or {}, seed, progress, gloo_threads, races, trace, compute, copy_args, limit, name
+        )
 
 
 def _run(
@@ -134,6 +139,7 @@ def _run(
     compute: bool,
     copy_args: bool,
     watchdog: float,
+    backend_name: str,
 ) -> RunResult:
     """:func:`run` once the run lock is held."""
     if dist.is_initialized() and not backend.installed():
@@ -157,6 +163,7 @@ def _run(
         env, n, lambda rank: target(rank), initial_rng_state=initial_rng, stack_size=_STACK_BYTES, watchdog=watchdog
     )
     sim = RunContext(env, baton, cluster, tr, progress, gloo_threads, default_race_mode() if races is None else races)
+    sim.backend_name = backend_name
     store = sim.store = dist.HashStore()
     local_world = _local_world_size(cluster)
 
@@ -288,9 +295,9 @@ def _raise_failure(baton: Baton) -> None:
     failure = baton.failure
     if failure is None:
         return
-    # A diagnosis (mismatch, deadlock, race) is raised as it is; a timeout is what torch raises in the rank
-    # (rank code may catch it), so an uncaught one is that rank's failure, like any other exception.
-    if isinstance(failure, SimdistError) and not isinstance(failure, SimTimeoutError):
+    # A diagnosis (mismatch, deadlock, race) is raised as it is; a timeout or a rejected argument is what torch
+    # raises in the rank (rank code may catch it), so an uncaught one is that rank's failure, like any other.
+    if isinstance(failure, SimdistError) and not isinstance(failure, (SimTimeoutError, InvalidArgumentError)):
         raise failure
     failed = [s for s in baton.ranks if s.exc is not None and s.exc is failure]
     if failed:
