@@ -209,18 +209,24 @@ class Baton:
         """Mark ``state`` as running simulator code: from here on the watchdog's interrupt cannot land.
 
         Raises :class:`RankAbort` if the watchdog interrupted the thread (its asynchronous exception, if not yet
-        delivered, is cancelled and raised here instead).
+        delivered, is taken here first).
         """
         while True:
             try:
                 with self._watch_lock:
                     state.in_user = False
-                    if state.interrupted:
-                        _async_raise(state.thread, None)
                 break
             except RankAbort:  # delivered just before the lock: nothing is pending any more, go on
                 continue
         if state.interrupted:
+            # Take a pending interrupt here rather than cancel it: CPython 3.11 leaves its interpreter-wide
+            # "asynchronous exception" flag set after a cancel, and a traced call then never returns. It is
+            # delivered at the next function call.
+            try:
+                for _ in range(3):
+                    _noop()
+            except RankAbort:
+                pass
             raise RankAbort()
 
     def _hand_back(self, state: RankState) -> None:
@@ -283,6 +289,8 @@ class Baton:
         while not self._main_sem.acquire(timeout=0.1):
             if time.monotonic() > deadline:
                 self.abandoned.append(state)
+                _async_raise(state.thread, None)
+                _reset_async_flag()
                 return True
             with self._watch_lock:
                 if state.in_user:  # it caught the interrupt and went on: send another
@@ -408,8 +416,41 @@ def _user_stack(frame: Any) -> str:
     return "".join(traceback.format_list(frames[start:] or frames))
 
 
+def _noop() -> None:
+    """A Python call: where a pending asynchronous exception is delivered."""
+
+
+class _FlagReset(BaseException):
+    """Sent to a thread of :func:`_reset_async_flag`'s own, which takes it."""
+
+
+def _reset_async_flag() -> None:
+    """Clear CPython's interpreter-wide "asynchronous exception pending" flag after a cancel.
+
+    ``PyThreadState_SetAsyncExc(id, NULL)`` sets that flag and only a thread taking an asynchronous exception
+    clears it; while it stays set, any call made under ``sys.settrace`` (hypothesis, coverage, debuggers) spins
+    forever in CPython 3.11. So a thread is started to take one.
+    """
+    ready = threading.Event()
+
+    def take() -> None:
+        ready.set()
+        try:
+            while True:
+                _noop()
+        except _FlagReset:
+            pass
+
+    sink = threading.Thread(target=take, name="simdist-async-flag-reset", daemon=True)
+    sink.start()
+    ready.wait()
+    _async_raise(sink, _FlagReset)
+    sink.join()
+
+
 def _async_raise(thread: threading.Thread | None, exc: type[BaseException] | None) -> None:
-    """Raise ``exc`` in ``thread`` at its next Python instruction (None: cancel a pending one)."""
+    """Raise ``exc`` in ``thread`` at its next Python instruction (None: cancel a pending one, which needs
+    :func:`_reset_async_flag` afterwards)."""
     if thread is None or thread.ident is None:
         return
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(exc) if exc else None)

@@ -211,7 +211,7 @@ CASES: list[Case] = [
     Case("backend-name-nccl", "code that reads dist.get_backend() in a run presenting nccl (and makes a gloo group)",
          _run(_names, backend_name="nccl"), check=_expect_names("nccl", "cuda:nccl", "nccl", "gloo")),
     Case("backend-name-unknown", "simdist.run(..., backend_name='mpi')",
-         _run(_names, backend_name="mpi"), error=E, match=r"backend_name must be one of \('simdist', 'gloo', 'nccl'\).*'mpi'"),
+         _run(_names, backend_name="mpi"), error=simdist.RunArgumentError, match=r"backend_name must be one of \('simdist', 'gloo', 'nccl'\).*'mpi'"),
 ]
 
 

@@ -7,6 +7,8 @@ import math
 import os
 import pathlib
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -591,3 +593,43 @@ def test_watchdog_default_and_environment(monkeypatch: pytest.MonkeyPatch) -> No
 def _sleeps_briefly() -> None:
     time.sleep(0.01)
     dist.barrier()
+
+
+_TRACED_CALL_AFTER_WATCHDOG = """
+import sys, threading
+import torch.distributed as dist
+import simdist
+
+def spins():
+    if dist.get_rank() == 1:
+        while True:
+            pass
+    dist.barrier()
+
+def blocks_in_c():
+    if dist.get_rank() == 0:
+        lock = threading.Lock()
+        lock.acquire()
+        lock.acquire(timeout=float(sys.argv[1]))
+    dist.barrier()
+
+for fn in (spins, blocks_in_c):
+    try:
+        simdist.run(fn, simdist.Cluster.ring(2), watchdog=0.5)
+    except simdist.WatchdogError:
+        pass
+sys.settrace(lambda *a: None)  # as hypothesis and coverage do
+(lambda: None)()
+print("traced call returned")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("c_seconds", [2, 8])  # unwound within the grace period, or abandoned
+def test_a_watchdog_stop_leaves_no_interrupt_pending(c_seconds: int) -> None:
+    """After the watchdog interrupts a rank (or gives up on one stuck in C), traced Python calls still return."""
+    out = subprocess.run(
+        [sys.executable, "-c", _TRACED_CALL_AFTER_WATCHDOG, str(c_seconds)],
+        check=False, capture_output=True, text=True, timeout=120,
+    )
+    assert "traced call returned" in out.stdout, out.stderr[-2000:]
