@@ -16,7 +16,7 @@ from typing_extensions import Self
 
 from simdist.errors import ClusterSpecError
 from simdist.network.builders import SIZE_KEY
-from simdist.network.graph import positive_int, suggest
+from simdist.network.graph import positive_int, suggest, world_size_within_limit
 
 #: arguments every builder takes besides its own
 COMMON_KEYS = ("device", "algorithms", "name")
@@ -164,7 +164,7 @@ class ClusterPresets:
         """Call builder ``builder`` with ``params`` (sized by ``world_size`` when its size key is absent)."""
         where = where or f"builder {builder!r}"
         if world_size is not None:
-            world_size = positive_int(world_size, f"{where}: world_size")
+            world_size = world_size_within_limit(positive_int(world_size, f"{where}: world_size"), f"{where}: world_size")
             if SIZE_KEY[builder] not in params:
                 _size(builder, params, world_size, where)
         signature = inspect.signature(getattr(cls, builder))
