@@ -214,11 +214,13 @@ def plan(
     dtype: str = "float",
     redop: str = "sum",
     root: int = 0,
+    algorithm: str = algorithms.AUTO,
     max_world: int = MAX_WORLD,
 ) -> list[int]:
     """Check a sweep's arguments against the cluster and the memory available; return each row's element count.
 
-    Raises BenchError naming the argument (and its command-line option) and what was expected.
+    Raises BenchError naming the argument (and its command-line option) and what was expected, or
+    ClusterSpecError for an algorithm the collective lacks.
     """
     if not isinstance(collective, str) or collective not in COLLECTIVES:
         raise BenchError(f"unknown collective {collective!r}; choose one of {', '.join(COLLECTIVES)}")
@@ -239,6 +241,8 @@ def plan(
         raise BenchError(f"root (-r) {root!r} is not a rank of this {n}-rank cluster; expected 0..{n - 1}")
     if n > max_world:
         raise BenchError(too_many_ranks(n, max_world))
+    if algorithm != algorithms.AUTO:
+        validate_algorithms({collective: algorithm})
     itemsize = torch.empty((), dtype=DTYPES[dtype]).element_size()
     counts = row_counts(collective, n, min_bytes, max_bytes, step_factor, itemsize)
     check_memory(collective, n, max(counts), itemsize, available_memory())
@@ -271,7 +275,7 @@ def bench(
     """Simulate ``collective`` at every size from ``min_bytes`` to ``max_bytes`` (x ``step_factor``), with
     ``algorithm`` (a registry name, or ``"auto"`` for the cluster's choice); ``on_row`` sees each row as it
     finishes. The sweep is checked by :func:`plan` first: nothing runs unless all of it can."""
-    counts = plan(cluster, collective, min_bytes, max_bytes, step_factor, dtype, redop, root, max_world)
+    counts = plan(cluster, collective, min_bytes, max_bytes, step_factor, dtype, redop, root, algorithm, max_world)
     saved = cluster.algorithms
     if algorithm != algorithms.AUTO:
         cluster.algorithms = validate_algorithms({**cluster.algorithms, collective: algorithm})

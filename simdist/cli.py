@@ -144,14 +144,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.world_size is not None and args.world_size > MAX_WORLD:
         raise BenchError(f"--world-size: {too_many_ranks(args.world_size)}")  # before building a huge cluster
     cluster = _cluster(args.cluster, args.world_size)
-    sweep = (args.collective, args.minbytes, args.maxbytes, args.stepfactor, args.datatype, args.op, args.root)
+    sweep = (args.collective, args.minbytes, args.maxbytes, args.stepfactor, args.datatype, args.op, args.root, args.algorithm)
     plan(cluster, *sweep)  # every refusal comes before the table starts
     print(table_header(args.collective, cluster), flush=True)
 
     def show(row: Row) -> None:
         print(table_row(row), flush=True)
 
-    rows = bench(cluster, *sweep, args.algorithm, on_row=show)
+    rows = bench(cluster, *sweep, on_row=show)
     print(table_footer(rows))
     return 1 if any(r.wrong for r in rows) else 0
 

@@ -269,7 +269,8 @@ def _did_you_mean(word: str, choices: Sequence[str]) -> str:
 def check_collective(collective: str) -> None:
     """Raise ValueError unless ``collective`` has algorithms."""
     if not isinstance(collective, str):
-        raise ValueError(
+        # ValueError like every other bad choice: callers turn ValueErrors into ClusterSpecErrors
+        raise ValueError(  # noqa: TRY004
             f"a collective is named by a string such as 'all_reduce'; found {type(collective).__name__} "
             f"{collective!r}; expected one of {', '.join(sorted(COLLECTIVES))}"
         )
@@ -284,7 +285,7 @@ def check_choice(collective: str, name: str) -> None:
     """Raise ValueError unless ``name`` (or ``"auto"``) is an algorithm of ``collective``."""
     check_collective(collective)
     if not isinstance(name, str):
-        raise ValueError(
+        raise ValueError(  # noqa: TRY004 - as above
             f"an algorithm is named by one string such as 'ring'; found {type(name).__name__} {name!r}; "
             f"expected one of {', '.join(names(collective))} or 'auto'"
         )

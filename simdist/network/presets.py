@@ -162,7 +162,15 @@ class ClusterPresets:
     @classmethod
     def build(cls, builder: str, params: dict[str, Any], world_size: int | None = None, where: str = "") -> Self:
         """Call builder ``builder`` with ``params`` (sized by ``world_size`` when its size key is absent)."""
+        if not isinstance(builder, str) or builder not in SIZE_KEY:
+            raise ClusterSpecError(
+                f"unknown builder {builder!r}; known builders: {', '.join(SIZE_KEY)}.{suggest(str(builder), SIZE_KEY)}"
+            )
         where = where or f"builder {builder!r}"
+        if not isinstance(params, Mapping):
+            raise ClusterSpecError(f"{where}: the arguments must be a mapping of keyword to value; found {params!r}")
+        check_keys(params, cls.builder_keys(builder), where)
+        params = dict(params)
         if world_size is not None:
             world_size = world_size_within_limit(positive_int(world_size, f"{where}: world_size"), f"{where}: world_size")
             if SIZE_KEY[builder] not in params:
@@ -184,8 +192,11 @@ class ClusterPresets:
         return cluster
 
     @classmethod
-    def preset(cls, name: str, world_size: int | None = None, **overrides: Any) -> Self:
-        """Build preset ``name`` with builder arguments ``overrides``; ``world_size`` sizes a parametric preset."""
+    def preset(cls, name: str, /, world_size: int | None = None, **overrides: Any) -> Self:
+        """Build preset ``name`` with builder arguments ``overrides``; ``world_size`` sizes a parametric preset.
+
+        ``name`` is positional-only so that ``name=...`` among the overrides renames the cluster.
+        """
         preset = lookup(name)
         where = f"preset {preset.name!r}"
         check_keys(overrides, cls.builder_keys(preset.builder), where)
