@@ -25,7 +25,7 @@ SIZE_KEY: dict[str, str] = {"ring": "n", "switch": "n", "fully_connected": "n", 
 
 def _link(where: str, bandwidth: tuple[str, object], latency: tuple[str, object]) -> dict[str, float]:
     """Edge attributes of one link from its (argument name, value) pairs, naming the argument in errors."""
-    parsed = {}
+    parsed: dict[str, float] = {}
     for key, (arg, value), parse in (("bandwidth", bandwidth, parse_bandwidth), ("latency", latency, parse_latency)):
         try:
             parsed[key] = parse(value)  # type: ignore[arg-type]
