@@ -31,7 +31,9 @@ from real.errors import RealConfigError
 from real.report import failure_error
 from real.status import RETURNED, STARTED, StatusDir
 from real.target import CallableTarget, Job, ScriptTarget, dump_job, target_for
+from simdist.bench import available_memory
 from simdist.script import load_entry
+from simdist.units import format_size
 
 _HOST = "127.0.0.1"
 # Environment variables the launcher sets per rank process; letting `env` override them would break the run.
@@ -42,6 +44,12 @@ _LOGGER_PREFIXES = ("torch.distributed.elastic", "torch.distributed.launcher", "
 _STACK_DUMP_WAIT = 2.0  # seconds the still-running rank processes get to write their stacks at a timeout
 _AGENT_EXIT_WAIT = 30.0  # seconds the agent gets to notice killed rank processes and return
 _PORT_ATTEMPTS = 3  # launches tried with a fresh free port when the previous one was taken meanwhile
+#: the longest ``timeout`` accepted, seconds (30 days): the elastic launcher and thread waits need a finite,
+#: representable limit, and a run meant to be longer is not a test
+MAX_TIMEOUT = 30 * 24 * 3600.0
+#: resident memory of one rank process once torch and torch.distributed are imported (about 220 MB
+#: measured), before the rank code allocates anything: ``nproc`` of them must fit in the memory available
+PROCESS_MEMORY = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -149,8 +157,17 @@ def _check_arguments(nproc: int, timeout: float, master_port: int | None, env: d
     """Raise RealConfigError for arguments no launch could use."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise RealConfigError(f"nproc must be a positive int (processes to start); got {nproc!r}")
-    if not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise RealConfigError(f"timeout must be a positive number of seconds; got {timeout!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT:
+        raise RealConfigError(
+            f"timeout must be a positive number of seconds, at most {MAX_TIMEOUT:.0f} (30 days); got {timeout!r}"
+        )
+    available = available_memory()
+    if available is not None and nproc * PROCESS_MEMORY > available:
+        raise RealConfigError(
+            f"nproc {nproc} would not fit: each rank process needs about {format_size(PROCESS_MEMORY)} once torch is "
+            f"imported, {format_size(nproc * PROCESS_MEMORY)} in all, but only {format_size(available)} of memory is "
+            f"available; start at most {available // PROCESS_MEMORY} processes"
+        )
     if master_port is not None and not (isinstance(master_port, int) and 0 < master_port < 65536):
         raise RealConfigError(
             f"master_port must be a TCP port in 1..65535, or None to pick a free one; got {master_port!r}"

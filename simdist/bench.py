@@ -5,10 +5,17 @@ Columns as nccl-tests prints them: size (B), count (elements), type, redop, root
 and scatter (n-1)/n; broadcast and reduce 1. Every run carries real data and #wrong counts the output
 elements that differ from the expected values. The collectives and their algorithms are the registry's
 (:mod:`simdist.algorithms`); the barrier has no size to sweep.
+
+Before anything runs the sweep is checked: every rank is a thread carrying real data, so a world above
+``MAX_WORLD`` ranks or buffers that do not fit in the memory available are refused with a :class:`BenchError`
+that says what would fit. Rows are handed to ``on_row`` as they finish, as nccl-tests prints them.
 """
 
 from __future__ import annotations
 
+import numbers
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -16,13 +23,29 @@ import torch.distributed as dist
 
 from simdist import algorithms
 from simdist.engine.runner import run
+from simdist.errors import SimdistError
 from simdist.network.cluster import Cluster
 from simdist.network.graph import validate_algorithms
+from simdist.units import format_size
 
 #: what the bench sweeps: every collective of the registry except the barrier
 COLLECTIVES = tuple(c for c in algorithms.COLLECTIVES if c != "barrier")
 DTYPES = {"float": torch.float32, "double": torch.float64, "half": torch.float16, "bfloat16": torch.bfloat16, "int32": torch.int32, "int64": torch.int64}
 REDOPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+#: the largest world the bench simulates: one row (one collective call) takes about 12 s of wall time at
+#: 4096 ranks and about a minute at 8192 on one core of a 2024 server, growing faster than the world
+MAX_WORLD = 4096
+#: peak resident bytes per byte of one rank's buffer, per collective: measured on 16 ranks x 16 MiB
+#: (all_to_all 6.5, reduce 3.3, reduce_scatter 2.6, broadcast 2.3, all_reduce and all_gather 1.6) and
+#: rounded up; the inputs, outputs, expected values and in-flight message copies all count
+MEMORY_FACTOR = {
+    "all_reduce": 3, "all_gather": 3, "reduce_scatter": 4, "broadcast": 4, "reduce": 5,
+    "gather": 2, "scatter": 2, "all_to_all": 8,
+}  # fmt: skip
+
+
+class BenchError(SimdistError, ValueError):
+    """A bench sweep cannot run: an unknown collective, type or op, a bad size range or root, too big a world."""
 
 
 def bus_factor(collective: str, n: int) -> float:
@@ -115,6 +138,126 @@ def _prod(xs: list[float]) -> float:
     return out
 
 
+def _whole(value: object, what: str, least: int) -> int:
+    """``value`` as an int after checking it is a whole number >= ``least``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        raise BenchError(f"{what} must be a whole number >= {least}; found {value!r}")
+    return int(value)
+
+
+def row_counts(collective: str, n: int, min_bytes: int, max_bytes: int, step_factor: int, itemsize: int) -> list[int]:
+    """The element count of each row: sizes from ``min_bytes`` by ``step_factor`` up to ``max_bytes``."""
+    counts = []
+    size = min_bytes
+    while size <= max_bytes:
+        count = max(1, size // itemsize)
+        if collective in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
+            count = max(n, count - count % n)  # n equal chunks, at least one element each
+        counts.append(count)
+        size *= step_factor
+    return counts
+
+
+def available_memory() -> int | None:
+    """Bytes this process can still allocate (MemAvailable, lowered by a cgroup limit); None if unknown."""
+    found: list[int] = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    if not found and hasattr(os, "sysconf"):
+        try:
+            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (OSError, ValueError):
+            pass
+    # A container's limit (cgroup v2, then v1) can be far below the machine's free memory.
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
+        try:
+            with open(limit_file) as f, open(usage_file) as g:
+                limit, usage = f.read().strip(), g.read().strip()
+            if limit.isdigit() and usage.isdigit():
+                found.append(max(0, int(limit) - int(usage)))
+                break
+        except OSError:
+            continue
+    return min(found) if found else None
+
+
+def check_memory(collective: str, n: int, count: int, itemsize: int, available: int | None) -> None:
+    """Raise BenchError when ``n`` ranks of ``count`` elements each would not fit in ``available`` bytes."""
+    if available is None:
+        return
+    per_rank = count * itemsize
+    needed = MEMORY_FACTOR[collective] * per_rank * n
+    if needed > available:
+        fits = available // (MEMORY_FACTOR[collective] * n)
+        raise BenchError(
+            f"the largest row needs about {format_size(needed)} ({n} ranks x {format_size(per_rank)} buffers x "
+            f"{MEMORY_FACTOR[collective]} for inputs, outputs and messages of {collective}) but only "
+            f"{format_size(available)} of memory is available; use a largest size (-e/--maxbytes, max_bytes) of at "
+            f"most {format_size(fits)} or fewer ranks"
+        )
+
+
+def plan(
+    cluster: Cluster,
+    collective: str = "all_reduce",
+    min_bytes: int = 8,
+    max_bytes: int = 64 << 20,
+    step_factor: int = 2,
+    dtype: str = "float",
+    redop: str = "sum",
+    root: int = 0,
+    algorithm: str = algorithms.AUTO,
+    max_world: int = MAX_WORLD,
+) -> list[int]:
+    """Check a sweep's arguments against the cluster and the memory available; return each row's element count.
+
+    Raises BenchError naming the argument (and its command-line option) and what was expected, or
+    ClusterSpecError for an algorithm the collective lacks.
+    """
+    if not isinstance(collective, str) or collective not in COLLECTIVES:
+        raise BenchError(f"unknown collective {collective!r}; choose one of {', '.join(COLLECTIVES)}")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise BenchError(f"unknown type {dtype!r}; choose one of {', '.join(sorted(DTYPES))}")
+    if not isinstance(redop, str) or redop not in REDOPS:
+        raise BenchError(f"unknown redop {redop!r}; choose one of {', '.join(sorted(REDOPS))}")
+    min_bytes = _whole(min_bytes, "min_bytes (-b, the smallest size)", 1)
+    max_bytes = _whole(max_bytes, "max_bytes (-e, the largest size)", 1)
+    step_factor = _whole(step_factor, "step_factor (-f, the factor between sizes)", 2)
+    if max_bytes < min_bytes:
+        raise BenchError(
+            f"max_bytes (-e) {max_bytes} is below min_bytes (-b) {min_bytes}; the sweep goes from the smallest "
+            f"size up to the largest"
+        )
+    n = cluster.world_size
+    if isinstance(root, bool) or not isinstance(root, numbers.Integral) or not 0 <= root < n:
+        raise BenchError(f"root (-r) {root!r} is not a rank of this {n}-rank cluster; expected 0..{n - 1}")
+    if n > max_world:
+        raise BenchError(too_many_ranks(n, max_world))
+    if algorithm != algorithms.AUTO:
+        validate_algorithms({collective: algorithm})
+    itemsize = torch.empty((), dtype=DTYPES[dtype]).element_size()
+    counts = row_counts(collective, n, min_bytes, max_bytes, step_factor, itemsize)
+    check_memory(collective, n, max(counts), itemsize, available_memory())
+    return counts
+
+
+def too_many_ranks(n: int, max_world: int = MAX_WORLD) -> str:
+    """Why a world of ``n`` ranks is refused, and what to do instead."""
+    return (
+        f"a world of {n} ranks is more than simdist bench simulates ({max_world}): each rank is a thread carrying "
+        f"real data and one row takes about a minute at 8192 ranks, growing faster than the world; bench "
+        f"{max_world} ranks or fewer, or price larger worlds with simdist.algorithms.estimate"
+    )
+
+
 def bench(
     cluster: Cluster,
     collective: str = "all_reduce",
@@ -125,68 +268,81 @@ def bench(
     redop: str = "sum",
     root: int = 0,
     algorithm: str = algorithms.AUTO,
+    *,
+    on_row: Callable[[Row], None] | None = None,
+    max_world: int = MAX_WORLD,
 ) -> list[Row]:
     """Simulate ``collective`` at every size from ``min_bytes`` to ``max_bytes`` (x ``step_factor``), with
-    ``algorithm`` (a registry name, or ``"auto"`` for the cluster's choice)."""
-    if collective not in COLLECTIVES:
-        raise ValueError(f"unknown collective {collective!r}; choose one of {', '.join(COLLECTIVES)}")
+    ``algorithm`` (a registry name, or ``"auto"`` for the cluster's choice); ``on_row`` sees each row as it
+    finishes. The sweep is checked by :func:`plan` first: nothing runs unless all of it can."""
+    counts = plan(cluster, collective, min_bytes, max_bytes, step_factor, dtype, redop, root, algorithm, max_world)
+    saved = cluster.algorithms
     if algorithm != algorithms.AUTO:
         cluster.algorithms = validate_algorithms({**cluster.algorithms, collective: algorithm})
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown type {dtype!r}; choose one of {sorted(DTYPES)}")
-    if redop not in REDOPS:
-        raise ValueError(f"unknown redop {redop!r}; choose one of {sorted(REDOPS)}")
-    if step_factor < 2 or min_bytes < 1 or max_bytes < min_bytes:
-        raise ValueError("need 1 <= min_bytes <= max_bytes and step_factor >= 2")
+    try:
+        return [_row(cluster, collective, count, dtype, redop, root, on_row) for count in counts]
+    finally:
+        cluster.algorithms = saved  # the caller's cluster keeps its own choice
+
+
+def _row(
+    cluster: Cluster, collective: str, count: int, dtype: str, redop: str, root: int, on_row: Callable[[Row], None] | None
+) -> Row:
+    """Run one row: ``count`` elements per rank."""
     n = cluster.world_size
-    if not 0 <= root < n:
-        raise ValueError(f"root {root} is not a rank of this {n}-rank cluster")
     tdt = DTYPES[dtype]
-    itemsize = torch.empty((), dtype=tdt).element_size()
-    rows = []
-    size = min_bytes
-    while size <= max_bytes:
-        count = max(1, size // itemsize)
-        if collective in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
-            count = max(n, count - count % n)
-        res = run(_bench_rank, cluster, args=(collective, count, tdt, redop, root), trace="collectives", compute=False)
-        spans = res.trace.collectives()
-        t = max(s.end for s in spans) - min(s.start for s in spans) if spans else 0.0
-        nbytes = count * itemsize
-        algbw = nbytes / t / 1e9 if t > 0 else 0.0
-        shows_op = collective in ("all_reduce", "reduce", "reduce_scatter")
-        rows.append(
-            Row(
-                size=nbytes,
-                count=count,
-                dtype=dtype,
-                redop=redop if shows_op else "none",
-                root=root if collective in ("broadcast", "reduce", "gather", "scatter") else -1,
-                time_us=t * 1e6,
-                algbw=algbw,
-                busbw=algbw * bus_factor(collective, n),
-                wrong=sum(res.returns),
-                algorithm=spans[0].args.get("algorithm", "") if spans else "",
-            )
-        )
-        size *= step_factor
-    return rows
+    res = run(_bench_rank, cluster, args=(collective, count, tdt, redop, root), trace="collectives", compute=False)
+    spans = res.trace.collectives()
+    t = max(s.end for s in spans) - min(s.start for s in spans) if spans else 0.0
+    nbytes = count * torch.empty((), dtype=tdt).element_size()
+    algbw = nbytes / t / 1e9 if t > 0 else 0.0
+    shows_op = collective in ("all_reduce", "reduce", "reduce_scatter")
+    row = Row(
+        size=nbytes,
+        count=count,
+        dtype=dtype,
+        redop=redop if shows_op else "none",
+        root=root if collective in ("broadcast", "reduce", "gather", "scatter") else -1,
+        time_us=t * 1e6,
+        algbw=algbw,
+        busbw=algbw * bus_factor(collective, n),
+        wrong=sum(res.returns),
+        algorithm=spans[0].args.get("algorithm", "") if spans else "",
+    )
+    if on_row is not None:
+        on_row(row)
+    return row
+
+
+def table_header(collective: str, cluster: Cluster) -> str:
+    """The lines above the rows, naming the cluster."""
+    return "\n".join(
+        [
+            f"# simdist bench: {collective} on {cluster.name} ({cluster.world_size} ranks, simulated)",
+            f"# {'size':>12} {'count':>12} {'type':>8} {'redop':>6} {'root':>5} {'time':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>7}  algorithm",
+            f"# {'(B)':>12} {'(elements)':>12} {'':>8} {'':>6} {'':>5} {'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7} {'':>7}",
+        ]
+    )
+
+
+def table_row(r: Row) -> str:
+    """One row as nccl-tests prints it."""
+    return (
+        f"  {r.size:>12} {r.count:>12} {r.dtype:>8} {r.redop:>6} {r.root:>5} {r.time_us:>10.2f} "
+        f"{r.algbw:>7.2f} {r.busbw:>7.2f} {r.wrong:>7}  {r.algorithm}"
+    )
+
+
+def table_footer(rows: list[Row]) -> str:
+    """The summary lines below the rows: wrong values and the average bus bandwidth."""
+    total_wrong = sum(r.wrong for r in rows)
+    avg = sum(r.busbw for r in rows) / len(rows) if rows else 0.0
+    return (
+        f"# Out of bounds values : {total_wrong} {'OK' if total_wrong == 0 else 'FAILED'}\n"
+        f"# Avg bus bandwidth    : {avg:.4g}"
+    )
 
 
 def format_table(rows: list[Row], collective: str, cluster: Cluster) -> str:
     """The rows as nccl-tests prints them, with a header naming the cluster."""
-    lines = [
-        f"# simdist bench: {collective} on {cluster.name} ({cluster.world_size} ranks, simulated)",
-        f"# {'size':>12} {'count':>12} {'type':>8} {'redop':>6} {'root':>5} {'time':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>7}  algorithm",
-        f"# {'(B)':>12} {'(elements)':>12} {'':>8} {'':>6} {'':>5} {'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7} {'':>7}",
-    ]
-    for r in rows:
-        lines.append(
-            f"  {r.size:>12} {r.count:>12} {r.dtype:>8} {r.redop:>6} {r.root:>5} {r.time_us:>10.2f} "
-            f"{r.algbw:>7.2f} {r.busbw:>7.2f} {r.wrong:>7}  {r.algorithm}"
-        )
-    total_wrong = sum(r.wrong for r in rows)
-    avg = sum(r.busbw for r in rows) / len(rows) if rows else 0.0
-    lines.append(f"# Out of bounds values : {total_wrong} {'OK' if total_wrong == 0 else 'FAILED'}")
-    lines.append(f"# Avg bus bandwidth    : {avg:.4g}")
-    return "\n".join(lines)
+    return "\n".join([table_header(collective, cluster), *map(table_row, rows), table_footer(rows)])

@@ -1,14 +1,36 @@
-"""The ``simdist`` command line: ``simdist run``, ``simdist bench``, ``simdist clusters``."""
+"""The ``simdist`` command line: ``simdist run``, ``simdist bench``, ``simdist clusters``.
+
+Exit statuses: 0 success; 1 a diagnosed run (deadlock, mismatch, a rank's exception, a race under
+``--races error``) or a bench row with wrong values; 2 the run could not start (bad arguments, cluster or
+script; argparse's usage errors too); 3 races found under ``--races warn``. Every error is one message on
+stderr, never a traceback of simdist's own code.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import warnings
+from collections.abc import Callable
+from pathlib import Path
 
 from simdist import algorithms
-from simdist.bench import COLLECTIVES, bench, format_table
+from simdist.bench import (
+    COLLECTIVES,
+    DTYPES,
+    MAX_WORLD,
+    REDOPS,
+    BenchError,
+    Row,
+    bench,
+    plan,
+    table_footer,
+    table_header,
+    table_row,
+    too_many_ranks,
+)
 from simdist.engine.runner import run
 from simdist.errors import ClusterSpecError, RaceWarning, SimdistError
 from simdist.network import Cluster
@@ -16,18 +38,76 @@ from simdist.network.presets import PRESETS
 from simdist.script import ScriptError, load_entry
 from simdist.units import parse_size
 
+#: the seeds torch.manual_seed accepts: a negative seed is taken modulo 2**64 (-1 is the seed 2**64 - 1)
+SEED_RANGE = (-(2**63), 2**64 - 1)
+
 
 def _cluster(spec: str, world_size: int | None) -> Cluster:
     return Cluster.load(spec, world_size)
+
+
+def _whole_number(least: int) -> Callable[[str], int]:
+    """An argparse type: a whole number >= ``least``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip(), 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {least}; found {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {least}; found {value}")
+        return value
+
+    parse.__name__ = "whole number"  # what argparse names in "invalid ... value"
+    return parse
+
+
+def _seed(text: str) -> int:
+    """An argparse type: a seed torch.manual_seed accepts."""
+    low, high = SEED_RANGE
+    try:
+        value = int(text.strip(), 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number; found {text!r}") from None
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(
+            f"{value} is outside the seeds torch accepts, {low}..{high} (a negative seed counts modulo 2**64)"
+        )
+    return value
+
+
+def _output_file(text: str) -> Path:
+    """An argparse type: a file to write, checked before the run so a long run is not lost to a typo."""
+    path = Path(text).expanduser()
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a file name; found an empty string")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file name such as {str(path / 'trace.json')!r}")
+    parent = path.parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"the directory of {text!r}, {str(parent)!r}, does not exist; create it first (mkdir -p {parent})"
+        )
+    if not os.access(parent, os.W_OK):
+        raise argparse.ArgumentTypeError(f"the directory {str(parent)!r} is not writable; choose another place")
+    return path
 
 
 def _size(text: str) -> int:
     """Bytes from "8", "64K", "128M", "1G" (nccl-tests' binary suffixes) or any unit string ("25MiB")."""
     suffix = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     t = text.strip()
-    if t[-1:].upper() in suffix and t[:-1].isdigit():
-        return int(t[:-1]) * suffix[t[-1].upper()]
-    return parse_size(t)
+    try:
+        if t[-1:].upper() in suffix and t[:-1].isascii() and t[:-1].isdigit():
+            return int(t[:-1]) * suffix[t[-1].upper()]
+        return parse_size(t)
+    except ClusterSpecError as e:
+        raise argparse.ArgumentTypeError(
+            f"{e}; or a whole number with nccl-tests' suffix K, M or G (64K, 128M, 1G)"
+        ) from None
+
+
+_size.__name__ = "size"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -47,7 +127,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"{res.messages} messages; wall {wall:.2f} s; trace hash {res.trace_hash[:16]}"
     )
     if args.trace:
-        path = res.trace.save_chrome(args.trace)
+        try:
+            path = res.trace.save_chrome(args.trace)
+        except OSError as e:  # checked before the run, but the disk can fill or the directory vanish
+            print(f"simdist: error: --trace: cannot write {str(args.trace)!r}: {e.strerror or e}", file=sys.stderr)
+            return 2
         print(f"trace written to {path} (open it in ui.perfetto.dev)")
     if res.races:
         print(res.race_summary())
@@ -56,22 +140,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Print the nccl-tests table for one collective."""
-    if args.collective not in COLLECTIVES:
-        raise ValueError(f"unknown collective {args.collective!r}; choose one of {', '.join(COLLECTIVES)}")
+    """Print the nccl-tests table for one collective, each row as soon as it is simulated (as nccl-tests does)."""
+    if args.world_size is not None and args.world_size > MAX_WORLD:
+        raise BenchError(f"--world-size: {too_many_ranks(args.world_size)}")  # before building a huge cluster
     cluster = _cluster(args.cluster, args.world_size)
-    rows = bench(
-        cluster,
-        args.collective,
-        _size(args.minbytes),
-        _size(args.maxbytes),
-        args.stepfactor,
-        args.datatype,
-        args.op,
-        args.root,
-        args.algorithm,
-    )
-    print(format_table(rows, args.collective, cluster))
+    sweep = (args.collective, args.minbytes, args.maxbytes, args.stepfactor, args.datatype, args.op, args.root, args.algorithm)
+    plan(cluster, *sweep)  # every refusal comes before the table starts
+    print(table_header(args.collective, cluster), flush=True)
+
+    def show(row: Row) -> None:
+        print(table_row(row), flush=True)
+
+    rows = bench(cluster, *sweep, on_row=show)
+    print(table_footer(rows))
     return 1 if any(r.wrong for r in rows) else 0
 
 
@@ -84,35 +165,40 @@ def cmd_clusters(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and documentation)."""
-    p = argparse.ArgumentParser(prog="simdist", description=__doc__)
+    p = argparse.ArgumentParser(prog="simdist", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
+    positive = _whole_number(1)
 
     r = sub.add_parser("run", help="run SCRIPT's entry function on every rank of a simulated cluster")
     r.add_argument("script", help="a Python file defining the rank entry function (default name: main)")
     r.add_argument("--cluster", default="switch", help="preset name or .toml/.json cluster file (default: switch)")
-    r.add_argument("--world-size", type=int, default=None, help="number of ranks (sizes a preset; checks a file)")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--trace", default=None, help="write the Chrome/Perfetto trace JSON here")
+    r.add_argument("--world-size", type=positive, default=None, help="number of ranks (sizes a preset; checks a file)")
+    r.add_argument("--seed", type=_seed, default=0,
+                   help="the run's seed (default 0); any seed torch.manual_seed takes: -2**63..2**64-1, negative ones modulo 2**64")
+    r.add_argument("--trace", type=_output_file, default=None,
+                   help="write the Chrome/Perfetto trace JSON here (its directory must exist)")
     r.add_argument("--entry", default="main", help="name of the entry function in SCRIPT (default: main)")
     r.add_argument("--progress", default="nccl", choices=("nccl", "gloo"),
                    help="backend progress semantics: nccl (one stream per group) or gloo (a pool of threads per group; default: nccl)")
-    r.add_argument("--gloo-threads", type=int, default=2, help="threads per group with --progress gloo (default: 2)")
+    r.add_argument("--gloo-threads", type=positive, default=2, help="threads per group with --progress gloo (default: 2)")
     r.add_argument("--races", default="warn", choices=("error", "warn", "off"),
                    help="race detector: error (stop at the first race), warn (report every race; exit status 3), off")
     r.add_argument("--show-none", action="store_true", help="also print ranks that returned None")
     r.set_defaults(func=cmd_run)
 
     b = sub.add_parser("bench", help="nccl-tests style table for one collective on a simulated cluster")
-    b.add_argument("collective", nargs="?", default="all_reduce", help=f"one of {', '.join(COLLECTIVES)} (default: all_reduce)")
+    b.add_argument("collective", nargs="?", default="all_reduce", choices=COLLECTIVES,
+                   help=f"one of {', '.join(COLLECTIVES)} (default: all_reduce)")
     b.add_argument("--cluster", default="dgx-h100")
-    b.add_argument("--world-size", type=int, default=None)
-    b.add_argument("-b", "--minbytes", default="8")
-    b.add_argument("-e", "--maxbytes", default="64M")
-    b.add_argument("-f", "--stepfactor", type=int, default=2)
-    b.add_argument("-d", "--datatype", default="float")
-    b.add_argument("-o", "--op", default="sum")
-    b.add_argument("-r", "--root", type=int, default=0)
-    b.add_argument("-a", "--algorithm", default="auto", help=f"one of {', '.join(algorithms.NAMES)}, or auto (default)")
+    b.add_argument("--world-size", type=positive, default=None, help=f"number of ranks, at most {MAX_WORLD}")
+    b.add_argument("-b", "--minbytes", type=_size, default=8)
+    b.add_argument("-e", "--maxbytes", type=_size, default=64 << 20)
+    b.add_argument("-f", "--stepfactor", type=_whole_number(2), default=2)
+    b.add_argument("-d", "--datatype", default="float", choices=sorted(DTYPES))
+    b.add_argument("-o", "--op", default="sum", choices=sorted(REDOPS))
+    b.add_argument("-r", "--root", type=_whole_number(0), default=0)
+    b.add_argument("-a", "--algorithm", default="auto", choices=(*algorithms.NAMES, algorithms.AUTO),
+                   help=f"one of {', '.join(algorithms.NAMES)}, or auto (default)")
     b.set_defaults(func=cmd_bench)
 
     c = sub.add_parser("clusters", help="list cluster presets")
@@ -125,9 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ClusterSpecError, ScriptError, ValueError, FileNotFoundError, SyntaxError) as e:
+    except (ClusterSpecError, ScriptError, ValueError) as e:
         # the run could not start: bad arguments, cluster or script (as python -m real, exit status 2)
-        print(f"simdist: error: {type(e).__name__ + ': ' if isinstance(e, SyntaxError) else ''}{e}", file=sys.stderr)
+        print(f"simdist: error: {e}", file=sys.stderr)
         return 2
     except SimdistError as e:  # the run started and simdist diagnosed it
         print(f"simdist: error: {e}", file=sys.stderr)
@@ -136,4 +222,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -12,6 +12,7 @@ import hashlib
 import importlib.util
 import re
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,11 @@ SCRIPT_MODULE_PREFIX = "simdist_script_"
 
 
 class ScriptError(SimdistError, ValueError):
-    """A script cannot be used: the file is missing or its entry function is absent or not callable."""
+    """A script cannot be used: the file is missing, does not import, or its entry function is absent or not callable.
+
+    When importing the script raised, the exception is ``__cause__`` and the text shows its traceback through
+    the script's own frames only.
+    """
 
 
 def script_module_name(path: str | Path) -> str:
@@ -59,7 +64,19 @@ def load_entry(path: str | Path, entry: str = "main") -> Callable[..., Any]:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except BaseException:
+    except SystemExit as exc:
+        sys.modules.pop(name, None)
+        raise ScriptError(
+            f"script {resolved} called sys.exit({exc.code!r}) while being imported; its top level runs before "
+            f"{entry!r} is called: move the exit under `if __name__ == \"__main__\":`"
+        ) from None
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        what = "is not valid Python" if isinstance(exc, SyntaxError) else (
+            f"raised {type(exc).__name__} while being imported (its top level runs before {entry!r} is called)"
+        )
+        raise ScriptError(f"script {resolved} {what}:\n{user_traceback(exc)}") from exc
+    except BaseException:  # KeyboardInterrupt and the like are the user's to see
         sys.modules.pop(name, None)
         raise
 
@@ -81,6 +98,22 @@ def load_entry(path: str | Path, entry: str = "main") -> Callable[..., Any]:
             f"`def {entry}():` holding the rank code"
         )
     return fn
+
+
+def user_traceback(exc: BaseException) -> str:
+    """``exc`` as Python prints it, keeping only the frames of user code (not the import machinery or simdist).
+
+    A SyntaxError shows the file, line, the offending source and a caret, as ``python script.py`` does.
+    """
+    report = traceback.TracebackException.from_exception(exc)
+    frames = [f for f in report.stack if not _is_machinery(f.filename)]
+    lines = traceback.StackSummary.from_list(frames).format() if frames else []
+    return "".join([*lines, *report.format_exception_only()]).rstrip("\n")
+
+
+def _is_machinery(filename: str) -> bool:
+    """Whether a frame belongs to the import system or to this module rather than to the user's code."""
+    return filename.startswith("<frozen importlib") or filename == __file__
 
 
 def script_path_of(fn: Callable[..., Any]) -> str | None:

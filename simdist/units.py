@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 import math
 import numbers
 import re
@@ -65,7 +66,24 @@ _SIZE_HELP = (
     "or a plain number of bytes"
 )
 
-_QUANTITY = re.compile(r"^\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*(\S*)\s*$")
+# ASCII digits only: Python's float() also reads other scripts' digits ("\u0663" is 3), which a config
+# file meant as a number would not silently contain.
+_QUANTITY = re.compile(r"^\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*(\S*)\s*$", re.ASCII)
+# Decimal arithmetic with float's exponent range is enough to scale any literal: beyond it the result is
+# infinite or zero as a float anyway. Without a bounded context "1e99999999999GB/s" raises decimal.Overflow.
+_SCALING = decimal.Context(prec=60, Emax=999_999, Emin=-999_999)
+
+#: smallest link bandwidth accepted, bytes/s (one byte per 1000 s): below it, or at a subnormal float such
+#: as 1e-320, ``bytes / bandwidth`` overflows to an infinite transfer time for ordinary message sizes
+MIN_BANDWIDTH = 1e-3
+#: largest link bandwidth accepted, bytes/s (a yottabyte per second): a terabyte crosses it in a
+#: picosecond, so any larger number models nothing more; it also keeps ``1 / bandwidth`` a normal float
+MAX_BANDWIDTH = 1e24
+#: largest latency accepted on one link, seconds (an hour, more than a round trip to Mars): routes sum
+#: link latencies (as integer picoseconds and as float seconds), which this keeps finite and exact
+MAX_LATENCY = 3600.0
+# Whole numbers of bytes up to here are returned as they are (int64, what torch counts in).
+_EXACT_INT = 2**63 - 1
 
 
 def _parse(x: object, what: str, units: dict[str, _Unit], help_text: str) -> float:
@@ -80,21 +98,49 @@ def _parse(x: object, what: str, units: dict[str, _Unit], help_text: str) -> flo
         if unit and unit not in units:
             raise ClusterSpecError(f"{what} {x!r} has unknown unit {unit!r}: expected {help_text}")
         exponent, factor = units[unit] if unit else (0, 1.0)
-        value = float(Decimal(number).scaleb(exponent)) * factor
+        try:
+            value = float(Decimal(number).scaleb(exponent, _SCALING)) * factor
+        except decimal.Overflow:  # an exponent beyond even the context's range; tiny ones round to 0
+            value = math.inf
     else:
-        value = float(x)
+        try:
+            value = float(x)
+        except OverflowError:  # an int (or Fraction) beyond float's range: 10**400
+            value = math.inf if x > 0 else -math.inf  # type: ignore[operator]
     if not math.isfinite(value):
-        raise ClusterSpecError(f"{what} {x!r} is not finite: expected {help_text}")
+        why = "not a number" if math.isnan(value) else "not finite (too large for a float)"
+        raise ClusterSpecError(f"{what} {_short(x)} is {why}: expected {help_text}")
     if value < 0:
-        raise ClusterSpecError(f"{what} {x!r} is negative: expected {help_text}")
-    return value
+        raise ClusterSpecError(f"{what} {_short(x)} is negative: expected {help_text}")
+    return value + 0.0  # -0.0 becomes 0.0
+
+
+def _short(x: object) -> str:
+    """``repr(x)`` cut to a readable length: a hostile number may have thousands of digits."""
+    text = repr(x)
+    return text if len(text) <= 60 else f"{text[:40]}...{text[-10:]} ({len(text)} characters)"
 
 
 def parse_bandwidth(x: str | float) -> float:
-    """Return the bandwidth ``x`` in bytes/s; strings carry units ("400Gb/s" is 50e9), numbers are bytes/s."""
+    """Return the bandwidth ``x`` in bytes/s; strings carry units ("400Gb/s" is 50e9), numbers are bytes/s.
+
+    Accepted: MIN_BANDWIDTH (1e-3) to MAX_BANDWIDTH (1e24) bytes/s.
+    """
     value = _parse(x, "bandwidth", _BANDWIDTH, _BANDWIDTH_HELP)
     if value == 0:
-        raise ClusterSpecError(f"bandwidth {x!r} is zero: a link must move data; expected {_BANDWIDTH_HELP}")
+        raise ClusterSpecError(
+            f"bandwidth {_short(x)} is zero (or rounds to zero): a link must move data; expected {_BANDWIDTH_HELP}"
+        )
+    if not MIN_BANDWIDTH <= value <= MAX_BANDWIDTH:
+        raise ClusterSpecError(
+            f"bandwidth {_short(x)} is {value:.6g} bytes/s, outside the accepted range {MIN_BANDWIDTH:g} to "
+            f"{MAX_BANDWIDTH:g} bytes/s: "
+            + (
+                "so slow a link gives infinite transfer times; give a larger bandwidth"
+                if value < MIN_BANDWIDTH
+                else "no larger number models anything more; give a bandwidth up to 1e24 bytes/s"
+            )
+        )
     return value
 
 
@@ -103,8 +149,21 @@ def parse_time(x: str | float) -> float:
     return _parse(x, "time", _TIME, _TIME_HELP)
 
 
+def parse_latency(x: str | float) -> float:
+    """Return the link latency ``x`` in seconds (as ``parse_time``), at most MAX_LATENCY (an hour)."""
+    value = _parse(x, "latency", _TIME, _TIME_HELP)
+    if value > MAX_LATENCY:
+        raise ClusterSpecError(
+            f"latency {_short(x)} is {value:.6g} s, above the largest link latency accepted, {MAX_LATENCY:g} s "
+            f"(an hour): routes sum the latencies of their links, which must stay finite; give a smaller latency"
+        )
+    return value
+
+
 def parse_size(x: str | float) -> int:
     """Return the size ``x`` in bytes, rounded to a whole byte; strings carry units ("25MiB"), numbers are bytes."""
+    if isinstance(x, numbers.Integral) and not isinstance(x, bool) and 0 <= x <= _EXACT_INT:
+        return int(x)  # exact: through a float, sizes above 2**53 would round
     value = _parse(x, "size", _SIZE, _SIZE_HELP)
     # Round half up rather than to even: "0.5B" means "at least something", never nothing.
     return math.floor(value + 0.5)

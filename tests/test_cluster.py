@@ -367,7 +367,7 @@ def edge_graph(*edges: tuple[object, object, object, object], nodes: tuple[objec
         (edge_graph((-1, 0, 1.0, 0.0), (0, -1, 1.0, 0.0)), "rank 1 is missing"),
         (edge_graph((0, 1, 0.0, 0.0), (1, 0, 1.0, 0.0)), "link 0 -> 1: bandwidth 0.0 is zero"),
         (edge_graph((0, 1, "-5GB/s", 0.0), (1, 0, 1.0, 0.0)), "link 0 -> 1: bandwidth '-5GB/s' is negative"),
-        (edge_graph((0, 1, 1.0, 0.0), (1, 0, 1.0, "-1us")), "link 1 -> 0: time '-1us' is negative"),
+        (edge_graph((0, 1, 1.0, 0.0), (1, 0, 1.0, "-1us")), "link 1 -> 0: latency '-1us' is negative"),
         (edge_graph((0, 1, 1.0, 0.0), (1, 0, "fast", 0.0)), "link 1 -> 0: bandwidth 'fast'"),
         (edge_graph((0, 1, 1.0, 0.0), (1, 1, 1.0, 0.0)), "self-loop"),
         (edge_graph((0, 1, 1.0, 0.0)), "rank 1 cannot reach rank 0"),

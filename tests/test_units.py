@@ -11,12 +11,16 @@ from hypothesis import strategies as st
 from simdist.errors import ClusterSpecError
 from simdist.units import (
     BANDWIDTH_UNITS,
+    MAX_BANDWIDTH,
+    MAX_LATENCY,
+    MIN_BANDWIDTH,
     SIZE_UNITS,
     TIME_UNITS,
     format_bandwidth,
     format_size,
     format_time,
     parse_bandwidth,
+    parse_latency,
     parse_size,
     parse_time,
 )
@@ -200,3 +204,41 @@ def test_unknown_time_units_are_rejected(unit: str) -> None:
     else:
         with pytest.raises(ClusterSpecError, match="unknown unit"):
             parse_time(f"3{unit}")
+
+
+@pytest.mark.parametrize(
+    ("bad", "match"),
+    [
+        (10**400, "not finite"),  # an int float() cannot hold
+        ("1e99999999999GB/s", "not finite"),  # an exponent beyond any decimal context
+        ("1e-320 B/s", "outside the accepted range"),  # subnormal: 1 / bandwidth overflows
+        (MIN_BANDWIDTH / 2, "outside the accepted range"),
+        (MAX_BANDWIDTH * 2, "outside the accepted range"),
+        ("1e-99999999999GB/s", "rounds to zero"),
+        ("\u0663GB/s", "not a quantity"),  # an Arabic-Indic three: digits are ASCII
+    ],
+)
+def test_bandwidths_beyond_the_accepted_range_are_rejected(bad: object, match: str) -> None:
+    with pytest.raises(ClusterSpecError, match=match):
+        parse_bandwidth(bad)  # type: ignore[arg-type]
+
+
+def test_bandwidth_range_ends_are_accepted() -> None:
+    assert parse_bandwidth(MIN_BANDWIDTH) == MIN_BANDWIDTH
+    assert parse_bandwidth(MAX_BANDWIDTH) == MAX_BANDWIDTH
+
+
+def test_latencies_are_bounded_and_negative_zero_is_zero() -> None:
+    assert parse_latency(MAX_LATENCY) == MAX_LATENCY
+    with pytest.raises(ClusterSpecError, match="largest link latency"):
+        parse_latency(MAX_LATENCY * 1.5)
+    assert math.copysign(1.0, parse_time("-0s")) == 1.0
+    assert parse_time(10**300) == 1e300  # a plain time (not a link latency) only needs to be finite
+    with pytest.raises(ClusterSpecError, match="not finite"):
+        parse_time(10**400)
+
+
+def test_sizes_that_are_whole_numbers_stay_exact() -> None:
+    assert parse_size(2**60 + 1) == 2**60 + 1
+    with pytest.raises(ClusterSpecError, match="not finite"):
+        parse_size(10**400)

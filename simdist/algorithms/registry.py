@@ -268,6 +268,12 @@ def _did_you_mean(word: str, choices: Sequence[str]) -> str:
 
 def check_collective(collective: str) -> None:
     """Raise ValueError unless ``collective`` has algorithms."""
+    if not isinstance(collective, str):
+        # ValueError like every other bad choice: callers turn ValueErrors into ClusterSpecErrors
+        raise ValueError(  # noqa: TRY004
+            f"a collective is named by a string such as 'all_reduce'; found {type(collective).__name__} "
+            f"{collective!r}; expected one of {', '.join(sorted(COLLECTIVES))}"
+        )
     if collective not in COLLECTIVES:
         raise ValueError(
             f"unknown collective {collective!r}; expected one of {', '.join(sorted(COLLECTIVES))}."
@@ -278,6 +284,11 @@ def check_collective(collective: str) -> None:
 def check_choice(collective: str, name: str) -> None:
     """Raise ValueError unless ``name`` (or ``"auto"``) is an algorithm of ``collective``."""
     check_collective(collective)
+    if not isinstance(name, str):
+        raise ValueError(  # noqa: TRY004 - as above
+            f"an algorithm is named by one string such as 'ring'; found {type(name).__name__} {name!r}; "
+            f"expected one of {', '.join(names(collective))} or 'auto'"
+        )
     if name == AUTO or (collective, name) in _BY_KEY:
         return
     if name not in NAMES:

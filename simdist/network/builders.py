@@ -14,8 +14,8 @@ import networkx as nx
 from typing_extensions import Self
 
 from simdist.errors import ClusterSpecError
-from simdist.network.graph import positive_int
-from simdist.units import parse_bandwidth, parse_time
+from simdist.network.graph import positive_int, world_size_within_limit
+from simdist.units import parse_bandwidth, parse_latency
 
 #: builder names usable as ``builder = ...`` in config files (each a classmethod of the cluster class)
 BUILDERS: tuple[str, ...] = ("ring", "switch", "fully_connected", "two_level", "torus")
@@ -23,9 +23,16 @@ BUILDERS: tuple[str, ...] = ("ring", "switch", "fully_connected", "two_level", "
 SIZE_KEY: dict[str, str] = {"ring": "n", "switch": "n", "fully_connected": "n", "two_level": "nodes", "torus": "dims"}
 
 
-def _link(bandwidth: str | float, latency: str | float) -> dict[str, float]:
-    """Edge attributes of one link, parsed from numbers or unit strings."""
-    return {"bandwidth": parse_bandwidth(bandwidth), "latency": parse_time(latency)}
+def _link(where: str, bandwidth: tuple[str, object], latency: tuple[str, object]) -> dict[str, float]:
+    """Edge attributes of one link from its (argument name, value) pairs, naming the argument in errors."""
+    parsed: dict[str, float] = {}
+    for key, (arg, value), parse in (("bandwidth", bandwidth, parse_bandwidth), ("latency", latency, parse_latency)):
+        try:
+            parsed[key] = parse(value)  # type: ignore[arg-type]
+        except ClusterSpecError as exc:
+            # "ring: latency 1e+300 ..." rather than "ring: latency: latency 1e+300 ...".
+            raise ClusterSpecError(f"{where}: {'' if arg == key else arg + ': '}{exc}") from None
+    return parsed
 
 
 class ClusterBuilders:
@@ -57,10 +64,10 @@ class ClusterBuilders:
         name: str | None = None,
     ) -> Self:
         """Rank i links directly to rank (i+1) % n (and back, if ``bidirectional``); bytes/s and seconds."""
-        n = positive_int(n, "ring: n (number of ranks)")
+        n = world_size_within_limit(positive_int(n, "ring: n (number of ranks)"), "ring: n", 2 * n)
         if not isinstance(bidirectional, bool):
             raise ClusterSpecError(f"ring: bidirectional must be True or False; found {bidirectional!r}")
-        attrs = _link(bandwidth, latency)
+        attrs = _link("ring", ("bandwidth", bandwidth), ("latency", latency))
         graph = nx.DiGraph()
         graph.add_nodes_from(range(n))
         if n > 1:
@@ -83,8 +90,8 @@ class ClusterBuilders:
         name: str | None = None,
     ) -> Self:
         """Star: each rank has an uplink to and a downlink from the switch "switch"; latency is per link."""
-        n = positive_int(n, "switch: n (number of ranks)")
-        attrs = _link(bandwidth, latency)
+        n = world_size_within_limit(positive_int(n, "switch: n (number of ranks)"), "switch: n", 2 * n)
+        attrs = _link("switch", ("bandwidth", bandwidth), ("latency", latency))
         graph = nx.DiGraph()
         graph.add_nodes_from(range(n))
         graph.add_node("switch")
@@ -107,7 +114,8 @@ class ClusterBuilders:
     ) -> Self:
         """A direct link (bytes/s, seconds) for every ordered pair of distinct ranks."""
         n = positive_int(n, "fully_connected: n (number of ranks)")
-        attrs = _link(bandwidth, latency)
+        world_size_within_limit(n, f"fully_connected: n = {n}", n * (n - 1))
+        attrs = _link("fully_connected", ("bandwidth", bandwidth), ("latency", latency))
         graph = nx.DiGraph()
         graph.add_nodes_from(range(n))
         graph.add_edges_from(((i, j) for i in range(n) for j in range(n) if i != j), **attrs)
@@ -130,8 +138,11 @@ class ClusterBuilders:
         """Nodes of GPUs: each GPU links to its node's "node{k}.nvswitch" and to the fabric switch "ib"."""
         nodes = positive_int(nodes, "two_level: nodes")
         per_node = positive_int(gpus_per_node, "two_level: gpus_per_node")
-        intra = _link(intra_bandwidth, intra_latency)
-        inter = _link(inter_bandwidth, inter_latency)
+        world_size_within_limit(
+            nodes * per_node, f"two_level: nodes x gpus_per_node ({nodes} x {per_node})", 4 * nodes * per_node
+        )
+        intra = _link("two_level", ("intra_bandwidth", intra_bandwidth), ("intra_latency", intra_latency))
+        inter = _link("two_level", ("inter_bandwidth", inter_bandwidth), ("inter_latency", inter_latency))
         # Routing minimises latency: intra-node traffic stays on NVLink only while the NVSwitch path
         # (2 x intra_latency) is no slower than the IB path (2 x inter_latency). On a tie the NVSwitch
         # links win because they are numbered first (their switches are added before "ib").
@@ -174,7 +185,9 @@ class ClusterBuilders:
                 f"torus: dims must be a non-empty sequence of sizes such as (4, 4); found {dims!r}"
             )
         sizes = tuple(positive_int(d, f"torus: dims[{i}]") for i, d in enumerate(dims))
-        attrs = _link(bandwidth, latency)
+        per_rank = sum(min(2, size - 1) for size in sizes)  # a dimension of size 2 has one neighbour
+        world_size_within_limit(math.prod(sizes), f"torus: dims {sizes}", math.prod(sizes) * per_rank)
+        attrs = _link("torus", ("bandwidth", bandwidth), ("latency", latency))
         strides = [math.prod(sizes[i + 1 :]) for i in range(len(sizes))]
         n = math.prod(sizes)
         graph = nx.DiGraph()

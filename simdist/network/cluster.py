@@ -16,7 +16,7 @@ from typing import Any
 
 import networkx as nx
 
-from simdist.compute.devices import DeviceSpec
+from simdist.compute.devices import DeviceSpec, get_device
 from simdist.errors import ClusterSpecError
 from simdist.network.builders import ClusterBuilders
 from simdist.network.config import ClusterFiles
@@ -45,6 +45,8 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
                 f"device must be a device model name such as 'H100' or a simdist.compute.DeviceSpec; "
                 f"found {device!r}"
             )
+        else:
+            get_device(device)  # an unknown name fails here, where the cluster is described, not mid-run
         if not isinstance(name, str) or not name:
             raise ClusterSpecError(f"name must be a non-empty string; found {name!r}")
         self.graph, self.world_size, self.switches = canonical_graph(graph)

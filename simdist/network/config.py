@@ -25,7 +25,7 @@ from typing_extensions import Self
 
 from simdist.errors import ClusterSpecError
 from simdist.network.builders import BUILDERS
-from simdist.network.graph import positive_int, suggest
+from simdist.network.graph import positive_int, suggest, world_size_within_limit
 from simdist.network.presets import COMMON_KEYS, PRESETS, check_keys, lookup, preset_names
 
 try:
@@ -81,6 +81,32 @@ def _links_graph(links: Any, world_size: int, switches: Any) -> nx.DiGraph:
     return graph
 
 
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object as a dict, refusing a key given twice (TOML refuses it too; JSON would keep the last)."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ClusterSpecError(f"key {key!r} is given twice in one object; give each key once")
+        seen[key] = value
+    return seen
+
+
+def _text(path: Path) -> str:
+    """The file at ``path`` decoded as UTF-8 (a leading byte-order mark is allowed)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ClusterSpecError(f"cluster file {str(path)!r} cannot be read: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ClusterSpecError(
+            f"{path}: not UTF-8 text: byte {data[exc.start]:#04x} at offset {exc.start} (line {line}) is "
+            f"not valid UTF-8; save the file as UTF-8"
+        ) from None
+
+
 def _read(path: Path) -> Any:
     """Return the parsed contents of the .toml or .json file at ``path``."""
     suffix = path.suffix.lower()
@@ -88,21 +114,30 @@ def _read(path: Path) -> Any:
         raise ClusterSpecError(
             f"cluster file {str(path)!r} must end in .toml or .json; found {suffix or 'no suffix'!r}"
         )
+    if path.is_dir():
+        raise ClusterSpecError(f"cluster file {str(path)!r} is a directory; give the path of a .toml/.json file")
     if not path.is_file():
         raise ClusterSpecError(
             f"cluster file {str(path)!r} does not exist; give a preset name or a .toml/.json path"
         )
+    text = _text(path)
     if suffix == ".json":
         try:
-            return json.loads(path.read_text(encoding="utf-8"))
+            return json.loads(text, object_pairs_hook=_no_duplicate_keys)
         except json.JSONDecodeError as exc:
             raise ClusterSpecError(f"{path}: not valid JSON: {exc}") from None
+        except ClusterSpecError as exc:
+            raise ClusterSpecError(f"{path}: {exc}") from None
+        except RecursionError:
+            raise ClusterSpecError(f"{path}: not a cluster description: its values nest too deeply") from None
     if tomllib is None:
         raise ClusterSpecError(f"{path}: reading TOML needs Python 3.11+ or the 'tomli' package; or use JSON")
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ClusterSpecError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ClusterSpecError(f"{path}: not a cluster description: its values nest too deeply") from None
 
 
 def _toml_value(value: Any) -> str:
@@ -193,6 +228,7 @@ class ClusterFiles:
         params = {k: v for k, v in table.items() if k not in ("preset", "builder", "world_size")}
         if "world_size" in table:
             file_size = positive_int(table["world_size"], "[cluster] world_size")
+            world_size_within_limit(file_size, "[cluster] world_size")
             if world_size is not None and world_size != file_size:
                 raise ClusterSpecError(
                     f"world_size = {file_size} in the file but a world size of {world_size} was requested; make them agree"
@@ -204,6 +240,11 @@ class ClusterFiles:
             return cls.preset(preset.name, world_size=world_size, **params)  # type: ignore[attr-defined]
         if "builder" in table:
             builder = table["builder"]
+            if not isinstance(builder, str):
+                raise ClusterSpecError(
+                    f"builder must be a builder name (a string: {', '.join(BUILDERS)}); found a "
+                    f"{type(builder).__name__}: {builder!r}"
+                )
             if builder not in BUILDERS:
                 raise ClusterSpecError(
                     f"unknown builder {builder!r}; known builders: {', '.join(BUILDERS)}.{suggest(str(builder), BUILDERS, cutoff=0.5)}"

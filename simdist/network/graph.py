@@ -12,7 +12,13 @@ import networkx as nx
 
 from simdist import algorithms as algos
 from simdist.errors import ClusterSpecError
-from simdist.units import parse_bandwidth, parse_time
+from simdist.units import parse_bandwidth, parse_latency
+
+#: the largest world a cluster may have: a million ranks already take tens of seconds and gigabytes to build,
+#: so a larger number is a typo (or a job for the closed-form estimates, ``simdist.algorithms.estimate``)
+MAX_WORLD_SIZE = 1 << 20
+#: the most directed links a builder makes (a graph this size takes minutes and several GB to build)
+MAX_LINKS = 1 << 23
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +64,22 @@ def validate_algorithms(algorithms: Mapping[str, str] | None) -> dict[str, str]:
 def plural(count: int, noun: str) -> str:
     """Return "1 switch" or "3 switches"."""
     return f"{count} {noun}" if count == 1 else f"{count} {noun}{'es' if noun.endswith('h') else 's'}"
+
+
+def world_size_within_limit(world_size: int, what: str, links: int = 0) -> int:
+    """Return ``world_size`` after checking it, and the ``links`` a builder would make, are within the limits."""
+    if world_size > MAX_WORLD_SIZE:
+        raise ClusterSpecError(
+            f"{what} gives {world_size} ranks, more than the {MAX_WORLD_SIZE} a simulated cluster may have "
+            f"(building it alone would take minutes and gigabytes); simulate a smaller world, or price large ones "
+            f"with the closed forms of simdist.algorithms.estimate"
+        )
+    if links > MAX_LINKS:
+        raise ClusterSpecError(
+            f"{what} gives {links} directed links, more than the {MAX_LINKS} a simulated cluster may have; use "
+            f"fewer ranks, or a topology with fewer links per rank (a switch has 2)"
+        )
+    return world_size
 
 
 def positive_int(value: object, what: str) -> int:
@@ -131,7 +153,7 @@ def canonical_graph(graph: object) -> tuple[nx.DiGraph, int, tuple[str, ...]]:
                 f"link {u!r} -> {v!r} is a self-loop; remove it (a rank needs no link to itself)"
             )
         bandwidth = _edge_value(data, "bandwidth", (u, v), parse_bandwidth)
-        latency = _edge_value(data, "latency", (u, v), parse_time)
+        latency = _edge_value(data, "latency", (u, v), parse_latency)
         canon.add_edge(u, v, bandwidth=bandwidth, latency=latency)
     # Link ids follow the canonical edge order: by source vertex (ranks ascending, then switches in the
     # order the input lists them), then in the order each source's links were added. Two clusters

@@ -16,7 +16,7 @@ from typing_extensions import Self
 
 from simdist.errors import ClusterSpecError
 from simdist.network.builders import SIZE_KEY
-from simdist.network.graph import positive_int, suggest
+from simdist.network.graph import positive_int, suggest, world_size_within_limit
 
 #: arguments every builder takes besides its own
 COMMON_KEYS = ("device", "algorithms", "name")
@@ -162,9 +162,17 @@ class ClusterPresets:
     @classmethod
     def build(cls, builder: str, params: dict[str, Any], world_size: int | None = None, where: str = "") -> Self:
         """Call builder ``builder`` with ``params`` (sized by ``world_size`` when its size key is absent)."""
+        if not isinstance(builder, str) or builder not in SIZE_KEY:
+            raise ClusterSpecError(
+                f"unknown builder {builder!r}; known builders: {', '.join(SIZE_KEY)}.{suggest(str(builder), SIZE_KEY)}"
+            )
         where = where or f"builder {builder!r}"
+        if not isinstance(params, Mapping):
+            raise ClusterSpecError(f"{where}: the arguments must be a mapping of keyword to value; found {params!r}")
+        check_keys(params, cls.builder_keys(builder), where)
+        params = dict(params)
         if world_size is not None:
-            world_size = positive_int(world_size, f"{where}: world_size")
+            world_size = world_size_within_limit(positive_int(world_size, f"{where}: world_size"), f"{where}: world_size")
             if SIZE_KEY[builder] not in params:
                 _size(builder, params, world_size, where)
         signature = inspect.signature(getattr(cls, builder))
@@ -184,8 +192,11 @@ class ClusterPresets:
         return cluster
 
     @classmethod
-    def preset(cls, name: str, world_size: int | None = None, **overrides: Any) -> Self:
-        """Build preset ``name`` with builder arguments ``overrides``; ``world_size`` sizes a parametric preset."""
+    def preset(cls, name: str, /, world_size: int | None = None, **overrides: Any) -> Self:
+        """Build preset ``name`` with builder arguments ``overrides``; ``world_size`` sizes a parametric preset.
+
+        ``name`` is positional-only so that ``name=...`` among the overrides renames the cluster.
+        """
         preset = lookup(name)
         where = f"preset {preset.name!r}"
         check_keys(overrides, cls.builder_keys(preset.builder), where)
