@@ -76,6 +76,20 @@ def _seed(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    """An argparse type: a positive number of seconds, or inf."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds (or inf); found {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds (or inf); found {text!r}")
+    return value
+
+
+_seconds.__name__ = "seconds"
+
+
 def _output_file(text: str) -> Path:
     """An argparse type: a file to write, checked before the run so a long run is not lost to a typo."""
     path = Path(text).expanduser()
@@ -117,7 +131,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with warnings.catch_warnings():  # races are summarised once below rather than warned per site
         warnings.simplefilter("ignore", RaceWarning)
-        res = run(fn, cluster, seed=args.seed, progress=args.progress, gloo_threads=args.gloo_threads, races=args.races)
+        res = run(
+            fn, cluster, seed=args.seed, progress=args.progress, gloo_threads=args.gloo_threads, races=args.races,
+            watchdog=args.watchdog, backend_name=args.backend_name,
+        )
     wall = time.perf_counter() - t0
     for rank, value in enumerate(res.returns):
         if value is not None or args.show_none:
@@ -183,6 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--gloo-threads", type=positive, default=2, help="threads per group with --progress gloo (default: 2)")
     r.add_argument("--races", default="warn", choices=("error", "warn", "off"),
                    help="race detector: error (stop at the first race), warn (report every race; exit status 3), off")
+    r.add_argument("--watchdog", type=_seconds, default=None, metavar="SECONDS",
+                   help="wall-clock seconds a rank may run without communicating before the run stops "
+                        "(default: $SIMDIST_WATCHDOG, else 600; inf turns it off)")
+    r.add_argument("--backend-name", default="simdist", choices=("simdist", "gloo", "nccl"),
+                   help="the backend name rank code sees in dist.get_backend() (default: simdist)")
     r.add_argument("--show-none", action="store_true", help="also print ranks that returned None")
     r.set_defaults(func=cmd_run)
 
