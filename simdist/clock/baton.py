@@ -56,6 +56,8 @@ class RankState:
     exc: BaseException | None = None
     traceback_text: str = ""
     rng_state: torch.Tensor | None = None
+    #: torch's default dtype as this rank last left it (process-wide in torch, per process in a real launch)
+    default_dtype: torch.dtype = torch.float32
     #: what the rank is blocked on (a human-readable description with the call site), or None when runnable
     waiting_on: str | None = None
     #: compute time (seconds) charged since the rank's last synchronisation point
@@ -129,6 +131,7 @@ class Baton:
         self.children: list[RankState] = []
         self._main_sem = _signal()
         self._initial_rng = initial_rng_state
+        self._initial_dtype = torch.get_default_dtype()
         self._stack_size = stack_size
         #: wall-clock seconds a thread may keep the baton before the run is stopped
         self.watchdog = watchdog
@@ -230,7 +233,9 @@ class Baton:
             raise RankAbort()
 
     def _hand_back(self, state: RankState) -> None:
-        state.owner.rng_state = torch.get_rng_state()
+        owner = state.owner
+        owner.rng_state = torch.get_rng_state()
+        owner.default_dtype = torch.get_default_dtype()
         self.running = None
         self._main_sem.release()
         state.sem.acquire()
@@ -247,7 +252,10 @@ class Baton:
             )
             state.thread.start()
         else:
-            torch.set_rng_state(state.owner.rng_state)
+            owner = state.owner
+            torch.set_rng_state(owner.rng_state)
+            if torch.get_default_dtype() != owner.default_dtype:
+                torch.set_default_dtype(owner.default_dtype)
             self.running = state
             state.sem.release()
         self._wait_for(state)
@@ -301,6 +309,7 @@ class Baton:
         _current.state = state
         if state.parent is None:
             torch.set_rng_state(self._initial_rng)
+            torch.set_default_dtype(self._initial_dtype)
         else:
             state.sem.acquire()  # a rank's further thread starts at once but runs only with the baton
         self.running = state
@@ -328,6 +337,7 @@ class Baton:
             if state.done is not None and not self.aborting:
                 state.done.succeed()
             state.owner.rng_state = torch.get_rng_state()
+            state.owner.default_dtype = torch.get_default_dtype()
             self.running = None
             _current.state = None
             self._main_sem.release()

@@ -1,7 +1,7 @@
 """Process-wide state a simulated run changes, all restored afterwards.
 
-Environment variables as torchrun sets them (a per-rank view of ``os.environ``), torch's thread count and
-global RNG, CPU pinning, garbage-collector settings, CPU-only seeding, the ``"simdist"`` backend's
+Environment variables as torchrun sets them (a per-rank view of ``os.environ``), torch's thread count,
+global RNG and default dtype, CPU pinning, garbage-collector settings, CPU-only seeding, the ``"simdist"`` backend's
 installation in torch.distributed, and the process-wide calls rank code may make as if it were a process of
 its own: ``os._exit`` (ends the rank, not the simulator's process), ``signal.signal`` (a handler per rank) and
 ``time.sleep`` (the rank waits in simulated time, handing the others the baton).
@@ -30,6 +30,7 @@ from simdist.errors import RankExit
 def run_context(ctx: RunContext, n: int, local_world: int) -> Iterator[None]:
     """Process-wide state a run changes, all restored afterwards."""
     rng = torch.get_rng_state()
+    dtype = torch.get_default_dtype()
     threads = torch.get_num_threads()
     hook = sys.excepthook
     gc_threshold = gc.get_threshold()
@@ -59,6 +60,7 @@ def run_context(ctx: RunContext, n: int, local_world: int) -> Iterator[None]:
         gc.unfreeze()
         gc.set_threshold(*gc_threshold)
         torch.set_rng_state(rng)
+        torch.set_default_dtype(dtype)
         torch.set_num_threads(threads)
         sys.excepthook = hook
         if affinity is not None:

@@ -257,6 +257,13 @@ def _installs_signal_handler() -> tuple:
     return previous, callable(signal.getsignal(signal.SIGTERM))
 
 
+def _default_dtype_per_rank() -> list:
+    if dist.get_rank() == 0:
+        torch.set_default_dtype(torch.float64)
+    dist.barrier()  # rank 1 runs between rank 0's change and its next line
+    return [torch.ones(1).dtype, torch.get_default_dtype()]
+
+
 async def _async_step() -> None:
     dist.barrier()
 
@@ -461,6 +468,13 @@ CASES: list[Case] = [
         "rank code installs a SIGTERM handler (allowed in a process's main thread, refused in other threads)",
         lambda: simdist.run(_installs_signal_handler, RING2),
         check=lambda r: (r.returns == [(signal.SIG_DFL, True)] * 2 and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
+        or pytest.fail(str(r.returns)),
+    ),
+    Case(
+        "default-dtype-per-rank",
+        "rank 0 calls torch.set_default_dtype(torch.float64); rank 1 creates tensors meanwhile",
+        lambda: simdist.run(_default_dtype_per_rank, RING2),
+        check=lambda r: (r.returns == [[torch.float64] * 2, [torch.float32] * 2] and torch.get_default_dtype() == torch.float32)
         or pytest.fail(str(r.returns)),
     ),
     Case(
