@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from simdist.ranks import format_ranks
+
 
 class SimdistError(Exception):
     """Base class of every error simdist raises on purpose."""
@@ -35,7 +37,7 @@ class RankError(SimdistError):
         self.rank = rank
         self.exc = exc
         self.traceback_text = traceback_text
-        extra = f" (ranks {others} also raised)" if others else ""
+        extra = f" ({format_ranks(others)} also raised)" if others else ""
         try:
             text = str(exc)
         except Exception:  # noqa: BLE001 - a user exception whose __str__ raises is still reported

@@ -341,10 +341,15 @@ class Baton:
             self.running = None
             _current.state = None
             self._main_sem.release()
-        if state.parent is not None and state.exc is not None and not isinstance(state.exc, RankAbort):
+        exc = state.exc
+        if state.parent is not None and exc is not None and not isinstance(exc, RankAbort):
             # As in a real process, an exception that ends a thread the rank started does not end the rank:
-            # it reaches threading.excepthook (which prints it), outside the baton.
-            raise state.exc
+            # it reaches threading.excepthook (which prints it), outside the baton, from the user's frames on.
+            tb = exc.__traceback__
+            while tb is not None and _is_own(tb.tb_frame.f_code.co_filename):
+                tb = tb.tb_next
+            exc = exc.with_traceback(tb)
+            threading.excepthook(threading.ExceptHookArgs((type(exc), exc, tb, threading.current_thread())))
 
     def start_all(self) -> None:
         """Start every rank at simulated time 0, in rank order."""
@@ -414,6 +419,11 @@ class Baton:
 _OWN = (threading.__file__, os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + "engine")
 
 
+def _is_own(filename: str) -> bool:
+    """Whether a frame of ``filename`` is the baton's, the run's or threading's own (not the user's)."""
+    return filename == __file__ or filename.startswith(_OWN)
+
+
 def _user_stack(frame: Any) -> str:
     """The stack of ``frame`` as text, without the thread start-up and run frames above the user's code."""
     if frame is None:
@@ -421,7 +431,7 @@ def _user_stack(frame: Any) -> str:
     frames = traceback.extract_stack(frame)
     start = 0
     for i, f in enumerate(frames):
-        if f.filename == __file__ or f.filename.startswith(_OWN):
+        if _is_own(f.filename):
             start = i + 1
     return "".join(traceback.format_list(frames[start:] or frames))
 

@@ -12,6 +12,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 
 import pytest
 import torch
@@ -183,6 +184,27 @@ def _check_overlap(result: simdist.RunResult) -> None:
     for order, a in result.returns:
         assert sorted(order) == ["rank", "thread"] and torch.equal(a, torch.full((2,), 2.0)), result.returns
     assert result.returns[0][0] == result.returns[1][0]
+
+
+def _thread_raises() -> str:
+    def bad() -> None:
+        raise ValueError("thread boom")
+
+    th = threading.Thread(target=bad)
+    th.start()
+    th.join()
+    return "rank survived"
+
+
+def _thread_raises_seen_by_excepthook() -> tuple:
+    seen: list = []
+    old = threading.excepthook
+    threading.excepthook = lambda a: seen.append((a.exc_type, traceback.extract_tb(a.exc_traceback)[0].name))
+    try:
+        result = simdist.run(_thread_raises, RING2)
+    finally:
+        threading.excepthook = old
+    return result.returns, seen
 
 
 # --------------------------------------------------------------------------- futures
@@ -405,6 +427,12 @@ CASES: list[Case] = [
         "a rank's thread all-reduces while the rank itself enters a barrier",
         lambda: simdist.run(_thread_and_rank_overlap, RING2),
         check=_check_overlap,
+    ),
+    Case(
+        "thread-raises",
+        "a thread the rank started raises ValueError",
+        _thread_raises_seen_by_excepthook,
+        check=lambda r: r == (["rank survived"] * 2, [(ValueError, "bad")] * 2) or pytest.fail(str(r)),
     ),
     Case(
         "then-callback-collective",
