@@ -98,11 +98,11 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
         try:
             value = operator.index(rank)  # type: ignore[arg-type]
         except TypeError:
-            raise ValueError(
+            raise ClusterSpecError(
                 f"{what} must be an int rank in 0..{self.world_size - 1}; found {rank!r}"
             ) from None
         if not 0 <= value < self.world_size:
-            raise ValueError(
+            raise ClusterSpecError(
                 f"{what} rank {value} is out of range: this cluster has ranks 0..{self.world_size - 1}"
             )
         return value

@@ -167,6 +167,10 @@ def _graph(*edges: tuple[int, int, object, object]) -> nx.DiGraph:
 
 
 _CLUSTERS = [
+    Case("route-to-missing-rank", "Cluster.ring(4).route(0, 99)", lambda: simdist.Cluster.ring(4).route(0, 99),
+         error=simdist.ClusterSpecError, match=r"route destination rank 99 is out of range: this cluster has ranks 0\.\.3"),
+    Case("route-from-float", "Cluster.ring(4).route(0.5, 1)", lambda: simdist.Cluster.ring(4).route(0.5, 1),
+         error=simdist.ClusterSpecError, match=r"route source must be an int rank in 0\.\.3; found 0\.5"),
     Case("latency-1e300-on-a-ring", "Cluster.ring(4, latency=1e300): routes would sum to infinity",
          lambda: simdist.Cluster.ring(4, latency=1e300), error=simdist.ClusterSpecError,
          match=r"ring: latency 1e\+300 .* largest link latency accepted, 3600 s"),
