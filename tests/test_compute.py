@@ -13,9 +13,11 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+import simdist
 from simdist.compute import DEVICES, ComputeCostMode, DeviceSpec, estimate, get_device, op_cost, op_flops
 from simdist.errors import ClusterSpecError
 
@@ -419,3 +421,52 @@ def test_modes_are_per_thread_and_cover_backward() -> None:
     assert "aten::threshold_backward" in results["H100"]
     assert [name for name, _ in estimate(mlp_step, device=H100)[1]] == results["H100"]
     assert results["cpu"] == []
+
+
+def _mlp(x: torch.Tensor) -> torch.Tensor:
+    w = torch.ones(64, 64, device=x.device)
+    return torch.relu(x @ w) @ w
+
+
+def test_fake_tensors_cost_nothing_and_meta_only_when_estimating() -> None:
+    """No kernel runs on fake tensors (tracing), nor on meta tensors in rank code (shape propagation, meta
+    initialisation); ``estimate`` prices meta tensors on purpose, to size ops without data."""
+    real, _ = estimate(_mlp, torch.ones(32, 64), device="H100")
+    assert real > 0
+    meta_x = torch.ones(32, 64, device="meta")
+    assert estimate(_mlp, meta_x, device="H100")[0] == pytest.approx(real, rel=1e-12)
+    charges: list = []
+    with ComputeCostMode(get_device("H100"), lambda seconds, name: charges.append(name)):
+        _mlp(meta_x)
+    assert charges == []
+    with FakeTensorMode() as fake_mode:
+        x = fake_mode.from_tensor(torch.ones(32, 64))
+        fake, charges = estimate(_mlp, x, device="H100")
+    assert fake == 0 and charges == []
+
+
+class _Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(64, 64), torch.nn.Linear(64, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def _step(export_first: bool) -> float:
+    torch.manual_seed(0)
+    net = _Net()
+    x = torch.randn(16, 64)
+    if export_first:  # traces with fake tensors and symbolic shapes, as torch.distributed.pipelining.pipeline()
+        torch.export.export(net, (x,), dynamic_shapes=({0: torch.export.Dim("batch")},))
+    net(x).sum().backward()
+    return simdist.now()
+
+
+def test_tracing_inside_a_rank_charges_no_time() -> None:
+    """A rank that traces its model with torch.export takes the same simulated time as one that does not."""
+    plain = simdist.run(_step, simdist.Cluster.ring(2), args=(False,))
+    traced = simdist.run(_step, simdist.Cluster.ring(2), args=(True,))
+    assert type(traced.sim_time) is float and plain.sim_time > 0
+    assert traced.returns == plain.returns and traced.sim_time == plain.sim_time

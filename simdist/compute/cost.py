@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from math import prod
 from typing import Any
@@ -164,9 +165,9 @@ _NO_KERNEL: frozenset[str] = frozenset(
 )
 
 # Collectives and profiler markers are not compute: the network model times collectives, so charging
-# them here would count their time twice.
+# them here would count their time twice. prim ops (prim::device, prim::layout, ...) read tensor metadata.
 _NO_COMPUTE_NAMESPACES: frozenset[str] = frozenset(
-    {"c10d", "_c10d_functional", "c10d_functional", "profiler"}
+    {"c10d", "_c10d_functional", "c10d_functional", "profiler", "prim"}
 )
 
 
@@ -276,9 +277,14 @@ class ComputeCostMode(TorchDispatchMode):
         device: DeviceSpec,
         charge: Callable[[float, str], None],
         before: Callable[[Any, Sequence[Any], dict[str, Any]], None] | None = None,
+        *,
+        price_meta: bool = False,
     ) -> None:
         super().__init__()
         self.device = device
+        #: charge ops on meta tensors as if they ran (pricing shapes without data, as ``estimate`` does);
+        #: otherwise meta tensors, like fake ones, are tracing or shape propagation, and cost nothing
+        self._price_meta = price_meta
         self._charge = charge
         self._zero_cost = device.is_zero_cost
         # Another per-op check (the race detector's) runs here rather than in a mode of its own: each
@@ -291,13 +297,28 @@ class ComputeCostMode(TorchDispatchMode):
         if self._before is not None:
             self._before(func, args, kwargs or {})
         out = func(*args, **(kwargs or {}))
-        if not self._zero_cost:
+        if not self._zero_cost and not _without_data(out, self._price_meta):
             info = _op_info(func)
             if not info.free:
                 seconds = _info_cost(info, args, kwargs, out, self.device)
-                if seconds > 0:
+                # symbolic shapes (torch.export tracing) give a symbolic cost: no kernel runs, nothing is charged
+                if type(seconds) in (int, float) and seconds > 0:
                     self._charge(seconds, info.name)
         return out
+
+
+def _without_data(out: Any, price_meta: bool) -> bool:
+    """Whether ``out`` is a fake (or, unless ``price_meta``, meta) tensor: tracing or shape propagation, where no
+    kernel runs, so no time is charged."""
+    if isinstance(out, (tuple, list)):
+        out = next((o for o in out if isinstance(o, torch.Tensor)), None)
+    if not isinstance(out, torch.Tensor):
+        return False
+    if out.is_meta:
+        return not price_meta
+    # No FakeTensor can exist unless torch has loaded its module (importing it costs over a second).
+    fake = sys.modules.get("torch._subclasses.fake_tensor")
+    return fake is not None and isinstance(out, fake.FakeTensor)
 
 
 def estimate(
@@ -306,6 +327,6 @@ def estimate(
     """Run ``fn(*args, **kwargs)`` under ComputeCostMode; return (total seconds, [(op name, seconds), ...])."""
     spec = get_device(device) if isinstance(device, str) else device
     charges: list[tuple[str, float]] = []
-    with ComputeCostMode(spec, lambda seconds, name: charges.append((name, seconds))):
+    with ComputeCostMode(spec, lambda seconds, name: charges.append((name, seconds)), price_meta=True):
         fn(*args, **kwargs)
     return sum(s for _, s in charges), charges
