@@ -7,6 +7,14 @@ import torch.distributed as dist
 from simdist.ranks import format_ranks
 
 
+def safe_str(exc: BaseException) -> str:
+    """``str(exc)``, or a placeholder when a user exception's ``__str__`` raises."""
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not hide the report it appears in
+        return f"<{type(exc).__name__}.__str__ raised>"
+
+
 class SimdistError(Exception):
     """Base class of every error simdist raises on purpose."""
 
@@ -38,12 +46,8 @@ class RankError(SimdistError):
         self.exc = exc
         self.traceback_text = traceback_text
         extra = f" ({format_ranks(others)} also raised)" if others else ""
-        try:
-            text = str(exc)
-        except Exception:  # noqa: BLE001 - a user exception whose __str__ raises is still reported
-            text = f"<{type(exc).__name__}.__str__ raised>"
         super().__init__(
-            f"rank {rank} raised {type(exc).__name__}: {text}{extra}\n"
+            f"rank {rank} raised {type(exc).__name__}: {safe_str(exc)}{extra}\n"
             f"--- traceback of rank {rank} ---\n{traceback_text}"
         )
 

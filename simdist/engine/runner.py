@@ -27,7 +27,14 @@ from simdist.compute.cost import ComputeCostMode
 from simdist.compute.devices import DeviceSpec, get_device
 from simdist.engine.process import run_context
 from simdist.engine.threads import rank_threads
-from simdist.errors import InvalidArgumentError, RankError, RunArgumentError, SimdistError, SimTimeoutError
+from simdist.errors import (
+    InvalidArgumentError,
+    RankError,
+    RunArgumentError,
+    SimdistError,
+    SimTimeoutError,
+    safe_str,
+)
 from simdist.network.cluster import Cluster
 from simdist.ranks import ranges
 from simdist.trace.trace import Trace
@@ -265,17 +272,9 @@ def _copy_for_rank(args: tuple, kwargs: dict[str, Any], rank: int) -> tuple[tupl
     except Exception as e:
         raise SimdistError(
             f"rank {rank}: could not copy the arguments of simdist.run for the rank "
-            f"({type(e).__name__}: {_safe_str(e)}). Each rank receives its own deep copy, as each process of a "
+            f"({type(e).__name__}: {safe_str(e)}). Each rank receives its own deep copy, as each process of a "
             f"real launch does; pass copy_args=False to share them (read-only inputs)"
         ) from e
-
-
-def _safe_str(e: BaseException) -> str:
-    """``str(e)``, or a placeholder when its ``__str__`` raises."""
-    try:
-        return str(e)
-    except Exception:  # noqa: BLE001 - user exceptions may have a broken __str__
-        return f"<{type(e).__name__}.__str__ raised>"
 
 
 def default_race_mode() -> str:

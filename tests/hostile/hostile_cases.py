@@ -72,11 +72,3 @@ def check(case: Case) -> None:
     else:
         assert case.check is not None
         case.check(case.run())
-
-
-def cli_status(main: Callable[[list[str]], int], argv: list[str], capsys: Any = None) -> int:
-    """Exit status of a ``main(argv)`` entry point, counting ``SystemExit`` (argparse) as its code."""
-    try:
-        return int(main(argv) or 0)
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else 1
