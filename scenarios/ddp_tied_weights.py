@@ -239,14 +239,17 @@ def timing_model() -> nn.Module:
 
 
 def timed_step(wrapper: str, options: dict) -> None:
-    """Wrap, warm up once, then one timed step between two simulated-time marks."""
+    """Wrap, then one timed step between two simulated-time marks, each taken with the device idle (as
+    ``torch.cuda.synchronize()`` before reading a clock does on a GPU: the host runs ahead of its device)."""
     model = timing_model()
     ddp = WRAPPERS[wrapper](model, **options)
     x = torch.randn(TOKENS, WIDTH, generator=torch.Generator().manual_seed(dist.get_rank()))
     dist.barrier()
+    simdist.synchronize()
     start = simdist.now()
     ddp(x).pow(2).mean().backward()
     ddp.finish_gradient_synchronization()
+    simdist.synchronize()
     return simdist.now() - start, start
 
 

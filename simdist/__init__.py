@@ -7,7 +7,7 @@
 """
 
 from simdist import algorithms
-from simdist.engine.api import charge, now, set_algorithms
+from simdist.engine.api import charge, now, set_algorithms, synchronize
 from simdist.engine.runner import RunResult, run
 from simdist.errors import (
     ClusterSpecError,
@@ -50,4 +50,5 @@ __all__ = [
     "now",
     "run",
     "set_algorithms",
+    "synchronize",
 ]

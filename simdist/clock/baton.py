@@ -60,8 +60,11 @@ class RankState:
     default_dtype: torch.dtype = torch.float32
     #: what the rank is blocked on (a human-readable description with the call site), or None when runnable
     waiting_on: str | None = None
-    #: compute time (seconds) charged since the rank's last synchronisation point
+    #: compute time (seconds) charged since the rank's last synchronisation point (host-synchronous ranks)
     pending: float = 0.0
+    #: simulated time (seconds) at which the rank's compute stream has run everything queued on it (ranks
+    #: whose host runs ahead of the device; threads of a rank share their owner's)
+    stream_end: float = 0.0
     #: simulated time (seconds) at which the rank's function returned
     finish_time: float = 0.0
     #: the rank this thread belongs to, for a thread the rank's code or its futures started; None for the rank's

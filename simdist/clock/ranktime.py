@@ -1,8 +1,16 @@
-"""Each rank's simulated time: the clock's ``now`` plus the compute the rank has queued but not yet waited out.
+"""Each rank's simulated time: a host timeline, and the compute stream its ops are queued on.
 
-Compute is charged lazily: an op adds its seconds to the rank's pending time, and the rank sleeps them off
-at its next synchronisation point (issuing or waiting on communication, polling, finishing), so a run of
-ops costs one baton hand-off instead of one per op.
+Two models, chosen per run:
+
+- *host-synchronous* (CPU processes, gloo-like progress): an op adds its seconds to the rank's pending time
+  and the rank sleeps them off at its next synchronisation point (issuing or waiting on communication,
+  polling, finishing), so a run of ops costs one baton hand-off instead of one per op. The host is always
+  where its compute is.
+- *host runs ahead* (GPU devices under NCCL-like progress, as CUDA does): the host enqueues each op on the
+  rank's compute stream and goes on at once. The stream runs its ops back to back, each starting at
+  max(the stream's end, the host time it was enqueued). Communication issued by the host starts on its own
+  stream once the compute stream reaches the issue point (``issue_time``). The host waits for the device
+  only where it must: waiting on communication, reading a value to the host, or synchronising.
 """
 
 from __future__ import annotations
@@ -11,36 +19,69 @@ from typing import Any
 
 import simpy
 
-from simdist.clock.baton import Baton, current_rank_state
+from simdist.clock.baton import Baton, RankState, current_rank_state
 
 
 class RankTime:
-    """Per-rank compute time on one simpy clock, with the waits that advance it."""
+    """Per-rank host and compute-stream time on one simpy clock, with the waits that advance them."""
 
-    def __init__(self, env: simpy.Environment, baton: Baton) -> None:
+    def __init__(self, env: simpy.Environment, baton: Baton, host_runs_ahead: bool = False) -> None:
         self.env = env
         self.baton = baton
+        #: whether hosts enqueue compute and go on (GPU under NCCL-like progress), or wait for it
+        self.host_runs_ahead = host_runs_ahead
 
     def charge(self, seconds: float) -> tuple[int, float, float] | None:
         """Queue ``seconds`` of compute on the calling rank: its (rank, start, end), or None outside a rank."""
         state = current_rank_state()
         if state is None or seconds <= 0:
             return None
+        if self.host_runs_ahead:
+            owner = state.owner
+            start = max(self.env.now, owner.stream_end)
+            owner.stream_end = start + seconds
+            return state.rank, start, start + seconds
         start = self.env.now + state.pending
         state.pending += seconds
         return state.rank, start, start + seconds
 
     def settle(self) -> None:
-        """Advance simulated time over the calling rank's pending compute."""
+        """Bring the calling rank's host up to date: sleep off compute it has charged but not waited out.
+
+        A host that runs ahead has nothing to settle: its compute is on the device.
+        """
         state = current_rank_state()
         if state is not None and state.pending > 0:
             pending, state.pending = state.pending, 0.0
             self.baton.sleep(pending, f"rank {state.rank} computing")
 
+    def issue_time(self) -> float:
+        """The simulated time at which an operation the calling rank issues now may start on its stream.
+
+        Host-synchronous: the host settles its compute first, so now. Host ahead: when the compute stream
+        reaches this point (the event a CUDA collective waits on), never before the host issued it.
+        """
+        state = current_rank_state()
+        if not self.host_runs_ahead or state is None:
+            self.settle()
+            return self.env.now
+        return max(self.env.now, state.owner.stream_end)
+
+    def synchronize(self) -> None:
+        """Wait on the calling rank's host until its compute stream has run everything queued on it."""
+        self.settle()
+        state = current_rank_state()
+        if state is not None and self.host_runs_ahead:
+            self.baton.sleep(state.owner.stream_end - self.env.now, f"rank {state.rank} synchronizing with its device")
+
     def now(self) -> float:
-        """The calling rank's current simulated time (seconds), pending compute included."""
+        """The calling rank's current host time (seconds), compute it has charged but not slept off included."""
         state = current_rank_state()
         return self.env.now + (state.pending if state is not None else 0.0)
+
+    def finish_time(self, state: RankState) -> float:
+        """When rank ``state`` is done: its host time, or the end of its compute stream if that is later."""
+        return max(self.env.now + state.pending, state.stream_end if self.host_runs_ahead else 0.0)
 
     def let_time_pass(self, event: Any, description: str) -> None:
         """A rank polled an operation that is not done: move it on to the next simulated time at which

@@ -38,6 +38,10 @@ _SKIP = tuple(
 #: operations overlap (ProcessGroupGloo's default pool has 2 threads)
 PROGRESS_MODES = ("nccl", "gloo")
 
+#: ops that copy a value from the device to the host (``.item()``, ``bool(t)``, printing): the host waits for
+#: its compute stream there, as a CUDA host does
+HOST_READS = frozenset({"aten::_local_scalar_dense"})
+
 
 class RunContext:
     """Everything one run's communication shares: clock, cluster, network, groups, point-to-point queues,
@@ -52,6 +56,7 @@ class RunContext:
         progress: str = "nccl",
         gloo_threads: int = 2,
         races: str = "off",
+        host_runs_ahead: bool = False,
     ) -> None:
         if progress not in PROGRESS_MODES:
             raise RunArgumentError(f"progress must be one of {PROGRESS_MODES}, got {progress!r}")
@@ -61,7 +66,7 @@ class RunContext:
             )
         self.env = env
         self.baton = baton
-        self.time = RankTime(env, baton)
+        self.time = RankTime(env, baton, host_runs_ahead and progress == "nccl")
         self.cluster = cluster
         self.world_size = cluster.world_size
         self.progress = progress
@@ -97,10 +102,20 @@ class RunContext:
         span = self.time.charge(seconds)
         if span is not None:
             self.trace.compute(span[0], name, span[1], span[2])
+            if name in HOST_READS:
+                self.time.synchronize()
 
     def settle(self) -> None:
-        """Advance simulated time over the calling rank's pending compute."""
+        """Bring the calling rank's host up to date with the compute it waits for (see ``RankTime.settle``)."""
         self.time.settle()
+
+    def issue_time(self) -> float:
+        """When an operation the calling rank issues now may start on its stream (see ``RankTime.issue_time``)."""
+        return self.time.issue_time()
+
+    def synchronize(self) -> None:
+        """Wait on the calling rank's host until its compute stream is idle."""
+        self.time.synchronize()
 
     def now(self) -> float:
         """The calling rank's current simulated time (seconds), pending compute included."""

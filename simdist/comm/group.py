@@ -35,6 +35,9 @@ class Call:
     work: SimWork
     #: the spec's signature when the call was issued
     signature: tuple = ()
+    #: simulated time (seconds) from which the rank's stream may run it: when its compute stream reaches the
+    #: issue point (see ``RankTime.issue_time``)
+    ready_at: float = 0.0
 
     @property
     def op(self) -> str:

@@ -23,7 +23,8 @@ def launch(sim: Any, st: GroupState, inst: Instance) -> None:
     algo = sim.selector.select(st.index, st.global_ranks, st.algorithms, first.collective, first.sizes().nbytes)
     plan = kind.plan(specs, algo)
     name = f"{sim.progress}:{first.name}"
-    start_time = sim.env.now
+    # every rank's stream reaches the collective (a CUDA event on its compute stream) before it runs
+    start_time = max(sim.env.now, *(c.ready_at for c in calls))
     streams = [st.stream_of(inst, r) for r in range(n)]
 
     def rank_done(r: int) -> None:
@@ -38,7 +39,10 @@ def launch(sim: Any, st: GroupState, inst: Instance) -> None:
     run = ScheduleRun(sim, plan.msgs, n, plan.src, plan.dst, plan.reduce_op, st.global_ranks, rank_done, streams, name)
     for c in calls:
         c.work.messages = run
-    run.start()
+    if start_time > sim.env.now:
+        sim.env.timeout(start_time - sim.env.now).callbacks.append(lambda _ev: run.start())
+    else:
+        run.start()
 
 
 def _span_args(call: Call, st: GroupState, inst: Instance, algorithm: str) -> dict[str, Any]:

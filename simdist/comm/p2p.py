@@ -1,8 +1,14 @@
 """Point-to-point messages: a send and a receive are matched per (group, source, destination, tag) in order.
 
-The transfer starts when both sides have posted (a rendezvous, as NCCL does; so two ranks that both block in
-``send`` towards each other deadlock here, and simdist reports it). Both works complete when the data has
-arrived in the receiver's tensor.
+The first transfer between two ranks (on a group, in one direction) starts when both sides have posted: a
+rendezvous, as NCCL connects a pair lazily on its first send/recv, so two ranks that both block in ``send``
+towards each other deadlock here, and simdist reports it. Both works complete when the data has arrived.
+
+Later transfers on a connected pair, where hosts run ahead of their devices (GPU under NCCL-like progress),
+follow NCCL's eager protocol for messages that fit the receiver's staging buffer (``EAGER_BYTES``): the data
+leaves once the sender's stream reaches the send, whether or not the receive is posted yet, and waits in the
+staging buffer; the send completes when the data has arrived, the receive when its stream reaches it and the
+data is there. Larger messages and host-synchronous runs keep the rendezvous.
 """
 
 from __future__ import annotations
@@ -10,6 +16,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
+
+#: the largest message (bytes) sent eagerly on a connected pair: NCCL's default staging buffer per
+#: connection, NCCL_BUFFSIZE = 4 MiB
+EAGER_BYTES = 4 * 2**20
 
 import torch
 
@@ -31,6 +41,14 @@ class Post:
     work: SimWork
     site: str
     order: int
+    #: simulated time (seconds) from which the poster's stream may run it (see ``RankTime.issue_time``)
+    ready_at: float = 0.0
+    #: an eager send: its data (cloned when posted), when it started to move and arrived (None until then),
+    #: and the receive it was matched with (None until then)
+    payload: torch.Tensor | None = None
+    left_at: float = 0.0
+    arrived_at: float | None = None
+    matched: Post | None = None
 
 
 class P2P:
@@ -42,15 +60,21 @@ class P2P:
         self.recvs: dict[tuple, deque[Post]] = {}
         self.any_recvs: dict[tuple, deque[Post]] = {}
         self._order = 0
+        #: (group name, src, dst) pairs that have completed a rendezvous: later small sends go eagerly
+        self._connected: set[tuple[str, int, int]] = set()
 
     def _next(self) -> int:
         self._order += 1
         return self._order
 
-    def post_send(self, group: Any, src: int, dst: int, tag: int, tensor: torch.Tensor, work: SimWork, site: str) -> None:
+    def post_send(
+        self, group: Any, src: int, dst: int, tag: int, tensor: torch.Tensor, work: SimWork, site: str, ready_at: float = 0.0
+    ) -> None:
         """Post a send on ``group`` (a GroupState; ranks are global); starts the transfer if a receive waits."""
-        post = Post(group, src, dst, tag, tensor, work, site, self._next())
+        post = Post(group, src, dst, tag, tensor, work, site, self._next(), ready_at)
         key = (group.name, src, dst, tag)
+        if self._eager(post):
+            self._send_eagerly(post)
         q = self.recvs.get(key)
         if q:
             self._match(post, q.popleft())
@@ -61,9 +85,19 @@ class P2P:
             return
         self.sends.setdefault(key, deque()).append(post)
 
-    def post_recv(self, group: Any, src: int | None, dst: int, tag: int, tensor: torch.Tensor, work: SimWork, site: str) -> None:
+    def post_recv(
+        self,
+        group: Any,
+        src: int | None,
+        dst: int,
+        tag: int,
+        tensor: torch.Tensor,
+        work: SimWork,
+        site: str,
+        ready_at: float = 0.0,
+    ) -> None:
         """Post a receive (``src=None``: from any source); starts the transfer if a matching send waits."""
-        post = Post(group, -1 if src is None else src, dst, tag, tensor, work, site, self._next())
+        post = Post(group, -1 if src is None else src, dst, tag, tensor, work, site, self._next(), ready_at)
         name = group.name
         if src is None:
             candidates = [
@@ -82,6 +116,64 @@ class P2P:
             return
         self.recvs.setdefault(key, deque()).append(post)
 
+    def _eager(self, send: Post) -> bool:
+        """Whether ``send`` goes out without waiting for its receive (see the module's docstring)."""
+        return (
+            self.sim.time.host_runs_ahead
+            and (send.group.name, send.src, send.dst) in self._connected
+            and _nbytes(send.tensor) <= EAGER_BYTES
+        )
+
+    def _send_eagerly(self, send: Post) -> None:
+        """Start moving ``send``'s data once its stream reaches it, into the receiver's staging buffer."""
+        sim = self.sim
+        send.payload = raw_flat(send.tensor.detach()).clone()
+        send.left_at = max(sim.env.now, send.ready_at)
+
+        def arrive(_ev: Any) -> None:
+            send.arrived_at = sim.env.now
+            sim.trace.add(
+                Span(send.src, "p2p", f"{sim.progress}:send", send.left_at, sim.env.now, {"dst": send.dst, "tag": send.tag, "bytes": _nbytes(send.tensor)})
+            )
+            send.work.complete()
+            if send.matched is not None:
+                self._deliver(send, send.matched)
+
+        self._at(send.left_at, lambda: self._network_send(send, arrive))
+
+    def _network_send(self, send: Post, arrive: Any) -> None:
+        sim = self.sim
+        nbytes = _nbytes(send.tensor)
+
+        def arrived(ev: Any) -> None:
+            if sim.trace.record_messages:
+                sim.trace.message(Message(send.src, send.dst, "p2p", "p2p", ev.start, sim.env.now, nbytes, f"{sim.progress}:send"))
+            arrive(ev)
+
+        sim.network.send(send.src, send.dst, nbytes, arrived, None)
+
+    def _deliver(self, send: Post, recv: Post) -> None:
+        """Copy an eager send's data from the staging buffer into ``recv``'s tensor once its stream reaches it."""
+        sim = self.sim
+
+        def copy() -> None:
+            with torch.no_grad():
+                raw_flat(recv.tensor).copy_(send.payload)
+            sim.trace.add(
+                Span(recv.dst, "p2p", f"{sim.progress}:recv", max(send.left_at, recv.ready_at), sim.env.now, {"src": send.src, "tag": send.tag, "bytes": _nbytes(send.tensor)})
+            )
+            recv.work.complete()
+
+        self._at(max(sim.env.now, recv.ready_at), copy)
+
+    def _at(self, when: float, action: Any) -> None:
+        """Run ``action()`` at simulated time ``when`` (now, or later)."""
+        env = self.sim.env
+        if when > env.now:
+            env.timeout(when - env.now).callbacks.append(lambda _ev: action())
+        else:
+            action()
+
     def _match(self, send: Post, recv: Post) -> None:
         if send.tensor.numel() != recv.tensor.numel() or send.tensor.dtype != recv.tensor.dtype:
             raise CollectiveMismatchError(
@@ -90,10 +182,18 @@ class P2P:
                 f"{tuple(recv.tensor.shape)} {recv.tensor.dtype} at {recv.site}; sizes and dtypes must agree"
             )
         sim = self.sim
+        if send.payload is not None:  # eager: the data is on its way, or already in the staging buffer
+            recv.work.source_rank = recv.group.group_rank(send.src)
+            send.matched = recv
+            if send.arrived_at is not None:
+                self._deliver(send, recv)
+            return
+        self._connected.add((send.group.name, send.src, send.dst))
         payload = raw_flat(send.tensor.detach()).clone()
         nbytes = payload.numel() * payload.element_size()
         recv.work.source_rank = recv.group.group_rank(send.src)  # torch maps it back through the group
-        t0 = sim.env.now
+        # the transfer runs once both sides' streams have reached it
+        t0 = max(sim.env.now, send.ready_at, recv.ready_at)
 
         def arrive(ev: Any) -> None:
             start, end = ev.start, sim.env.now
@@ -107,7 +207,7 @@ class P2P:
             send.work.complete()
             recv.work.complete()
 
-        sim.network.send(send.src, send.dst, nbytes, arrive, None)
+        self._at(t0, lambda: sim.network.send(send.src, send.dst, nbytes, arrive, None))
 
     def pending_descriptions(self) -> list[str]:
         """Unmatched posts, for deadlock reports."""
@@ -116,3 +216,7 @@ class P2P:
             for p in q:
                 out.append(p.work.description)
         return out
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()

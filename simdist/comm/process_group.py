@@ -156,7 +156,7 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def _issue_internal(self, spec: ops.OpSpec, outputs: list[torch.Tensor], reads: Any, writes: Any) -> SimWork:
         sim = self.sim
-        sim.settle()
+        ready_at = sim.issue_time()
         site = sim.call_site()
         seq = self.state._seq[self.grank]
         desc = (
@@ -167,7 +167,7 @@ class SimProcessGroup(dist.ProcessGroup):
         work.group_state, work.seq, work.rank = self.state, seq, self.global_rank
         if sim.races.enabled:
             sim.races.issue(self.global_rank, work, spec.name, seq, self.state.name, site, list(reads), list(writes))
-        call = Call(spec, self.grank, site, work, spec.signature())
+        call = Call(spec, self.grank, site, work, spec.signature(), ready_at)
         self.state.join(call, self._start)
         return work
 
@@ -470,7 +470,7 @@ class SimProcessGroup(dist.ProcessGroup):
     def _p2p_internal(self, kind: str, t: torch.Tensor, peer: int | None, tag: int) -> SimWork:
         sim = self.sim
         st = self.state
-        sim.settle()
+        ready_at = sim.issue_time()
         site = sim.call_site()
         me = self.global_rank
         arg = "dst" if kind == "send" else "src"
@@ -495,9 +495,9 @@ class SimProcessGroup(dist.ProcessGroup):
             reads, writes = ([t], []) if kind == "send" else ([], [t])
             sim.races.issue(me, work, kind, None, st.name, site, reads, writes)
         if kind == "send":
-            sim.p2p.post_send(st, me, g_peer, tag, t, work, site)
+            sim.p2p.post_send(st, me, g_peer, tag, t, work, site, ready_at)
         else:
-            sim.p2p.post_recv(st, g_peer, me, tag, t, work, site)
+            sim.p2p.post_recv(st, g_peer, me, tag, t, work, site, ready_at)
         return work
 
 

@@ -18,6 +18,17 @@ def now() -> float:
     return sim.now() if sim is not None else 0.0
 
 
+def synchronize() -> None:
+    """Wait on the calling rank's host until its device has run everything queued on it (``torch.cuda.synchronize``).
+
+    A no-op outside a simulated run, and where the host waits for its compute anyway (CPU devices, gloo-like
+    progress).
+    """
+    sim = backend.active()
+    if sim is not None:
+        sim.synchronize()
+
+
 def charge(seconds: float | str, name: str = "compute") -> None:
     """Spend ``seconds`` (a number, or a unit string such as "250us") of simulated compute on the calling rank.
 

@@ -4,7 +4,8 @@ Environment variables as torchrun sets them (a per-rank view of ``os.environ``),
 global RNG and default dtype, CPU pinning, garbage-collector settings, CPU-only seeding, the ``"simdist"`` backend's
 installation in torch.distributed, and the process-wide calls rank code may make as if it were a process of
 its own: ``os._exit`` (ends the rank, not the simulator's process), ``signal.signal`` (a handler per rank) and
-``time.sleep`` (the rank waits in simulated time, handing the others the baton).
+``time.sleep`` (the rank waits in simulated time, handing the others the baton), ``torch.cuda.synchronize`` (the
+rank's host waits for its simulated device).
 """
 
 from __future__ import annotations
@@ -49,12 +50,15 @@ def run_context(ctx: RunContext, n: int, local_world: int) -> Iterator[None]:
     process_calls = (os._exit, signal.signal, signal.getsignal, time.sleep)
     os._exit, signal.signal, signal.getsignal = _rank_exit, *_rank_signals()
     time.sleep = _rank_sleep(ctx)
+    cuda_sync = torch.cuda.synchronize
+    torch.cuda.synchronize = _rank_cuda_synchronize(ctx)
     backend.install(ctx)
     try:
         yield
     finally:
         backend.uninstall()
         os._exit, signal.signal, signal.getsignal, time.sleep = process_calls
+        torch.cuda.synchronize = cuda_sync
         torch.manual_seed, torch.random.manual_seed = seed_fns
         os.environ = real_environ  # noqa: B003
         gc.unfreeze()
@@ -98,6 +102,23 @@ def _rank_sleep(ctx: RunContext) -> Any:
         return None
 
     return sleep
+
+
+def _rank_cuda_synchronize(ctx: RunContext) -> Any:
+    """``torch.cuda.synchronize`` that, in rank code, waits until the rank's simulated device is idle.
+
+    Rank code written for GPUs synchronises before reading a clock; its simulated tensors live on the CPU,
+    where torch's own call would fail on a CPU-only build or wait for an unrelated GPU.
+    """
+    real_sync = torch.cuda.synchronize
+
+    def synchronize(device: Any = None) -> None:
+        if current_rank_state() is None:
+            return real_sync(device)
+        ctx.synchronize()
+        return None
+
+    return synchronize
 
 
 def _rank_signals() -> tuple[Any, Any]:

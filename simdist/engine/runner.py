@@ -169,7 +169,12 @@ def _run(
     baton = Baton(
         env, n, lambda rank: target(rank), initial_rng_state=initial_rng, stack_size=_STACK_BYTES, watchdog=watchdog
     )
-    sim = RunContext(env, baton, cluster, tr, progress, gloo_threads, default_race_mode() if races is None else races)
+    # GPU hosts run ahead of their devices under NCCL-like progress; CPU processes (a zero-cost device, or no
+    # cost model) and gloo-like progress stay host-synchronous
+    ahead = compute and not device.is_zero_cost
+    sim = RunContext(
+        env, baton, cluster, tr, progress, gloo_threads, default_race_mode() if races is None else races, ahead
+    )
     sim.backend_name = backend_name
     store = sim.store = dist.HashStore()
     local_world = _local_world_size(cluster)
@@ -187,11 +192,11 @@ def _run(
             a, kw = _copy_for_rank(args, kwargs, rank) if copy_args else (args, kwargs)
             with rank_mode(rank):
                 result = fn(*a, **kw)
-            sim.settle()
+            sim.synchronize()
             return result
         finally:
             state = current_rank_state()
-            state.finish_time = sim.env.now + state.pending
+            state.finish_time = sim.time.finish_time(state)
             thread_world.forget_thread()
 
     def in_rank(rank: int, body: Callable[[], Any]) -> Callable[[], Any]:
