@@ -7,6 +7,7 @@
 """
 
 from simdist import algorithms
+from simdist.compute.memory import MemoryStats
 from simdist.engine.api import charge, now, set_algorithms, synchronize
 from simdist.engine.runner import RunResult, run
 from simdist.errors import (
@@ -14,6 +15,7 @@ from simdist.errors import (
     CollectiveMismatchError,
     DeadlockError,
     InvalidArgumentError,
+    OutOfMemoryError,
     RaceError,
     RaceWarning,
     RankError,
@@ -34,6 +36,8 @@ __all__ = [
     "CollectiveMismatchError",
     "DeadlockError",
     "InvalidArgumentError",
+    "MemoryStats",
+    "OutOfMemoryError",
     "RaceError",
     "RaceWarning",
     "RankError",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 
 from simdist.ranks import format_ranks
@@ -74,6 +75,36 @@ class SimTimeoutError(SimdistError, dist.DistBackendError):
 
     Also a ``torch.distributed.DistBackendError``, which is what a real backend raises on a timeout.
     """
+
+
+class OutOfMemoryError(SimdistError, torch.OutOfMemoryError):
+    """A rank's live tensor bytes would exceed its device's memory capacity (``simdist.run(..., memory=True)``).
+
+    Also a ``torch.OutOfMemoryError``, what torch raises when a CUDA allocation fails, so rank code that
+    catches it (to retry with a smaller batch) behaves as on a real device. Carries the rank, the simulated
+    time (seconds), the op, the bytes requested, in use and available.
+    """
+
+    def __init__(
+        self, message: str, *, rank: int, sim_time: float, op: str, requested: int, in_use: int, capacity: float
+    ) -> None:
+        self.rank = rank
+        self.sim_time = sim_time
+        self.op = op
+        self.requested = requested
+        self.in_use = in_use
+        self.capacity = capacity
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple:
+        # keyword-only fields: the default (cls, self.args) would lose them when the error crosses processes
+        fields = {k: getattr(self, k) for k in ("rank", "sim_time", "op", "requested", "in_use", "capacity")}
+        return (_rebuild_oom, (str(self), fields))
+
+
+def _rebuild_oom(message: str, fields: dict) -> OutOfMemoryError:
+    """Unpickle an :class:`OutOfMemoryError`."""
+    return OutOfMemoryError(message, **fields)
 
 
 class RaceError(SimdistError):

@@ -79,6 +79,16 @@ class RankTime:
         state = current_rank_state()
         return self.env.now + (state.pending if state is not None else 0.0)
 
+    def device_now(self) -> float:
+        """Where the calling rank's compute stream is (seconds): when an op enqueued now starts on the device
+        (the host time on a host-synchronous rank)."""
+        state = current_rank_state()
+        if state is None:
+            return self.env.now
+        if self.host_runs_ahead:
+            return max(self.env.now, state.owner.stream_end)
+        return self.env.now + state.pending
+
     def finish_time(self, state: RankState) -> float:
         """When rank ``state`` is done: its host time, or the end of its compute stream if that is later."""
         return max(self.env.now + state.pending, state.stream_end if self.host_runs_ahead else 0.0)

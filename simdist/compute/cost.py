@@ -279,6 +279,7 @@ class ComputeCostMode(TorchDispatchMode):
         before: Callable[[Any, Sequence[Any], dict[str, Any]], None] | None = None,
         *,
         price_meta: bool = False,
+        after: Callable[[Any, Sequence[Any], dict[str, Any] | None, Any], None] | None = None,
     ) -> None:
         super().__init__()
         self.device = device
@@ -290,6 +291,8 @@ class ComputeCostMode(TorchDispatchMode):
         # Another per-op check (the race detector's) runs here rather than in a mode of its own: each
         # Python dispatch mode on the stack costs about 10 us per op.
         self._before = before
+        #: sees each op's (func, args, kwargs, out) before it is charged (memory accounting rides here too)
+        self._after = after
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
@@ -297,6 +300,8 @@ class ComputeCostMode(TorchDispatchMode):
         if self._before is not None:
             self._before(func, args, kwargs or {})
         out = func(*args, **(kwargs or {}))
+        if self._after is not None:
+            self._after(func, args, kwargs, out)
         if not self._zero_cost and not _without_data(out, self._price_meta):
             info = _op_info(func)
             if not info.free:

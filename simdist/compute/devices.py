@@ -1,4 +1,5 @@
-"""Accelerator specifications: peak dense FLOP/s per dtype, memory bandwidth and per-kernel launch overhead."""
+"""Accelerator specifications: peak dense FLOP/s per dtype, memory bandwidth, per-kernel launch overhead and
+memory capacity."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ DEFAULT_LAUNCH_OVERHEAD = 5e-6
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """One accelerator: dense peak FLOP/s per dtype, HBM bandwidth (bytes/s), launch overhead (seconds per kernel).
+    """One accelerator: dense peak FLOP/s per dtype, HBM bandwidth (bytes/s), launch overhead (seconds per kernel)
+    and memory capacity (bytes; ``math.inf`` for no limit).
 
     ``peak_flops`` must contain ``torch.float32``; dtypes without an entry use that figure (see ``flops_for``).
     A device whose every peak and bandwidth is infinite and whose launch overhead is zero is *zero-cost*:
@@ -31,6 +33,8 @@ class DeviceSpec:
     memory_bandwidth: float
     launch_overhead: float = DEFAULT_LAUNCH_OVERHEAD
     source: str = ""
+    #: bytes of device memory tensors may occupy; a run with ``memory=True`` raises OutOfMemoryError above it
+    memory_capacity: float = math.inf
     _zero_cost: bool = field(init=False, repr=False, compare=False, hash=False, default=False)
 
     def __post_init__(self) -> None:
@@ -55,6 +59,12 @@ class DeviceSpec:
                 f"device {self.name!r}: launch_overhead must be a finite number of seconds >= 0, "
                 f"found {self.launch_overhead!r}"
             )
+        capacity = self.memory_capacity
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, float)) or not capacity > 0:
+            raise ClusterSpecError(
+                f"device {self.name!r}: memory_capacity must be a positive number of bytes (math.inf for no "
+                f"limit), found {capacity!r}"
+            )
         # Copy into a read-only view so the frozen spec cannot change under a running simulation.
         object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
         zero = (
@@ -64,11 +74,18 @@ class DeviceSpec:
         )
         object.__setattr__(self, "_zero_cost", zero)
 
-    def __reduce__(self) -> tuple[type[DeviceSpec], tuple[str, dict[torch.dtype, float], float, float, str]]:
+    def __reduce__(self) -> tuple[type[DeviceSpec], tuple[str, dict[torch.dtype, float], float, float, str, float]]:
         # The read-only peak table is a mappingproxy, which pickle cannot handle; rebuild from a plain dict.
         return (
             DeviceSpec,
-            (self.name, dict(self.peak_flops), self.memory_bandwidth, self.launch_overhead, self.source),
+            (
+                self.name,
+                dict(self.peak_flops),
+                self.memory_bandwidth,
+                self.launch_overhead,
+                self.source,
+                self.memory_capacity,
+            ),
         )
 
     @property
@@ -88,6 +105,12 @@ class DeviceSpec:
 # - bfloat16/float16/float8/int8 are dense tensor-core rates. NVIDIA datasheets quote these "with sparsity"
 #   (2:4 structured); the dense rate is half that figure.
 # - float64 is the FP64 tensor-core rate (cuBLAS DGEMM uses it).
+# - memory_capacity reads the datasheet's "80 GB" as GiB, the HBM stacks' size (5 x 16 GiB on H100). The CUDA
+#   context and driver reserve take about 1 GiB of it on a real device (torch reports 79.1 GiB total on an
+#   H100 80GB); override with dataclasses.replace(H100, memory_capacity=...) to model that headroom.
+
+#: bytes in one GiB
+GIB = 2**30
 
 #: H100 SXM and H200 SXM share the GH100 compute die and clocks: same peaks, different memory
 _HOPPER_SXM_FLOPS = {
@@ -104,6 +127,7 @@ H100 = DeviceSpec(
     name="H100",
     peak_flops=_HOPPER_SXM_FLOPS,
     memory_bandwidth=3.35e12,
+    memory_capacity=80 * GIB,
     source="NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column (80 GB HBM3, 3.35 TB/s)",
 )
 
@@ -111,20 +135,32 @@ H200 = DeviceSpec(
     name="H200",
     peak_flops=_HOPPER_SXM_FLOPS,
     memory_bandwidth=4.8e12,
+    memory_capacity=141 * GIB,
     source="NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column (141 GB HBM3e, 4.8 TB/s)",
 )
 
+_AMPERE_SXM_FLOPS = {
+    torch.float64: 19.5e12,
+    torch.float32: 19.5e12,
+    torch.bfloat16: 624e12 / 2,
+    torch.float16: 624e12 / 2,
+    torch.int8: 1248e12 / 2,
+}
+
 A100 = DeviceSpec(
     name="A100",
-    peak_flops={
-        torch.float64: 19.5e12,
-        torch.float32: 19.5e12,
-        torch.bfloat16: 624e12 / 2,
-        torch.float16: 624e12 / 2,
-        torch.int8: 1248e12 / 2,
-    },
+    peak_flops=_AMPERE_SXM_FLOPS,
     memory_bandwidth=2.039e12,
+    memory_capacity=80 * GIB,
     source="NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM column (80 GB HBM2e, 2,039 GB/s)",
+)
+
+A100_40GB = DeviceSpec(
+    name="A100-40GB",
+    peak_flops=_AMPERE_SXM_FLOPS,
+    memory_bandwidth=1.555e12,
+    memory_capacity=40 * GIB,
+    source="NVIDIA A100 Tensor Core GPU datasheet, A100 40GB SXM column (40 GB HBM2, 1,555 GB/s)",
 )
 
 CPU = DeviceSpec(
@@ -132,13 +168,13 @@ CPU = DeviceSpec(
     peak_flops={torch.float32: math.inf},
     memory_bandwidth=math.inf,
     launch_overhead=0.0,
-    source="zero-cost placeholder: compute takes no simulated time",
+    source="zero-cost placeholder: compute takes no simulated time, memory has no limit",
 )
 
-DEVICES: Mapping[str, DeviceSpec] = MappingProxyType({d.name: d for d in (H100, H200, A100, CPU)})
+DEVICES: Mapping[str, DeviceSpec] = MappingProxyType({d.name: d for d in (H100, H200, A100, A100_40GB, CPU)})
 """Built-in devices by canonical name."""
 
-_ALIASES: Mapping[str, str] = {"h100-sxm": "H100", "h200-sxm": "H200", "a100-sxm": "A100"}
+_ALIASES: Mapping[str, str] = {"h100-sxm": "H100", "h200-sxm": "H200", "a100-sxm": "A100", "a100-80gb": "A100"}
 _BY_LOWER: Mapping[str, DeviceSpec] = {
     **{name.lower(): spec for name, spec in DEVICES.items()},
     **{alias: DEVICES[name] for alias, name in _ALIASES.items()},

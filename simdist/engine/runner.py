@@ -24,7 +24,8 @@ from simdist.comm.context import RunContext
 from simdist.comm.races import Race, RaceCheckMode, checking_direct_reads
 from simdist.comm.thread_world import acting_as
 from simdist.compute.cost import ComputeCostMode
-from simdist.compute.devices import DeviceSpec, get_device
+from simdist.compute.devices import CPU, DeviceSpec, get_device
+from simdist.compute.memory import CATEGORIES, MemoryStats, MemoryTracker, tracking_hooks
 from simdist.engine.process import run_context
 from simdist.engine.threads import rank_threads
 from simdist.errors import (
@@ -67,6 +68,9 @@ class RunResult:
     world_size: int
     #: every in-flight buffer race the detector found (empty with ``races="off"``), in the order found
     races: list[Race] = dataclasses.field(default_factory=list)
+    #: per-rank live tensor bytes (peak, its time, breakdown by category), indexed by global rank; empty
+    #: unless the run was made with ``memory=True``
+    memory: list[MemoryStats] = dataclasses.field(default_factory=list)
 
     def race_summary(self) -> str:
         """One paragraph per distinct race (same kind and call sites), naming every rank it happened on."""
@@ -100,6 +104,7 @@ def run(
     copy_args: bool = True,
     watchdog: float | None = None,
     backend_name: str = "simdist",
+    memory: bool = False,
 ) -> RunResult:
     """Run ``fn(*args, **kwargs)`` on every rank of ``cluster`` in simulated time.
 
@@ -115,6 +120,8 @@ def run(
     ``compute=False`` charges no simulated time for tensor operations. ``cluster`` may also be a preset name
     or a cluster file path. ``backend_name`` is the backend name rank code sees (``"simdist"``, ``"gloo"`` or
     ``"nccl"``); it changes nothing else.
+    ``memory=True`` accounts each rank's live tensor bytes (``RunResult.memory``, a "memory" counter track in
+    the trace) and raises :class:`OutOfMemoryError` when a rank exceeds its device's ``memory_capacity``.
     ``args`` and ``kwargs`` are deep-copied for each rank, as each process of a real launch receives its own
     copy; ``copy_args=False`` hands every rank the same objects (for large read-only inputs).
     ``watchdog`` is the wall-clock seconds a rank may run without communicating or waiting before the run
@@ -129,7 +136,8 @@ def run(
     name = backend.check_backend_name(backend_name)
     with _RUN_LOCK:
         return _run(
-            fn, cluster, args, kwargs or {}, seed, progress, gloo_threads, races, trace, compute, copy_args, limit, name
+            fn, cluster, args, kwargs or {}, seed, progress, gloo_threads, races, trace, compute, copy_args, limit, name,
+            memory,
         )
 
 
@@ -147,6 +155,7 @@ def _run(
     copy_args: bool,
     watchdog: float,
     backend_name: str,
+    memory: bool = False,
 ) -> RunResult:
     """:func:`run` once the run lock is held."""
     if dist.is_initialized() and not backend.installed():
@@ -178,10 +187,24 @@ def _run(
     sim.backend_name = backend_name
     store = sim.store = dist.HashStore()
     local_world = _local_world_size(cluster)
+    trackers = (
+        [MemoryTracker(r, device.memory_capacity, sim.time.device_now, sim.call_site, device.name) for r in range(n)]
+        if memory
+        else []
+    )
 
     def rank_mode(rank: int) -> Any:
-        """The dispatch mode a thread of ``rank`` runs under: compute costs, with the race check riding on it."""
+        """The dispatch mode a thread of ``rank`` runs under: compute costs, with the race check and the memory
+        accounting riding on it (one Python mode per op is what costs)."""
         races = RaceCheckMode(sim.races, rank, sim.call_site) if sim.races.enabled else None
+        if memory:
+            mode = ComputeCostMode(
+                device if compute else CPU,
+                sim.charge,
+                before=races.check if races is not None else None,
+                after=trackers[rank].after,
+            )
+            return _entered(trackers[rank].entered(), mode)
         if compute and not device.is_zero_cost:
             return ComputeCostMode(device, sim.charge, before=races.check if races is not None else None)
         return races if races is not None else contextlib.nullcontext()
@@ -211,9 +234,13 @@ def _run(
     baton.on_stall = sim.stall_report
     with run_context(sim, n, local_world), (
         checking_direct_reads(sim.races, sim.call_site) if sim.races.enabled else contextlib.nullcontext()
-    ), rank_threads(baton, in_rank):
+    ), rank_threads(baton, in_rank), (tracking_hooks() if memory else contextlib.nullcontext()):
         baton.run()
+    stats = [t.close() for t in trackers]
     _raise_failure(baton)
+    for t in trackers:
+        for time, totals in t.samples:
+            tr.counter(t.rank, "memory", time, dict(zip(CATEGORIES, totals)))
     finish = [s.finish_time for s in baton.ranks]
     return RunResult(
         returns=[s.result for s in baton.ranks],
@@ -223,7 +250,15 @@ def _run(
         messages=sim.network.messages,
         world_size=n,
         races=sim.races.races,
+        memory=stats,
     )
+
+
+@contextlib.contextmanager
+def _entered(first: Any, second: Any) -> Any:
+    """Enter ``first`` then ``second`` (a rank's memory tracker, then its dispatch mode)."""
+    with first, second:
+        yield
 
 
 #: the seeds torch.manual_seed accepts

@@ -1,7 +1,7 @@
 """The record of a simulated run: compute spans, collectives and messages, in simulated seconds.
 
 Exported as Chrome/Perfetto trace JSON (``pid`` = rank, one ``tid`` per stream, flow events for messages,
-argument names as torch's profiler writes them). :meth:`Trace.hash` is a digest of every recorded event, so
+counter tracks such as live memory, argument names as torch's profiler writes them). :meth:`Trace.hash` is a digest of every recorded event, so
 two runs with the same (program, cluster, seed, options) have the same hash.
 """
 
@@ -50,8 +50,18 @@ class Message:
     name: str
 
 
+@dataclass
+class Counter:
+    """The values of one rank's counter track from ``time`` (seconds) on, e.g. live bytes per category."""
+
+    rank: int
+    name: str
+    time: float
+    values: dict[str, float]
+
+
 class Trace:
-    """Spans and messages of one run."""
+    """Spans, messages and counter samples of one run."""
 
     def __init__(self, level: str = "messages") -> None:
         if level not in TRACE_LEVELS:
@@ -60,6 +70,7 @@ class Trace:
         # compute spans are by far the most numerous: they are kept as plain tuples until first read
         self._items: list[Span | tuple] = []
         self.messages: list[Message] = []
+        self.counters: list[Counter] = []
 
     @property
     def record_messages(self) -> bool:
@@ -91,6 +102,10 @@ class Trace:
         """Record a transfer."""
         self.messages.append(msg)
 
+    def counter(self, rank: int, name: str, time: float, values: dict[str, float]) -> None:
+        """Record a counter sample: ``rank``'s track ``name`` reads ``values`` from ``time`` (seconds) on."""
+        self.counters.append(Counter(rank, name, time, values))
+
     # ------------------------------------------------------------------ queries
     def busy_time(self, rank: int, stream_prefix: str) -> float:
         """Seconds of spans on ``rank`` whose stream name starts with ``stream_prefix`` (overlaps counted once)."""
@@ -119,6 +134,9 @@ class Trace:
             h.update(repr((s.rank, s.stream, s.name, s.start, s.end, sorted(s.args.items()))).encode())
         for m in self.messages:
             h.update(repr((m.src, m.dst, m.src_stream, m.dst_stream, m.start, m.end, m.nbytes, m.name)).encode())
+        # a run without counters hashes as it did before counters existed
+        for c in self.counters:
+            h.update(repr((c.rank, c.name, c.time, sorted(c.values.items()))).encode())
         return h.hexdigest()
 
     # ------------------------------------------------------------------ export
@@ -138,7 +156,12 @@ class Trace:
                 events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tids[key], "args": {"name": stream}})
             return tids[key]
 
-        ranks = sorted({s.rank for s in self.spans} | {m.src for m in self.messages} | {m.dst for m in self.messages})
+        ranks = sorted(
+            {s.rank for s in self.spans}
+            | {m.src for m in self.messages}
+            | {m.dst for m in self.messages}
+            | {c.rank for c in self.counters}
+        )
         for r in ranks:
             events.append({"ph": "M", "name": "process_name", "pid": r, "args": {"name": f"rank {r}"}})
             events.append({"ph": "M", "name": "process_sort_index", "pid": r, "args": {"sort_index": r}})
@@ -160,6 +183,8 @@ class Trace:
             src_tid, dst_tid = tid(m.src, m.src_stream), tid(m.dst, m.dst_stream)
             events.append({**common, "ph": "s", "pid": m.src, "tid": src_tid, "ts": m.start * 1e6})
             events.append({**common, "ph": "f", "bp": "e", "pid": m.dst, "tid": dst_tid, "ts": m.end * 1e6})
+        for c in self.counters:
+            events.append({"ph": "C", "name": c.name, "pid": c.rank, "ts": c.time * 1e6, "args": dict(c.values)})
         return {"traceEvents": events, "displayTimeUnit": "ns"}
 
     def save_chrome(self, path: str | Path) -> Path:
