@@ -141,16 +141,16 @@ def test_autograd_variants_send_gradients_back_across_ranks(n, progress):
 
 
 # ---------------------------------------------------------------------------------------- coalescing
-def _coalescing_manager(async_ops: bool) -> list[torch.Tensor]:
+def _coalescing_manager(async_ops: bool, device: str | None) -> list[torch.Tensor]:
     r, n = dist.get_rank(), dist.get_world_size()
     ga, gb = torch.empty(4 * n), torch.empty(2 * n)
     ra, rb = torch.empty(4), torch.empty(2)
-    with dist._coalescing_manager(async_ops=async_ops) as cm:
+    with dist._coalescing_manager(device=device and torch.device(device), async_ops=async_ops) as cm:
         dist.all_gather_into_tensor(ga, x_of(r, 4))
         dist.all_gather_into_tensor(gb, x_of(r, 2, 1))
     if async_ops:
         cm.wait()
-    with dist._coalescing_manager(async_ops=async_ops) as cm:
+    with dist._coalescing_manager(device=device and torch.device(device), async_ops=async_ops) as cm:
         dist.reduce_scatter_tensor(ra, x_of(r, 4 * n))
         dist.reduce_scatter_tensor(rb, x_of(r, 2 * n, 1))
     if async_ops:
@@ -158,11 +158,11 @@ def _coalescing_manager(async_ops: bool) -> list[torch.Tensor]:
     return [ga, gb, ra, rb]
 
 
-@pytest.mark.parametrize("async_ops", [False, True])
+@pytest.mark.parametrize(("async_ops", "device"), [(False, None), (True, None), (True, "cpu")])
 @pytest.mark.parametrize("progress", PROGRESS)
 @pytest.mark.parametrize("n", SIZES)
-def test_coalescing_manager_all_gather_and_reduce_scatter(n, progress, async_ops):
-    res = run(_coalescing_manager, n, progress, args=(async_ops,))
+def test_coalescing_manager_all_gather_and_reduce_scatter(n, progress, async_ops, device):
+    res = run(_coalescing_manager, n, progress, args=(async_ops, device))
     ra_total = sum(x_of(r, 4 * n) for r in range(n))
     rb_total = sum(x_of(r, 2 * n, 1) for r in range(n))
     for r, (ga, gb, ra, rb) in enumerate(res.returns):

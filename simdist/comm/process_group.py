@@ -126,6 +126,8 @@ class SimProcessGroup(dist.ProcessGroup):
         self.grank = group_rank
         #: the backend name rank code sees (``pg.name()``, ``pg._get_backend_name()``)
         self.backend_name = backend_name
+        #: the works issued inside a ``_coalescing_manager(device=...)`` block (None outside one)
+        self._coalesced: list[SimWork] | None = None
 
 
     # ------------------------------------------------------------------ identity
@@ -154,6 +156,8 @@ class SimProcessGroup(dist.ProcessGroup):
         with internal():
             work = self._issue_internal(spec, outputs, reads, writes)
         funcol.track(self.global_rank, work, writes)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
         return work
 
     def _issue_internal(self, spec: ops.OpSpec, outputs: list[torch.Tensor], reads: Any, writes: Any) -> SimWork:
@@ -522,6 +526,15 @@ class SimProcessGroup(dist.ProcessGroup):
         with internal():
             monitored.barrier(self.sim, self.state, self.grank, seconds, wait_all_ranks)
 
+    def _start_coalescing(self, device: Any) -> None:
+        """Open a ``_coalescing_manager(device=...)`` block: the works issued until its end form one."""
+        self._coalesced = []
+
+    def _end_coalescing(self, device: Any) -> dist.Work:
+        """Close the block: one work that is done when every operation issued inside it is."""
+        works, self._coalesced = self._coalesced or [], None
+        return works[0] if len(works) == 1 else CoalescedWork(works)
+
     # ------------------------------------------------------------------ point to point
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> SimWork:
         (t,) = tensors
@@ -543,6 +556,8 @@ class SimProcessGroup(dist.ProcessGroup):
             work = self._p2p_internal(kind, t, peer, tag)
         if kind == "recv":
             funcol.track(self.global_rank, work, [t])
+        if self._coalesced is not None:
+            self._coalesced.append(work)
         return work
 
     def _p2p_internal(self, kind: str, t: torch.Tensor, peer: int | None, tag: int) -> SimWork:
@@ -600,3 +615,25 @@ def _unpack_gathered(flat: torch.Tensor, outputs: list[torch.Tensor], n: int) ->
         m = o.numel() // n
         o.copy_(rows[:, off : off + m].reshape(o.shape))
         off += m
+
+
+class CoalescedWork(dist.Work):
+    """The work of a ``_coalescing_manager(device=...)`` block: waits for each operation issued inside it."""
+
+    def __init__(self, works: list[SimWork]) -> None:
+        super().__init__()
+        self.works = works
+
+    def wait(self, timeout: Any = None) -> bool:
+        """Wait (in simulated time) for every operation of the block, in issue order."""
+        for w in self.works:
+            w.wait(timeout)
+        return True
+
+    def is_completed(self) -> bool:
+        """Whether every operation of the block has completed (polling lets simulated time pass)."""
+        return all(w.is_completed() for w in self.works)
+
+    def result(self) -> list[torch.Tensor]:
+        """The output tensors of every operation of the block."""
+        return [t for w in self.works for t in w.outputs]
