@@ -26,6 +26,7 @@ from torch.distributed.tensor.parallel import (
 from torch.testing import assert_close
 
 import simdist
+from simdist.errors import CollectiveMismatchError
 
 PROGRESS = ("nccl", "gloo")
 SIZES = (2, 4)
@@ -259,3 +260,20 @@ def test_fsdp2_tp_trace_is_the_same_in_another_process():
     )
     res = run(_fsdp2_tp, 4, "gloo")
     assert out.stdout.split() == [res.trace_hash, repr(res.sim_time)]
+
+
+def _uneven_full_tensor() -> None:
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    rows = 3 if dist.get_rank() == 0 else 2
+    local = torch.ones(rows, 2)
+    # run_check=False trusts every rank to hold the same shape; here they do not
+    DTensor.from_local(local, mesh, [Shard(0)], run_check=False).full_tensor()
+
+
+@pytest.mark.parametrize("progress", PROGRESS)
+def test_mismatched_dtensor_collective_names_the_users_line(progress):
+    with pytest.raises(CollectiveMismatchError) as e:
+        run(_uneven_full_tensor, 2, progress)
+    text = str(e.value)
+    assert "all_gather_into_tensor(shape=(3, 2)" in text and "all_gather_into_tensor(shape=(2, 2)" in text
+    assert "test_dtensor.py" in text and "in _uneven_full_tensor" in text, text

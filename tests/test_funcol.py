@@ -6,7 +6,9 @@ Every result is compared with what the collective means, computed from every ran
 
 from __future__ import annotations
 
+import time
 import warnings
+from datetime import timedelta
 
 import pytest
 import torch
@@ -213,13 +215,11 @@ def test_deadlock_in_a_functional_collective_names_the_users_line(progress):
 
 
 def _funcol_timeout() -> None:
-    pg = dist.new_group([0, 1], timeout=__import__("datetime").timedelta(seconds=1))
+    pg = dist.new_group([0, 1], timeout=timedelta(seconds=1))
     if dist.get_rank() == 0:
         funcol.all_gather_tensor(torch.ones(4), 0, pg).wait()
     else:
-        time_passes = torch.ones(1)
-        __import__("time").sleep(5)
-        del time_passes
+        time.sleep(5)  # simulated seconds: rank 0 times out first
 
 
 def test_timeout_in_a_functional_collective_names_the_users_line():
