@@ -18,7 +18,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import _set_thread_isolation_mode
 
 from simdist.clock.baton import current_rank_state
-from simdist.comm import thread_world
+from simdist.comm import funcol, thread_world
 from simdist.comm.context import RunContext
 from simdist.comm.process_group import SimProcessGroup
 from simdist.comm.thread_world import ThreadLocalWorld
@@ -223,6 +223,8 @@ def install(ctx: RunContext) -> None:
     c10d._world = ThreadLocalWorld()
     _set_thread_isolation_mode(True)
     _orig["multithreading"] = torch.autograd.set_multithreading_enabled(False)
+    _orig["funcol"] = funcol.installed()
+    _orig["funcol"].__enter__()
     _orig["init_process_group"] = c10d.init_process_group
     c10d.init_process_group = _patched_init_process_group
     dist.init_process_group = _patched_init_process_group
@@ -244,6 +246,7 @@ def uninstall() -> None:
     c10d._world = _orig.pop("world")
     _set_thread_isolation_mode(False)
     _orig.pop("multithreading").__exit__(None, None, None)
+    _orig.pop("funcol").__exit__(None, None, None)
     init = _orig.pop("init_process_group")
     c10d.init_process_group = init
     dist.init_process_group = init

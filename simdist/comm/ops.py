@@ -262,6 +262,30 @@ class AllGatherCoalesced(OpSpec):
 
 
 @dataclass(frozen=True, eq=False)
+class AllGatherIntoTensorCoalesced(OpSpec):
+    """``all_gather_into_tensor`` of several tensors at once (a coalesced group, as funcol and
+    ``_coalescing_manager`` issue it): one all-gather of ``input`` (each rank's inputs concatenated) into
+    ``output`` (rank-major), copied into each output tensor after. A one-tensor call is an
+    :class:`AllGatherIntoTensor`, so that it matches the plain op across ranks."""
+
+    name: ClassVar[str] = "all_gather_into_tensor_coalesced"
+    collective: ClassVar[str] = "all_gather"
+    input: torch.Tensor
+    output: torch.Tensor
+    shapes: tuple[tuple[int, ...], ...]
+
+    def signature(self) -> tuple[tuple[str, object], ...]:
+        return (("shapes", self.shapes), ("dtype", dtype_name(self.input.dtype)))
+
+    def sizes(self) -> Sizes:
+        return Sizes.of(self.input, self.input, out_nelems=self.output.numel(), nbytes=_nbytes(self.output))
+
+    @classmethod
+    def plan(cls, ops: list[AllGatherIntoTensorCoalesced], algo: Algorithm) -> plans.Plan:
+        return plans.plan_all_gather([o.input for o in ops], [o.output for o in ops], algo)
+
+
+@dataclass(frozen=True, eq=False)
 class ReduceScatter(OpSpec):
     """``reduce_scatter``: the reduction of every rank's ``inputs[r]`` lands in rank r's ``output``."""
 
@@ -301,6 +325,30 @@ class ReduceScatterTensor(OpSpec):
 
     @classmethod
     def plan(cls, ops: list[ReduceScatterTensor], algo: Algorithm) -> plans.Plan:
+        return plans.plan_reduce_scatter([o.input for o in ops], [o.output for o in ops], ops[0].reduce_op, algo)
+
+
+@dataclass(frozen=True, eq=False)
+class ReduceScatterTensorCoalesced(OpSpec):
+    """``reduce_scatter_tensor`` of several tensors at once: one reduce-scatter of ``input`` (chunk r of every
+    input, concatenated, for each rank r in turn) into ``output`` (the outputs concatenated), copied into
+    each output tensor after. A one-tensor call is a :class:`ReduceScatterTensor`."""
+
+    name: ClassVar[str] = "reduce_scatter_tensor_coalesced"
+    collective: ClassVar[str] = "reduce_scatter"
+    input: torch.Tensor
+    output: torch.Tensor
+    shapes: tuple[tuple[int, ...], ...]
+    reduce_op: str
+
+    def signature(self) -> tuple[tuple[str, object], ...]:
+        return (("shapes", self.shapes), ("dtype", dtype_name(self.output.dtype)), ("op", self.reduce_op))
+
+    def sizes(self) -> Sizes:
+        return Sizes.of(self.input, self.output)
+
+    @classmethod
+    def plan(cls, ops: list[ReduceScatterTensorCoalesced], algo: Algorithm) -> plans.Plan:
         return plans.plan_reduce_scatter([o.input for o in ops], [o.output for o in ops], ops[0].reduce_op, algo)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from simdist.comm import monitored, ops
+from simdist.comm import funcol, monitored, ops
 from simdist.comm.group import Call, GroupState, Instance
 from simdist.comm.internal import internal
 from simdist.comm.launch import launch
@@ -126,6 +126,8 @@ class SimProcessGroup(dist.ProcessGroup):
         self.grank = group_rank
         #: the backend name rank code sees (``pg.name()``, ``pg._get_backend_name()``)
         self.backend_name = backend_name
+        #: the works issued inside a ``_coalescing_manager(device=...)`` block (None outside one)
+        self._coalesced: list[SimWork] | None = None
 
 
     # ------------------------------------------------------------------ identity
@@ -152,7 +154,11 @@ class SimProcessGroup(dist.ProcessGroup):
     ) -> SimWork:
         """Issue this rank's part of ``spec``; ``reads``/``writes`` are the user buffers it owns until waited."""
         with internal():
-            return self._issue_internal(spec, outputs, reads, writes)
+            work = self._issue_internal(spec, outputs, reads, writes)
+        funcol.track(self.global_rank, work, writes)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
 
     def _issue_internal(self, spec: ops.OpSpec, outputs: list[torch.Tensor], reads: Any, writes: Any) -> SimWork:
         sim = self.sim
@@ -354,6 +360,79 @@ class SimProcessGroup(dist.ProcessGroup):
 
     _reduce_scatter_base = reduce_scatter_single
 
+    def all_gather_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> SimWork:
+        """``all_gather_into_tensor`` of each ``inputs[i]`` into ``outputs[i]`` as one collective (functional
+        collectives, DTensor and ``_coalescing_manager`` issue these; torch's C++ reaches it by this name)."""
+        if len(outputs) != len(inputs) or not inputs:
+            raise self._reject(
+                "all_gather_into_tensor_coalesced", "all_gather_into_tensor_coalesced: invalid tensor lists",
+                f"pass one output per input and at least one pair; got {len(outputs)} outputs, {len(inputs)} inputs",
+            )
+        if len(inputs) == 1:
+            return self.all_gather_single(outputs[0], inputs[0], opts)
+        n = self.state.size
+        for i, (o, t) in enumerate(zip(outputs, inputs)):
+            _check_tensor(o, "all_gather_into_tensor_coalesced output")
+            _check_tensor(t, "all_gather_into_tensor_coalesced input")
+            if o.numel() != n * t.numel() or o.dtype != t.dtype:
+                raise self._reject(
+                    "all_gather_into_tensor_coalesced", "all_gather_into_tensor_coalesced: invalid output tensor size or type",
+                    f"outputs[{i}] must hold world_size ({n}) x inputs[{i}].numel() = {n * t.numel()} elements of "
+                    f"{t.dtype}; got {o.numel()} of {o.dtype}",
+                )
+        self._check_one_dtype("all_gather_into_tensor_coalesced", inputs)
+        with internal():
+            flat_in = torch.cat([t.reshape(-1) for t in inputs])
+            flat_out = torch.empty(n * flat_in.numel(), dtype=flat_in.dtype)
+        spec = ops.AllGatherIntoTensorCoalesced(flat_in, flat_out, tuple(tuple(t.shape) for t in inputs))
+        work = self._issue(spec, list(outputs), reads=list(inputs), writes=list(outputs))
+        work.on_complete = functools.partial(_unpack_gathered, flat_out, list(outputs), n)
+        return work
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> SimWork:
+        """``reduce_scatter_tensor`` of each ``inputs[i]`` into ``outputs[i]`` as one collective."""
+        if len(outputs) != len(inputs) or not inputs:
+            raise self._reject(
+                "reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced: invalid tensor lists",
+                f"pass one output per input and at least one pair; got {len(outputs)} outputs, {len(inputs)} inputs",
+            )
+        if len(inputs) == 1:
+            return self.reduce_scatter_single(outputs[0], inputs[0], opts)
+        n = self.state.size
+        for i, (o, t) in enumerate(zip(outputs, inputs)):
+            _check_tensor(o, "reduce_scatter_tensor_coalesced output")
+            _check_tensor(t, "reduce_scatter_tensor_coalesced input")
+            if t.numel() != n * o.numel() or o.dtype != t.dtype:
+                raise self._reject(
+                    "reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced: invalid input size or type",
+                    f"inputs[{i}] must hold world_size ({n}) x outputs[{i}].numel() = {n * o.numel()} elements of "
+                    f"{o.dtype}; got {t.numel()} of {t.dtype}",
+                )
+        self._check_one_dtype("reduce_scatter_tensor_coalesced", outputs)
+        red = reduce_op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        _check_reduce(red, outputs[0].dtype, "the reduce_scatter_tensor_coalesced outputs")
+        with internal():
+            # rank r's chunk of every input, one after another, for r = 0..n-1: the layout a flat
+            # reduce-scatter hands out
+            flat_in = torch.cat([t.reshape(n, -1) for t in inputs], dim=1).reshape(-1)
+            flat_out = torch.empty(flat_in.numel() // n, dtype=flat_in.dtype)
+        spec = ops.ReduceScatterTensorCoalesced(flat_in, flat_out, tuple(tuple(o.shape) for o in outputs), red)
+        work = self._issue(spec, list(outputs), reads=list(inputs), writes=list(outputs))
+        _scatter_back_on_completion(work, flat_out, list(outputs))
+        return work
+
+    def _check_one_dtype(self, op: str, tensors: list[torch.Tensor]) -> None:
+        dtypes = sorted({str(t.dtype) for t in tensors})
+        if len(dtypes) > 1:
+            raise self._reject(
+                op, f"{op}: tensors of different dtypes {dtypes}",
+                "coalesce tensors of one dtype per call (issue one call per dtype)",
+            )
+
     def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any) -> SimWork:
         (inp,) = input_tensors
         root = opts.rootRank
@@ -447,6 +526,15 @@ class SimProcessGroup(dist.ProcessGroup):
         with internal():
             monitored.barrier(self.sim, self.state, self.grank, seconds, wait_all_ranks)
 
+    def _start_coalescing(self, device: Any) -> None:
+        """Open a ``_coalescing_manager(device=...)`` block: the works issued until its end form one."""
+        self._coalesced = []
+
+    def _end_coalescing(self, device: Any) -> dist.Work:
+        """Close the block: one work that is done when every operation issued inside it is."""
+        works, self._coalesced = self._coalesced or [], None
+        return works[0] if len(works) == 1 else CoalescedWork(works)
+
     # ------------------------------------------------------------------ point to point
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> SimWork:
         (t,) = tensors
@@ -465,7 +553,12 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def _p2p(self, kind: str, t: torch.Tensor, peer: int | None, tag: int) -> SimWork:
         with internal():
-            return self._p2p_internal(kind, t, peer, tag)
+            work = self._p2p_internal(kind, t, peer, tag)
+        if kind == "recv":
+            funcol.track(self.global_rank, work, [t])
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
 
     def _p2p_internal(self, kind: str, t: torch.Tensor, peer: int | None, tag: int) -> SimWork:
         sim = self.sim
@@ -512,3 +605,35 @@ def _copy_back(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
     for t in tensors:
         t.copy_(flat[off : off + t.numel()].view(t.shape))
         off += t.numel()
+
+
+def _unpack_gathered(flat: torch.Tensor, outputs: list[torch.Tensor], n: int) -> None:
+    """Copy a rank-major gathered buffer (each rank's inputs concatenated) into one output per input."""
+    rows = flat.view(n, -1)
+    off = 0
+    for o in outputs:
+        m = o.numel() // n
+        o.copy_(rows[:, off : off + m].reshape(o.shape))
+        off += m
+
+
+class CoalescedWork(dist.Work):
+    """The work of a ``_coalescing_manager(device=...)`` block: waits for each operation issued inside it."""
+
+    def __init__(self, works: list[SimWork]) -> None:
+        super().__init__()
+        self.works = works
+
+    def wait(self, timeout: Any = None) -> bool:
+        """Wait (in simulated time) for every operation of the block, in issue order."""
+        for w in self.works:
+            w.wait(timeout)
+        return True
+
+    def is_completed(self) -> bool:
+        """Whether every operation of the block has completed (polling lets simulated time pass)."""
+        return all(w.is_completed() for w in self.works)
+
+    def result(self) -> list[torch.Tensor]:
+        """The output tensors of every operation of the block."""
+        return [t for w in self.works for t in w.outputs]
