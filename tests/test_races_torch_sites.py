@@ -135,6 +135,21 @@ def test_warnings_point_at_the_users_line_and_every_middle_stage_is_recorded():
     assert frames[-1] == res.races[0].first.site.user == (__file__, marked_line(_pipeline_rank, "middle"), "_pipeline_rank")
 
 
+def _last_stage_skips_the_step() -> None:
+    if dist.get_rank() == 0:
+        _pipeline_rank()
+
+
+def test_other_diagnoses_name_torchs_line_and_the_users_too():
+    with pytest.raises(simdist.DeadlockError) as e:
+        simdist.run(_last_stage_skips_the_step, cpu(2), races="error")
+    site = (
+        f"issued at torch/distributed/pipelining/schedules.py:{torch_issue_line()} in _batch_p2p, "
+        f"called from {__file__}:{marked_line(_pipeline_rank, 'first')} in _pipeline_rank)"
+    )
+    assert site in str(e.value)
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_with_the_warmup_waived_the_pipeline_passes_under_error_and_matches_the_reference(n):
     if n == 2:  # nothing to waive at two stages: the waiver is reported unused
