@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import inspect
 import os
+import pickle
 import re
+import traceback
 import warnings
 
 import pytest
@@ -19,7 +21,7 @@ from torch.distributed.pipelining import schedules as pp_schedules
 import simdist
 import simdist.cli
 from simdist import RaceError, RaceWarning
-from simdist.clock.sites import TORCH_DIR, Site
+from simdist.clock.sites import TORCH_DIR, Site, caller_site
 from simdist.comm.waivers import parse_waiver, parse_waivers
 
 WIDTH, LAYERS, BATCH, MICROBATCHES = 8, 4, 8, 4
@@ -250,6 +252,52 @@ def test_an_access_inside_torch_names_torchs_line_and_the_users_and_a_direct_cal
         text,
         re.MULTILINE,
     )
+
+
+# ---------------------------------------------------------------------- sites
+
+#: code compiled as if it were torch's: ``issue`` issues an operation inside torch, ``via_a``/``via_b`` are
+#: two torch paths to it, ``entry`` a public entry point the user calls
+_TORCH_CODE = {
+    "distributed/pipelining/schedules.py": "def issue(probe):\n    return probe()\n\n\ndef via_a(probe):\n    return issue(probe)\n\n\ndef via_b(probe):\n    return issue(probe)\n",
+    "distributed/distributed_c10d.py": "def entry(probe):\n    return probe()\n",
+}
+
+
+#: stands for the simulator's own frames between the operation and torch: passed over, recording the stack
+_PROBE = "def probe():\n    stacks.append(traceback.extract_stack()[:-1])\n    return caller_site(('/simdist-probe/',))\n"
+
+
+def _torch_functions(stacks: list) -> dict:
+    scope: dict = {"stacks": stacks, "traceback": traceback, "caller_site": caller_site}
+    for rel, src in _TORCH_CODE.items():
+        exec(compile(src, TORCH_DIR + rel, "exec"), scope)  # noqa: S102
+    exec(compile(_PROBE, "/simdist-probe/probe.py", "exec"), scope)  # noqa: S102
+    return scope
+
+
+def test_a_sites_frames_are_the_stacks_torch_frames_then_the_users_and_each_path_is_its_own_site():
+    stacks: list = []
+    fns = _torch_functions(stacks)
+    sites = []
+    for _ in range(2):  # the second round is answered from the table of sites
+        sites.append(fns["via_a"](fns["probe"]))  # LINE via a
+        sites.append(fns["via_b"](fns["probe"]))
+        sites.append(fns["entry"](fns["probe"]))
+    me = "test_a_sites_frames_are_the_stacks_torch_frames_then_the_users_and_each_path_is_its_own_site"
+    for site, stack in zip(sites, stacks):
+        user = max(i for i, f in enumerate(stack) if f.name == me)
+        # innermost first: torch's frames outside its entry points, then the user's (the probe is the simulator)
+        want = [f for f in reversed(stack[user:]) if "distributed_c10d" not in f.filename]
+        assert site.frames == tuple((f.filename, f.lineno, f.name) for f in want)
+        assert site.user == site.frames[-1] and site.user[2] == me
+    a, b, entry = sites[:3]
+    line = marked_line(test_a_sites_frames_are_the_stacks_torch_frames_then_the_users_and_each_path_is_its_own_site, "via a")
+    assert a == f"torch/distributed/pipelining/schedules.py:2 in issue, called from {__file__}:{line} in {me}"
+    assert [f[2] for f in a.frames] == ["issue", "via_a", me] and [f[2] for f in b.frames] == ["issue", "via_b", me]
+    assert entry == f"{__file__}:{line + 2} in {me}"  # through an entry point: the user's line alone
+    assert sites[3:] == sites[:3] and all(x is y for x, y in zip(sites[3:], sites[:3]))
+    assert pickle.loads(pickle.dumps(a)).frames == a.frames
 
 
 # ---------------------------------------------------------------------- waiver patterns
