@@ -6,12 +6,11 @@ import os
 from typing import Any
 
 import simpy
-import torch
 import typing_extensions
 
 from simdist.clock.baton import Baton
 from simdist.clock.ranktime import RankTime
-from simdist.clock.sites import caller_site
+from simdist.clock.sites import Site, caller_site
 from simdist.comm.callbacks import IDLE, FutureCallbacks
 from simdist.comm.group import GroupState
 from simdist.comm.p2p import P2P
@@ -23,12 +22,12 @@ from simdist.network.links import Network
 from simdist.ranks import by_text, format_ranks
 from simdist.trace.trace import Trace
 
-#: frames in these directories are the simulator's or torch's own, never the user's call site
+#: frames in these directories are the simulator's own (or wrappers around any call), never a call site;
+#: torch's frames are sorted by ``caller_site`` itself
 _SIMDIST = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SKIP = tuple(
     os.path.join(_SIMDIST, d) for d in ("clock", "algorithms", "network", "compute", "trace", "comm", "engine")
 ) + (
-    os.path.dirname(os.path.abspath(torch.__file__)),
     os.path.abspath(typing_extensions.__file__).rsplit(".", 1)[0],
     os.path.dirname(os.path.abspath(os.__file__)) + os.sep + "contextlib",
 )
@@ -126,8 +125,8 @@ class RunContext:
         self.time.let_time_pass(event, description)
 
     # ------------------------------------------------------------------ diagnosis
-    def call_site(self) -> str:
-        """The user's call site of the operation being issued."""
+    def call_site(self) -> Site:
+        """The call site of the operation being issued: the user's line, after torch's when torch issued it."""
         return caller_site(_SKIP)
 
     def who_is_missing(self, work: Any) -> str:

@@ -16,7 +16,8 @@ Buffers are compared as byte ranges of the process's memory (all ranks share one
 different ranks never meet; checks are per rank anyway). An operation's range for a tensor is the block gloo
 touches: ``numel`` elements from the first one. Mode ``"error"`` raises :class:`RaceError` in the rank at the
 racing call; ``"warn"`` issues a :class:`RaceWarning` once per distinct pair of call sites and keeps every
-finding in ``RunResult.races``.
+finding in ``RunResult.races``. A finding every side of which a race waiver names (``comm.waivers``) neither
+raises nor warns: it is kept apart, in ``RunResult.waived_races``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from simdist.clock.baton import current_rank_state
+from simdist.comm.waivers import RaceWaiver
 from simdist.errors import RaceError, RaceWarning, RunArgumentError
 
 #: what ``run(races=...)`` accepts
@@ -98,6 +100,13 @@ class Race:
     address: int
     nbytes: int
     progress: str
+    #: the race waivers that named this finding's sides (empty: not waived)
+    waived_by: tuple[str, ...] = ()
+
+    @property
+    def sites(self) -> tuple[str, str]:
+        """The call sites of both sides: the operation in flight, then the second operation or the access."""
+        return (self.first.site, self.second.site if self.second is not None else self.site)
 
     @property
     def window(self) -> tuple[float, float | None]:
@@ -146,6 +155,8 @@ class Race:
                 "  Fix: wait() on the operation's work (or its future) before touching its buffers "
                 "(e.g. finish gradient synchronisation before optimizer.step())."
             )
+        if self.waived_by:
+            lines.append(f"  waived by race_waivers {list(self.waived_by)}")
         return "\n".join(lines)
 
 
@@ -197,6 +208,11 @@ class RaceDetector:
         #: rank -> storage key -> [(operation, region)] of the operations that rank has not seen complete
         self.inflight: dict[int, dict[int, list[tuple[InFlight, Region]]]] = {}
         self.races: list[Race] = []
+        #: known findings: every side named by a waiver (kept, counted, never raised or warned)
+        self.waived: list[Race] = []
+        self.waivers: tuple[RaceWaiver, ...] = ()
+        #: findings each waiver named, by its text
+        self.waiver_hits: dict[str, int] = {}
         self._warned: set[tuple] = set()
         #: ranks whose accesses are not checked right now (inside a future's callback, which runs after completion)
         self.suspended: set[int] = set()
@@ -299,8 +315,36 @@ class RaceDetector:
                     )
                     return
 
+    # ------------------------------------------------------------------ waivers
+    def waive(self, waivers: tuple[RaceWaiver, ...]) -> None:
+        """Set the run's race waivers (parsed by ``comm.waivers.parse_waivers``)."""
+        self.waivers = waivers
+        self.waiver_hits = {w.text: 0 for w in waivers}
+
+    def _waivers_of(self, race: Race) -> tuple[str, ...]:
+        """The waivers that name ``race``: all of them when each side is named by one, else none."""
+        if not self.waivers:
+            return ()
+        used: list[str] = []
+        for site in race.sites:
+            named = [w.text for w in self.waivers if w.matches_site(site)]
+            if not named:
+                return ()
+            used += [t for t in named if t not in used]
+        return tuple(used)
+
+    def unused_waivers(self) -> list[str]:
+        """The waivers that named no finding (empty when nothing was checked)."""
+        return [t for t, hits in self.waiver_hits.items() if hits == 0] if self.enabled else []
+
     # ------------------------------------------------------------------ reporting
     def _report(self, race: Race) -> None:
+        race.waived_by = self._waivers_of(race)
+        if race.waived_by:
+            self.waived.append(race)
+            for t in race.waived_by:
+                self.waiver_hits[t] += 1
+            return
         self.races.append(race)
         if self.mode == "error":
             raise RaceError(str(race))
@@ -308,10 +352,9 @@ class RaceDetector:
         if key not in self._warned:
             self._warned.add(key)
             text = str(race) + "\n  (reported once per call-site pair; every rank's finding is in RunResult.races)"
-            path, _, rest = race.site.rpartition(":")
-            line = rest.split(" ", 1)[0]
-            if path and line.isdigit():  # point the warning at the user's line, not at simdist
-                warnings.warn_explicit(RaceWarning(text), RaceWarning, path, int(line))
+            user = getattr(race.site, "user", None)
+            if user is not None:  # point the warning at the user's line, not at simdist or torch
+                warnings.warn_explicit(RaceWarning(text), RaceWarning, user[0], user[1])
             else:
                 warnings.warn(RaceWarning(text), stacklevel=2)
 

@@ -10,7 +10,8 @@ import inspect
 import math
 import os
 import threading
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from simdist.comm import backend, thread_world
 from simdist.comm.context import RunContext
 from simdist.comm.races import Race, RaceCheckMode, checking_direct_reads
 from simdist.comm.thread_world import acting_as
+from simdist.comm.waivers import RaceWaiver, parse_waivers
 from simdist.compute.cost import ComputeCostMode
 from simdist.compute.devices import CPU, DeviceSpec, get_device
 from simdist.compute.memory import CATEGORIES, MemoryStats, MemoryTracker, tracking_hooks
@@ -30,6 +32,7 @@ from simdist.engine.process import run_context
 from simdist.engine.threads import rank_threads
 from simdist.errors import (
     InvalidArgumentError,
+    RaceWarning,
     RankError,
     RunArgumentError,
     SimdistError,
@@ -71,6 +74,10 @@ class RunResult:
     #: per-rank live tensor bytes (peak, its time, breakdown by category), indexed by global rank; empty
     #: unless the run was made with ``memory=True``
     memory: list[MemoryStats] = dataclasses.field(default_factory=list)
+    #: the findings ``race_waivers`` named (each with ``waived_by``), in the order found; not in ``races``
+    waived_races: list[Race] = dataclasses.field(default_factory=list)
+    #: the ``race_waivers`` that named no finding (each also warned as a :class:`RaceWarning`)
+    unused_waivers: list[str] = dataclasses.field(default_factory=list)
 
     def race_summary(self) -> str:
         """One paragraph per distinct race (same kind and call sites), naming every rank it happened on."""
@@ -81,7 +88,11 @@ class RunResult:
         for found in groups.values():
             ranks = sorted({r.rank for r in found})
             out.append(f"{found[0]}\n  on ranks {ranges(ranks)} ({len(found)} findings)")
-        return "\n\n".join(out) if out else "no races found"
+        text = "\n\n".join(out) if out else "no races found"
+        if self.waived_races:
+            waivers = list(dict.fromkeys(t for r in self.waived_races for t in r.waived_by))
+            text += f"\n({len(self.waived_races)} findings waived by race_waivers {waivers}; see RunResult.waived_races)"
+        return text
 
     @functools.cached_property
     def trace_hash(self) -> str:
@@ -99,6 +110,7 @@ def run(
     progress: str = "nccl",
     gloo_threads: int = 2,
     races: str | None = None,
+    race_waivers: Sequence[str] | None = None,
     trace: str = "messages",
     compute: bool = True,
     copy_args: bool = True,
@@ -116,6 +128,10 @@ def run(
     ``races`` sets the in-flight buffer race detector: ``"error"`` raises :class:`RaceError` at the racing call,
     ``"warn"`` warns once per distinct race and records every finding in ``RunResult.races``, ``"off"`` checks
     nothing (fastest). The default is ``$SIMDIST_RACES`` if set, else ``"error"`` under pytest, else ``"warn"``.
+    ``race_waivers`` lists known races by call site, ``"PATH[:LINE][:FUNCTION]"`` (e.g.
+    ``"torch/distributed/pipelining/schedules.py:_warmup_p2p"``): a finding whose every side a waiver names
+    neither raises nor warns and goes to ``RunResult.waived_races``; a waiver that names no finding of a run
+    that completed is reported with a :class:`RaceWarning`.
     ``trace="collectives"`` skips recording individual messages (faster for thousands of ranks).
     ``compute=False`` charges no simulated time for tensor operations. ``cluster`` may also be a preset name
     or a cluster file path. ``backend_name`` is the backend name rank code sees (``"simdist"``, ``"gloo"`` or
@@ -134,10 +150,12 @@ def run(
     _check_arguments(fn, args, kwargs, seed)
     limit = _watchdog_limit(watchdog)
     name = backend.check_backend_name(backend_name)
+    waivers = parse_waivers(race_waivers)
     with _RUN_LOCK:
         return _run(
             fn, cluster, args, kwargs or {}, seed, progress, gloo_threads, races, trace, compute, copy_args, limit, name,
             memory,
+            waivers,
         )
 
 
@@ -156,6 +174,7 @@ def _run(
     watchdog: float,
     backend_name: str,
     memory: bool = False,
+    waivers: tuple[RaceWaiver, ...] = (),
 ) -> RunResult:
     """:func:`run` once the run lock is held."""
     if dist.is_initialized() and not backend.installed():
@@ -185,6 +204,7 @@ def _run(
         env, baton, cluster, tr, progress, gloo_threads, default_race_mode() if races is None else races, ahead
     )
     sim.backend_name = backend_name
+    sim.races.waive(waivers)
     store = sim.store = dist.HashStore()
     local_world = _local_world_size(cluster)
     trackers = (
@@ -241,6 +261,15 @@ def _run(
     for t in trackers:
         for time, totals in t.samples:
             tr.counter(t.rank, "memory", time, dict(zip(CATEGORIES, totals)))
+    unused = sim.races.unused_waivers()
+    for text in unused:
+        warnings.warn(
+            RaceWarning(
+                f"race waiver {text!r} named no race in this run: nothing it names raced, or its path, line or "
+                "function differ from the sites the findings show; remove it or correct it"
+            ),
+            stacklevel=3,
+        )
     finish = [s.finish_time for s in baton.ranks]
     return RunResult(
         returns=[s.result for s in baton.ranks],
@@ -251,6 +280,8 @@ def _run(
         world_size=n,
         races=sim.races.races,
         memory=stats,
+        waived_races=sim.races.waived,
+        unused_waivers=unused,
     )
 
 
