@@ -31,12 +31,13 @@ from simdist.bench import (
     table_row,
     too_many_ranks,
 )
-from simdist.engine.runner import run
+from simdist.engine.runner import RunResult, run
 from simdist.errors import ClusterSpecError, RaceWarning, SimdistError
 from simdist.network import Cluster
 from simdist.network.presets import PRESETS
 from simdist.script import ScriptError, load_entry
-from simdist.units import parse_size
+from simdist.ranks import by_text, format_ranks
+from simdist.units import format_size, parse_size
 
 #: the seeds torch.manual_seed accepts: a negative seed is taken modulo 2**64 (-1 is the seed 2**64 - 1)
 SEED_RANGE = (-(2**63), 2**64 - 1)
@@ -134,6 +135,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         res = run(
             fn, cluster, seed=args.seed, progress=args.progress, gloo_threads=args.gloo_threads, races=args.races,
             race_waivers=args.waive_race, watchdog=args.watchdog, backend_name=args.backend_name,
+            memory=args.memory,
         )
     wall = time.perf_counter() - t0
     for rank, value in enumerate(res.returns):
@@ -150,11 +152,24 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"simdist: error: --trace: cannot write {str(args.trace)!r}: {e.strerror or e}", file=sys.stderr)
             return 2
         print(f"trace written to {path} (open it in ui.perfetto.dev)")
+    if args.memory:
+        print(_memory_summary(res))
     for text in res.unused_waivers:
         print(f"simdist: warning: --waive-race {text!r} named no race in this run; remove it or correct it", file=sys.stderr)
     if res.races or res.waived_races:
         print(res.race_summary())
     return 3 if res.races else 0
+
+
+def _memory_summary(res: RunResult) -> str:
+    """Each rank's peak live bytes, its time and its largest categories; ranks alike share a line."""
+    lines = ["peak memory per rank (live tensor bytes):"]
+    rows = []
+    for m in res.memory:
+        parts = ", ".join(f"{k} {format_size(v)}" for k, v in sorted(m.breakdown.items(), key=lambda kv: -kv[1]) if v)
+        rows.append((m.rank, f"{format_size(m.peak_bytes)} at {m.peak_time * 1e6:.3f} us ({parts or 'nothing'})"))
+    lines += [f"  {format_ranks(ranks)}: {text}" for ranks, text in by_text(rows)]
+    return "\n".join(lines)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -209,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: $SIMDIST_WATCHDOG, else 600; inf turns it off)")
     r.add_argument("--backend-name", default="simdist", choices=("simdist", "gloo", "nccl"),
                    help="the backend name rank code sees in dist.get_backend() (default: simdist)")
+    r.add_argument("--memory", action="store_true",
+                   help="account each rank's live tensor bytes: print the peaks; a rank over its device's memory fails "
+                        "with a simulated out-of-memory error")
     r.add_argument("--show-none", action="store_true", help="also print ranks that returned None")
     r.set_defaults(func=cmd_run)
 

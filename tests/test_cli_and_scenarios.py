@@ -18,6 +18,7 @@ import simdist
 from simdist import algorithms
 from simdist.bench import bench, bus_factor
 from simdist.cli import main
+from simdist.units import format_size
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPECTED = ROOT / "scenarios" / "expected"
@@ -77,6 +78,35 @@ def test_simdist_run_reports_races_and_runs_gloo_progress(tmp_path, capsys):
     assert "rank 0: [4.0, 4.0, 4.0, 4.0]" not in capsys.readouterr().out  # two workers interleave
     assert main(["run", str(script), "--world-size", "2", "--races", "error"]) == 1  # a diagnosed run
     assert "simdist: error: race on rank 0: two operations in flight" in capsys.readouterr().err
+
+
+ADAM_STEP = """
+import torch
+
+
+def main(width=256, device="cpu"):
+    with torch.device(device):  # "meta": sized, never allocated
+        model = torch.nn.Linear(width, width)
+        x = torch.randn(32, width)
+    opt = torch.optim.Adam(model.parameters())
+    model(x).sum().backward()
+    opt.step()
+"""
+
+
+def test_simdist_run_memory_prints_the_peaks_and_fails_a_rank_out_of_memory(tmp_path, capsys):
+    script = tmp_path / "adam.py"
+    script.write_text(ADAM_STEP)
+    assert main(["run", str(script), "--world-size", "2", "--memory"]) == 0
+    out = capsys.readouterr().out
+    params = (256 * 256 + 256) * 4  # weight and bias, float32
+    line = next(x for x in out.splitlines() if x.startswith("  ranks 0-1: "))
+    assert f"parameters {format_size(params)}" in line and f"gradients {format_size(params)}" in line
+    assert f"optimizer_state {format_size(2 * params + 2 * 4)}" in line  # exp_avg, exp_avg_sq, two step counters
+    # 64 GiB of weight on the meta device: its gradient takes the rank over an H100's 80 GiB
+    script.write_text(ADAM_STEP.replace('width=256, device="cpu"', 'width=1 << 17, device="meta"'))
+    assert main(["run", str(script), "--world-size", "2", "--memory"]) == 1
+    assert "simulated out of memory" in capsys.readouterr().err
 
 
 def test_simdist_run_bad_cluster_is_a_clear_error(tmp_path, capsys):
