@@ -35,8 +35,8 @@ from simdist.engine.runner import RunResult, run
 from simdist.errors import ClusterSpecError, RaceWarning, SimdistError
 from simdist.network import Cluster
 from simdist.network.presets import PRESETS
-from simdist.script import ScriptError, load_entry
 from simdist.ranks import by_text, format_ranks
+from simdist.script import ScriptError, load_entry
 from simdist.units import format_size, parse_size
 
 #: the seeds torch.manual_seed accepts: a negative seed is taken modulo 2**64 (-1 is the seed 2**64 - 1)
