@@ -111,6 +111,12 @@ def _charge_then(after: str) -> float:
     simdist.charge("1ms")
     if after == "item":
         torch.ones(1).item()
+    elif after in ("tolist", "numpy", "print"):
+        t = torch.empty(2)  # no kernel: the read alone must wait for the 1 ms
+        if after == "print":
+            repr(t)
+        else:
+            getattr(t, after)()
     elif after == "cuda":
         torch.cuda.synchronize()
     elif after == "simdist":
@@ -123,6 +129,9 @@ def _charge_then(after: str) -> float:
     [
         ("nothing", "nccl", "H100", 0.0),  # the kernel is queued; the host goes on
         ("item", "nccl", "H100", 1.0),  # a value read to the host waits for the device
+        ("tolist", "nccl", "H100", 1.0),  # reads that bypass torch's dispatcher wait too
+        ("numpy", "nccl", "H100", 1.0),
+        ("print", "nccl", "H100", 1.0),
         ("cuda", "nccl", "H100", 1.0),  # torch.cuda.synchronize() in rank code waits for the simulated device
         ("simdist", "nccl", "H100", 1.0),
         ("nothing", "gloo", "H100", 1.0),  # gloo-like progress: host-synchronous
@@ -135,6 +144,12 @@ def test_when_the_host_waits_for_its_device(after: str, progress: str, device: s
     kernels = estimate(lambda: torch.ones(1).item(), device=device)[0] if after == "item" else 0.0
     assert [r * 1e3 for r in res.returns] == pytest.approx([host_at_ms + kernels * 1e3 * bool(host_at_ms)] * 2)
     assert res.sim_time == pytest.approx(1e-3 + kernels)
+
+
+def test_host_read_methods_are_restored_after_a_run() -> None:
+    before = {name: torch.Tensor.__dict__.get(name) for name in ("tolist", "numpy", "__repr__", "__array__")}
+    simdist.run(_charge_then, simdist.Cluster.switch(2), args=("tolist",))
+    assert {name: torch.Tensor.__dict__.get(name) for name in before} == before
 
 
 def _all_reduce_behind_compute() -> tuple[float, float]:

@@ -4,7 +4,8 @@ Environment variables as torchrun sets them (a per-rank view of ``os.environ``),
 global RNG and default dtype, CPU pinning, garbage-collector settings, CPU-only seeding, the ``"simdist"`` backend's
 installation in torch.distributed, and the process-wide calls rank code may make as if it were a process of
 its own: ``os._exit`` (ends the rank, not the simulator's process), ``signal.signal`` (a handler per rank) and
-``time.sleep`` (the rank waits in simulated time, handing the others the baton), ``torch.cuda.synchronize`` (the
+``time.sleep`` (the rank waits in simulated time, handing the others the baton), ``torch.cuda.synchronize`` and
+the tensor methods that read values to the host without torch's dispatcher (``tolist``, ``numpy``, printing: the
 rank's host waits for its simulated device).
 """
 
@@ -52,6 +53,10 @@ def run_context(ctx: RunContext, n: int, local_world: int) -> Iterator[None]:
     time.sleep = _rank_sleep(ctx)
     cuda_sync = torch.cuda.synchronize
     torch.cuda.synchronize = _rank_cuda_synchronize(ctx)
+    host_reads = {name: torch.Tensor.__dict__.get(name) for name in _HOST_READS}
+    if ctx.time.host_runs_ahead:
+        for name in _HOST_READS:
+            setattr(torch.Tensor, name, _waiting_for_the_device(ctx, getattr(torch.Tensor, name)))
     backend.install(ctx)
     try:
         yield
@@ -59,6 +64,11 @@ def run_context(ctx: RunContext, n: int, local_world: int) -> Iterator[None]:
         backend.uninstall()
         os._exit, signal.signal, signal.getsignal, time.sleep = process_calls
         torch.cuda.synchronize = cuda_sync
+        for name, method in host_reads.items():
+            if method is not None:
+                setattr(torch.Tensor, name, method)
+            elif name in torch.Tensor.__dict__:  # inherited from torch._C.TensorBase: drop the override
+                delattr(torch.Tensor, name)
         torch.manual_seed, torch.random.manual_seed = seed_fns
         os.environ = real_environ  # noqa: B003
         gc.unfreeze()
@@ -119,6 +129,23 @@ def _rank_cuda_synchronize(ctx: RunContext) -> Any:
         return None
 
     return synchronize
+
+
+#: Tensor methods that copy values to the host without passing through torch's dispatcher (``.item()`` does,
+#: and waits through the cost model): on a GPU each waits for the device
+_HOST_READS = ("tolist", "numpy", "__repr__", "__array__")
+
+
+def _waiting_for_the_device(ctx: RunContext, method: Any) -> Any:
+    """``method`` of a tensor that, in rank code whose host runs ahead, first waits until the device is idle."""
+
+    def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if current_rank_state() is not None:
+            ctx.synchronize()
+        return method(self, *args, **kwargs)
+
+    read.__name__, read.__qualname__, read.__doc__ = method.__name__, method.__qualname__, method.__doc__
+    return read
 
 
 def _rank_signals() -> tuple[Any, Any]:
