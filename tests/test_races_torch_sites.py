@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
+from test_cli_and_scenarios import RACY  # a script with two in-place all-reduces in flight on one buffer
 from torch.distributed.pipelining import ScheduleGPipe, SplitPoint, pipeline
 from torch.distributed.pipelining import schedules as pp_schedules
 
@@ -368,22 +369,10 @@ def test_named_code_objects_and_tuples_are_accepted():
 
 # ---------------------------------------------------------------------- the command line
 
-RACY_SCRIPT = """
-import torch, torch.distributed as dist
-
-def main():
-    t = torch.ones(4)
-    first = dist.all_reduce(t, async_op=True)
-    second = dist.all_reduce(t, async_op=True)
-    first.wait()
-    second.wait()
-    return t.tolist()
-"""
-
 
 def test_simdist_run_waives_races_by_site_and_reports_unused_and_bad_patterns(tmp_path, capsys):
     script = tmp_path / "racy.py"
-    script.write_text(RACY_SCRIPT)
+    script.write_text(RACY)
     base = ["run", str(script), "--world-size", "2", "--races", "error"]
     assert simdist.cli.main(base) == 1
     assert "race on rank 0: two operations in flight" in capsys.readouterr().err
