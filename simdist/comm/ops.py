@@ -261,28 +261,13 @@ class AllGatherCoalesced(OpSpec):
         return plans.plan_all_gather([o.input for o in ops], [o.output for o in ops], algo)
 
 
-@dataclass(frozen=True, eq=False)
-class AllGatherIntoTensorCoalesced(OpSpec):
+class AllGatherIntoTensorCoalesced(AllGatherCoalesced):
     """``all_gather_into_tensor`` of several tensors at once (a coalesced group, as funcol and
     ``_coalescing_manager`` issue it): one all-gather of ``input`` (each rank's inputs concatenated) into
     ``output`` (rank-major), copied into each output tensor after. A one-tensor call is an
     :class:`AllGatherIntoTensor`, so that it matches the plain op across ranks."""
 
     name: ClassVar[str] = "all_gather_into_tensor_coalesced"
-    collective: ClassVar[str] = "all_gather"
-    input: torch.Tensor
-    output: torch.Tensor
-    shapes: tuple[tuple[int, ...], ...]
-
-    def signature(self) -> tuple[tuple[str, object], ...]:
-        return (("shapes", self.shapes), ("dtype", dtype_name(self.input.dtype)))
-
-    def sizes(self) -> Sizes:
-        return Sizes.of(self.input, self.input, out_nelems=self.output.numel(), nbytes=_nbytes(self.output))
-
-    @classmethod
-    def plan(cls, ops: list[AllGatherIntoTensorCoalesced], algo: Algorithm) -> plans.Plan:
-        return plans.plan_all_gather([o.input for o in ops], [o.output for o in ops], algo)
 
 
 @dataclass(frozen=True, eq=False)
