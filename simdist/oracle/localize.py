@@ -90,7 +90,13 @@ def localize(
     )
     if not ref.ops or not all(s.ops for s in ranks):
         return None
-    return first_divergence(ref, ranks, names or NameMap(), exact, tolerances)
+    # small tensors, many ops: intra-op threads cost more than they save (simulated runs use one thread too)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return first_divergence(ref, ranks, names or NameMap(), exact, tolerances)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _recorded(
