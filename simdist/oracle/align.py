@@ -25,6 +25,7 @@ sharded, never partial sums, so a rank updating with its local gradient does not
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -214,8 +215,8 @@ def _close(value: torch.Tensor, reference: torch.Tensor, exact: bool, tolerances
     bound = tol.atol + tol.rtol * reference.abs().max().item()
     if diff <= 0.5 * bound:
         return True
-    if diff > 2 * bound or diff != diff:  # NaN: compare() knows where NaN equals NaN
-        return compare(value, reference, exact, tolerances) is None if diff != diff else False
+    if diff > 2 * bound or math.isnan(diff):  # NaN: compare() knows where NaN equals NaN
+        return compare(value, reference, exact, tolerances) is None if math.isnan(diff) else False
     return compare(value, reference, exact, tolerances) is None
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import typing_extensions
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.optim import optimizer as torch_optimizer
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
@@ -246,7 +247,9 @@ class Recorder(TorchDispatchMode):
             self._modules.append(module)
         params, _ = named_tensors(root)
         for name, p in params:
-            self._params.setdefault(p.untyped_storage().data_ptr(), name)
+            # a DTensor (FSDP2, tensor parallelism) has no storage of its own: its local shard has
+            local = p._local_tensor if isinstance(p, DTensor) else p
+            self._params.setdefault(local.untyped_storage().data_ptr(), name)
 
     def optimizer_pre(self, optimizer: Any) -> None:
         """An optimizer's ``step()`` begins on this rank."""
