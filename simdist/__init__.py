@@ -25,6 +25,7 @@ from simdist.errors import (
     WatchdogError,
 )
 from simdist.network import Cluster, load_cluster
+from simdist.oracle import Divergence, EquivalenceReport, Tolerance, check_equivalence
 from simdist.script import ScriptError
 from simdist.trace.trace import Trace
 
@@ -35,6 +36,8 @@ __all__ = [
     "ClusterSpecError",
     "CollectiveMismatchError",
     "DeadlockError",
+    "Divergence",
+    "EquivalenceReport",
     "InvalidArgumentError",
     "MemoryStats",
     "OutOfMemoryError",
@@ -46,10 +49,12 @@ __all__ = [
     "ScriptError",
     "SimTimeoutError",
     "SimdistError",
+    "Tolerance",
     "Trace",
     "WatchdogError",
     "algorithms",
     "charge",
+    "check_equivalence",
     "load_cluster",
     "now",
     "run",

@@ -75,36 +75,40 @@ class Difference:
     numel: int
 
     def __str__(self) -> str:
-        return f"max |diff| {self.max_abs:.2g}, rel {self.rel:.2g}; {self.count} of {self.numel} elements"
+        text = f"max |diff| {self.max_abs:.1e}, rel {self.rel:.1e}"
+        return text if self.numel == 1 else f"{text}; {self.count} of {self.numel} elements"
+
+
+def differing(
+    value: torch.Tensor, reference: torch.Tensor, exact: bool, overrides: dict[torch.dtype, Tolerance] | None = None
+) -> torch.Tensor | None:
+    """A boolean mask of ``value``'s elements that differ from ``reference``; ``None`` if the tensors are equal.
+
+    Equal means bitwise in exact mode (and for integer dtypes), within the dtype's :class:`Tolerance` at the
+    reference's scale otherwise. Shapes must agree (callers report a shape mismatch themselves). NaN equals NaN
+    at the same place; an infinity equals the same infinity.
+    """
+    a, b = value.detach(), reference.detach()
+    if a.dtype != b.dtype:
+        a = a.to(b.dtype)
+    tol = tolerance_for(b.dtype, overrides)
+    if exact or tol is None:
+        ab, bb = _bits(a), _bits(b)
+        return None if ab.equal(bb) else ab != bb
+    af, bf = a.double(), b.double()
+    same_special = (af.isnan() & bf.isnan()) | ((af == bf) & af.isinf())
+    finite = bf[bf.isfinite()]
+    scale = finite.abs().max().item() if finite.numel() else 0.0
+    bad = ~same_special & ~((af - bf).abs() <= tol.atol + tol.rtol * scale)
+    return bad if bool(bad.any()) else None
 
 
 def compare(
     value: torch.Tensor, reference: torch.Tensor, exact: bool, overrides: dict[torch.dtype, Tolerance] | None = None
 ) -> Difference | None:
-    """``None`` if ``value`` equals ``reference`` (bitwise in exact mode, within tolerance otherwise).
-
-    Shapes must agree (the caller reports a shape mismatch itself). NaN equals NaN at the same place; an
-    infinity equals the same infinity.
-    """
-    a, b = value.detach(), reference.detach()
-    if a.dtype != b.dtype:
-        a = a.to(b.dtype)
-    if exact or tolerance_for(b.dtype, overrides) is None:
-        if _bits(a).equal(_bits(b)):
-            return None
-        differ = _bits(a) != _bits(b)
-        return _difference(a, b, differ)
-    tol = tolerance_for(b.dtype, overrides)
-    af, bf = a.double(), b.double()
-    nan_a, nan_b = af.isnan(), bf.isnan()
-    same_special = (nan_a & nan_b) | ((af == bf) & af.isinf())
-    finite = bf[bf.isfinite()]
-    scale = finite.abs().max().item() if finite.numel() else 0.0
-    diff = (af - bf).abs()
-    bad = ~same_special & ~(diff <= tol.atol + tol.rtol * scale)
-    if not bool(bad.any()):
-        return None
-    return _difference(a, b, bad)
+    """``None`` if ``value`` equals ``reference`` (see :func:`differing`), else how far apart they are."""
+    bad = differing(value, reference, exact, overrides)
+    return None if bad is None else difference(value, reference, bad)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -115,7 +119,9 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _difference(a: torch.Tensor, b: torch.Tensor, differ: torch.Tensor) -> Difference:
+def difference(a: torch.Tensor, b: torch.Tensor, differ: torch.Tensor) -> Difference:
+    """How far ``a`` is from the reference ``b``, ``differ`` marking the elements that count as different."""
+    a, b = a.detach(), b.detach().to(a.dtype) if b.dtype != a.dtype else b.detach()
     if a.dtype.is_floating_point or a.dtype.is_complex:
         d = (a.double() - b.double()).abs()
         d = torch.where(d.isnan(), torch.full_like(d, float("inf")), d)

@@ -1,0 +1,171 @@
+"""Full tensors from every rank's pieces, read from the ranks' memory after the run, without a collective.
+
+A plain tensor held by several ranks is a replica (data parallelism): the full tensor is the lowest rank's
+copy, and every other copy must be bitwise equal to it. A hand-written shard (Megatron-style tensor parallelism
+with plain tensors) is described by the caller: ``(dim, group_size)`` concatenates the pieces of each
+``group_size`` consecutive holders along ``dim``, blocks of holders being replicas of each other. A DTensor
+(tensor parallelism, torch FSDP2) carries its own layout: each piece is written at its offset, replicated mesh
+dimensions are checked like replicas, partial ones are reduced.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from simdist.errors import SimdistError
+from simdist.oracle.capture import MeshLayout, Piece
+from simdist.ranks import ranges
+
+#: how hand-written shards of a plain tensor are laid out: (dim, holders per shard group or None for all)
+ShardSpec = tuple[int, int | None]
+
+
+class AssemblyError(SimdistError):
+    """The ranks' pieces of a tensor do not form a full tensor (missing ranks, inconsistent shapes)."""
+
+
+@dataclass
+class Assembled:
+    """A full tensor, where each rank's piece sits in it, and the replicas that are not bitwise equal."""
+
+    full: torch.Tensor
+    #: rank -> the index of its piece in ``full``
+    regions: dict[int, tuple[slice, ...]]
+    #: ranks whose copy differs from the replica it must equal
+    replica_ranks: tuple[int, ...] = ()
+    #: why the replicas differ, when it is more than their values (shapes)
+    note: str = ""
+    #: how the pieces were combined, for reports
+    how: str = field(default="")
+
+
+def assemble(name: str, pieces: list[Piece], shard: ShardSpec | None = None) -> Assembled:
+    """Assemble ``name`` from all ranks' ``pieces`` (at least one)."""
+    pieces = sorted(pieces, key=lambda p: p.rank)
+    layouts = {type(p.layout) for p in pieces}
+    if len(layouts) > 1:
+        raise AssemblyError(f"{name!r}: ranks hold it in different forms ({sorted(t.__name__ for t in layouts)})")
+    if isinstance(pieces[0].layout, MeshLayout):
+        return _mesh(name, pieces)
+    if shard is not None:
+        return _sharded(name, pieces, shard)
+    return _replicated(pieces)
+
+
+def _whole(t: torch.Tensor) -> tuple[slice, ...]:
+    return tuple(slice(None) for _ in t.shape)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (NaNs with equal payloads are equal)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.is_floating_point and a.element_size() in (2, 4, 8):
+        kind = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        return a.contiguous().view(kind).equal(b.contiguous().view(kind))
+    return a.equal(b)
+
+
+def _replicated(pieces: list[Piece]) -> Assembled:
+    first = pieces[0].value
+    differ = [p.rank for p in pieces[1:] if not _same(p.value, first)]
+    shapes = sorted({tuple(p.value.shape) for p in pieces})
+    note = ""
+    if len(shapes) > 1:
+        note = (
+            f"the ranks hold it in different shapes {shapes}: if it is sharded by hand, describe the layout "
+            "with shards={name: dim}"
+        )
+    return Assembled(first, {p.rank: _whole(p.value) for p in pieces}, tuple(differ), note, "replicated")
+
+
+def _sharded(name: str, pieces: list[Piece], shard: ShardSpec) -> Assembled:
+    dim, size = shard
+    size = size or len(pieces)
+    if len(pieces) % size:
+        raise AssemblyError(
+            f"{name!r} is described as sharded over groups of {size} ranks, but ranks "
+            f"{ranges([p.rank for p in pieces])} ({len(pieces)}) hold it"
+        )
+    blocks = [pieces[i : i + size] for i in range(0, len(pieces), size)]
+    first = blocks[0]
+    ndim = first[0].value.dim()
+    if not -ndim <= dim < ndim:
+        raise AssemblyError(f"{name!r} is described as sharded along dim {dim}, but its pieces have {ndim} dims")
+    dim %= ndim
+    try:
+        full = torch.cat([p.value for p in first], dim)
+    except RuntimeError as e:
+        raise AssemblyError(f"{name!r}: the shards of ranks {ranges([p.rank for p in first])} do not concatenate "
+                            f"along dim {dim}: {e}") from e
+    regions: dict[int, tuple[slice, ...]] = {}
+    differ: list[int] = []
+    for block in blocks:
+        offset = 0
+        for p, ref in zip(block, first):
+            n = p.value.shape[dim] if p.value.dim() == ndim else 0
+            regions[p.rank] = tuple(slice(offset, offset + n) if d == dim else slice(None) for d in range(ndim))
+            offset += n
+            if block is not first and not _same(p.value, ref.value):
+                differ.append(p.rank)
+    how = f"concatenated along dim {dim} over {size} ranks" + (f", {len(blocks)} replicas" if len(blocks) > 1 else "")
+    return Assembled(full, regions, tuple(differ), "", how)
+
+
+def _mesh(name: str, pieces: list[Piece]) -> Assembled:
+    layout: MeshLayout = pieces[0].layout  # type: ignore[assignment]
+    by_rank = {p.rank: p for p in pieces}
+    missing = [r for r in layout.mesh_ranks if r not in by_rank]
+    if missing:
+        raise AssemblyError(
+            f"{name!r} is a DTensor on the mesh of ranks {ranges(list(layout.mesh_ranks))}, but ranks "
+            f"{ranges(missing)} hold no piece of it"
+        )
+    full = torch.zeros(layout.global_shape, dtype=pieces[0].value.dtype)
+    replicate = [i for i, p in enumerate(layout.placements) if p[0] == "replicate"]
+    partial = [i for i, p in enumerate(layout.placements) if p[0] == "partial"]
+    regions: dict[int, tuple[slice, ...]] = {}
+    differ: list[int] = []
+    for rank in layout.mesh_ranks:
+        p = by_rank[rank]
+        coord = tuple(int(c) for c in np.unravel_index(layout.mesh_ranks.index(rank), layout.mesh_shape))
+        lay: MeshLayout = p.layout  # type: ignore[assignment]
+        region = tuple(slice(o, o + s) for o, s in zip(lay.offset, p.value.shape))
+        regions[rank] = region
+        base = tuple(0 if i in replicate else c for i, c in enumerate(coord))
+        if base != coord:
+            if not _same(p.value, by_rank[layout.mesh_ranks[_index(base, layout.mesh_shape)]].value):
+                differ.append(rank)
+            continue
+        if partial:
+            full[region] += p.value.to(full.dtype)
+        else:
+            full[region] = p.value
+    for i in partial:
+        op = layout.placements[i][1]
+        if op in ("avg", "mean"):
+            full /= layout.mesh_shape[i]
+        elif op != "sum":
+            raise AssemblyError(f"{name!r}: partial placement with reduce op {op!r}; the oracle reduces sum and avg")
+    how = "DTensor " + ", ".join(_placement_text(p) for p in layout.placements) + f" over mesh {list(layout.mesh_shape)}"
+    return Assembled(full, regions, tuple(sorted(differ)), "", how)
+
+
+def _index(coord: tuple[int, ...], shape: tuple[int, ...]) -> int:
+    return int(np.ravel_multi_index(coord, shape))
+
+
+def _placement_text(p: tuple) -> str:
+    if p[0] == "shard":
+        return f"Shard({p[1]})"
+    return "Replicate()" if p[0] == "replicate" else f"Partial({p[1]})"
+
+
+def region_numel(region: tuple[slice, ...], shape: tuple[int, ...]) -> int:
+    """Elements in ``region`` of a tensor of ``shape``."""
+    return math.prod(len(range(*s.indices(n))) for s, n in zip(region, shape))
+

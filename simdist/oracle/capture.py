@@ -1,0 +1,228 @@
+"""Capture each rank's training state at every optimizer step, with no change to the program.
+
+Three process-wide hooks, installed around one run and removed after it, see every rank (each rank is a thread
+of this process under simdist, or the only rank of a real process):
+
+- torch's global optimizer step post-hook (``register_optimizer_step_post_hook``) snapshots, after each
+  ``optimizer.step()``, the optimizer's parameters, their gradients (synchronised by then), its state, and the
+  buffers of the rank's modules. A rank's step ``k`` is the ``k``-th step of each of its optimizers.
+- the global module forward pre-hook records which modules each rank runs; those not inside another one are the
+  rank's root modules, whose qualified names (wrappers' prefixes removed, :mod:`simdist.oracle.names`) name
+  the tensors.
+- ``torch.autograd.backward`` (which ``Tensor.backward`` calls) records scalar backward roots without an explicit
+  gradient: the losses of the step.
+
+Snapshots are taken with the rank's dispatch modes disabled, so they cost no simulated time, allocate nothing
+the memory accounting sees and read nothing the race detector checks. A sharded tensor is captured as the
+rank's own piece with its layout (DTensor placements and offsets); assembly into full
+tensors happens after the run, from all ranks' pieces (:mod:`simdist.oracle.assemble`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils._python_dispatch import _disable_current_modes
+
+from simdist.oracle.names import named_tensors
+
+
+@dataclass(frozen=True)
+class MeshLayout:
+    """Where a DTensor's local piece sits: its placements over the device mesh, and the piece's region."""
+
+    #: global ranks of the mesh, row-major, and the mesh's shape
+    mesh_ranks: tuple[int, ...]
+    mesh_shape: tuple[int, ...]
+    #: per mesh dimension: ("shard", dim), ("replicate",) or ("partial", reduce op)
+    placements: tuple[tuple[Any, ...], ...]
+    global_shape: tuple[int, ...]
+    #: the piece's offset in the full tensor, per tensor dimension
+    offset: tuple[int, ...]
+
+
+#: a piece's layout: ``None`` for a plain tensor (a replica, or a hand-written shard the caller describes)
+Layout = MeshLayout | None
+
+
+@dataclass
+class Piece:
+    """One rank's copy (or part) of a tensor at a step."""
+
+    rank: int
+    value: torch.Tensor
+    layout: Layout = None
+
+
+@dataclass
+class RankStep:
+    """What one rank held after its ``k``-th optimizer step."""
+
+    #: values of the scalar backward roots since the rank's previous step
+    losses: list[torch.Tensor] = field(default_factory=list)
+    params: dict[str, Piece] = field(default_factory=dict)
+    #: ``None`` where the parameter had no gradient
+    grads: dict[str, Piece | None] = field(default_factory=dict)
+    #: ``"name:key"`` of every tensor (and number) in the optimizer's state
+    optim: dict[str, Piece] = field(default_factory=dict)
+    buffers: dict[str, Piece] = field(default_factory=dict)
+    #: parameter names in the order the rank's modules define them
+    order: list[str] = field(default_factory=list)
+
+
+class Capture:
+    """Records every rank's :class:`RankStep` for its first ``steps`` optimizer steps (all if ``None``)."""
+
+    def __init__(self, steps: int | None = None) -> None:
+        self.steps = steps
+        #: rank -> its steps, in order
+        self.ranks: dict[int, list[RankStep]] = {}
+        self._modules: dict[int, dict[int, nn.Module]] = {}
+        self._roots: dict[int, tuple[int, list[nn.Module]]] = {}
+        self._counts: dict[tuple[int, int], int] = {}
+        self._losses: dict[int, list[torch.Tensor]] = {}
+        self._optimizers: dict[int, dict[int, int]] = {}
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[Capture]:
+        """Install the process-wide hooks for the duration of the block."""
+        handles = [
+            register_optimizer_step_post_hook(self._after_step),
+            nn.modules.module.register_module_forward_pre_hook(self._before_forward),
+        ]
+        original = torch.autograd.backward
+        capture = self
+
+        def backward(tensors: Any, grad_tensors: Any = None, *args: Any, **kwargs: Any) -> Any:
+            capture._root(tensors, grad_tensors)
+            return original(tensors, grad_tensors, *args, **kwargs)
+
+        torch.autograd.backward = backward
+        try:
+            yield self
+        finally:
+            torch.autograd.backward = original
+            for h in handles:
+                h.remove()
+
+    def _before_forward(self, module: nn.Module, args: Any) -> None:
+        seen = self._modules.setdefault(_rank(), {})
+        if id(module) not in seen:
+            seen[id(module)] = module
+
+    def _root(self, tensors: Any, grads: Any) -> None:
+        """Record a backward root that is a loss: one scalar floating tensor, no gradient given."""
+        if isinstance(tensors, (list, tuple)):
+            if len(tensors) != 1:
+                return
+            tensors = tensors[0]
+        if isinstance(grads, (list, tuple)):
+            grads = grads[0] if len(grads) == 1 else grads
+        if grads is not None or not isinstance(tensors, torch.Tensor) or tensors.numel() != 1:
+            return
+        if not tensors.dtype.is_floating_point or isinstance(tensors, DTensor):
+            return
+        with _disable_current_modes(), torch.no_grad():
+            self._losses.setdefault(_rank(), []).append(tensors.detach().reshape(()).clone())
+
+    def roots(self, rank: int) -> list[nn.Module]:
+        """The rank's root modules: those it ran that are not inside another module it ran."""
+        seen = self._modules.get(rank, {})
+        cached = self._roots.get(rank)
+        if cached is not None and cached[0] == len(seen):
+            return cached[1]
+        inner: set[int] = set()
+        for m in seen.values():
+            inner.update(id(sub) for sub in m.modules() if sub is not m)
+        roots = [m for k, m in seen.items() if k not in inner]
+        self._roots[rank] = (len(seen), roots)
+        return roots
+
+    def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        rank = _rank()
+        key = (rank, id(optimizer))
+        k = self._counts.get(key, 0)
+        self._counts[key] = k + 1
+        if self.steps is not None and k >= self.steps:
+            return
+        number = self._optimizers.setdefault(rank, {}).setdefault(id(optimizer), len(self._optimizers[rank]))
+        with _disable_current_modes(), torch.no_grad():
+            self._snapshot(rank, k, number, optimizer)
+
+    def _snapshot(self, rank: int, k: int, number: int, optimizer: torch.optim.Optimizer) -> None:
+        steps = self.ranks.setdefault(rank, [])
+        while len(steps) <= k:
+            steps.append(RankStep())
+        step = steps[k]
+        step.losses.extend(self._losses.pop(rank, []))
+        names: dict[int, str] = {}
+        buffers: list[tuple[str, torch.Tensor]] = []
+        order: list[str] = []
+        for root in self.roots(rank):
+            params, bufs = named_tensors(root)
+            for n, p in params:
+                if id(p) not in names:
+                    names[id(p)] = n
+                    order.append(n)
+            buffers += [(n, b) for n, b in bufs if isinstance(b, torch.Tensor)]
+        for g, group in enumerate(optimizer.param_groups):
+            for i, p in enumerate(group["params"]):
+                name = names.get(id(p), f"optimizer{number}.group{g}.param{i}")
+                if name not in step.order:
+                    step.order.append(name)
+                step.params[name] = _piece(rank, p)
+                step.grads[name] = None if p.grad is None else _piece(rank, p.grad)
+                for state_key, v in optimizer.state.get(p, {}).items():
+                    if isinstance(v, torch.Tensor):
+                        step.optim[f"{name}:{state_key}"] = _piece(rank, v)
+                    elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                        step.optim[f"{name}:{state_key}"] = Piece(rank, torch.tensor(float(v), dtype=torch.float64))
+        for n, b in buffers:
+            step.buffers[n] = _piece(rank, b)
+
+
+def _rank() -> int:
+    """The calling thread's global rank (0 outside a process group)."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _piece(rank: int, tensor: torch.Tensor) -> Piece:
+    """A detached copy of ``rank``'s part of ``tensor`` with its layout."""
+    if isinstance(tensor, DTensor):
+        return Piece(rank, tensor._local_tensor.detach().clone(), mesh_layout(tensor))
+    return Piece(rank, tensor.detach().clone())
+
+
+def mesh_layout(tensor: DTensor) -> MeshLayout:
+    """The layout of the calling rank's piece of ``tensor``."""
+    mesh = tensor.device_mesh
+    placements: list[tuple[Any, ...]] = []
+    for p in tensor.placements:
+        if type(p) is Shard:
+            placements.append(("shard", p.dim))
+        elif isinstance(p, Replicate):
+            placements.append(("replicate",))
+        elif isinstance(p, Partial):
+            placements.append(("partial", p.reduce_op))
+        else:
+            raise NotImplementedError(
+                f"the equivalence oracle cannot assemble a DTensor placed {p!r} (placements {tensor.placements}); "
+                "it knows Shard, Replicate and Partial"
+            )
+    _, offset = compute_local_shape_and_global_offset(tensor.shape, mesh, tensor.placements)
+    return MeshLayout(
+        mesh_ranks=tuple(int(r.item()) for r in mesh.mesh.flatten()),  # .tolist() would wait for a device
+        mesh_shape=tuple(mesh.mesh.shape),
+        placements=tuple(placements),
+        global_shape=tuple(tensor.shape),
+        offset=tuple(int(o) for o in offset),
+    )

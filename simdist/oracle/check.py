@@ -1,0 +1,318 @@
+"""``check_equivalence``: run a parallel training program and its single-process reference, compare them step by step."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from simdist.compute.devices import DeviceSpec
+from simdist.engine.runner import run
+from simdist.errors import RunArgumentError
+from simdist.network.cluster import Cluster, load_cluster
+from simdist.oracle.assemble import ShardSpec, assemble
+from simdist.oracle.capture import Capture, Piece, RankStep
+from simdist.oracle.names import NameMap
+from simdist.oracle.report import KINDS, Divergence, EquivalenceReport
+from simdist.oracle.tolerance import Difference, Tolerance, difference, differing
+from simdist.ranks import ranges
+
+#: how the losses of a step (every backward root of every rank) combine into the step's loss
+LOSS_MODES = ("mean", "sum")
+
+
+def check_equivalence(
+    parallel: Callable[..., Any],
+    reference: Callable[..., Any],
+    cluster: Cluster | str,
+    *,
+    steps: int | None = None,
+    seed: int = 0,
+    args: tuple = (),
+    kwargs: dict[str, Any] | None = None,
+    reference_args: tuple | None = None,
+    reference_kwargs: dict[str, Any] | None = None,
+    exact: bool = False,
+    tolerances: Mapping[torch.dtype, Tolerance] | None = None,
+    names: Mapping[str, str] | Callable[[str], str | None] | None = None,
+    ignore: tuple[str, ...] | list[str] = (),
+    shards: Mapping[str, int | tuple[int, int]] | None = None,
+    loss: str | None = "mean",
+    **run_options: Any,
+) -> EquivalenceReport:
+    """Run ``parallel`` on every rank of ``cluster`` and ``reference`` on one rank; compare them at each optimizer step.
+
+    Both are ordinary training functions: nothing in them is instrumented. At each optimizer step of each rank the
+    oracle captures the parameters, their (synchronised) gradients, the optimizer's state and the modules'
+    buffers, assembles sharded tensors into full ones from all ranks' memory, and compares them with the
+    reference's by qualified name (wrappers' prefixes removed; ``names`` maps the rest, ``ignore`` leaves
+    tensors out). The step's loss is the ``loss`` ("mean" or "sum"; ``None`` skips it) of every scalar tensor
+    ``backward()`` was called on, over all ranks. Replicas (plain tensors several ranks hold, replicated
+    DTensor placements) must be bitwise equal. ``exact=True`` compares bitwise, otherwise within the per-dtype
+    tolerances of :mod:`simdist.oracle.tolerance` (``tolerances`` overrides them per dtype). ``shards`` describes
+    hand-written sharding of plain tensors: ``{"pattern": dim}`` concatenates the pieces of all ranks holding a
+    tensor along ``dim`` in rank order; ``(dim, size)`` does so within each ``size`` consecutive holders.
+
+    ``steps`` limits the comparison to the first steps (the programs still run to their end). The reference runs
+    on a one-rank cluster of the same device, with the same ``seed``, with ``reference_args`` and
+    ``reference_kwargs`` (default: ``args`` and ``kwargs``); ``run_options`` (``progress``, ``races``,
+    ``compute``, ...) are passed to :func:`simdist.run` for the parallel run.
+    """
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise RunArgumentError(f"steps must be a positive int (or None for every step), got {steps!r}")
+    if loss is not None and loss not in LOSS_MODES:
+        raise RunArgumentError(f"loss must be one of {LOSS_MODES} or None, got {loss!r}")
+    if isinstance(cluster, str):
+        cluster = load_cluster(cluster)
+    name_map = NameMap(names, ignore)
+    shard_specs = _shard_specs(shards)
+    par_capture, ref_capture = Capture(steps), Capture(steps)
+    with par_capture.installed():
+        par = run(parallel, cluster, args=args, kwargs=kwargs, seed=seed, **run_options)
+    ref_run_options = {k: v for k, v in run_options.items() if k in ("compute", "watchdog", "copy_args")}
+    with ref_capture.installed():
+        ref = run(
+            reference,
+            single_rank(cluster),
+            args=args if reference_args is None else reference_args,
+            kwargs=kwargs if reference_kwargs is None else reference_kwargs,
+            seed=seed,
+            races="off",
+            **ref_run_options,
+        )
+    comparison = Comparison(name_map, shard_specs, exact, dict(tolerances or {}), loss)
+    divergences, compared_steps = comparison.run(par_capture.ranks, ref_capture.ranks.get(0, []))
+    return EquivalenceReport(
+        steps=compared_steps,
+        divergences=divergences,
+        localization=None,
+        parallel=par,
+        reference=ref,
+        world_size=cluster.world_size,
+        exact=exact,
+        compared=comparison.counts,
+        parallel_name=_name_of(parallel),
+        reference_name=_name_of(reference),
+    )
+
+
+def single_rank(cluster: Cluster) -> Cluster:
+    """A one-rank cluster with ``cluster``'s device, where the reference runs."""
+    device = cluster.device
+    return Cluster.switch(1, device=device.name if isinstance(device, DeviceSpec) else device)
+
+
+def _name_of(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def _shard_specs(shards: Mapping[str, int | tuple[int, int]] | None) -> dict[str, ShardSpec]:
+    out: dict[str, ShardSpec] = {}
+    for pattern, spec in (shards or {}).items():
+        if isinstance(spec, int) and not isinstance(spec, bool):
+            out[pattern] = (spec, None)
+        elif (
+            isinstance(spec, tuple)
+            and len(spec) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in spec)
+            and spec[1] >= 1
+        ):
+            out[pattern] = (spec[0], spec[1])
+        else:
+            raise RunArgumentError(
+                f"shards[{pattern!r}] must be a dim (int) or (dim, ranks per shard group), got {spec!r}"
+            )
+    return out
+
+
+class Comparison:
+    """Compares the captured steps of a parallel run with the reference's, stopping at the first divergent step."""
+
+    def __init__(
+        self,
+        names: NameMap,
+        shards: dict[str, ShardSpec],
+        exact: bool,
+        tolerances: dict[torch.dtype, Tolerance],
+        loss: str | None,
+    ) -> None:
+        self.names, self.shards, self.exact, self.tolerances, self.loss = names, shards, exact, tolerances, loss
+        #: tensors compared per kind at each step
+        self.counts: dict[str, int] = {}
+
+    def run(self, parallel: dict[int, list[RankStep]], reference: list[RankStep]) -> tuple[list[Divergence], int]:
+        """The divergences of the first divergent step, and the number of steps compared."""
+        stepping = {r: s for r, s in sorted(parallel.items()) if s}
+        counts = {r: len(s) for r, s in stepping.items()}
+        n_par = min(counts.values(), default=0)
+        n = min(n_par, len(reference))
+        for k in range(n):
+            found = self.step(k, {r: s[k] for r, s in stepping.items()}, reference[k])
+            if found:
+                return found, k + 1
+        if len(set(counts.values())) > 1 or n_par != len(reference) or not stepping:
+            return [Divergence(n, "steps", "steps", (), None, _steps_text(counts, len(reference)))], n
+        return [], n
+
+    def step(self, k: int, ranks: dict[int, RankStep], ref: RankStep) -> list[Divergence]:
+        """Every divergence at step ``k``, in :data:`KINDS` order."""
+        found: list[Divergence] = []
+        found += self._loss(k, ranks, ref)
+        order = list(dict.fromkeys(n for s in ranks.values() for n in s.order))
+        position = {n: i for i, n in enumerate(order)}
+        # gradients in the order backward computes them (last layer first), the rest in module order
+        for kind, key, reverse in (("grad", "grads", True), ("param", "params", False), ("optimizer", "optim", False),
+                                   ("buffer", "buffers", False)):
+            found += self._tensors(k, kind, ranks, getattr(ref, key), key, position, reverse)
+        found.sort(key=lambda d: KINDS.index(d.kind))
+        return found
+
+    def _loss(self, k: int, ranks: dict[int, RankStep], ref: RankStep) -> list[Divergence]:
+        if self.loss is None:
+            return []
+        mine = [v for s in ranks.values() for v in s.losses]
+        theirs = ref.losses
+        if not mine or not theirs:
+            return []
+        self.counts["loss"] = 1
+        value, expected = _combine(mine, self.loss), _combine(theirs, self.loss)
+        bad = differing(value, expected, self.exact, self.tolerances)
+        if bad is None:
+            return []
+        detail = f"parallel {value.item():.6g} ({self.loss} of {len(mine)} backward roots), reference {expected.item():.6g}"
+        return [Divergence(k, "loss", "loss", tuple(r for r, s in ranks.items() if s.losses),
+                           difference(value, expected, bad), detail)]
+
+    def _tensors(
+        self,
+        k: int,
+        kind: str,
+        ranks: dict[int, RankStep],
+        ref_table: dict[str, Piece | None],
+        key: str,
+        position: dict[str, int],
+        reverse: bool,
+    ) -> list[Divergence]:
+        held: dict[str, list[Piece]] = {}
+        without: dict[str, list[int]] = {}
+        for r, s in ranks.items():
+            for name, piece in getattr(s, key).items():
+                if piece is None:
+                    without.setdefault(name, []).append(r)
+                else:
+                    held.setdefault(name, []).append(piece)
+        names = sorted(set(held) | set(without), key=lambda n: _sort_key(n, position, reverse))
+        found: list[Divergence] = []
+        matched_ref: set[str] = set()
+        compared = 0
+        for name in names:
+            ref_name = self.names.reference_name(name)
+            if ref_name is None:
+                continue
+            matched_ref.add(ref_name)
+            if ref_name not in ref_table:
+                found.append(Divergence(k, "structure", name, (), None,
+                                        f"{_label(kind, name)} of the parallel program has no counterpart "
+                                        f"{ref_name!r} in the reference (map names with names=..., or ignore=...)"))
+                continue
+            ref_piece = ref_table[ref_name]
+            if name in without or ref_piece is None:
+                if ref_piece is not None or name in held:
+                    missing = without.get(name, [])
+                    text = (f"ranks {ranges(missing)} have no gradient for {name!r}, the reference has one"
+                            if ref_piece is not None else f"the reference has no gradient for {ref_name!r}, "
+                            f"ranks {ranges([p.rank for p in held.get(name, [])])} have one")
+                    found.append(Divergence(k, kind, name, tuple(missing), None, text))
+                if name not in held or ref_piece is None:
+                    continue
+            compared += 1
+            found += self._one(k, kind, name, held[name], ref_piece)
+        if kind != "buffer":
+            for ref_name in ref_table:
+                if ref_name not in matched_ref and not self.names.ignored(ref_name):
+                    found.append(Divergence(k, "structure", ref_name, (), None,
+                                            f"the reference's {_label(kind, ref_name)} is held by no rank of the "
+                                            "parallel program (map names with names=..., or ignore=...)"))
+        self.counts[_plural(kind)] = compared
+        return found
+
+    def _one(self, k: int, kind: str, name: str, pieces: list[Piece], ref_piece: Piece) -> list[Divergence]:
+        mine = assemble(name, pieces, self._shard(name))
+        full = mine.full
+        expected = ref_piece.value if ref_piece.layout is None else assemble(name, [ref_piece]).full
+        found: list[Divergence] = []
+        if mine.replica_ranks:
+            holders = pieces[0].rank
+            found.append(Divergence(k, "replica", name, mine.replica_ranks, None,
+                                    mine.note or f"{'differs' if len(mine.replica_ranks) == 1 else 'differ'} bitwise from rank {holders}'s copy", of=kind))
+        if tuple(full.shape) != tuple(expected.shape):
+            found.append(Divergence(k, "structure", name, tuple(p.rank for p in pieces), None,
+                                    f"{_label(kind, name)} has shape {tuple(full.shape)} ({mine.how or 'as held'}), "
+                                    f"the reference's {tuple(expected.shape)}" + (
+                                        "; if the ranks hold shards of it, describe them with shards={name: dim}"
+                                        if mine.how == "replicated" else "")))
+            return found
+        if mine.how == "replicated":
+            found += self._replicas(k, kind, name, pieces, expected, set(mine.replica_ranks))
+            return found
+        bad = differing(full, expected, self.exact, self.tolerances)
+        if bad is not None:
+            ranks = tuple(r for r, region in sorted(mine.regions.items()) if bool(bad[region].any()))
+            found.append(Divergence(k, kind, name, ranks, difference(full, expected, bad)))
+        return found
+
+    def _replicas(
+        self, k: int, kind: str, name: str, pieces: list[Piece], expected: torch.Tensor, odd: set[int]
+    ) -> list[Divergence]:
+        """Each replica against the reference: the first holder's copy stands for every copy bitwise equal to it."""
+
+        def verdict(value: torch.Tensor) -> Difference | str | None:
+            if value.shape != expected.shape:
+                return f"shape {tuple(value.shape)}"
+            bad = differing(value, expected, self.exact, self.tolerances)
+            return None if bad is None else difference(value, expected, bad)
+
+        first = pieces[0].rank
+        own = {p.rank: verdict(p.value) for p in pieces if p.rank == first or p.rank in odd}
+        ranks = tuple(p.rank for p in pieces if own.get(p.rank, own[first]) is not None)
+        if not ranks:
+            return []
+        diffs = [d for d in own.values() if isinstance(d, Difference)]
+        return [Divergence(k, kind, name, ranks, max(diffs, key=lambda d: d.max_abs) if diffs else None)]
+
+    def _shard(self, name: str) -> ShardSpec | None:
+        return next((spec for pattern, spec in self.shards.items() if fnmatch.fnmatchcase(name, pattern)), None)
+
+
+def _combine(values: list[torch.Tensor], how: str) -> torch.Tensor:
+    stacked = torch.stack([v.to(values[0].dtype) for v in values])
+    return stacked.mean() if how == "mean" else stacked.sum()
+
+
+def _sort_key(name: str, position: dict[str, int], reverse: bool) -> tuple:
+    base = name.split(":", 1)[0]
+    pos = position.get(base, len(position))
+    return (-pos if reverse else pos, name)
+
+
+def _label(kind: str, name: str) -> str:
+    return {"grad": f"the gradient of {name!r}", "param": f"parameter {name!r}", "optimizer": f"optimizer state {name!r}",
+            "buffer": f"buffer {name!r}"}[kind]
+
+
+def _plural(kind: str) -> str:
+    return {"grad": "gradients", "param": "parameters", "optimizer": "optimizer state tensors",
+            "buffer": "buffers"}[kind]
+
+
+def _steps_text(counts: dict[int, int], ref: int) -> str:
+    if not counts:
+        return f"no rank of the parallel program stepped an optimizer; the reference stepped {ref} times"
+    by_count: dict[int, list[int]] = {}
+    for r, c in counts.items():
+        by_count.setdefault(c, []).append(r)
+    parts = "; ".join(f"ranks {ranges(rs)} stepped {c} times" for c, rs in sorted(by_count.items()))
+    return f"the optimizer steps differ: {parts}; the reference stepped {ref} times"
+

@@ -1,0 +1,167 @@
+"""What the equivalence oracle found: divergences per step, and the report that names the first one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from simdist.engine.runner import RunResult
+from simdist.oracle.tolerance import Difference
+from simdist.ranks import ranges
+
+#: kinds of divergence, in the order they are reported within a step (computation order: the forward's loss,
+#: backward's gradients, the optimizer's parameters and state, then buffers and replicas)
+KINDS = ("steps", "structure", "loss", "grad", "param", "optimizer", "buffer", "replica")
+
+_WHAT = {
+    "grad": "the gradient of {name!r}",
+    "param": "{name!r}",
+    "optimizer": "optimizer state {name!r}",
+    "buffer": "buffer {name!r}",
+}
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """One tensor (or the loss, or the step count) of one step that differs from the reference."""
+
+    #: 0-based optimizer step
+    step: int
+    #: one of :data:`KINDS`
+    kind: str
+    #: the tensor's name in the parallel program (``"loss"`` for the loss)
+    name: str
+    #: global ranks whose part of the tensor differs (for a replica: the ranks that differ from the first holder)
+    ranks: tuple[int, ...] = ()
+    difference: Difference | None = None
+    #: a sentence saying more (values of a loss, shapes, which replica)
+    detail: str = ""
+    #: for a replica mismatch, the kind of tensor whose copies differ ("grad", "param", ...)
+    of: str = ""
+
+    def __str__(self) -> str:
+        on = f" on ranks {ranges(list(self.ranks))}" if len(self.ranks) > 1 else (
+            f" on rank {self.ranks[0]}" if self.ranks else ""
+        )
+        diff = f" ({self.difference})" if self.difference is not None else ""
+        detail = f"; {self.detail}" if self.detail else ""
+        if self.kind == "loss":
+            return f"step {self.step}: the loss differs from the reference{diff}{detail}"
+        if self.kind == "replica":
+            what = _WHAT[self.of].format(name=self.name)
+            who = f"rank {self.ranks[0]}" if len(self.ranks) == 1 else f"ranks {ranges(list(self.ranks))}"
+            return f"step {self.step}: replicas disagree on {what}: {who} {self.detail}"
+        if self.kind in ("steps", "structure"):
+            return f"step {self.step}: {self.detail}"
+        what = _WHAT[self.kind].format(name=self.name)
+        after = " after the optimizer step" if self.kind in ("param", "optimizer") else ""
+        return f"step {self.step}: {what}{on} differs from the reference{after}{diff}{detail}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able fields."""
+        d = self.difference
+        return {
+            "step": self.step,
+            "kind": self.kind,
+            "name": self.name,
+            "ranks": list(self.ranks),
+            "max_abs": None if d is None else d.max_abs,
+            "rel": None if d is None else d.rel,
+            "count": None if d is None else d.count,
+            "numel": None if d is None else d.numel,
+            "detail": self.detail,
+            "of": self.of,
+            "text": str(self),
+        }
+
+
+@dataclass
+class EquivalenceReport:
+    """The outcome of :func:`simdist.check_equivalence`: equal, or where the parallel run first diverged."""
+
+    #: optimizer steps compared
+    steps: int
+    #: every divergence of the first divergent step (empty when equivalent)
+    divergences: list[Divergence]
+    #: the first divergent operation of that step, when localisation ran and found one
+    localization: Any | None
+    parallel: RunResult | None
+    reference: RunResult | None
+    world_size: int
+    exact: bool
+    #: tensors compared per kind, at each step (parameters, gradients, optimizer state, buffers)
+    compared: dict[str, int] = field(default_factory=dict)
+    parallel_name: str = "parallel"
+    reference_name: str = "reference"
+    #: why localisation did not name an op (it was off, or found none), when it did not
+    localization_note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """Whether every compared step matched the reference and every replica its peers."""
+        return not self.divergences
+
+    @property
+    def first(self) -> Divergence | None:
+        """The first divergence (earliest step, then computation order), or ``None``."""
+        return self.divergences[0] if self.divergences else None
+
+    @property
+    def step(self) -> int | None:
+        """The first divergent step, or ``None``."""
+        return self.divergences[0].step if self.divergences else None
+
+    def summary(self) -> str:
+        """One line: equivalent, or the first divergence."""
+        mode = "bitwise" if self.exact else "within tolerance"
+        if self.ok:
+            counts = ", ".join(f"{n} {k}" for k, n in self.compared.items() if n)
+            return (
+                f"equivalent: {self.parallel_name} on {self.world_size} ranks matches {self.reference_name} "
+                f"{mode} for {self.steps} steps ({counts or 'nothing'} compared per step)"
+            )
+        return str(self.first)
+
+    def __str__(self) -> str:
+        if self.ok:
+            return self.summary()
+        lines = [str(self.first)]
+        if self.localization is not None:
+            lines += ["  " + line for line in str(self.localization).splitlines()]
+        elif self.localization_note:
+            lines.append(f"  ({self.localization_note})")
+        rest = self.divergences[1:]
+        if rest:
+            kinds: dict[str, list[str]] = {}
+            for d in rest:
+                kinds.setdefault(d.kind, []).append(f"{_plural(d.of, 1)} {d.name!r}" if d.of else repr(d.name))
+            parts = [f"{len(v)} {_plural(k, len(v))} ({_names(v)})" for k, v in kinds.items()]
+            lines.append(f"  also diverging at step {self.first.step}: " + "; ".join(parts))
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form of the report."""
+        loc = self.localization
+        return {
+            "ok": self.ok,
+            "steps": self.steps,
+            "world_size": self.world_size,
+            "exact": self.exact,
+            "compared": dict(self.compared),
+            "parallel": self.parallel_name,
+            "reference": self.reference_name,
+            "divergences": [d.to_dict() for d in self.divergences],
+            "localization": None if loc is None else (loc.to_dict() if hasattr(loc, "to_dict") else str(loc)),
+            "text": str(self),
+        }
+
+
+def _plural(kind: str, n: int) -> str:
+    word = {"grad": "gradient", "param": "parameter", "optimizer": "optimizer state tensor",
+            "replica": "replica mismatch"}.get(kind, kind)
+    return word if n == 1 else word + ("es" if word.endswith("ch") else "s")
+
+
+def _names(names: list[str], most: int = 4) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f", ... {len(names) - most} more" if len(names) > most else "")
