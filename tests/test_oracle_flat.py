@@ -18,7 +18,14 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import ShardingStrategy
 
 import simdist
-from simdist.oracle.flat import FlatAssemblyError, FlatLayout, assemble_flat, fsdp1_layouts, local_piece
+from simdist.oracle.flat import (
+    FlatAssemblyError,
+    FlatLayout,
+    assemble_flat,
+    fsdp1_layouts,
+    local_piece,
+    pieces_by_name,
+)
 from simdist.oracle.names import named_tensors
 
 STEPS = 3
@@ -218,6 +225,17 @@ def test_regions_say_which_rank_holds_which_elements() -> None:
         assert spans[0][0] == 0 and spans[-1][1] == value.numel()
         assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
         assert sorted(regions) == sorted(regions, key=regions.get)
+
+
+@pytest.mark.parametrize("cfg", [SHARDED, ORIG, HYBRID], ids=["flat", "orig", "hybrid"])
+def test_pieces_cut_by_name_assemble_to_the_same_tensors(cfg: Config) -> None:
+    for kind, pieces in captured(cfg).items():
+        cut = [(rank, *one[1:]) for rank, layout, piece in pieces for one in pieces_by_name(layout, piece)]
+        assert all(layout.param is not None and piece.numel() > 0 for _, layout, piece in cut)
+        whole, by_name = assemble_flat(pieces), assemble_flat(cut)
+        assert by_name.regions == whole.regions and by_name.diverged == whole.diverged == []
+        for name, value in whole.tensors.items():
+            assert torch.equal(by_name.tensors[name], value), (kind, name)
 
 
 def test_a_missing_rank_is_named() -> None:

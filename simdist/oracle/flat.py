@@ -161,6 +161,22 @@ def local_piece(layout: FlatLayout, tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().reshape(-1).clone()
 
 
+def pieces_by_name(layout: FlatLayout, piece: torch.Tensor) -> list[tuple[str, FlatLayout, torch.Tensor]]:
+    """``piece`` cut into one piece per parameter it holds part of: (name, that parameter's layout, its elements).
+
+    A FlatParameter's piece becomes pieces shaped as ``use_orig_params=True`` ones, so that a caller which
+    handles tensors one name at a time treats both modes alike; a rank holding none of a parameter gets none.
+    """
+    lo = layout.span[0]
+    out: list[tuple[str, FlatLayout, torch.Tensor]] = []
+    for i in range(len(layout.names)) if layout.param is None else [layout.param]:
+        one = _replace_param(layout, i)
+        start, stop = one.span
+        if stop > start:
+            out.append((layout.names[i], one, piece[start - lo : stop - lo]))
+    return out
+
+
 @dataclass
 class FlatAssembly:
     """Full tensors by name, which rank holds which elements of each, and replicas that differ."""
