@@ -299,3 +299,72 @@ def test_hybrid_shard_with_one_rank_per_shard_group_never_syncs_its_replicas() -
         pieces = run(cfg)
     got = assemble_flat(pieces["param"])
     assert sorted(got.diverged) == sorted((name, (1,)) for name in reference(cfg)["param"])
+
+
+def fsdp1_program(cfg: Config, bug: str | None = None) -> None:
+    """FSDP1 training, clean or with one silent bug: "scaled" loss, "same_data" on every rank, "perturb" a grad."""
+    rank = dist.get_rank()
+    fsdp = wrap(cfg, make_model(cfg))
+    opt = make_optimizer(cfg, fsdp.parameters())
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss = fsdp(batch(cfg, 0 if bug == "same_data" else rank, step)).pow(2).mean()
+        (loss * cfg.world if bug == "scaled" and step == 1 else loss).backward()
+        if bug == "perturb" and step == 1 and rank == cfg.world - 1:
+            # the first element this rank holds of the first parameter with a gradient on it (not padding)
+            p = next(p for p in fsdp.parameters() if p.grad is not None and p.grad.numel() > 0)
+            p.grad.view(-1)[0] += 1e-3
+        opt.step()
+
+
+def reference_program(cfg: Config) -> None:
+    """The same model in one process on the concatenated batch."""
+    model = make_model(cfg)
+    opt = make_optimizer(cfg, model.parameters())
+    for step in range(STEPS):
+        opt.zero_grad()
+        model(torch.cat([batch(cfg, r, step) for r in range(cfg.world)])).pow(2).mean().backward()
+        opt.step()
+
+
+def check_fsdp1(cfg: Config, bug: str | None = None) -> simdist.EquivalenceReport:
+    return simdist.check_equivalence(
+        fsdp1_program, reference_program, simdist.Cluster.switch(cfg.world, device="cpu"),
+        args=(cfg, bug), reference_args=(cfg,), compute=False,
+    )
+
+
+@pytest.mark.parametrize("cfg", [SHARDED, ORIG, HYBRID], ids=["flat", "orig", "hybrid"])
+def test_check_equivalence_finds_a_clean_fsdp1_program_equal(cfg: Config) -> None:
+    rep = check_fsdp1(cfg)
+    assert rep.ok, str(rep)
+    assert rep.steps == STEPS
+    assert rep.compared["parameters"] == len(reference(cfg)["param"])
+
+
+@pytest.mark.parametrize("cfg", [SHARDED, ORIG], ids=["flat", "orig"])
+def test_check_equivalence_finds_a_loss_scaled_on_every_rank_at_its_step(cfg: Config) -> None:
+    rep = check_fsdp1(cfg, "scaled")
+    assert not rep.ok and rep.first.step == 1 and rep.first.kind == "loss"
+    assert {d.kind for d in rep.divergences} >= {"loss", "grad"}
+
+
+def test_check_equivalence_finds_every_rank_reading_the_same_data() -> None:
+    rep = check_fsdp1(SHARDED, "same_data")
+    assert not rep.ok and rep.first.step == 0
+
+
+@pytest.mark.parametrize("cfg", [SHARDED, ORIG], ids=["flat", "orig"])
+def test_check_equivalence_names_the_parameter_and_rank_of_a_perturbed_gradient_shard(cfg: Config) -> None:
+    rep = check_fsdp1(cfg, "perturb")
+    grads = [d for d in rep.divergences if d.kind == "grad"]
+    assert not rep.ok and rep.first.step == 1
+    assert len(grads) == 1 and grads[0].ranks == (cfg.world - 1,), str(rep)
+
+
+def test_check_equivalence_reports_hybrid_shard_replicas_torch_never_synchronises() -> None:
+    cfg = Config(world=2, d_in=3, d_h=4, d_ff=2, blocks=1, strategy="HYBRID_SHARD", use_orig_params=False, optimizer="sgd")
+    with pytest.warns(UserWarning, match="switching to use `NO_SHARD`"):
+        rep = check_fsdp1(cfg)
+    assert not rep.ok and rep.first.step == 0
+    assert any(d.kind == "replica" and d.ranks == (1,) for d in rep.divergences), str(rep)

@@ -45,7 +45,7 @@ SKIP = tuple(
 )
 
 #: ops not recorded: they compute nothing (aliases autograd makes for itself)
-_SILENT = frozenset({"aten.detach", "aten.alias", "aten.lift_fresh", "aten._to_copy.out"})
+_SILENT = frozenset({"aten.detach", "aten.alias", "aten.lift_fresh", "aten._to_copy.out", "aten.set_"})
 
 #: tensor types whose storage is their data (subclasses such as DTensor dispatch to plain ops, recorded then)
 _PLAIN = (torch.Tensor, nn.Parameter)
@@ -163,6 +163,14 @@ def _written(func: Any) -> tuple[int, ...]:
         )
         _WRITES[func] = pos
     return pos
+
+
+def _backed(t: torch.Tensor) -> bool:
+    """Whether ``t``'s storage holds all its elements (FSDP frees a storage by resizing it to 0 under the tensor)."""
+    if t.numel() == 0:
+        return True
+    end = t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1
+    return t.untyped_storage().nbytes() >= end * t.element_size()
 
 
 class Recorder(TorchDispatchMode):
@@ -321,7 +329,7 @@ class Recorder(TorchDispatchMode):
             targets = {id(t) for i in written if i < len(args) for t in _tensors((args[i],))}
             with _disable_current_modes(), torch.no_grad():
                 for i, t in enumerate(inputs):
-                    if id(t) in targets and keys[i] not in self._producers:
+                    if id(t) in targets and keys[i] not in self._producers and _backed(t):
                         before[i] = t.detach().clone()
         context = self._context(inputs)  # before the op, and outside the no_grad below (the phase reads grad mode)
         out = func(*args, **kwargs)
