@@ -73,7 +73,7 @@ def check_equivalence(
     if isinstance(cluster, str):
         cluster = load_cluster(cluster)
     name_map = NameMap(names, ignore)
-    shard_specs = _shard_specs(shards)
+    shard_specs = shard_specs_of(shards)
     par_capture, ref_capture = Capture(steps), Capture(steps)
     with par_capture.installed():
         par = run(parallel, cluster, args=args, kwargs=kwargs, seed=seed, **run_options)
@@ -137,7 +137,8 @@ def _name_of(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
 
 
-def _shard_specs(shards: Mapping[str, int | tuple[int, int]] | None) -> dict[str, ShardSpec]:
+def shard_specs_of(shards: Mapping[str, int | tuple[int, int]] | None) -> dict[str, ShardSpec]:
+    """``shards`` as the comparison uses it: pattern -> (dim, group size or None), with an error for a bad entry."""
     out: dict[str, ShardSpec] = {}
     for pattern, spec in (shards or {}).items():
         if isinstance(spec, int) and not isinstance(spec, bool):
