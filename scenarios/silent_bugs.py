@@ -52,6 +52,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from verdicts import report
 
 import simdist
+from simdist.oracle import NameMap, Piece
+from simdist.oracle.assemble import assemble
+from simdist.oracle.tolerance import compare
 from simdist.ranks import ranges
 
 D_IN, HIDDEN, D_OUT = 6, 8, 3
@@ -769,6 +772,53 @@ def simulated(seed: int, verdicts: list[tuple[str, bool, str]]) -> dict[str, tup
         outcome[case.key] = (not buggy.ok, fixed.ok)
     print()
     return outcome
+
+
+# ---------------------------------------------------------------------------------------------- real gloo
+def final_state_differs(case: Case, returns: list[dict[str, torch.Tensor]], want: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the tensors whose final values (every rank's, assembled as the oracle does) differ from ``want``."""
+    names = NameMap(case.options.get("names"))
+    shards = case.options.get("shards", {})
+    pieces: dict[str, list[Piece]] = {}
+    for rank, held in enumerate(returns):
+        for name, value in held.items():
+            pieces.setdefault(name, []).append(Piece(rank, value))
+    differ = []
+    for name, held in pieces.items():
+        full = assemble(name, held, (shards[name], None) if name in shards else None)
+        ref = want[names.reference_name(name)]
+        if full.replica_ranks or full.full.shape != ref.shape or compare(full.full, ref, exact=False) is not None:
+            differ.append(name)
+    return differ
+
+
+def on_real_gloo(
+    seed: int, repeats: int, simulated: dict[str, tuple[bool, bool]], verdicts: list, keys: str | None = None
+) -> None:
+    """Every program (of the cases ``keys``, default all) on real gloo processes, one per rank: its final state
+    against the reference's, and whether that agrees with the simulated verdicts ``simulated``."""
+    import real
+
+    cases = [c for c in CASES if keys is None or c.key in keys]
+
+    print(f"Real gloo: every program launched {repeats}x on real processes (one per rank); final state vs the reference")
+    print(f"{'':4s} {'buggy program: final tensors that differ':48s} corrected program")
+    agree = 0
+    for case in cases:
+        want = case.reference(seed)
+        found, equal = [], []
+        for _ in range(repeats):
+            for bug, into in ((True, found), (False, equal)):
+                # by path: this file is a script, run directly or imported from its directory
+                out = real.run_script(__file__, nproc=case.world, entry=case.program.__name__, args=(seed, bug))
+                into.append(final_state_differs(case, out.returns, want))
+        bug_text = "; ".join(", ".join(d) or "none" for d in found)
+        fix_text = "equal" if not any(equal) else "; ".join(", ".join(d) or "equal" for d in equal)
+        print(f"({case.key}) {bug_text[:48]:48s} {fix_text}")
+        agree += (all(found), not any(equal)) == simulated[case.key]
+    print()
+    verdicts.append(("real gloo agrees with the simulation", agree == len(cases),
+                     f"{agree} of {len(cases)} cases (bug found, correction equal) x {repeats}"))
 
 
 def main(argv: list[str] | None = None) -> int:
