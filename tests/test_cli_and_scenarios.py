@@ -241,6 +241,34 @@ def test_ddp_tied_weights_scenario_on_real_gloo(capsys):
     assert "(a) on real gloo the double reduction drifted in" in capsys.readouterr().out
 
 
+def test_silent_bugs_scenario_finds_each_bug_where_it_is_and_passes_each_correction(tmp_path, update_golden):
+    out = run_scenario("silent_bugs", tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    silent_bugs = scenario_module("silent_bugs")
+    lines = out.stdout.splitlines()
+    verdicts = lines[next(i for i, l in enumerate(lines) if l.startswith("expectation")) + 1 :]
+    assert len(silent_bugs.CASES) >= 12
+    assert len(verdicts) == 2 * len(silent_bugs.CASES) and all(" PASS " in l for l in verdicts), "\n".join(verdicts)
+    for case in silent_bugs.CASES:
+        # the oracle's own report of each bug names the expected step, and each correction is equivalent
+        block = out.stdout.split(f"({case.key}) {case.title} ")[1]
+        assert block.split("\n")[1].startswith(f"  bug:       step {case.expect.step}: "), block
+        assert "  corrected: equivalent: " in block.split("\n(")[0], block
+    check_golden("silent_bugs", out, tmp_path, update_golden)
+
+
+@pytest.mark.real
+def test_silent_bugs_on_real_gloo_agree_with_the_simulation(capsys):
+    silent_bugs = scenario_module("silent_bugs")
+    # a data-parallel and a pipeline case: their simulated verdicts, then the same programs on real processes
+    simulated = {"c": (True, True), "g": (True, True)}
+    verdicts: list = []
+    silent_bugs.on_real_gloo(0, 1, simulated, verdicts, keys="cg")
+    assert verdicts == [("real gloo agrees with the simulation", True, "2 of 2 cases (bug found, correction equal) x 1")]
+    out = capsys.readouterr().out
+    assert "(c) fc1.weight, fc1.bias, fc2.weight, fc2.bias" in out and "(g) " in out and out.count(" equal\n") == 2
+
+
 def test_hotpath_buffer_race_scenario_reproduces_each_race_and_no_fix_fails(tmp_path, update_golden):
     out = run_scenario("hotpath_buffer_race", tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
