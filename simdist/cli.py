@@ -9,6 +9,7 @@ stderr, never a traceback of simdist's own code.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -35,6 +36,7 @@ from simdist.engine.runner import RunResult, run
 from simdist.errors import ClusterSpecError, RaceWarning, SimdistError
 from simdist.network import Cluster
 from simdist.network.presets import PRESETS
+from simdist.oracle import check_equivalence
 from simdist.ranks import by_text, format_ranks
 from simdist.script import ScriptError, load_entry
 from simdist.units import format_size, parse_size
@@ -161,6 +163,45 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 3 if res.races else 0
 
 
+def _pairs(values: list[str] | None, what: str, convert: Callable[[str], object] = str) -> dict[str, object]:
+    """``["A=B", ...]`` as a dict (the value converted), with an error naming the option on a bad item."""
+    out: dict[str, object] = {}
+    for item in values or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise ValueError(f"{what} expects NAME=VALUE, got {item!r}")
+        out[key] = convert(value)
+    return out
+
+
+def _shard_spec(text: str) -> int | tuple[int, int]:
+    dim, _, size = text.partition(":")
+    try:
+        return (int(dim), int(size)) if size else int(dim)
+    except ValueError:
+        raise ValueError(f"--shard expects PATTERN=DIM or PATTERN=DIM:GROUP_SIZE (whole numbers), got {text!r}") from None
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Run SCRIPT on every rank and REFERENCE on one rank; compare them at each optimizer step."""
+    parallel = load_entry(args.script, args.entry)
+    reference = load_entry(args.reference, args.reference_entry)
+    cluster = _cluster(args.cluster, args.world_size)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaceWarning)
+        rep = check_equivalence(
+            parallel, reference, cluster, steps=args.steps, seed=args.seed, exact=args.exact,
+            names=_pairs(args.name, "--name"), ignore=args.ignore or (),
+            shards=_pairs(args.shard, "--shard", _shard_spec), loss=None if args.loss == "none" else args.loss,
+            progress=args.progress, races=args.races, watchdog=args.watchdog,
+        )
+    print(rep)
+    if args.json:
+        args.json.write_text(json.dumps(rep.to_dict(), indent=1) + "\n")
+        print(f"report written to {args.json}")
+    return 0 if rep.ok else 3
+
+
 def _memory_summary(res: RunResult) -> str:
     """Each rank's peak live bytes, its time and its largest categories; ranks alike share a line."""
     lines = ["peak memory per rank (live tensor bytes):"]
@@ -229,6 +270,29 @@ def build_parser() -> argparse.ArgumentParser:
                         "with a simulated out-of-memory error")
     r.add_argument("--show-none", action="store_true", help="also print ranks that returned None")
     r.set_defaults(func=cmd_run)
+
+    k = sub.add_parser("check", help="compare SCRIPT on every rank with REFERENCE on one rank, step by step")
+    k.add_argument("script", help="the parallel training script (entry function: main)")
+    k.add_argument("--reference", required=True, help="the single-process training script (entry function: main)")
+    k.add_argument("--cluster", default="switch", help="preset name or .toml/.json cluster file (default: switch)")
+    k.add_argument("--world-size", type=positive, default=None, help="number of ranks (sizes a preset; checks a file)")
+    k.add_argument("--steps", type=positive, default=None, help="compare the first STEPS optimizer steps (default: all)")
+    k.add_argument("--seed", type=_seed, default=0, help="the seed of both runs (default 0)")
+    k.add_argument("--entry", default="main", help="entry function of SCRIPT (default: main)")
+    k.add_argument("--reference-entry", default="main", help="entry function of REFERENCE (default: main)")
+    k.add_argument("--exact", action="store_true", help="compare bitwise instead of within the per-dtype tolerances")
+    k.add_argument("--loss", default="mean", choices=("mean", "sum", "none"),
+                   help="how the backward roots of all ranks combine into a step's loss (default: mean)")
+    k.add_argument("--name", action="append", metavar="PARALLEL=REFERENCE",
+                   help="map a tensor name (fnmatch patterns; * carries over) of SCRIPT to REFERENCE's (repeatable)")
+    k.add_argument("--ignore", action="append", metavar="PATTERN", help="tensors to leave out (fnmatch; repeatable)")
+    k.add_argument("--shard", action="append", metavar="PATTERN=DIM[:SIZE]",
+                   help="plain tensors sharded by hand along DIM, over groups of SIZE ranks (default: all holders)")
+    k.add_argument("--progress", default="nccl", choices=("nccl", "gloo"), help="backend progress semantics")
+    k.add_argument("--races", default="warn", choices=("error", "warn", "off"), help="race detector (default: warn)")
+    k.add_argument("--watchdog", type=_seconds, default=None, metavar="SECONDS", help="as for simdist run")
+    k.add_argument("--json", type=_output_file, default=None, help="also write the report as JSON here")
+    k.set_defaults(func=cmd_check)
 
     b = sub.add_parser("bench", help="nccl-tests style table for one collective on a simulated cluster")
     b.add_argument("collective", nargs="?", default="all_reduce", choices=COLLECTIVES,

@@ -173,6 +173,15 @@ def test_losses_are_not_compared_with_loss_none() -> None:
     assert rep.first.kind == "grad"
 
 
+def test_capture_leaves_the_simulation_unchanged() -> None:
+    setup = Setup()
+    cluster = simdist.Cluster.switch(2, device="H100")
+    plain = simdist.run(parallel, cluster, args=(setup, "bucketed"))
+    rep = simdist.check_equivalence(parallel, reference, cluster, args=(setup, "bucketed"), reference_args=(setup,))
+    assert rep.ok, str(rep)
+    assert rep.parallel.trace_hash == plain.trace_hash and rep.parallel.sim_time == plain.sim_time
+
+
 def test_steps_limits_the_comparison() -> None:
     setup = Setup(perturb=(2, 0, 0, None), delta=1.0)
     assert check(setup, "torch_ddp", 2, steps=2).ok

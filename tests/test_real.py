@@ -28,12 +28,14 @@ from real import RealConfigError, RealRunError
 from real.__main__ import main as cli_main
 from real.backend import resolve_backend
 from real.main_script import MP_MAIN, MainScript
+from real.oracle import check_final_state
 from real.rank_process import _to_cpu
 from real.report import failure_error
 from real.status import StatusDir
 from real.target import Job, ScriptTarget, dump_job, load_job, target_for
 from simdist.errors import SimdistError
 from simdist.script import ScriptError, load_entry
+from tests.oracle_fns import Setup, parallel, reference
 
 Pair = collections.namedtuple("Pair", "a b")
 REPO = Path(__file__).resolve().parents[1]
@@ -517,3 +519,12 @@ def test_load_entry_errors_say_what_was_expected(tmp_path: Path, monkeypatch: py
         load_entry(script)
     with pytest.raises(ScriptError, match=r"defines no 'train'.*functions it defines: other"):
         load_entry(script, "train")
+
+
+@pytest.mark.real
+def test_the_final_state_of_real_processes_is_checked_against_the_reference() -> None:
+    clean = Setup()
+    assert check_final_state(parallel, reference, 2, args=(clean, "bucketed"), reference_args=(clean,)).ok
+    bad = Setup(perturb=(2, 0, 0, 1), delta=0.5)
+    rep = check_final_state(parallel, reference, 2, args=(bad, "torch_ddp"), reference_args=(bad,))
+    assert rep.first.step == 2 and rep.first.kind == "grad" and rep.first.ranks == (1,)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -23,6 +24,11 @@ from simdist.comm.launch import launch
 from simdist.comm.ops import dtype_name
 from simdist.comm.work import SimWork
 from simdist.errors import InvalidArgumentError
+
+#: functions called as ``observe(group, op_name, written)`` when a rank issues a collective or a point-to-point
+#: operation, before it runs (``written``: the user's buffers it will write); the equivalence oracle's
+#: localisation counts and names collectives with it. Empty unless a tool installs one around a run.
+ISSUE_OBSERVERS: list[Callable[[Any, str, list[torch.Tensor]], None]] = []
 
 _RED = dist.ReduceOp.RedOpType
 _REDUCE_NAMES = {
@@ -153,6 +159,8 @@ class SimProcessGroup(dist.ProcessGroup):
         writes: list[torch.Tensor] = (),  # type: ignore[assignment]
     ) -> SimWork:
         """Issue this rank's part of ``spec``; ``reads``/``writes`` are the user buffers it owns until waited."""
+        for observe in ISSUE_OBSERVERS:
+            observe(self, spec.name, list(writes))
         with internal():
             work = self._issue_internal(spec, outputs, reads, writes)
         funcol.track(self.global_rank, work, writes)
@@ -552,6 +560,8 @@ class SimProcessGroup(dist.ProcessGroup):
         return self._p2p("recv", t, None, tag)
 
     def _p2p(self, kind: str, t: torch.Tensor, peer: int | None, tag: int) -> SimWork:
+        for observe in ISSUE_OBSERVERS:
+            observe(self, kind, [t] if kind == "recv" else [])
         with internal():
             work = self._p2p_internal(kind, t, peer, tag)
         if kind == "recv":

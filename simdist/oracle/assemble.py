@@ -18,6 +18,7 @@ import torch
 
 from simdist.errors import SimdistError
 from simdist.oracle.capture import MeshLayout, Piece
+from simdist.oracle.flat import FlatAssemblyError, FlatLayout, assemble_flat
 from simdist.ranks import ranges
 
 #: how hand-written shards of a plain tensor are laid out: (dim, holders per shard group or None for all)
@@ -33,8 +34,8 @@ class Assembled:
     """A full tensor, where each rank's piece sits in it, and the replicas that are not bitwise equal."""
 
     full: torch.Tensor
-    #: rank -> the index of its piece in ``full``
-    regions: dict[int, tuple[slice, ...]]
+    #: rank -> the index of its piece in ``full`` (a box, or a boolean mask where the piece is no box)
+    regions: dict[int, tuple[slice, ...] | torch.Tensor]
     #: ranks whose copy differs from the replica it must equal
     replica_ranks: tuple[int, ...] = ()
     #: why the replicas differ, when it is more than their values (shapes)
@@ -51,6 +52,8 @@ def assemble(name: str, pieces: list[Piece], shard: ShardSpec | None = None) -> 
         raise AssemblyError(f"{name!r}: ranks hold it in different forms ({sorted(t.__name__ for t in layouts)})")
     if isinstance(pieces[0].layout, MeshLayout):
         return _mesh(name, pieces)
+    if isinstance(pieces[0].layout, FlatLayout):
+        return _flat(name, pieces)
     if shard is not None:
         return _sharded(name, pieces, shard)
     return _replicated(pieces)
@@ -153,6 +156,26 @@ def _mesh(name: str, pieces: list[Piece]) -> Assembled:
             raise AssemblyError(f"{name!r}: partial placement with reduce op {op!r}; the oracle reduces sum and avg")
     how = "DTensor " + ", ".join(_placement_text(p) for p in layout.placements) + f" over mesh {list(layout.mesh_shape)}"
     return Assembled(full, regions, tuple(sorted(differ)), "", how)
+
+
+def _flat(name: str, pieces: list[Piece]) -> Assembled:
+    """A torch FSDP1 parameter from its flat shards; regions are masks (a flat range is no box of the tensor)."""
+    try:
+        got = assemble_flat([(p.rank, p.layout, p.value) for p in pieces])  # type: ignore[misc]
+    except FlatAssemblyError as e:
+        raise AssemblyError(str(e)) from e
+    layout: FlatLayout = pieces[0].layout  # type: ignore[assignment]
+    param = layout.names[layout.param]  # type: ignore[index]  # `name` may be an optimizer state's "param:key"
+    full = got.tensors[param]
+    regions: dict[int, torch.Tensor] = {}
+    for rank, (lo, hi) in got.regions[param].items():
+        mask = torch.zeros(full.numel(), dtype=torch.bool)
+        mask[lo:hi] = True
+        regions[rank] = mask.view(full.shape)
+    differ = tuple(r for n, ranks in got.diverged for r in ranks if n == param)
+    groups = len({p.layout.group_ranks for p in pieces})  # type: ignore[union-attr]
+    how = f"FSDP1 flat shards over {layout.shard_count} ranks" + (f", {groups} replicas" if groups > 1 else "")
+    return Assembled(full, regions, differ, "", how)
 
 
 def _index(coord: tuple[int, ...], shape: tuple[int, ...]) -> int:

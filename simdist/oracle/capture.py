@@ -33,6 +33,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import _disable_current_modes
 
+from simdist.oracle.flat import FlatLayout, fsdp1_layouts, local_piece, pieces_by_name
 from simdist.oracle.names import named_tensors
 
 
@@ -51,7 +52,7 @@ class MeshLayout:
 
 
 #: a piece's layout: ``None`` for a plain tensor (a replica, or a hand-written shard the caller describes)
-Layout = MeshLayout | None
+Layout = MeshLayout | FlatLayout | None
 
 
 @dataclass
@@ -167,7 +168,9 @@ class Capture:
         names: dict[int, str] = {}
         buffers: list[tuple[str, torch.Tensor]] = []
         order: list[str] = []
+        flat: dict[int, FlatLayout] = {}
         for root in self.roots(rank):
+            flat.update(fsdp1_layouts(root))
             params, bufs = named_tensors(root)
             for n, p in params:
                 if id(p) not in names:
@@ -176,6 +179,9 @@ class Capture:
             buffers += [(n, b) for n, b in bufs if isinstance(b, torch.Tensor)]
         for g, group in enumerate(optimizer.param_groups):
             for i, p in enumerate(group["params"]):
+                if id(p) in flat:
+                    _flat_snapshot(step, rank, flat[id(p)], p, optimizer.state.get(p, {}))
+                    continue
                 name = names.get(id(p), f"optimizer{number}.group{g}.param{i}")
                 if name not in step.order:
                     step.order.append(name)
@@ -188,6 +194,36 @@ class Capture:
                         step.optim[f"{name}:{state_key}"] = Piece(rank, torch.tensor(float(v), dtype=torch.float64))
         for n, b in buffers:
             step.buffers[n] = _piece(rank, b)
+
+
+def _flat_snapshot(step: RankStep, rank: int, layout: FlatLayout, p: torch.Tensor, state: dict) -> None:
+    """Record ``rank``'s part of an FSDP1 parameter (a FlatParameter or a view of one) by original parameter name.
+
+    A rank records nothing for a parameter it holds none of (FSDP1 gives it an empty view and no gradient);
+    scalars of the optimizer state (Adam's step) are replicas on the ranks holding part of the parameter.
+    """
+    held = pieces_by_name(layout, local_piece(layout, p))
+    for name, one, value in held:
+        if name not in step.order:
+            step.order.append(name)
+        step.params[name] = Piece(rank, value, one)
+        step.grads[name] = None
+    if p.grad is not None:
+        for name, one, value in pieces_by_name(layout, local_piece(layout, p.grad)):
+            step.grads[name] = Piece(rank, value, one)
+    for state_key, v in state.items():
+        if isinstance(v, torch.Tensor) and layout.holds(v):
+            for name, one, value in pieces_by_name(layout, local_piece(layout, v)):
+                step.optim[f"{name}:{state_key}"] = Piece(rank, value, one)
+            continue
+        if isinstance(v, torch.Tensor):
+            scalar = v.detach().clone()
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            scalar = torch.tensor(float(v), dtype=torch.float64)
+        else:
+            continue
+        for name, _, _ in held:
+            step.optim[f"{name}:{state_key}"] = Piece(rank, scalar)
 
 
 def _rank() -> int:

@@ -14,6 +14,7 @@ from simdist.errors import RunArgumentError
 from simdist.network.cluster import Cluster, load_cluster
 from simdist.oracle.assemble import ShardSpec, assemble
 from simdist.oracle.capture import Capture, Piece, RankStep
+from simdist.oracle.localize import localize as localize_step
 from simdist.oracle.names import NameMap
 from simdist.oracle.report import KINDS, Divergence, EquivalenceReport
 from simdist.oracle.tolerance import Difference, Tolerance, difference, differing
@@ -40,6 +41,7 @@ def check_equivalence(
     ignore: tuple[str, ...] | list[str] = (),
     shards: Mapping[str, int | tuple[int, int]] | None = None,
     loss: str | None = "mean",
+    localize: bool = True,
     **run_options: Any,
 ) -> EquivalenceReport:
     """Run ``parallel`` on every rank of ``cluster`` and ``reference`` on one rank; compare them at each optimizer step.
@@ -59,6 +61,10 @@ def check_equivalence(
     on a one-rank cluster of the same device, with the same ``seed``, with ``reference_args`` and
     ``reference_kwargs`` (default: ``args`` and ``kwargs``); ``run_options`` (``progress``, ``races``,
     ``compute``, ...) are passed to :func:`simdist.run` for the parallel run.
+
+    With ``localize`` (the default), a divergence makes both programs run again with every op of the first
+    divergent step recorded on every rank, and the report names the first op whose output diverges while its
+    inputs matched (:mod:`simdist.oracle.localize`).
     """
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
         raise RunArgumentError(f"steps must be a positive int (or None for every step), got {steps!r}")
@@ -67,11 +73,12 @@ def check_equivalence(
     if isinstance(cluster, str):
         cluster = load_cluster(cluster)
     name_map = NameMap(names, ignore)
-    shard_specs = _shard_specs(shards)
+    shard_specs = shard_specs_of(shards)
     par_capture, ref_capture = Capture(steps), Capture(steps)
     with par_capture.installed():
         par = run(parallel, cluster, args=args, kwargs=kwargs, seed=seed, **run_options)
-    ref_run_options = {k: v for k, v in run_options.items() if k in ("compute", "watchdog", "copy_args")}
+    # the reference's timing is of no interest: it runs without the cost model
+    ref_run_options = {k: v for k, v in run_options.items() if k in ("watchdog", "copy_args")}
     with ref_capture.installed():
         ref = run(
             reference,
@@ -80,14 +87,36 @@ def check_equivalence(
             kwargs=kwargs if reference_kwargs is None else reference_kwargs,
             seed=seed,
             races="off",
+            compute=False,
             **ref_run_options,
         )
     comparison = Comparison(name_map, shard_specs, exact, dict(tolerances or {}), loss)
-    divergences, compared_steps = comparison.run(par_capture.ranks, ref_capture.ranks.get(0, []))
+    # many small element-wise passes: a thread pool costs more than it saves, and far more on a loaded machine
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        divergences, compared_steps = comparison.run(par_capture.ranks, ref_capture.ranks.get(0, []))
+    finally:
+        torch.set_num_threads(threads)
+    found, note = None, ""
+    first = divergences[0] if divergences else None
+    if first is not None and not localize:
+        note = "localisation is off (localize=False)"
+    elif first is not None and first.kind in ("steps", "structure"):
+        note = "not localised: the programs differ in structure, not in values"
+    elif first is not None:
+        found = localize_step(
+            parallel, reference, cluster, first.step, seed=seed, args=args, kwargs=kwargs,
+            reference_args=reference_args, reference_kwargs=reference_kwargs, names=name_map, exact=exact,
+            tolerances=dict(tolerances or {}), run_options=run_options,
+        )
+        if found is None:
+            note = f"localisation found no op of step {first.step} whose output diverges"
     return EquivalenceReport(
         steps=compared_steps,
         divergences=divergences,
-        localization=None,
+        localization=found,
+        localization_note=note,
         parallel=par,
         reference=ref,
         world_size=cluster.world_size,
@@ -108,7 +137,8 @@ def _name_of(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
 
 
-def _shard_specs(shards: Mapping[str, int | tuple[int, int]] | None) -> dict[str, ShardSpec]:
+def shard_specs_of(shards: Mapping[str, int | tuple[int, int]] | None) -> dict[str, ShardSpec]:
+    """``shards`` as the comparison uses it: pattern -> (dim, group size or None), with an error for a bad entry."""
     out: dict[str, ShardSpec] = {}
     for pattern, spec in (shards or {}).items():
         if isinstance(spec, int) and not isinstance(spec, bool):

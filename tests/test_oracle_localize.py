@@ -1,0 +1,281 @@
+"""Localisation: tiny parallel programs with one known bug each, checked against their single-process model.
+
+Each program is written here, so the call sites localisation names are lines of this file (found by the marker
+comment at the end of the line). Clean programs must localise nothing.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import simdist
+from simdist.comm import process_group
+from simdist.oracle.localize import Localization, localize
+from simdist.oracle.names import NameMap
+from simdist.oracle.record import recording, wrap
+
+BATCH = 8
+SOURCE = Path(__file__).read_text().splitlines()
+FILE = Path(__file__).name
+
+
+def line_of(marker: str) -> str:
+    """``test_oracle_localize.py:N`` for the line carrying ``# <marker>``."""
+    (n,) = [i + 1 for i, text in enumerate(SOURCE) if text.rstrip().endswith(f"# {marker}")]
+    return f"{FILE}:{n}"
+
+
+def data() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The model and the full batch, the same in every program (seeded here, not by the run)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    return model, torch.randn(BATCH, 4), torch.randn(BATCH, 2)
+
+
+def reference(steps: int = 2, clip: float | None = None) -> None:
+    """The single-process model: full batch, mean loss, SGD."""
+    model, x, y = data()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        if clip is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+
+
+def data_parallel(steps: int = 2, bug: str | None = None, bug_step: int = 0, clip: float | None = None) -> None:
+    """Hand-written data parallelism: each rank its rows, gradients all-reduced and averaged."""
+    model, x, y = data()
+    r, n = dist.get_rank(), dist.get_world_size()
+    b = BATCH // n
+    rows = slice(0, b) if bug == "same shard" else slice(r * b, (r + 1) * b)
+    xs, ys = x[rows], y[rows]  # shard
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(steps):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(xs), ys)
+        if bug == "scale" and r == 1 and step == bug_step:
+            loss = loss * n  # scale
+        loss.backward()
+        if bug == "local clip":
+            nn.utils.clip_grad_norm_(model.parameters(), clip)  # local clip
+        for p in model.parameters():
+            dist.all_reduce(p.grad)  # all_reduce
+            if bug != "sum":
+                p.grad /= n
+        if clip is not None and bug != "local clip":
+            nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+
+
+def torch_ddp(steps: int = 2) -> None:
+    """The same training under torch's DistributedDataParallel."""
+    model, x, y = data()
+    r, n = dist.get_rank(), dist.get_world_size()
+    b = BATCH // n
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for _ in range(steps):
+        opt.zero_grad()
+        nn.functional.mse_loss(ddp(x[r * b : (r + 1) * b]), y[r * b : (r + 1) * b]).backward()
+        opt.step()
+
+
+def microbatched(steps: int = 2, micro: int = 2) -> None:
+    """Data parallelism with gradient accumulation over ``micro`` microbatches per rank."""
+    model, x, y = data()
+    r, n = dist.get_rank(), dist.get_world_size()
+    b = BATCH // n
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        opt.zero_grad()
+        for k in range(micro):
+            rows = slice(r * b + k * b // micro, r * b + (k + 1) * b // micro)
+            (nn.functional.mse_loss(model(x[rows]), y[rows]) / micro).backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= n
+        opt.step()
+
+
+class ColumnParallel(nn.Module):
+    """``full``'s output features split across ranks; the full output all-gathered along the last dim."""
+
+    def __init__(self, full: nn.Linear, shard: int) -> None:
+        super().__init__()
+        n = dist.get_world_size()
+        rows = full.out_features // n
+        self.weight = nn.Parameter(full.weight[shard * rows : (shard + 1) * rows].clone())  # weight shard
+        self.bias = nn.Parameter(full.bias[shard * rows : (shard + 1) * rows].clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        local = nn.functional.linear(x, self.weight, self.bias)
+        parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, local)
+        parts[dist.get_rank()] = local  # the gathered copy of its own part carries no gradient
+        return torch.cat(parts, dim=-1)
+
+
+def tensor_parallel_reference(steps: int = 1) -> None:
+    """The single-process model of :func:`tensor_parallel`."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 8)
+    x, y = torch.randn(BATCH, 4), torch.randn(BATCH, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+
+def tensor_parallel(steps: int = 1, wrong_shard: bool = False) -> None:
+    """A column-parallel linear layer; with ``wrong_shard`` each rank holds its neighbour's rows."""
+    torch.manual_seed(0)
+    full = nn.Linear(4, 8)
+    x, y = torch.randn(BATCH, 4), torch.randn(BATCH, 8)
+    r, n = dist.get_rank(), dist.get_world_size()
+    model = ColumnParallel(full, (r + 1) % n if wrong_shard else r)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        # each rank's weight gradient is its shard's; the loss is replicated, so no gradient sync is needed
+        opt.step()
+
+
+def run_localize(parallel, reference_fn, world: int, step: int = 0, kwargs=None, reference_kwargs=None, **extra):
+    return localize(
+        parallel, reference_fn, simdist.Cluster.switch(world, device="cpu"), step,
+        kwargs=kwargs or {}, reference_kwargs=reference_kwargs or {}, run_options={"compute": False}, **extra,
+    )
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_clean_data_parallel_localizes_nothing(world: int) -> None:
+    assert run_localize(data_parallel, reference, world) is None
+    assert run_localize(data_parallel, reference, world, step=1) is None
+
+
+def test_clean_torch_ddp_microbatches_and_tensor_parallel_localize_nothing() -> None:
+    assert run_localize(torch_ddp, reference, 2) is None
+    assert run_localize(microbatched, reference, 2) is None
+    assert run_localize(tensor_parallel, tensor_parallel_reference, 2) is None
+    assert run_localize(data_parallel, reference, 2, kwargs={"clip": 0.05}, reference_kwargs={"clip": 0.05}) is None
+
+
+def test_a_loss_scaled_on_one_rank_is_found_at_the_scaling_line_on_that_rank() -> None:
+    loc = run_localize(data_parallel, reference, 4, kwargs={"bug": "scale"})
+    assert isinstance(loc, Localization)
+    assert loc.op == "aten.mul"
+    assert loc.ranks == (1,)
+    assert line_of("scale") in loc.site
+    assert loc.phase == "backward"  # the forward mul has no reference counterpart; its backward carries it on
+    # rank 1's loss gradient is n = 4 where the reference's is 1
+    assert loc.difference is not None and loc.difference.rel == pytest.approx(3.0)
+    assert "first divergent op: aten.mul" in str(loc)
+
+
+def test_the_step_asked_for_is_the_one_recorded() -> None:
+    kwargs = {"bug": "scale", "bug_step": 1, "steps": 3}
+    assert run_localize(data_parallel, reference, 2, step=0, kwargs=kwargs, reference_kwargs={"steps": 3}) is None
+    loc = run_localize(data_parallel, reference, 2, step=1, kwargs=kwargs, reference_kwargs={"steps": 3})
+    assert loc is not None and loc.op == "aten.mul" and line_of("scale") in loc.site
+
+
+def test_gradients_summed_instead_of_averaged_are_found_at_the_all_reduce_output() -> None:
+    loc = run_localize(data_parallel, reference, 2, kwargs={"bug": "sum"})
+    assert loc is not None
+    assert loc.op == "all_reduce"
+    assert line_of("all_reduce") in loc.site
+    assert loc.ranks == (0, 1)
+    assert loc.inputs_matched
+    # 6 parameters: the first gradient all-reduced is the first one the optimizer reads
+    assert loc.difference is not None and loc.difference.rel == pytest.approx(1.0)
+    assert loc.last_collective is None or "all_reduce #" in loc.last_collective
+
+
+def test_clipping_on_the_local_norm_is_found_inside_the_clip() -> None:
+    loc = run_localize(
+        data_parallel, reference, 2, kwargs={"bug": "local clip", "clip": 0.05}, reference_kwargs={"clip": 0.05}
+    )
+    assert loc is not None
+    assert line_of("local clip") in loc.site
+    assert loc.phase == "other"
+    assert loc.inputs_matched
+
+
+def test_every_rank_reading_the_same_shard_is_found_at_the_slice() -> None:
+    loc = run_localize(data_parallel, reference, 2, kwargs={"bug": "same shard"})
+    assert loc is not None
+    assert loc.op == "aten.slice"
+    assert line_of("shard") in loc.site
+    assert loc.ranks == (1,)
+
+
+def test_a_column_parallel_layer_on_the_wrong_shard_is_found_where_the_shard_is_cut() -> None:
+    loc = run_localize(tensor_parallel, tensor_parallel_reference, 2, kwargs={"wrong_shard": True})
+    assert loc is not None
+    assert line_of("weight shard") in loc.site
+    assert set(loc.ranks) <= {0, 1} and loc.ranks
+
+
+def test_hooks_and_observers_are_removed_after_a_run_even_when_it_fails() -> None:
+    def failing() -> None:
+        raise RuntimeError("boom")
+
+    hooks = len(nn.modules.module._global_forward_pre_hooks), len(nn.modules.module._global_forward_hooks)
+    with pytest.raises(simdist.RankError):
+        run_localize(failing, reference, 2)
+    assert (len(nn.modules.module._global_forward_pre_hooks), len(nn.modules.module._global_forward_hooks)) == hooks
+    assert process_group.ISSUE_OBSERVERS == []
+
+
+def test_the_recorder_charges_no_simulated_time_and_trips_no_race_detector() -> None:
+    cluster = simdist.Cluster.switch(2, device="H100")
+    plain = simdist.run(data_parallel, cluster, races="error")
+    recorders: dict = {}
+    with recording():
+        recorded = simdist.run(wrap(data_parallel, 0, recorders, dist.get_rank), cluster, races="error")
+    assert recorded.sim_time == plain.sim_time
+    assert recorded.trace_hash == plain.trace_hash
+    assert len(recorders[0].stream.ops) > 30 and recorders[0].stream.collectives
+
+
+def test_module_names_drop_wrappers_and_backward_ops_know_their_module() -> None:
+    recorders: dict = {}
+    with recording():
+        simdist.run(wrap(torch_ddp, 0, recorders, dist.get_rank), simdist.Cluster.switch(2, device="cpu"), compute=False)
+    ops = recorders[1].stream.ops
+    addmm = [o for o in ops if o.op == "aten.addmm"]
+    assert [o.module for o in addmm] == ["0", "2", "0", "2"][: len(addmm)]
+    backward_mm = [o for o in ops if o.phase == "backward" and o.op == "aten.mm"]
+    assert {o.module for o in backward_mm} == {"0", "2"}
+    assert all(o.site.startswith("backward of aten.addmm at ") for o in backward_mm)
+    assert inspect.isfunction(torch_ddp)
+
+
+def test_a_name_map_aligns_renamed_modules() -> None:
+    def renamed(steps: int = 2) -> None:
+        model, x, y = data()
+        wrapped = nn.Sequential()
+        wrapped.add_module("body", model)
+        opt = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+        for _ in range(steps):
+            opt.zero_grad()
+            (nn.functional.mse_loss(wrapped(x), y) * 1.5).backward()  # renamed bug
+            opt.step()
+
+    def solo(steps: int = 2) -> None:
+        reference(steps)
+
+    names = NameMap(lambda n: n.removeprefix("body.") if n != "body" else "")
+    loc = run_localize(renamed, solo, 1, names=names)
+    assert loc is not None and line_of("renamed bug") in loc.site
