@@ -2,8 +2,9 @@
 wrong tensor; then what overlap and bucketing buy.
 
 A small language model ties its input embedding to its output projection (one Parameter, two modules).
-Four ranks train it with the data-parallel wrappers of ``simdist.strategies`` for a few SGD steps; every
-run is compared with the single-process model trained on the full batch.
+Four ranks train it with the data-parallel wrappers of ``simdist.strategies`` for a few SGD steps; the
+equivalence oracle (``simdist.check_equivalence``) compares every run, step by step, with the single-process
+model trained on the full batch, and checks that the replicas of every parameter and gradient agree.
 
 (a) One hook per (module, parameter) pair (``OverlapDDP(dedup=False)``) under gloo-like progress: the tied
     gradient gets two in-place all-reduces in flight at once on two worker threads. Parameters drift from
@@ -16,7 +17,7 @@ run is compared with the single-process model trained on the full batch.
     unsynchronised gradients (in the simulation the local ones: autograd copies the hook's tensor before the
     reduction finishes; on real gloo whatever part of the reduction that copy happens to catch), the
     replicas diverge; the detector sees autograd read the hook's tensor while its all-reduce
-    is in flight, and a replica check names the parameters that differ.
+    is in flight, and the oracle names the parameters whose replicas differ.
 
 Then the simulated step time of each wrapper on two DGX-H100 nodes (16 ranks) for a 24-layer MLP, with the
 compute / communication breakdown per rank; the Chrome trace of one BucketedDDP step is written to
@@ -42,7 +43,9 @@ from torch import nn
 from verdicts import report
 
 import simdist
-from simdist.strategies import BucketedDDP, FlatDDP, NaiveDDP, OverlapDDP, check_replicas
+from simdist.oracle import Piece
+from simdist.oracle.assemble import assemble
+from simdist.strategies import BucketedDDP, FlatDDP, NaiveDDP, OverlapDDP
 
 VOCAB, DIM, SEQ, BATCH, STEPS, LR = 48, 16, 6, 3, 3, 0.5
 WORLD = 4
@@ -97,11 +100,7 @@ def train_rank(tied: bool, wrapper: str, options: dict, seed: int) -> dict:
     names: dict[int, str] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         names[p.grad.data_ptr()] = " = ".join(filter(None, [names.get(p.grad.data_ptr()), name]))
-    return {
-        "params": {n: p.detach().clone() for n, p in model.named_parameters()},
-        "grad_names": names,
-        "diverged": [(d.name, d.ranks) for d in check_replicas(model)],
-    }
+    return {"params": {n: p.detach().clone() for n, p in model.named_parameters()}, "grad_names": names}
 
 
 def baseline(tied: bool, seed: int) -> dict[str, torch.Tensor]:
@@ -117,20 +116,26 @@ def baseline(tied: bool, seed: int) -> dict[str, torch.Tensor]:
 
 
 class Case:
-    """One run: its outcome against the baseline, and what the race detector found."""
+    """One run checked step by step against the baseline by the equivalence oracle, and what the race detector found."""
 
     def __init__(self, label: str, tied: bool, wrapper: str, options: dict, progress: str, seed: int) -> None:
         self.label, self.tied, self.wrapper, self.options, self.progress = label, tied, wrapper, options, progress
         cluster = simdist.Cluster.switch(WORLD, bandwidth="25GB/s", latency="5us", device="cpu")
         with warnings.catch_warnings():  # findings are read from the result below, not from warnings
             warnings.simplefilter("ignore", simdist.RaceWarning)
-            self.res = simdist.run(
-                train_rank, cluster, args=(tied, wrapper, options, seed), seed=seed, progress=progress, races="warn"
+            self.rep = simdist.check_equivalence(
+                train_rank, baseline, cluster, args=(tied, wrapper, options, seed), reference_args=(tied, seed),
+                seed=seed, progress=progress, races="warn",
             )
-        ref = baseline(tied, seed)
+        self.res = self.rep.parallel
+        ref = self.rep.reference.returns[0]
         out = self.res.returns
+        #: how far the final parameters are from the baseline's (the oracle compares every step; this is the end)
         self.drift = max((out[r]["params"][n] - ref[n]).abs().max().item() for r in range(WORLD) for n in ref)
-        self.diverged = out[0]["diverged"]
+        #: parameters whose replicas (values or gradients) the oracle found unequal at the first divergent step,
+        #: in the model's order: (name, ranks that differ)
+        replicas = {d.name: d.ranks for d in reversed(self.rep.divergences) if d.kind == "replica"}
+        self.diverged = [(n, replicas[n]) for n in ref if n in replicas]
         self.races = self.res.races
 
     def races_on(self, kind: str) -> set[str]:
@@ -149,9 +154,11 @@ class Case:
     def row(self) -> str:
         opts = ",".join(f"{k}={v}" for k, v in self.options.items()) or "-"
         div = ", ".join(n for n, _ in self.diverged) or "-"
+        first = self.rep.first
+        oracle = "equal" if first is None else f"step {first.step} {first.kind} {first.name}"
         return (
             f"{self.label:3s} {'tied' if self.tied else 'untied':6s} {self.wrapper:11s} {opts:24s} {self.progress:5s} "
-            f"{self.drift:10.2e} {div[:28]:28s} {self.describe_races()}"
+            f"{self.drift:10.2e} {oracle[:26]:26s} {div[:28]:28s} {self.describe_races()}"
         )
 
 
@@ -170,7 +177,7 @@ def correctness(seed: int, verdicts: list[tuple[str, bool, str]]) -> None:
     d_bucket = Case("d", True, "BucketedDDP", {"reduce_hook_tensor": True}, "gloo", seed)
     cases += [d, d_bucket]
 
-    print(f"{'':3s} {'model':6s} {'wrapper':11s} {'options':24s} {'prog.':5s} {'max |dw|':>10s} {'replicas differ at':28s} races")
+    print(f"{'':3s} {'model':6s} {'wrapper':11s} {'options':24s} {'prog.':5s} {'max |dw|':>10s} {'first divergence':26s} {'replicas differ at':28s} races")
     for case in cases:
         print(case.row())
     print()
@@ -181,18 +188,20 @@ def correctness(seed: int, verdicts: list[tuple[str, bool, str]]) -> None:
         for r in range(WORLD)
         for n in a.res.returns[r]["params"]
     )
-    verdicts.append(("(a) gloo: parameters drift from the baseline", a.drift > 1e-6, f"max |dw| {a.drift:.2e}"))
+    verdicts.append(("(a) gloo: parameters drift from the baseline", not a.rep.ok, a.rep.summary()[:60]))
     verdicts.append(("(a) the drift is the same for the same seed", same_a, f"trace hash {a.res.trace_hash[:16]} twice"))
     verdicts.append(
         ("(a) detector names both all-reduces of the tie", a.races_on("overlap") == {tied_name}, ", ".join(sorted(a.races_on("overlap"))))
     )
-    verdicts.append(("(b) nccl: numerically equal to the baseline", b.drift < TOL, f"max |dw| {b.drift:.2e}"))
+    verdicts.append(("(b) nccl: numerically equal to the baseline", b.rep.ok, f"{b.rep.steps} steps, max |dw| {b.drift:.2e}"))
     verdicts.append(("(b) ... yet the detector flags it", b.races_on("overlap") == {tied_name}, ", ".join(sorted(b.races_on("overlap")))))
     worst = max(c.drift for c in c_cases)
-    verdicts.append(("(c) de-duplicated: equal to the baseline", worst < TOL, f"4 wrappers x 2 modes, max |dw| {worst:.2e}"))
+    verdicts.append(
+        ("(c) de-duplicated: equal to the baseline", all(c.rep.ok for c in c_cases), f"4 wrappers x 2 modes, max |dw| {worst:.2e}")
+    )
     verdicts.append(("(c) de-duplicated: no race", not any(c.races for c in c_cases), "0 findings"))
     verdicts.append(
-        ("(c) no tie, no bug even without dedup", c_untied.drift < TOL and not c_untied.races, f"max |dw| {c_untied.drift:.2e}")
+        ("(c) no tie, no bug even without dedup", c_untied.rep.ok and not c_untied.races, f"max |dw| {c_untied.drift:.2e}")
     )
     verdicts.append(
         ("(d) hook's tensor reduced: replicas diverge", bool(d.diverged) and bool(d_bucket.diverged), f"{len(d.diverged)} parameters differ")
@@ -201,10 +210,13 @@ def correctness(seed: int, verdicts: list[tuple[str, bool, str]]) -> None:
         ("(d) detector: autograd read an in-flight buffer", any(r.kind == "access" for r in d.races), _first_access(d))
     )
 
+    print("What the oracle reported in (a):")
+    print("  " + "\n  ".join(str(a.rep).splitlines()))
     print("What the detector reported in (a):")
     print("  " + "\n  ".join(_first_overlap(a).splitlines()))
-    print("What the detector and the replica check reported in (d):")
+    print("What the detector and the oracle reported in (d):")
     print("  " + "\n  ".join(_first_access_text(d).splitlines()))
+    print("  " + "\n  ".join(str(d.rep).splitlines()))
     print(f"  replicas differ at: {', '.join(f'{n} (ranks {list(r)})' for n, r in d.diverged)}")
     print()
 
@@ -344,7 +356,7 @@ def on_real_gloo(seed: int, repeats: int, verdicts: list[tuple[str, bool, str]])
             out = real.run_script(__file__, nproc=WORLD, entry="train_rank", args=(True, wrapper, options, seed))
             drift = max((out.returns[r]["params"][n] - ref[n]).abs().max().item() for r in range(WORLD) for n in ref)
             drifts.setdefault(label, []).append(drift)
-            diverged.setdefault(label, []).append(out.returns[0]["diverged"])
+            diverged.setdefault(label, []).append(unequal_replicas(out.returns))
         opts = ",".join(f"{k}={v}" for k, v in options.items()) or "-"
         runs = ", ".join(f"{d:.2e}" for d in drifts[label])
         names = sorted({n for launch in diverged[label] for n, _ in launch})
@@ -357,6 +369,17 @@ def on_real_gloo(seed: int, repeats: int, verdicts: list[tuple[str, bool, str]])
     verdicts.append(("(c) real gloo: de-duplicated equals the baseline", max(drifts["c"]) < TOL, f"max |dw| {max(drifts['c']):.2e}"))
     every = all(diverged["d"])  # in every launch, not just one
     verdicts.append(("(d) real gloo: hook's tensor: replicas diverge", every, f"in {sum(map(bool, diverged['d']))} of {repeats} launches"))
+
+
+def unequal_replicas(returns: list[dict]) -> list[tuple[str, tuple[int, ...]]]:
+    """(parameter, ranks whose copy differs from rank 0's) for every parameter whose replicas are not bitwise equal."""
+    found = []
+    for name in returns[0]["params"]:
+        pieces = [Piece(r, out["params"][name]) for r, out in enumerate(returns)]
+        ranks = assemble(name, pieces).replica_ranks
+        if ranks:
+            found.append((name, ranks))
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -226,6 +226,10 @@ def test_ddp_tied_weights_scenario_passes_and_names_the_tie(tmp_path, update_gol
     assert "(the buffer is the gradient of embed.weight = head.weight)" in text
     # (d): autograd read a buffer in flight; the replica check names parameters
     assert "rank code read (in aten." in text and "replicas differ at: embed.weight" in text
+    # the oracle's capture wraps backward(): the access is still the scenario's own line, not the wrapper's
+    assert "access at: <repo>/scenarios/ddp_tied_weights.py:" in normalise(text, tmp_path)
+    # the oracle names the first divergence of (a) and (d) step by step
+    assert "step 0: the gradient of 'embed.weight' on ranks 0-3 differs from the reference" in text
     assert "fastest:" in text and "Chrome trace of this step" in text
     assert json.loads((tmp_path / "ddp_step.json").read_text())["traceEvents"]
     check_golden("ddp_tied_weights", out, tmp_path, update_golden)

@@ -26,7 +26,9 @@ from simdist.trace.trace import Trace
 #: torch's frames are sorted by ``caller_site`` itself
 _SIMDIST = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SKIP = tuple(
-    os.path.join(_SIMDIST, d) for d in ("clock", "algorithms", "network", "compute", "trace", "comm", "engine")
+    os.path.join(_SIMDIST, d)
+    # the oracle wraps torch.autograd.backward to record losses: the line that called backward() is the site
+    for d in ("clock", "algorithms", "network", "compute", "trace", "comm", "engine", "oracle")
 ) + (
     os.path.abspath(typing_extensions.__file__).rsplit(".", 1)[0],
     os.path.dirname(os.path.abspath(os.__file__)) + os.sep + "contextlib",
