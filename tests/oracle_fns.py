@@ -33,14 +33,19 @@ class Setup:
     delta: float = 0.0
 
 
+def layers(widths: tuple[int, ...]) -> list[nn.Module]:
+    """Linear layers of the given widths with a tanh between each two."""
+    out: list[nn.Module] = []
+    for i, (a, b) in enumerate(itertools.pairwise(widths)):
+        out.append(nn.Linear(a, b))
+        if i < len(widths) - 2:
+            out.append(nn.Tanh())
+    return out
+
+
 def model(setup: Setup) -> nn.Module:
     torch.manual_seed(1234)
-    layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(itertools.pairwise(setup.widths)):
-        layers.append(nn.Linear(a, b))
-        if i < len(setup.widths) - 2:
-            layers.append(nn.Tanh())
-    return nn.Sequential(*layers).to(setup.dtype)
+    return nn.Sequential(*layers(setup.widths)).to(setup.dtype)
 
 
 def data(setup: Setup, step: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,7 +6,6 @@ element is a fault whose step, tensor and rank are known beforehand.
 
 from __future__ import annotations
 
-import itertools
 import json
 
 import pytest
@@ -24,7 +23,7 @@ from simdist.errors import RunArgumentError
 from simdist.oracle import AssemblyError, NameMap, Tolerance
 from simdist.oracle.names import named_tensors
 from simdist.oracle.tolerance import compare
-from tests.oracle_fns import STRATEGIES, Setup, parallel, reference
+from tests.oracle_fns import STRATEGIES, Setup, data, layers, model, parallel, reference
 
 
 def cpu(n: int) -> simdist.Cluster:
@@ -79,7 +78,7 @@ def test_a_perturbed_gradient_element_is_found_at_its_step_and_parameter(widths,
     assert not rep.ok
     first = rep.first
     assert first.step == step, str(rep)
-    names = [n for n, _ in named_tensors(nn.Sequential(*_layers(widths)))[0]]
+    names = [n for n, _ in named_tensors(nn.Sequential(*layers(widths)))[0]]
     expected = names[index]
     assert first.kind == "grad" and first.name == expected, str(rep)
     if rank is not None:
@@ -90,20 +89,11 @@ def test_a_perturbed_gradient_element_is_found_at_its_step_and_parameter(widths,
         assert any(d.kind == "replica" and d.name == expected and d.ranks == odd for d in rep.divergences)
 
 
-def _layers(widths: tuple[int, ...]) -> list[nn.Module]:
-    out: list[nn.Module] = []
-    for i, (a, b) in enumerate(itertools.pairwise(widths)):
-        out.append(nn.Linear(a, b))
-        if i < len(widths) - 2:
-            out.append(nn.Tanh())
-    return out
-
-
 # ---- programs with classic silent bugs
 
 
 def _scaled_twice(setup: Setup) -> None:
-    m = nn.parallel.DistributedDataParallel(_model(setup))
+    m = nn.parallel.DistributedDataParallel(model(setup))
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     for step in range(setup.steps):
         x, y = _my_batch(setup, step)
@@ -113,39 +103,28 @@ def _scaled_twice(setup: Setup) -> None:
 
 
 def _same_shard(setup: Setup) -> None:
-    m = nn.parallel.DistributedDataParallel(_model(setup))
+    m = nn.parallel.DistributedDataParallel(model(setup))
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     for step in range(setup.steps):
-        x, y = _batch(setup, step)
+        x, y = data(setup, step)
         n = setup.batch // dist.get_world_size()
         opt.zero_grad()
         F.mse_loss(m(x[:n]), y[:n]).backward()  # every rank reads the first shard
         opt.step()
 
 
-def _model(setup: Setup) -> nn.Module:
-    torch.manual_seed(1234)
-    return nn.Sequential(*_layers(setup.widths)).to(setup.dtype)
-
-
-def _batch(setup: Setup, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(100 + step)
-    x = torch.randn(setup.batch, setup.widths[0], generator=g, dtype=setup.dtype)
-    return x, torch.randn(setup.batch, setup.widths[-1], generator=g, dtype=setup.dtype)
-
-
 def _my_batch(setup: Setup, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y = _batch(setup, step)
+    x, y = data(setup, step)
     n = setup.batch // dist.get_world_size()
     r = dist.get_rank()
     return x[r * n : (r + 1) * n], y[r * n : (r + 1) * n]
 
 
 def _sgd_reference(setup: Setup) -> None:
-    m = _model(setup)
+    m = model(setup)
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     for step in range(setup.steps):
-        x, y = _batch(setup, step)
+        x, y = data(setup, step)
         opt.zero_grad()
         F.mse_loss(m(x), y).backward()
         opt.step()
@@ -218,7 +197,7 @@ def _renamed(setup: Setup) -> None:
     class Net(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.body = _model(setup)
+            self.body = model(setup)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.body(x)
@@ -270,11 +249,11 @@ def test_wrapper_prefixes_are_removed_only_from_wrappers() -> None:
 
 def _tp(setup: Setup, bug: bool = False) -> None:
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    m = _model(setup)
+    m = model(setup)
     parallelize_module(m, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
     opt = torch.optim.Adam(m.parameters(), lr=0.01)
     for step in range(setup.steps):
-        x, y = _batch(setup, step)
+        x, y = data(setup, step)
         opt.zero_grad()
         F.mse_loss(m(x), y).backward()
         if bug and step == 1 and dist.get_rank() == 1:
@@ -283,10 +262,10 @@ def _tp(setup: Setup, bug: bool = False) -> None:
 
 
 def _adam_reference(setup: Setup) -> None:
-    m = _model(setup)
+    m = model(setup)
     opt = torch.optim.Adam(m.parameters(), lr=0.01)
     for step in range(setup.steps):
-        x, y = _batch(setup, step)
+        x, y = data(setup, step)
         opt.zero_grad()
         F.mse_loss(m(x), y).backward()
         opt.step()
@@ -303,7 +282,7 @@ def test_dtensor_tensor_parallel_state_is_assembled_and_a_shard_fault_names_its_
 def _megatron(setup: Setup, wrong_shard: bool = False) -> None:
     """Column-parallel first layer with plain tensors: each rank holds rows of W1 and b1, columns of W2."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    full = _model(setup)
+    full = model(setup)
     h = setup.widths[1] // world
     take = (world - 1 - rank) if wrong_shard else rank
     w1 = nn.Parameter(full[0].weight.detach()[take * h : (take + 1) * h].clone())
@@ -327,7 +306,7 @@ def _megatron(setup: Setup, wrong_shard: bool = False) -> None:
     net = Shard()
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     for step in range(setup.steps):
-        x, y = _batch(setup, step)
+        x, y = data(setup, step)
         opt.zero_grad()
         F.mse_loss(net(x), y).backward()
         opt.step()

@@ -5,7 +5,7 @@
 """
 
 from simdist.oracle.assemble import AssemblyError
-from simdist.oracle.capture import Capture, Piece, RankStep
+from simdist.oracle.capture import Capture, Piece, RankStep, UnsupportedLayoutError
 from simdist.oracle.check import check_equivalence, single_rank
 from simdist.oracle.names import NameMap
 from simdist.oracle.report import Divergence, EquivalenceReport
@@ -22,6 +22,7 @@ __all__ = [
     "Piece",
     "RankStep",
     "Tolerance",
+    "UnsupportedLayoutError",
     "check_equivalence",
     "single_rank",
 ]

@@ -19,6 +19,7 @@ import torch
 from simdist.errors import SimdistError
 from simdist.oracle.capture import MeshLayout, Piece
 from simdist.oracle.flat import FlatAssemblyError, FlatLayout, assemble_flat
+from simdist.oracle.tolerance import bitwise_equal
 from simdist.ranks import ranges
 
 #: how hand-written shards of a plain tensor are laid out: (dim, holders per shard group or None for all)
@@ -63,19 +64,9 @@ def _whole(t: torch.Tensor) -> tuple[slice, ...]:
     return tuple(slice(None) for _ in t.shape)
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bitwise equality (NaNs with equal payloads are equal)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a.dtype.is_floating_point and a.element_size() in (2, 4, 8):
-        kind = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-        return a.contiguous().view(kind).equal(b.contiguous().view(kind))
-    return a.equal(b)
-
-
 def _replicated(pieces: list[Piece]) -> Assembled:
     first = pieces[0].value
-    differ = [p.rank for p in pieces[1:] if not _same(p.value, first)]
+    differ = [p.rank for p in pieces[1:] if not bitwise_equal(p.value, first)]
     shapes = sorted({tuple(p.value.shape) for p in pieces})
     note = ""
     if len(shapes) > 1:
@@ -113,7 +104,7 @@ def _sharded(name: str, pieces: list[Piece], shard: ShardSpec) -> Assembled:
             n = p.value.shape[dim] if p.value.dim() == ndim else 0
             regions[p.rank] = tuple(slice(offset, offset + n) if d == dim else slice(None) for d in range(ndim))
             offset += n
-            if block is not first and not _same(p.value, ref.value):
+            if block is not first and not bitwise_equal(p.value, ref.value):
                 differ.append(p.rank)
     how = f"concatenated along dim {dim} over {size} ranks" + (f", {len(blocks)} replicas" if len(blocks) > 1 else "")
     return Assembled(full, regions, tuple(differ), "", how)
@@ -141,7 +132,7 @@ def _mesh(name: str, pieces: list[Piece]) -> Assembled:
         regions[rank] = region
         base = tuple(0 if i in replicate else c for i, c in enumerate(coord))
         if base != coord:
-            if not _same(p.value, by_rank[layout.mesh_ranks[_index(base, layout.mesh_shape)]].value):
+            if not bitwise_equal(p.value, by_rank[layout.mesh_ranks[_index(base, layout.mesh_shape)]].value):
                 differ.append(rank)
             continue
         if partial:

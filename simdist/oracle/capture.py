@@ -33,8 +33,13 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import _disable_current_modes
 
+from simdist.errors import SimdistError
 from simdist.oracle.flat import FlatLayout, fsdp1_layouts, local_piece, pieces_by_name
 from simdist.oracle.names import named_tensors
+
+
+class UnsupportedLayoutError(SimdistError, NotImplementedError):
+    """A sharded tensor laid out in a way the oracle cannot assemble (a DTensor placement it does not know)."""
 
 
 @dataclass(frozen=True)
@@ -250,7 +255,7 @@ def mesh_layout(tensor: DTensor) -> MeshLayout:
         elif isinstance(p, Partial):
             placements.append(("partial", p.reduce_op))
         else:
-            raise NotImplementedError(
+            raise UnsupportedLayoutError(
                 f"the equivalence oracle cannot assemble a DTensor placed {p!r} (placements {tensor.placements}); "
                 "it knows Shard, Replicate and Partial"
             )

@@ -8,15 +8,15 @@ from typing import Any
 
 import torch
 
-from simdist.compute.devices import DeviceSpec
 from simdist.engine.runner import run
 from simdist.errors import RunArgumentError
 from simdist.network.cluster import Cluster, load_cluster
 from simdist.oracle.assemble import ShardSpec, assemble
 from simdist.oracle.capture import Capture, Piece, RankStep
 from simdist.oracle.localize import localize as localize_step
+from simdist.oracle.localize import single_rank
 from simdist.oracle.names import NameMap
-from simdist.oracle.report import KINDS, Divergence, EquivalenceReport
+from simdist.oracle.report import KINDS, Divergence, EquivalenceReport, label, plural
 from simdist.oracle.tolerance import Difference, Tolerance, difference, differing
 from simdist.ranks import ranges
 
@@ -125,12 +125,6 @@ def check_equivalence(
         parallel_name=_name_of(parallel),
         reference_name=_name_of(reference),
     )
-
-
-def single_rank(cluster: Cluster) -> Cluster:
-    """A one-rank cluster with ``cluster``'s device, where the reference runs."""
-    device = cluster.device
-    return Cluster.switch(1, device=device.name if isinstance(device, DeviceSpec) else device)
 
 
 def _name_of(fn: Callable[..., Any]) -> str:
@@ -244,7 +238,7 @@ class Comparison:
             matched_ref.add(ref_name)
             if ref_name not in ref_table:
                 found.append(Divergence(k, "structure", name, (), None,
-                                        f"{_label(kind, name)} of the parallel program has no counterpart "
+                                        f"{label(kind, name)} of the parallel program has no counterpart "
                                         f"{ref_name!r} in the reference (map names with names=..., or ignore=...)"))
                 continue
             ref_piece = ref_table[ref_name]
@@ -263,9 +257,9 @@ class Comparison:
             for ref_name in ref_table:
                 if ref_name not in matched_ref and not self.names.ignored(ref_name):
                     found.append(Divergence(k, "structure", ref_name, (), None,
-                                            f"the reference's {_label(kind, ref_name)} is held by no rank of the "
+                                            f"the reference's {label(kind, ref_name)} is held by no rank of the "
                                             "parallel program (map names with names=..., or ignore=...)"))
-        self.counts[_plural(kind)] = compared
+        self.counts[plural(kind, 2)] = compared
         return found
 
     def _one(self, k: int, kind: str, name: str, pieces: list[Piece], ref_piece: Piece) -> list[Divergence]:
@@ -279,7 +273,7 @@ class Comparison:
                                     mine.note or f"{'differs' if len(mine.replica_ranks) == 1 else 'differ'} bitwise from rank {holders}'s copy", of=kind))
         if tuple(full.shape) != tuple(expected.shape):
             found.append(Divergence(k, "structure", name, tuple(p.rank for p in pieces), None,
-                                    f"{_label(kind, name)} has shape {tuple(full.shape)} ({mine.how or 'as held'}), "
+                                    f"{label(kind, name)} has shape {tuple(full.shape)} ({mine.how or 'as held'}), "
                                     f"the reference's {tuple(expected.shape)}" + (
                                         "; if the ranks hold shards of it, describe them with shards={name: dim}"
                                         if mine.how == "replicated" else "")))
@@ -325,16 +319,6 @@ def _sort_key(name: str, position: dict[str, int], reverse: bool) -> tuple:
     base = name.split(":", 1)[0]
     pos = position.get(base, len(position))
     return (-pos if reverse else pos, name)
-
-
-def _label(kind: str, name: str) -> str:
-    return {"grad": f"the gradient of {name!r}", "param": f"parameter {name!r}", "optimizer": f"optimizer state {name!r}",
-            "buffer": f"buffer {name!r}"}[kind]
-
-
-def _plural(kind: str) -> str:
-    return {"grad": "gradients", "param": "parameters", "optimizer": "optimizer state tensors",
-            "buffer": "buffers"}[kind]
 
 
 def _steps_text(counts: dict[int, int], ref: int) -> str:

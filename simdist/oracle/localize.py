@@ -12,6 +12,7 @@ it, or the data.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from simdist.compute.devices import DeviceSpec
 from simdist.engine.runner import run
 from simdist.network.cluster import Cluster
 from simdist.oracle.align import Match, Verdict, align, combine
@@ -47,6 +49,13 @@ class Localization:
     last_collective: str | None
     note: str
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able fields, the text included."""
+        d = dataclasses.asdict(self)
+        d["ranks"] = list(self.ranks)
+        d["text"] = str(self)
+        return d
+
     def __str__(self) -> str:
         where = f" in module {self.module!r}" if self.module else ""
         text = f"first divergent op: {self.op} at {self.site} ({self.phase}{where}, {format_ranks(self.ranks)})"
@@ -56,6 +65,12 @@ class Localization:
         if self.last_collective:
             text += f"; last collective before it: {self.last_collective}"
         return f"{text}\n  {self.note}"
+
+
+def single_rank(cluster: Cluster) -> Cluster:
+    """A one-rank cluster with ``cluster``'s device, where the reference runs."""
+    device = cluster.device
+    return Cluster.switch(1, device=device.name if isinstance(device, DeviceSpec) else device)
 
 
 def localize(
@@ -82,7 +97,7 @@ def localize(
     if isinstance(cluster, str):
         cluster = Cluster.load(cluster)
     options = dict(run_options or {})
-    ref_cluster = Cluster.switch(1, device=cluster.device)
+    ref_cluster = single_rank(cluster)
     ranks = _recorded(parallel, cluster, step, seed, args, kwargs, options)
     (ref,) = _recorded(
         reference, ref_cluster, step, seed, args if reference_args is None else reference_args,

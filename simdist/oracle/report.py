@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simdist.engine.runner import RunResult
+from simdist.oracle.localize import Localization
 from simdist.oracle.tolerance import Difference
 from simdist.ranks import ranges
 
@@ -13,12 +14,18 @@ from simdist.ranks import ranges
 #: backward's gradients, the optimizer's parameters and state, then buffers and replicas)
 KINDS = ("steps", "structure", "loss", "grad", "param", "optimizer", "buffer", "replica")
 
-_WHAT = {
+#: how a tensor of each kind is named in a sentence
+LABELS = {
     "grad": "the gradient of {name!r}",
-    "param": "{name!r}",
+    "param": "parameter {name!r}",
     "optimizer": "optimizer state {name!r}",
     "buffer": "buffer {name!r}",
 }
+
+
+def label(kind: str, name: str) -> str:
+    """``name`` as a sentence names a tensor of ``kind`` ("the gradient of 'fc.weight'")."""
+    return LABELS[kind].format(name=name)
 
 
 @dataclass(frozen=True)
@@ -48,12 +55,12 @@ class Divergence:
         if self.kind == "loss":
             return f"step {self.step}: the loss differs from the reference{diff}{detail}"
         if self.kind == "replica":
-            what = _WHAT[self.of].format(name=self.name)
+            what = repr(self.name) if self.of == "param" else label(self.of, self.name)
             who = f"rank {self.ranks[0]}" if len(self.ranks) == 1 else f"ranks {ranges(list(self.ranks))}"
             return f"step {self.step}: replicas disagree on {what}: {who} {self.detail}"
         if self.kind in ("steps", "structure"):
             return f"step {self.step}: {self.detail}"
-        what = _WHAT[self.kind].format(name=self.name)
+        what = repr(self.name) if self.kind == "param" else label(self.kind, self.name)
         after = " after the optimizer step" if self.kind in ("param", "optimizer") else ""
         return f"step {self.step}: {what}{on} differs from the reference{after}{diff}{detail}"
 
@@ -84,7 +91,7 @@ class EquivalenceReport:
     #: every divergence of the first divergent step (empty when equivalent)
     divergences: list[Divergence]
     #: the first divergent operation of that step, when localisation ran and found one
-    localization: Any | None
+    localization: Localization | None
     parallel: RunResult | None
     reference: RunResult | None
     world_size: int
@@ -134,8 +141,8 @@ class EquivalenceReport:
         if rest:
             kinds: dict[str, list[str]] = {}
             for d in rest:
-                kinds.setdefault(d.kind, []).append(f"{_plural(d.of, 1)} {d.name!r}" if d.of else repr(d.name))
-            parts = [f"{len(v)} {_plural(k, len(v))} ({_names(v)})" for k, v in kinds.items()]
+                kinds.setdefault(d.kind, []).append(f"{plural(d.of, 1)} {d.name!r}" if d.of else repr(d.name))
+            parts = [f"{len(v)} {plural(k, len(v))} ({_names(v)})" for k, v in kinds.items()]
             lines.append(f"  also diverging at step {self.first.step}: " + "; ".join(parts))
         return "\n".join(lines)
 
@@ -151,12 +158,13 @@ class EquivalenceReport:
             "parallel": self.parallel_name,
             "reference": self.reference_name,
             "divergences": [d.to_dict() for d in self.divergences],
-            "localization": None if loc is None else (loc.to_dict() if hasattr(loc, "to_dict") else str(loc)),
+            "localization": None if loc is None else loc.to_dict(),
             "text": str(self),
         }
 
 
-def _plural(kind: str, n: int) -> str:
+def plural(kind: str, n: int) -> str:
+    """The word for ``n`` divergences (or tensors) of ``kind``."""
     word = {"grad": "gradient", "param": "parameter", "optimizer": "optimizer state tensor",
             "replica": "replica mismatch"}.get(kind, kind)
     return word if n == 1 else word + ("es" if word.endswith("ch") else "s")

@@ -119,6 +119,11 @@ def compare(
     return None if bad is None else difference(value, reference, bad)
 
 
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` have the same dtype, shape and bits (NaNs with equal payloads are equal)."""
+    return a.dtype == b.dtype and a.shape == b.shape and _bits(a).equal(_bits(b))
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """``t``'s elements as integers of the same width (so NaN payloads and -0.0 compare bitwise)."""
     t = t.contiguous()
