@@ -79,4 +79,8 @@ def powersgd_grads(steps: int = 3) -> list:
         x = torch.randn(4, 8, generator=torch.Generator().manual_seed(100 * step + dist.get_rank()))
         ddp(x).pow(2).mean().backward()
         out.append([p.grad.clone() for p in model.parameters()])
+    # the hook's last collective can still be queued on gloo's worker thread when the rank returns; a process
+    # that exits (or pickles its return) with it in flight has been seen to abort in gloo's teardown
+    # ("Resource deadlock avoided"): gloo's barrier waits for every operation issued before it
+    dist.barrier()
     return out
