@@ -66,7 +66,7 @@ def _whole(t: torch.Tensor) -> tuple[slice, ...]:
 
 def _replicated(pieces: list[Piece]) -> Assembled:
     first = pieces[0].value
-    differ = [p.rank for p in pieces[1:] if not bitwise_equal(p.value, first)]
+    differ = [p.rank for p in pieces[1:] if p.value is not first and not bitwise_equal(p.value, first)]
     shapes = sorted({tuple(p.value.shape) for p in pieces})
     note = ""
     if len(shapes) > 1:

@@ -36,6 +36,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from simdist.errors import SimdistError
 from simdist.oracle.flat import FlatLayout, fsdp1_layouts, local_piece, pieces_by_name
 from simdist.oracle.names import named_tensors
+from simdist.oracle.tolerance import bitwise_equal
 
 
 class UnsupportedLayoutError(SimdistError, NotImplementedError):
@@ -97,6 +98,8 @@ class Capture:
         self._counts: dict[tuple[int, int], int] = {}
         self._losses: dict[int, list[torch.Tensor]] = {}
         self._optimizers: dict[int, dict[int, int]] = {}
+        #: (step, table, name) -> the first copy taken of a plain tensor, shared by the ranks whose copy is bitwise equal
+        self._copies: dict[tuple[int, str, str], torch.Tensor] = {}
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[Capture]:
@@ -190,15 +193,33 @@ class Capture:
                 name = names.get(id(p), f"optimizer{number}.group{g}.param{i}")
                 if name not in step.order:
                     step.order.append(name)
-                step.params[name] = _piece(rank, p)
-                step.grads[name] = None if p.grad is None else _piece(rank, p.grad)
+                step.params[name] = self._piece(k, "params", name, rank, p)
+                step.grads[name] = None if p.grad is None else self._piece(k, "grads", name, rank, p.grad)
                 for state_key, v in optimizer.state.get(p, {}).items():
                     if isinstance(v, torch.Tensor):
-                        step.optim[f"{name}:{state_key}"] = _piece(rank, v)
+                        step.optim[f"{name}:{state_key}"] = self._piece(k, "optim", f"{name}:{state_key}", rank, v)
                     elif isinstance(v, (int, float)) and not isinstance(v, bool):
                         step.optim[f"{name}:{state_key}"] = Piece(rank, torch.tensor(float(v), dtype=torch.float64))
         for n, b in buffers:
-            step.buffers[n] = _piece(rank, b)
+            step.buffers[n] = self._piece(k, "buffers", n, rank, b)
+
+    def _piece(self, k: int, table: str, name: str, rank: int, tensor: torch.Tensor) -> Piece:
+        """A detached copy of ``rank``'s part of ``tensor`` with its layout.
+
+        A plain tensor bitwise equal to the copy another rank made of it at this step shares that copy: replicas
+        (every DDP parameter, gradient and optimizer state) cost one comparison each instead of a copy, and the
+        assembly's replica check sees the same object.
+        """
+        if isinstance(tensor, DTensor):
+            return Piece(rank, tensor._local_tensor.detach().clone(), mesh_layout(tensor))
+        value = tensor.detach()
+        key = (k, table, name)
+        first = self._copies.get(key)
+        if first is not None and bitwise_equal(value, first):
+            return Piece(rank, first)
+        copy = value.clone()
+        self._copies.setdefault(key, copy)
+        return Piece(rank, copy)
 
 
 def _flat_snapshot(step: RankStep, rank: int, layout: FlatLayout, p: torch.Tensor, state: dict) -> None:
@@ -234,13 +255,6 @@ def _flat_snapshot(step: RankStep, rank: int, layout: FlatLayout, p: torch.Tenso
 def _rank() -> int:
     """The calling thread's global rank (0 outside a process group)."""
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def _piece(rank: int, tensor: torch.Tensor) -> Piece:
-    """A detached copy of ``rank``'s part of ``tensor`` with its layout."""
-    if isinstance(tensor, DTensor):
-        return Piece(rank, tensor._local_tensor.detach().clone(), mesh_layout(tensor))
-    return Piece(rank, tensor.detach().clone())
 
 
 def mesh_layout(tensor: DTensor) -> MeshLayout:
