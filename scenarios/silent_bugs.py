@@ -665,6 +665,10 @@ class Expect:
     rel: float | None = None
     #: other (kind, tensor) divergences of that step that point at the bug: unsynchronised replicas, buffers
     also: tuple[tuple[str, str], ...] = ()
+    #: the first divergent op localisation must name (``all_reduce``, ``aten.add_``, ...), and a text its call
+    #: site or module must contain (a function name, ``module 'bn'``)
+    op: str = ""
+    at: str = ""
 
     def where(self) -> str:
         """Step and tensor."""
@@ -689,38 +693,39 @@ class Case:
     options: dict = field(default_factory=dict)
 
 
-#: micro-steps of accumulation back-propagate loss / MICRO several times per step: their mean over every
-#: backward root is not the step's loss, so these cases compare gradients and parameters only
-MICRO_STEPS = {"loss": None}
+#: micro-steps of accumulation back-propagate loss / MICRO several times per step: a rank's loss is the sum of
+#: its backward roots, the step's the mean of the ranks'
+MICRO_STEPS = {"loss": "accumulated"}
 
 CASES = [
     Case("a", "loss divided by the world size twice", a_loss_scaled_twice, reference_mlp, 2,
-         Expect(0, "grad", "fc2.bias", (0, 1), rel=1 - 1 / 2), {"loss": "sum"}),
-    Case("b", "every rank reads the same data shard", b_same_shard, reference_mlp, 2, Expect(0, "loss", "loss")),
+         Expect(0, "grad", "fc2.bias", (0, 1), rel=1 - 1 / 2, op="all_reduce", at="in average_gradients"), {"loss": "sum"}),
+    Case("b", "every rank reads the same data shard", b_same_shard, reference_mlp, 2,
+         Expect(0, "loss", "loss", op="aten.split", at="in shard")),
     Case("c", "gradients summed instead of averaged", c_summed_gradients, reference_mlp, 4,
-         Expect(0, "grad", "fc2.bias", (0, 1, 2, 3), rel=4 - 1)),
+         Expect(0, "grad", "fc2.bias", (0, 1, 2, 3), rel=4 - 1, op="all_reduce", at="in c_summed_gradients")),
     Case("d", "gradient clipping by a tensor-parallel rank's local norm", d_local_clip_norm, reference_clipped, 2,
-         Expect(0, "grad", "fc2.bias", (0, 1), also=(("replica", "fc2.bias"),)), {"shards": TP_SHARDS}),
+         Expect(0, "grad", "fc2.bias", (0, 1), also=(("replica", "fc2.bias"),), op="aten._foreach_norm", at="in d_local_clip_norm"), {"shards": TP_SHARDS}),
     Case("e", "dropout masks from one seed on every tensor-parallel rank", e_tp_dropout_seed, reference_dropout, 2,
-         Expect(0, "loss", "loss"), {"shards": TP_SHARDS}),
+         Expect(0, "loss", "loss", op="aten.rand", at="in dropout_mask"), {"shards": TP_SHARDS}),
     Case("f", "BatchNorm statistics never synchronised", f_unsynced_batchnorm, reference_bn, 2,
-         Expect(0, "loss", "loss", also=(("buffer", "bn.running_mean"), ("replica", "bn.running_mean")))),
+         Expect(0, "loss", "loss", also=(("buffer", "bn.running_mean"), ("replica", "bn.running_mean")), op="aten.native_batch_norm", at="in module 'bn'")),
     Case("g", "tied embedding drifting between pipeline stages", g_tied_pipeline, reference_tied, 2,
-         Expect(0, "grad", "head.weight", (1,), also=(("grad", "embed.weight"),)), {"names": {"head.weight": "embed.weight"}}),
+         Expect(0, "grad", "head.weight", (1,), also=(("grad", "embed.weight"),), op="aten.add_", at="in g_tied_pipeline"), {"names": {"head.weight": "embed.weight"}}),
     Case("h", "accumulated micro-steps' loss not divided by their number", h_accumulation_unscaled, reference_mlp, 2,
-         Expect(0, "grad", "fc2.bias", (0, 1), rel=MICRO - 1), MICRO_STEPS),
+         Expect(0, "loss", "loss", rel=MICRO - 1, op="aten.add_", at="in h_accumulation_unscaled"), MICRO_STEPS),
     Case("i", "no_sync() left on for the last micro-step", i_no_sync_last, reference_mlp, 2,
-         Expect(0, "grad", "fc2.bias", (0, 1), also=(("replica", "fc2.bias"),)), MICRO_STEPS),
+         Expect(0, "grad", "fc2.bias", (0, 1), also=(("replica", "fc2.bias"),), op="aten.add_", at="in i_no_sync_last"), MICRO_STEPS),
     Case("j", "parameters not broadcast from rank 0", j_no_broadcast, reference_mlp, 2,
-         Expect(0, "loss", "loss", also=(("replica", "fc1.weight"),))),
+         Expect(0, "loss", "loss", also=(("replica", "fc1.weight"),), op="aten.uniform_", at="in __init__")),
     Case("k", "row-parallel bias added on every rank before the all-reduce", k_row_parallel_bias, reference_mlp, 2,
-         Expect(0, "loss", "loss"), {"shards": TP_SHARDS}),
+         Expect(0, "loss", "loss", op="all_reduce", at="in forward"), {"shards": TP_SHARDS}),
     Case("l", "one pipeline stage steps with unsynchronised gradients", l_pipeline_dp_unsynced, reference_mlp, 4,
-         Expect(0, "grad", "fc1.bias", (0, 1), also=(("replica", "fc1.bias"),))),
+         Expect(0, "grad", "fc1.bias", (0, 1), also=(("replica", "fc1.bias"),), op="aten.add_", at="in l_pipeline_dp_unsynced")),
     Case("m", "learning-rate scheduler stepped per micro-batch", m_scheduler_per_micro, reference_scheduled, 2,
-         Expect(1, "param", "fc1.weight", (0, 1)), MICRO_STEPS),
+         Expect(1, "param", "fc1.weight", (0, 1), op="aten.add_", at="in m_scheduler_per_micro"), MICRO_STEPS),
     Case("n", "sharded optimizer's parameters never gathered", n_sharded_optimizer_no_gather, reference_mlp, 2,
-         Expect(1, "loss", "loss")),
+         Expect(1, "loss", "loss", op="aten.t", at="in module 'fc1'")),
 ]
 
 
@@ -751,7 +756,12 @@ def found_as_expected(rep: simdist.EquivalenceReport, expect: Expect) -> tuple[b
     missing = [f"{kind} {name!r}" for kind, name in expect.also if (kind, name) not in reported]
     also = [f"{kind} {name!r}" for kind, name in expect.also if (kind, name) in reported]
     text = str(got) + (f"; also {', '.join(also)}" if also else "") + (f"; not reported: {', '.join(missing)}" if missing else "")
-    return ok and not missing, text
+    loc = rep.localization
+    op = None if loc is None else loc.op
+    where = "" if loc is None else f"{loc.site} in module {loc.module!r}"
+    localised = op == expect.op and expect.at in where
+    text += f"; first op {op or 'not found'}" + ("" if localised else f" at {where or '-'}")
+    return ok and not missing and localised, text
 
 
 def simulated(seed: int, verdicts: list[tuple[str, bool, str]]) -> dict[str, tuple[bool, bool]]:

@@ -281,8 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--entry", default="main", help="entry function of SCRIPT (default: main)")
     k.add_argument("--reference-entry", default="main", help="entry function of REFERENCE (default: main)")
     k.add_argument("--exact", action="store_true", help="compare bitwise instead of within the per-dtype tolerances")
-    k.add_argument("--loss", default="mean", choices=("mean", "sum", "none"),
-                   help="how the backward roots of all ranks combine into a step's loss (default: mean)")
+    k.add_argument("--loss", default="mean", choices=("mean", "sum", "accumulated", "none"),
+                   help="how the backward roots of all ranks combine into a step's loss: mean, sum, accumulated "
+                        "(each rank's sum averaged over ranks, for gradient accumulation), none (default: mean)")
     k.add_argument("--name", action="append", metavar="PARALLEL=REFERENCE",
                    help="map a tensor name (fnmatch patterns; * carries over) of SCRIPT to REFERENCE's (repeatable)")
     k.add_argument("--ignore", action="append", metavar="PATTERN", help="tensors to leave out (fnmatch; repeatable)")

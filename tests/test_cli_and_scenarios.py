@@ -230,6 +230,9 @@ def test_ddp_tied_weights_scenario_passes_and_names_the_tie(tmp_path, update_gol
     assert "access at: <repo>/scenarios/ddp_tied_weights.py:" in normalise(text, tmp_path)
     # the oracle names the first divergence of (a) and (d) step by step
     assert "step 0: the gradient of 'embed.weight' on ranks 0-3 differs from the reference" in text
+    # ... and localises (a) at the second all-reduce of the tied gradient, the one the detector names second
+    second = re.search(r"second: (all_reduce #\d+ on group \w+)", text).group(1)
+    assert f"first divergent op: {second} at <repo>/simdist/strategies/ddp.py" in normalise(text, tmp_path)
     assert "fastest:" in text and "Chrome trace of this step" in text
     assert json.loads((tmp_path / "ddp_step.json").read_text())["traceEvents"]
     check_golden("ddp_tied_weights", out, tmp_path, update_golden)

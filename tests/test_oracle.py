@@ -147,6 +147,51 @@ def test_every_rank_reading_the_same_shard_is_found() -> None:
     assert {d.kind for d in rep.divergences} >= {"loss", "grad", "param"}
 
 
+def _accumulated(setup: Setup, micro: int, divide: bool) -> None:
+    """torch DDP with ``micro`` micro-steps per optimizer step; each backpropagates loss / micro if ``divide``."""
+    m = nn.parallel.DistributedDataParallel(model(setup))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for step in range(setup.steps):
+        x, y = _my_batch(setup, step)
+        opt.zero_grad()
+        for xs, ys in zip(x.chunk(micro), y.chunk(micro)):
+            loss = F.mse_loss(m(xs), ys)
+            (loss / micro if divide else loss).backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("micro", [2, 4])
+def test_accumulated_losses_are_each_rank_s_sum_averaged_over_ranks(micro: int) -> None:
+    setup = Setup(batch=16)
+    rep = simdist.check_equivalence(_accumulated, _sgd_reference, cpu(2), args=(setup, micro, True),
+                                    reference_args=(setup,), loss="accumulated")
+    assert rep.ok, str(rep)
+    assert rep.compared["loss"] == 1
+    # the plain mean of every micro-step's loss / micro is a micro-th of the step's loss
+    rep = simdist.check_equivalence(_accumulated, _sgd_reference, cpu(2), args=(setup, micro, True),
+                                    reference_args=(setup,), loss="mean", localize=False)
+    assert rep.first.kind == "loss" and rep.first.difference.rel == pytest.approx(1 - 1 / micro)
+    rep = simdist.check_equivalence(_accumulated, _sgd_reference, cpu(2), args=(setup, micro, False),
+                                    reference_args=(setup,), loss="accumulated", localize=False)
+    assert rep.first.kind == "loss" and rep.first.difference.rel == pytest.approx(micro - 1)
+    assert "averaged over 2 ranks" in str(rep)
+    grad = next(d for d in rep.divergences if d.kind == "grad")
+    assert grad.difference.scale == pytest.approx(micro), "the gradient is micro times the reference's"
+
+
+@given(c=st.sampled_from([-1.0, 0.5, 2.0, 4.0, 0.25, 8.0]), n=st.integers(2, 40), seed=st.integers(0, 1000),
+       dtype=st.sampled_from([torch.float32, torch.float64]))
+@settings(deadline=None)
+def test_a_multiple_of_the_reference_is_recognised_and_nothing_else_is(c: float, n: int, seed: int, dtype) -> None:
+    g = torch.Generator().manual_seed(seed)
+    ref = torch.randn(n, generator=g, dtype=dtype)
+    d = compare(ref * c, ref, exact=False)
+    assert d is not None and d.scale == pytest.approx(c, rel=1e-6)
+    other = ref * c + torch.randn(n, generator=g, dtype=dtype) * 0.1
+    d = compare(other, ref, exact=False)
+    assert d is not None and d.scale is None
+
+
 def test_losses_are_not_compared_with_loss_none() -> None:
     rep = simdist.check_equivalence(_scaled_twice, _sgd_reference, cpu(2), args=(Setup(),), loss=None)
     assert rep.first.kind == "grad"

@@ -279,3 +279,87 @@ def test_a_name_map_aligns_renamed_modules() -> None:
     names = NameMap(lambda n: n.removeprefix("body.") if n != "body" else "")
     loc = run_localize(renamed, solo, 1, names=names)
     assert loc is not None and line_of("renamed bug") in loc.site
+
+
+def rank_batch(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s rows, drawn from its own generator (as a per-rank data loader would)."""
+    g = torch.Generator().manual_seed(100 + rank)
+    return torch.randn(BATCH // 2, 4, generator=g), torch.randn(BATCH // 2, 2, generator=g)  # rank batch
+
+
+def per_rank_data(steps: int = 1, unsynchronised: bool = False) -> None:
+    """Data parallelism over per-rank batches; ``unsynchronised`` steps on the local gradients."""
+    model, _, _ = data()
+    r, n = dist.get_rank(), dist.get_world_size()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        opt.zero_grad()
+        x, y = rank_batch(r)
+        nn.functional.mse_loss(model(x), y).backward()
+        for p in model.parameters():
+            if not unsynchronised:
+                dist.all_reduce(p.grad)
+                p.grad /= n
+        opt.step()  # local step
+
+
+def per_rank_reference(steps: int = 1, world: int = 2) -> None:
+    """The reference builds its batch from every rank's rows in turn."""
+    model, _, _ = data()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        opt.zero_grad()
+        xs, ys = zip(*(rank_batch(r) for r in range(world)))
+        nn.functional.mse_loss(model(torch.cat(xs)), torch.cat(ys)).backward()
+        opt.step()
+
+
+def test_each_rank_s_data_ops_align_with_the_reference_s_repetition_for_that_rank() -> None:
+    # without matching rank r's randn with the reference's r-th, rank 1's data would look like the divergence
+    assert run_localize(per_rank_data, per_rank_reference, 2) is None
+    loc = run_localize(per_rank_data, per_rank_reference, 2, kwargs={"unsynchronised": True})
+    assert loc is not None and loc.op == "aten.add_" and line_of("local step") in loc.site
+    # the gradient the step reads came straight from backward (no all-reduce wrote it)
+    assert "aten.t at backward of" in loc.note and "a missing or wrong synchronisation" in loc.note
+
+
+def two_stages(steps: int = 1, synchronised: bool = True) -> None:
+    """Ranks 0-1 hold the first layer, ranks 2-3 the last one; each pair splits the batch (pipeline x data)."""
+    model, x, y = data()
+    r = dist.get_rank()
+    first, last = r < 2, r >= 2
+    dp = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    b = BATCH // 2
+    rows = slice((r % 2) * b, (r % 2 + 1) * b)
+    # each stage keeps the whole model with the other stage's layers replaced, so names stay the reference's
+    for i in (2,) if first else (0, 1):
+        model[i] = nn.Identity()
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=0.1)
+    for _ in range(steps):
+        opt.zero_grad()
+        if first:
+            h = model(x[rows])
+            dist.send(h.detach(), r + 2)
+            grad = torch.empty_like(h)
+            dist.recv(grad, r + 2)
+            h.backward(grad)
+        else:
+            h = torch.empty(b, 8)
+            dist.recv(h, r - 2)
+            h.requires_grad_()
+            nn.functional.mse_loss(model(h), y[rows]).backward()
+            dist.send(h.grad, r - 2)
+        for p in params:
+            if synchronised or last:
+                dist.all_reduce(p.grad, group=dp[0 if first else 1])
+                p.grad /= 2
+        opt.step()  # stage step
+
+
+def test_optimizer_ops_align_by_parameter_and_stage_ranks_combine_among_themselves() -> None:
+    # the last stage's first update is the reference's third, not its first; stage ranks are a subset of the world
+    assert run_localize(two_stages, reference, 4, reference_kwargs={"steps": 1}) is None
+    loc = run_localize(two_stages, reference, 4, kwargs={"synchronised": False}, reference_kwargs={"steps": 1})
+    assert loc is not None and loc.op == "aten.add_" and line_of("stage step") in loc.site
+    assert loc.ranks == (0, 1)

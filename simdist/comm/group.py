@@ -84,6 +84,10 @@ class GroupState:
         self.monitored_seq = [0] * self.size
         self.monitored_rounds: dict[int, Any] = {}
 
+    def next_seq(self, rank: int) -> int:
+        """The number the group's next collective from group rank ``rank`` will have (0 for its first)."""
+        return self._seq[rank]
+
     def join(self, call: Call, start: Callable[[Instance], None]) -> None:
         """Register ``call``; ``start(instance)`` runs once every rank has joined and has a free slot for it."""
         r = call.rank

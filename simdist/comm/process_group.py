@@ -172,7 +172,7 @@ class SimProcessGroup(dist.ProcessGroup):
         sim = self.sim
         ready_at = sim.issue_time()
         site = sim.call_site()
-        seq = self.state._seq[self.grank]
+        seq = self.state.next_seq(self.grank)
         desc = (
             f"rank {self.global_rank} waits in {spec.name} #{seq} on group {self.state.name or 'default'} "
             f"(issued at {site})"

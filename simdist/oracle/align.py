@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from simdist.oracle.names import NameMap
-from simdist.oracle.record import OpRecord, Stream
+from simdist.oracle.record import OpRecord, Source, Stream
 from simdist.oracle.tolerance import Difference, Tolerance, compare, tolerance_for
 from simdist.ranks import format_ranks
 
@@ -98,10 +98,12 @@ def align(reference: Stream, ranks: Sequence[Stream], names: NameMap | None = No
     """Every reference op with the ranks' ops aligned with it, in the reference's order."""
     ref_blocks = _blocks(reference, None)
     ref_invs = _invocations(ref_blocks)
+    ref_tags = _parameter_tags(reference, None)
     matches = {id(op): Match(op, []) for op in reference.ops}
     for stream in ranks:
         blocks = _blocks(stream, names)
         invs = _invocations(blocks)
+        tags = _parameter_tags(stream, names)
         for (phase, module), ref_ns in ref_invs.items():
             mine = invs.get((phase, module), [])
             c = len(ref_ns)
@@ -113,11 +115,90 @@ def align(reference: Stream, ranks: Sequence[Stream], names: NameMap | None = No
                     if pos >= len(mine):
                         break
                     ops = blocks[(phase, module, mine[pos])]
-                    sm = difflib.SequenceMatcher(None, [o.op for o in ref_ops], [o.op for o in ops], autojunk=False)
-                    for a, b, size in sm.get_matching_blocks():
-                        for i in range(size):
-                            matches[id(ref_ops[a + i])].pieces.append((stream.rank, j, ops[b + i]))
+                    rep = _repetition(ref_ops, ops) if module is None and phase == "other" else None
+                    # (reference range, rank range) pairs aligned op by op
+                    spans = [((0, len(ref_ops)), (0, len(ops)))] if rep is None else [
+                        ((0, rep[2]), (0, rep[0])), ((rep[1], len(ref_ops)), (rep[0], len(ops)))]
+                    for (ra, rb), (oa, ob) in spans:
+                        sm = difflib.SequenceMatcher(None, [(*_shape_key(o), ref_tags.get(o.index)) for o in ref_ops[ra:rb]],
+                                                     [(*_shape_key(o), tags.get(o.index)) for o in ops[oa:ob]],
+                                                     autojunk=False)
+                        for a, b, size in sm.get_matching_blocks():
+                            for i in range(size):
+                                matches[id(ref_ops[ra + a + i])].pieces.append((stream.rank, j, ops[oa + b + i]))
     return [matches[id(op)] for op in reference.ops]
+
+
+def _parameter_tags(stream: Stream, names: NameMap | None) -> dict[int, str]:
+    """The parameter each optimizer op works for (by op index), as the reference names it.
+
+    An op is tagged with the first of its inputs that is a parameter or a parameter's gradient as the step found
+    them, or the output of an op already tagged (momentum and Adam's moments follow their gradient). Optimizer
+    ops align only with ops of the same parameter: a pipeline stage updates only its own, and the first update
+    of a stage's parameters is not the reference's first.
+    """
+    tags: dict[int, str] = {}
+    for op in stream.ops:
+        if op.phase != "optimizer":
+            continue
+        for a, b in op.inputs:
+            if isinstance(a, int):
+                tag = tags.get(a)
+            else:
+                tag = b.parameter or b.gradient if isinstance(b, Source) else None
+                if tag is not None and names is not None:
+                    tag = names.reference_name(tag)
+            if tag is not None:
+                tags[op.index] = tag
+                break
+    return tags
+
+
+def _shape_key(op: OpRecord) -> tuple:
+    """What two ops must share to align: the op, and the number of dimensions of each output.
+
+    Sharding and microbatches change sizes, never the number of dimensions; without it a rank's ``clone`` of
+    an activation could align with the reference's ``clone`` of a flattened target.
+    """
+    return (op.op, *(None if o is None else o.dim() for o in op.outputs))
+
+
+def _repetition(ref_ops: list[OpRecord], ops: list[OpRecord]) -> tuple[int, int, int] | None:
+    """(rank position, reference position, skipped) when the reference repeats the rank's data ops once per rank.
+
+    A reference commonly builds its batch from every rank's shard in turn (``torch.cat([batch(r) for r in
+    ranks])``): it runs the rank's data ops once per rank, and rank ``r``'s belong with repetition ``r``, not the
+    first. The repetition is found by value: the first op of the rank, of a kind the reference runs more often,
+    whose output differs from the reference's op in the same position but equals a later one of the same kind.
+    The rank's ops from there on align from that later op on; those before it align with the reference's before
+    the skipped position. None when no op needs it (rank 0, or no repetition).
+    """
+    counts: dict[tuple, int] = {}
+    for o in ops:
+        counts[_shape_key(o)] = counts.get(_shape_key(o), 0) + 1
+    starts: dict[tuple, list[int]] = {}
+    for i, o in enumerate(ref_ops):
+        starts.setdefault(_shape_key(o), []).append(i)
+    seen: dict[tuple, int] = {}
+    for b, op in enumerate(ops):
+        key = _shape_key(op)
+        k = seen[key] = seen.get(key, -1) + 1
+        theirs = starts.get(key, [])
+        if len(theirs) <= counts[key] or k >= len(theirs) or not op.outputs or op.outputs[0] is None:
+            continue
+        value = op.outputs[0]
+        if _equal(ref_ops[theirs[k]], value):
+            continue
+        later = next((i for i in theirs[k + 1 :] if _equal(ref_ops[i], value)), None)
+        if later is not None:
+            return b, later, theirs[k]
+    return None
+
+
+def _equal(op: OpRecord, value: torch.Tensor) -> bool:
+    """Whether ``op``'s first output is bitwise ``value``."""
+    other = op.outputs[0] if op.outputs else None
+    return other is not None and other.shape == value.shape and other.dtype == value.dtype and torch.equal(other, value)
 
 
 def combine(
@@ -163,13 +244,15 @@ def combine(
                 consider(diff, bad, text)
         return _diverged(closest, ranks)
 
-    if ranks != list(range(world)) or len(pieces) < 2:
+    if len(pieces) < 2:
         return _diverged(closest, ranks)
+    # the ranks that run the op may be a subset of the world (a pipeline stage's data-parallel group): the
+    # rules combine their pieces alone
     ordered = [v for _, _, v in sorted(pieces, key=lambda p: (p[0], p[1]))]
-    n_pieces = len(ordered)
-    per_rank = n_pieces // world
-    micro = f", {per_rank} microbatches per rank" if per_rank > 1 and n_pieces % world == 0 else ""
-    divisors = sorted({1, n_pieces, world})
+    n_pieces, holders = len(ordered), len(ranks)
+    per_rank = n_pieces // holders
+    micro = f", {per_rank} microbatches per rank" if per_rank > 1 and n_pieces % holders == 0 else ""
+    divisors = sorted({1, n_pieces, holders})
     for d in range(reference.dim()):
         if not all(v.dim() == reference.dim() for v in ordered):
             break

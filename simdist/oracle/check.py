@@ -20,8 +20,10 @@ from simdist.oracle.report import KINDS, Divergence, EquivalenceReport, label, p
 from simdist.oracle.tolerance import Difference, Tolerance, difference, differing
 from simdist.ranks import ranges
 
-#: how the losses of a step (every backward root of every rank) combine into the step's loss
-LOSS_MODES = ("mean", "sum")
+#: how the losses of a step (every backward root of every rank) combine into the step's loss: their mean, their
+#: sum, or each rank's sum averaged over the ranks ("accumulated": gradient accumulation, where each micro-step
+#: backpropagates its loss divided by the number of micro-steps)
+LOSS_MODES = ("mean", "sum", "accumulated")
 
 
 def check_equivalence(
@@ -50,8 +52,9 @@ def check_equivalence(
     oracle captures the parameters, their (synchronised) gradients, the optimizer's state and the modules'
     buffers, assembles sharded tensors into full ones from all ranks' memory, and compares them with the
     reference's by qualified name (wrappers' prefixes removed; ``names`` maps the rest, ``ignore`` leaves
-    tensors out). The step's loss is the ``loss`` ("mean" or "sum"; ``None`` skips it) of every scalar tensor
-    ``backward()`` was called on, over all ranks. Replicas (plain tensors several ranks hold, replicated
+    tensors out). The step's loss combines every scalar tensor ``backward()`` was called on, over all ranks, as
+    ``loss`` says: "mean", "sum", "accumulated" (each rank's sum, averaged over the ranks: gradient accumulation
+    with ``(loss / n).backward()`` per micro-step), or ``None`` (not compared). Replicas (plain tensors several ranks hold, replicated
     DTensor placements) must be bitwise equal. ``exact=True`` compares bitwise, otherwise within the per-dtype
     tolerances of :mod:`simdist.oracle.tolerance` (``tolerances`` overrides them per dtype). ``shards`` describes
     hand-written sharding of plain tensors: ``{"pattern": dim}`` concatenates the pieces of all ranks holding a
@@ -196,16 +199,19 @@ class Comparison:
     def _loss(self, k: int, ranks: dict[int, RankStep], ref: RankStep) -> list[Divergence]:
         if self.loss is None:
             return []
-        mine = [v for s in ranks.values() for v in s.losses]
+        mine = [s.losses for s in ranks.values() if s.losses]
         theirs = ref.losses
         if not mine or not theirs:
             return []
         self.counts["loss"] = 1
-        value, expected = _combine(mine, self.loss), _combine(theirs, self.loss)
+        value, expected = _combine(mine, self.loss), _combine([theirs], self.loss)
         bad = differing(value, expected, self.exact, self.tolerances)
         if bad is None:
             return []
-        detail = f"parallel {value.item():.6g} ({self.loss} of {len(mine)} backward roots), reference {expected.item():.6g}"
+        roots = sum(len(x) for x in mine)
+        how = f"{self.loss} of {roots} backward roots" if self.loss != "accumulated" else (
+            f"each rank's sum of its backward roots, averaged over {len(mine)} ranks")
+        detail = f"parallel {value.item():.6g} ({how}), reference {expected.item():.6g}"
         return [Divergence(k, "loss", "loss", tuple(r for r, s in ranks.items() if s.losses),
                            difference(value, expected, bad), detail)]
 
@@ -310,8 +316,12 @@ class Comparison:
         return next((spec for pattern, spec in self.shards.items() if fnmatch.fnmatchcase(name, pattern)), None)
 
 
-def _combine(values: list[torch.Tensor], how: str) -> torch.Tensor:
-    stacked = torch.stack([v.to(values[0].dtype) for v in values])
+def _combine(per_rank: list[list[torch.Tensor]], how: str) -> torch.Tensor:
+    """One step's loss from each rank's backward roots (see :data:`LOSS_MODES`)."""
+    dtype = per_rank[0][0].dtype
+    if how == "accumulated":
+        return torch.stack([torch.stack([v.to(dtype) for v in vs]).sum() for vs in per_rank]).mean()
+    stacked = torch.stack([v.to(dtype) for vs in per_rank for v in vs])
     return stacked.mean() if how == "mean" else stacked.sum()
 
 

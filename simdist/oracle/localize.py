@@ -48,6 +48,8 @@ class Localization:
     inputs_matched: bool
     last_collective: str | None
     note: str
+    #: how the text names the op when it is a collective: with the group's call number (``all_reduce #3 on group 0``)
+    label: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able fields, the text included."""
@@ -58,7 +60,7 @@ class Localization:
 
     def __str__(self) -> str:
         where = f" in module {self.module!r}" if self.module else ""
-        text = f"first divergent op: {self.op} at {self.site} ({self.phase}{where}, {format_ranks(self.ranks)})"
+        text = f"first divergent op: {self.label or self.op} at {self.site} ({self.phase}{where}, {format_ranks(self.ranks)})"
         text += "; inputs matched the reference" if self.inputs_matched else "; its inputs already differed"
         if self.difference is not None:
             text += f"; {self.difference}"
@@ -148,9 +150,10 @@ def first_divergence(
                 piece.op, piece.site, verdict.ranks, piece.module, piece.phase, verdict.difference, True,
                 str(piece.collective) if piece.collective else None,
                 f"no rule reconciles its output with the reference's (closest: {verdict.closest or 'none fits'}); "
-                f"its inputs matched ({rules})",
+                f"its inputs matched ({rules}), so a non-tensor argument (a learning rate, a scale, a seed) or the "
+                "op itself differs",
             )
-        return _entry(m, position, in_verdict, verdict, streams, aligned, world, exact, tolerances)
+        return _entry(m, position, in_verdict, ref, streams, aligned, world, exact, tolerances)
     return None
 
 
@@ -225,7 +228,7 @@ def _input_rule(
 
 
 def _entry(
-    m: Match, position: int, in_verdict: Verdict, verdict: Verdict, streams: dict[int, Stream], aligned: set[int],
+    m: Match, position: int, in_verdict: Verdict, ref: Stream, streams: dict[int, Stream], aligned: set[int],
     world: int, exact: bool, tolerances: dict[torch.dtype, Tolerance] | None,
 ) -> Localization:
     """Where a divergence whose first aligned op already had differing inputs entered the parallel program."""
@@ -264,12 +267,33 @@ def _entry(
             str(stream.collectives[c.number - 2]) if c.number > 1 else None,
             f"its output is the first value that differs: {reads}, which differs from the reference's input "
             f"({expected}); every aligned op before it matched",
+            c.label,
         )
     return Localization(
         consumer.op, consumer.site, bad, consumer.module, consumer.phase, in_verdict.difference, False, collective,
-        f"input {position} is {source}, and it already differs from the reference's ({expected}): the divergence "
-        "entered with it, not through an op of this step",
+        f"input {position} is {source}, and it already differs from the reference's ({expected})"
+        + (_gradient_hint(m, position, ref, streams, world, exact, tolerances, in_verdict.difference)
+           if source.gradient else
+           ": the divergence entered with it, not through an op of this step"),
     )
+
+
+def _gradient_hint(
+    m: Match, position: int, ref: Stream, streams: dict[int, Stream], world: int, exact: bool,
+    tolerances: dict[torch.dtype, Tolerance] | None, difference: Difference | None,
+) -> str:
+    """What a gradient the optimizer reads says about its synchronisation: the ranks' sum or mean would match,
+    or it is a multiple of the reference's."""
+    value, pieces = _input_values(m, position, ref, streams)
+    if value is not None and pieces:
+        v = combine(value, pieces, world, exact, tolerances)
+        if v.ok:
+            return (f"; it would match as {v.rule}: the gradient was not (or not fully) synchronised across ranks "
+                    "before the step")
+    if difference is not None and difference.scale is not None:
+        return (f"; it is {difference.scale:.4g} x the reference's: a loss or gradient scaled by a wrong factor "
+                "(a world size, a number of micro-steps)")
+    return ""
 
 
 def _input_kind(m: Match, rank: int, position: int, streams: dict[int, Stream], aligned: set[int]) -> int:

@@ -63,9 +63,12 @@ class Collective:
     site: str
     phase: str
     module: str | None
+    #: how race and mismatch reports name it: ``all_reduce #3 on group 0`` (the group's call number), or the
+    #: bare name for point-to-point operations, which groups do not number
+    label: str = ""
 
     def __str__(self) -> str:
-        return f"{self.name} #{self.number} at {self.site}"
+        return f"{self.label or self.name} at {self.site}"
 
 
 @dataclass(frozen=True)
@@ -74,10 +77,15 @@ class Source:
 
     collective: Collective | None = None
     parameter: str | None = None
+    #: the parameter whose gradient (``.grad``) this is, as the optimizer's step found it
+    gradient: str | None = None
 
     def __str__(self) -> str:
         if self.collective is not None:
             return f"the output of {self.collective}"
+        if self.gradient is not None:
+            # the backward's own accumulation and a DDP reducer's copies may run where no dispatch mode sees them
+            return f"the gradient of {self.gradient!r} as the backward pass and its synchronisation left it"
         if self.parameter is not None:
             return f"parameter {self.parameter!r} as the step found it"
         return "a tensor no recorded op produced (the data, or state from before the step)"
@@ -201,6 +209,9 @@ class Recorder(TorchDispatchMode):
         self._names: dict[int, str] = {}
         self._modules: list[nn.Module] = []
         self._params: dict[int, str] = {}
+        #: (storage address, offset, shape) of each parameter's gradient when an optimizer step begins -> the
+        #: parameter's name (gradients may be views of one bucket: the address alone does not tell them apart)
+        self._grads: dict[tuple, str] = {}
         #: recorded outputs by :func:`_key`, and their storages, kept alive so that no later tensor reuses an
         #: address. Storages, not tensors: autograd steals a gradient only while nothing else holds the tensor,
         #: so holding tensors would change what the program does.
@@ -264,7 +275,16 @@ class Recorder(TorchDispatchMode):
         if id(optimizer) not in self._steps:
             self._steps[id(optimizer)] = min(self._steps.values(), default=0)
             self._optimizers.append(optimizer)
+        if not self._in_optimizer:
+            self._grads.clear()
         self._in_optimizer += 1
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                grad = p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad
+                local = p._local_tensor if isinstance(p, DTensor) else p
+                name = self._params.get(local.untyped_storage().data_ptr())
+                if grad is not None and name is not None:
+                    self._grads[(grad.untyped_storage().data_ptr(), grad.storage_offset(), tuple(grad.shape))] = name
 
     def optimizer_post(self, optimizer: Any) -> None:
         """An optimizer's ``step()`` returned on this rank: the window of recorded ops moves."""
@@ -278,10 +298,10 @@ class Recorder(TorchDispatchMode):
             self._invocations.clear()
             self._roots = 0
 
-    def collective(self, name: str, written: list[torch.Tensor]) -> None:
+    def collective(self, name: str, written: list[torch.Tensor], label: str = "") -> None:
         """This rank issues a collective (counted always; its buffers are marked only while recording)."""
         phase, inv = self._context(())
-        c = Collective(name, len(self.stream.collectives) + 1, caller_site(SKIP), phase, inv and inv[0])
+        c = Collective(name, len(self.stream.collectives) + 1, caller_site(SKIP), phase, inv and inv[0], label)
         self.stream.collectives.append(c)
         if self.active:
             for t in written:
@@ -361,7 +381,9 @@ class Recorder(TorchDispatchMode):
             if value is None:
                 value = t.detach().clone()
             ptr = t.untyped_storage().data_ptr()
-            recorded_inputs.append((value, Source(self._writers.get(ptr), self._params.get(ptr))))
+            recorded_inputs.append((value, Source(
+                self._writers.get(ptr), self._params.get(ptr), self._grads.get((ptr, t.storage_offset(), tuple(t.shape)))
+            )))
         results = _tensors(out if isinstance(out, (tuple, list)) else (out,))
         if not results and written:
             results = _tensors(tuple(args[i] for i in written if i < len(args)))
@@ -434,7 +456,8 @@ def _post_step(optimizer: Any, args: Any, kwargs: Any) -> None:
 def _issued(group: Any, name: str, written: list[torch.Tensor]) -> None:
     rec = recorder()
     if rec is not None:
-        rec.collective(name, written)
+        label = "" if name in ("send", "recv") else f"{name} #{group.state.next_seq(group.grank)} on group {group.group_name or 'default'}"
+        rec.collective(name, written, label)
 
 
 @contextlib.contextmanager

@@ -74,10 +74,14 @@ class Difference:
     #: elements that differ (beyond the tolerance in numeric mode, at all in exact mode)
     count: int
     numel: int
+    #: ``c`` when the tensor is ``c`` times the reference (to the dtype's tolerance): the mark of a loss or
+    #: gradient scaled by a wrong factor (a world size, a number of micro-steps); None otherwise
+    scale: float | None = None
 
     def __str__(self) -> str:
         text = f"max |diff| {self.max_abs:.1e}, rel {self.rel:.1e}"
-        return text if self.numel == 1 else f"{text}; {self.count} of {self.numel} elements"
+        text = text if self.numel == 1 else f"{text}; {self.count} of {self.numel} elements"
+        return text if self.scale is None else f"{text}; {self.scale:.4g} x the reference"
 
 
 def differing(
@@ -148,4 +152,22 @@ def difference(a: torch.Tensor, b: torch.Tensor, differ: torch.Tensor) -> Differ
     max_abs = d.max().item() if d.numel() else 0.0
     scale = finite.abs().max().item() if finite.numel() else 0.0
     rel = max_abs / scale if scale > 0 else float("inf") if max_abs > 0 else 0.0
-    return Difference(max_abs, rel, int(differ.sum().item()), a.numel())
+    return Difference(max_abs, rel, int(differ.sum().item()), a.numel(), _multiple(a, b))
+
+
+def _multiple(a: torch.Tensor, b: torch.Tensor) -> float | None:
+    """``c`` if ``a`` is ``c`` times ``b`` (least squares, to ``a``'s dtype tolerance), for ``c`` neither 0 nor 1."""
+    tol = tolerance_for(a.dtype)
+    if a.numel() < 2 or tol is None or not (a.dtype.is_floating_point and b.dtype.is_floating_point):
+        return None
+    x, y = a.double().flatten(), b.double().flatten()
+    if not (bool(x.isfinite().all()) and bool(y.isfinite().all())):
+        return None
+    yy = float(y.dot(y))
+    if yy == 0.0:
+        return None
+    c = float(x.dot(y)) / yy
+    bound = tol.atol + tol.rtol * float(x.abs().max())
+    if c == 0.0 or abs(c - 1.0) <= tol.rtol or float((x - c * y).abs().max()) > bound:
+        return None
+    return c
