@@ -73,14 +73,14 @@ def make_optimizer(name: str, params: list[nn.Parameter]) -> torch.optim.Optimiz
     return torch.optim.SGD(params, lr=0.1, momentum=0.9)
 
 
-def reference(optimizer: str = "sgd") -> None:
-    """The whole model on the full batch with the mean loss."""
+def reference(optimizer: str = "sgd", reduction: str = "mean") -> None:
+    """The whole model on the full batch with the mean (or summed) loss."""
     m = build()
     opt = make_optimizer(optimizer, list(m.parameters()))
     for step in range(STEPS):
         x, y = batch(step)
         opt.zero_grad()
-        F.mse_loss(m(x), y).backward()
+        F.mse_loss(m(x), y, reduction=reduction).backward()
         opt.step()
 
 
@@ -125,13 +125,15 @@ def pipelined(
     bare: bool = False,
     unscaled: tuple[int, int] | None = None,
     loss_divided_twice: bool = False,
+    reduction: str = "mean",
 ) -> None:
     """Train with torch's pipelining: ``dp`` pipelines of ``world // dp`` consecutive ranks each.
 
     ``dp`` data-parallel replicas of the pipeline each take an equal slice of the batch and average their
     gradients over the data-parallel group before the step. ``unscaled=(step, rank)`` makes ``rank`` skip the
     division of its gradients by the number of microbatches at ``step``; ``loss_divided_twice`` divides each
-    microbatch's mean loss by the number of microbatches once more.
+    microbatch's mean loss by the number of microbatches once more. ``reduction="sum"`` sums each microbatch's
+    loss and leaves the gradients unscaled, as torch's schedules expect of a summed loss.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     pp = world // dp
@@ -148,16 +150,17 @@ def pipelined(
     divisor = microbatches if loss_divided_twice else 1
 
     def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return F.mse_loss(out, target) / divisor
+        return F.mse_loss(out, target, reduction=reduction) / divisor
 
     sched = cls(pipeline if per > 1 else pipeline[0], microbatches, loss_fn=loss_fn)
+    scale = reduction == "mean"
     opt = make_optimizer(optimizer, [p for m in modules for p in m.parameters()])
     rows = BATCH // dp
     first, last = 0 in mine, stages - 1 in mine
     for step in range(STEPS):
         x, y = batch(step)
         x, y = x[replica * rows : (replica + 1) * rows], y[replica * rows : (replica + 1) * rows]
-        sched.scale_grads = unscaled != (step, rank)
+        sched.scale_grads = scale and unscaled != (step, rank)
         opt.zero_grad()
         sched.step(*([x] if first else []), **({"target": y} if last else {}))
         if dp > 1:
@@ -169,12 +172,12 @@ def pipelined(
 
 
 def check(schedule: str, world: int = 2, **options: object) -> simdist.EquivalenceReport:
-    """``pipelined(schedule, **options)`` on ``world`` ranks against the reference (``names`` goes to the oracle)."""
-    names = options.pop("names", None)
-    optimizer = options.get("optimizer", "sgd")
+    """``pipelined(schedule, **options)`` on ``world`` ranks against the reference (``names``, ``loss`` go to the oracle)."""
+    oracle = {k: options.pop(k) for k in ("names", "loss") if k in options}
     return simdist.check_equivalence(
         pipelined, reference, simdist.Cluster.switch(world, device="cpu"), args=(schedule,), kwargs=options,
-        reference_args=(optimizer,), reference_kwargs={}, names=names, compute=False, localize=False,
+        reference_args=(options.get("optimizer", "sgd"), options.get("reduction", "mean")), reference_kwargs={},
+        compute=False, localize=False, **oracle,
     )
 
 
@@ -254,6 +257,17 @@ def test_data_parallel_pipelines_match_and_a_fault_in_one_replica_is_found(sched
     rep = check(schedule, world=4, dp=2, unscaled=(1, 3))
     assert_unscaled_found(rep, schedule, 1, (1, 3), 1, 2)
     assert not any(d.kind == "replica" for d in rep.divergences), "the replicas agree with each other"
+
+
+@pytest.mark.parametrize("schedule", ["1F1B", "ZBVZeroBubble"])
+def test_summed_microbatch_losses_are_compared_with_loss_sum(schedule: str) -> None:
+    """A summed loss per microbatch with unscaled gradients is the full batch's summed loss: ``loss="sum"``."""
+    rep = check(schedule, reduction="sum", loss="sum")
+    assert rep.ok, str(rep)
+    assert_whole_model_compared(rep, "sgd")
+    # the default mean of the 4 microbatch sums is a quarter of the full batch's sum
+    rep = check(schedule, reduction="sum")
+    assert rep.first.kind == "loss" and rep.first.difference.rel == pytest.approx(0.75, rel=1e-9), str(rep)
 
 
 #: a bare stage's names ("2.0.weight", "head.bias") mapped to the reference's; "*" carries the rest over
