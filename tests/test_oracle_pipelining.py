@@ -7,6 +7,7 @@ batch with a mean loss. The reference is the single-process model on the full ba
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 
 import pytest
@@ -24,6 +25,8 @@ from torch.distributed.pipelining import (
     ScheduleInterleavedZeroBubble,
     ScheduleLoopedBFS,
     ScheduleZBVZeroBubble,
+    SplitPoint,
+    pipeline,
 )
 
 import simdist
@@ -282,3 +285,31 @@ def test_bare_stage_modules_are_compared_once_their_names_are_mapped() -> None:
     assert_whole_model_compared(rep, "sgd")
     rep = check("1F1B", bare=True, names=BARE_NAMES, unscaled=(2, 0))
     assert_unscaled_found(rep, "1F1B", 2, (0,), 0, 2, bare=True)
+
+
+def traced(steps: int = STEPS, unscaled: tuple[int, int] | None = None) -> None:
+    """torch's tracer frontend: ``pipeline()`` splits the whole model at block 2, ``build_stage`` gives each rank its stage."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x0, _ = batch(0)
+    with warnings.catch_warnings():  # torch's tracer warns about its own pytree internals
+        warnings.simplefilter("ignore", FutureWarning)
+        pipe = pipeline(build(), mb_args=(x0.chunk(MICROBATCHES)[0],), split_spec={"layers.2": SplitPoint.BEGINNING})
+    stage = pipe.build_stage(rank, torch.device("cpu"))
+    sched = ScheduleGPipe(stage, MICROBATCHES, loss_fn=F.mse_loss)
+    opt = make_optimizer("sgd", list(stage.submod.parameters()))
+    for step in range(steps):
+        x, y = batch(step)
+        sched.scale_grads = unscaled != (step, rank)
+        opt.zero_grad()
+        sched.step(*([x] if rank == 0 else []), **({"target": y} if rank == world - 1 else {}))
+        opt.step()
+
+
+def test_stages_from_torchs_tracer_keep_the_reference_names() -> None:
+    rep = simdist.check_equivalence(traced, reference, simdist.Cluster.switch(2, device="cpu"), reference_args=("sgd",),
+                                    compute=False, localize=False)
+    assert rep.ok, str(rep)
+    assert_whole_model_compared(rep, "sgd")
+    rep = simdist.check_equivalence(traced, reference, simdist.Cluster.switch(2, device="cpu"), kwargs={"unscaled": (1, 0)},
+                                    reference_args=("sgd",), reference_kwargs={}, compute=False, localize=False)
+    assert_unscaled_found(rep, "GPipe", 1, (0,), 0, 2)
