@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
@@ -271,6 +273,37 @@ def test_summed_microbatch_losses_are_compared_with_loss_sum(schedule: str) -> N
     # the default mean of the 4 microbatch sums is a quarter of the full batch's sum
     rep = check(schedule, reduction="sum")
     assert rep.first.kind == "loss" and rep.first.difference.rel == pytest.approx(0.75, rel=1e-9), str(rep)
+
+
+def sharded(unscaled: tuple[int, int] | None = None) -> None:
+    """torchtitan's DP x PP on 4 ranks: a (dp 2, pp 2) mesh, each stage sharded with ``fully_shard`` over "dp"."""
+    rank = dist.get_rank()
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "pp"))
+    replica, position = divmod(rank, 2)
+    module = torchtitan_stage(position, 2)
+    fully_shard(module, mesh=mesh["dp"])
+    stage = PipelineStage(module, position, 2, torch.device("cpu"), group=mesh.get_group("pp"))
+    sched = Schedule1F1B(stage, MICROBATCHES // 2, loss_fn=F.mse_loss)
+    opt = make_optimizer("sgd", list(module.parameters()))
+    rows = BATCH // 2
+    for step in range(STEPS):
+        x, y = batch(step)
+        x, y = x[replica * rows : (replica + 1) * rows], y[replica * rows : (replica + 1) * rows]
+        sched.scale_grads = unscaled != (step, rank)
+        opt.zero_grad()
+        sched.step(*([x] if position == 0 else []), **({"target": y} if position == 1 else {}))
+        opt.step()
+
+
+def test_fsdp2_sharded_stages_are_assembled_and_a_fault_names_its_shard() -> None:
+    cluster = simdist.Cluster.switch(4, device="cpu")
+    options = {"reference_args": ("sgd",), "reference_kwargs": {}, "compute": False, "localize": False}
+    rep = simdist.check_equivalence(sharded, reference, cluster, **options)
+    assert rep.ok, str(rep)
+    assert_whole_model_compared(rep, "sgd")
+    # the scaling follows FSDP2's reduce-scatter: only rank 3's shard of the second stage is left unscaled
+    rep = simdist.check_equivalence(sharded, reference, cluster, kwargs={"unscaled": (1, 3)}, **options)
+    assert_unscaled_found(rep, "1F1B", 1, (3,), 1, 2)
 
 
 #: a bare stage's names ("2.0.weight", "head.bias") mapped to the reference's; "*" carries the rest over
