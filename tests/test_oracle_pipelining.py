@@ -12,10 +12,10 @@ from collections import OrderedDict
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 import torch.distributed as dist
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -150,7 +150,8 @@ def pipelined(
     stages = per * pp
     mine = stage_indices(schedule, position, pp)
     modules = [(bare_stage if bare else torchtitan_stage)(s, stages) for s in mine]
-    pipeline = [PipelineStage(m, s, stages, torch.device("cpu"), group=pp_groups[replica]) for m, s in zip(modules, mine)]
+    cpu = torch.device("cpu")
+    pipeline = [PipelineStage(m, s, stages, cpu, group=pp_groups[replica]) for m, s in zip(modules, mine)]
     microbatches = MICROBATCHES // dp
     divisor = microbatches if loss_divided_twice else 1
 
@@ -177,7 +178,10 @@ def pipelined(
 
 
 def check(schedule: str, world: int = 2, **options: object) -> simdist.EquivalenceReport:
-    """``pipelined(schedule, **options)`` on ``world`` ranks against the reference (``names``, ``loss`` go to the oracle)."""
+    """``pipelined(schedule, **options)`` on ``world`` ranks against the reference.
+
+    ``names`` and ``loss`` go to the oracle, the rest to ``pipelined``.
+    """
     oracle = {k: options.pop(k) for k in ("names", "loss") if k in options}
     return simdist.check_equivalence(
         pipelined, reference, simdist.Cluster.switch(world, device="cpu"), args=(schedule,), kwargs=options,
@@ -241,7 +245,8 @@ def test_a_loss_divided_by_the_microbatches_twice_is_found_at_the_first_step(sch
     # every microbatch's loss is recorded once, on the rank of the last stage
     assert "mean of 4 backward roots" in rep.first.detail, str(rep)
     assert rep.first.difference.rel == pytest.approx(1 - 1 / MICROBATCHES, rel=1e-9)
-    assert {d.name for d in rep.divergences if d.kind == "grad"} == stage_parameters(schedule, 0, 2) | stage_parameters(schedule, 1, 2)
+    every = stage_parameters(schedule, 0, 2) | stage_parameters(schedule, 1, 2)
+    assert {d.name for d in rep.divergences if d.kind == "grad"} == every, str(rep)
 
 
 @settings(max_examples=8)  # each example is two simulated runs of about 0.1 s
@@ -321,7 +326,7 @@ def test_bare_stage_modules_are_compared_once_their_names_are_mapped() -> None:
 
 
 def traced(steps: int = STEPS, unscaled: tuple[int, int] | None = None) -> None:
-    """torch's tracer frontend: ``pipeline()`` splits the whole model at block 2, ``build_stage`` gives each rank its stage."""
+    """torch's tracer frontend: ``pipeline()`` splits the model at block 2, ``build_stage`` gives each rank its stage."""
     rank, world = dist.get_rank(), dist.get_world_size()
     x0, _ = batch(0)
     with warnings.catch_warnings():  # torch's tracer warns about its own pytree internals
@@ -339,10 +344,10 @@ def traced(steps: int = STEPS, unscaled: tuple[int, int] | None = None) -> None:
 
 
 def test_stages_from_torchs_tracer_keep_the_reference_names() -> None:
-    rep = simdist.check_equivalence(traced, reference, simdist.Cluster.switch(2, device="cpu"), reference_args=("sgd",),
-                                    compute=False, localize=False)
+    cluster = simdist.Cluster.switch(2, device="cpu")
+    options = {"reference_args": ("sgd",), "reference_kwargs": {}, "compute": False, "localize": False}
+    rep = simdist.check_equivalence(traced, reference, cluster, **options)
     assert rep.ok, str(rep)
     assert_whole_model_compared(rep, "sgd")
-    rep = simdist.check_equivalence(traced, reference, simdist.Cluster.switch(2, device="cpu"), kwargs={"unscaled": (1, 0)},
-                                    reference_args=("sgd",), reference_kwargs={}, compute=False, localize=False)
+    rep = simdist.check_equivalence(traced, reference, cluster, kwargs={"unscaled": (1, 0)}, **options)
     assert_unscaled_found(rep, "GPipe", 1, (0,), 0, 2)
