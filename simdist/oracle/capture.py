@@ -9,8 +9,11 @@ of this process under simdist, or the only rank of a real process):
 - the global module forward pre-hook records which modules each rank runs; those not inside another one are the
   rank's root modules, whose qualified names (wrappers' prefixes removed, :mod:`simdist.oracle.names`) name
   the tensors.
-- ``torch.autograd.backward`` (which ``Tensor.backward`` calls) records scalar backward roots without an explicit
-  gradient: the losses of the step.
+- ``torch.autograd.backward`` (which ``Tensor.backward`` calls) and ``torch.autograd.grad`` record scalar roots
+  whose gradient is absent or one: the losses of the step. ``grad`` matters for torch's zero-bubble pipeline
+  schedules, whose last stage starts backward from each microbatch's loss with ``autograd.grad`` and a gradient
+  of ones (``stage_backward_input``); other pipeline schedules call ``backward`` with ``grad_tensors=[None]``.
+  The backward pass torch's pipelining runs once on placeholder inputs to infer gradient shapes is left out.
 
 Snapshots are taken with the rank's dispatch modes disabled, so they cost no simulated time, allocate nothing
 the memory accounting sees and read nothing the race detector checks. A sharded tensor is captured as the
@@ -21,8 +24,11 @@ tensors happens after the run, from all ranks' pieces (:mod:`simdist.oracle.asse
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 import torch
@@ -108,18 +114,22 @@ class Capture:
             register_optimizer_step_post_hook(self._after_step),
             nn.modules.module.register_module_forward_pre_hook(self._before_forward),
         ]
-        original = torch.autograd.backward
+        original, original_grad = torch.autograd.backward, torch.autograd.grad
         capture = self
 
         def backward(tensors: Any, grad_tensors: Any = None, *args: Any, **kwargs: Any) -> Any:
             capture._root(tensors, grad_tensors)
             return original(tensors, grad_tensors, *args, **kwargs)
 
-        torch.autograd.backward = backward
+        def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, *args: Any, **kwargs: Any) -> Any:
+            capture._root(outputs, grad_outputs)
+            return original_grad(outputs, inputs, grad_outputs, *args, **kwargs)
+
+        torch.autograd.backward, torch.autograd.grad = backward, grad
         try:
             yield self
         finally:
-            torch.autograd.backward = original
+            torch.autograd.backward, torch.autograd.grad = original, original_grad
             for h in handles:
                 h.remove()
 
@@ -129,18 +139,21 @@ class Capture:
             seen[id(module)] = module
 
     def _root(self, tensors: Any, grads: Any) -> None:
-        """Record a backward root that is a loss: one scalar floating tensor, no gradient given."""
+        """Record a backward root that is a loss: one scalar floating tensor whose gradient is absent or one."""
         if isinstance(tensors, (list, tuple)):
             if len(tensors) != 1:
                 return
             tensors = tensors[0]
         if isinstance(grads, (list, tuple)):
             grads = grads[0] if len(grads) == 1 else grads
-        if grads is not None or not isinstance(tensors, torch.Tensor) or tensors.numel() != 1:
+        if not isinstance(tensors, torch.Tensor) or tensors.numel() != 1:
             return
-        if not tensors.dtype.is_floating_point or isinstance(tensors, DTensor):
+        if not tensors.dtype.is_floating_point or isinstance(tensors, DTensor) or _inferring_shapes():
             return
         with _disable_current_modes(), torch.no_grad():
+            # a gradient of one is what backward() supplies itself: the root is still the loss
+            if grads is not None and not _is_one(grads):
+                return
             self._losses.setdefault(_rank(), []).append(tensors.detach().reshape(()).clone())
 
     def roots(self, rank: int) -> list[nn.Module]:
@@ -250,6 +263,29 @@ def _flat_snapshot(step: RankStep, rank: int, layout: FlatLayout, p: torch.Tenso
             continue
         for name, _, _ in held:
             step.optim[f"{name}:{state_key}"] = Piece(rank, scalar)
+
+
+#: torch's pipelining runs the last stage's loss function and a backward pass once before the first step, on
+#: placeholder inputs, to infer the shapes of the gradients stages exchange: that root is no training loss
+_SHAPE_INFERENCE = (os.path.join("torch", "distributed", "pipelining", "stage.py"), "_backward_metadata_inference")
+
+
+def _inferring_shapes() -> bool:
+    """Whether the calling thread is inside torch pipelining's backward shape inference."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == _SHAPE_INFERENCE[1] and code.co_filename.endswith(_SHAPE_INFERENCE[0]):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _is_one(grad: Any) -> bool:
+    """Whether ``grad`` is a plain one-element tensor holding 1."""
+    if not isinstance(grad, torch.Tensor) or isinstance(grad, DTensor) or grad.numel() != 1:
+        return False
+    return bool(grad.detach().reshape(()) == 1)
 
 
 def _rank() -> int:

@@ -2,7 +2,8 @@
 
 A parallel program wraps its model (``DistributedDataParallel(model)`` names its parameters ``module.x``,
 torch's FSDP1 ``_fsdp_wrapped_module.x``, activation checkpointing ``_checkpoint_wrapped_module.x``,
-``torch.compile`` ``_orig_mod.x``); the reference usually does not. A name component is dropped when the
+``torch.compile`` ``_orig_mod.x``, torch.export's tracing wrapper, which torch pipelining's ``pipeline()`` runs,
+``_export_root.x``); the reference usually does not. A name component is dropped when the
 module it names is a wrapper's only child under one of :data:`WRAPPER_ATTRS` and the wrapper holds no tensor of
 its own, so ``module.`` is stripped from a DDP wrapper but kept where a user's own module has a child called
 ``module`` beside others. Whatever this does not cover, :class:`NameMap` maps by hand.
@@ -17,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from torch import nn
 
 #: attribute names under which wrappers hold the module they wrap
-WRAPPER_ATTRS = ("module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod")
+WRAPPER_ATTRS = ("module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod", "_export_root")
 
 
 def _is_wrapper(module: nn.Module, child: str) -> bool:
