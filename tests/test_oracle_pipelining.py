@@ -180,13 +180,14 @@ def pipelined(
 def check(schedule: str, world: int = 2, **options: object) -> simdist.EquivalenceReport:
     """``pipelined(schedule, **options)`` on ``world`` ranks against the reference.
 
-    ``names`` and ``loss`` go to the oracle, the rest to ``pipelined``.
+    ``names``, ``loss`` and ``localize`` (off unless asked for) go to the oracle, the rest to ``pipelined``.
     """
-    oracle = {k: options.pop(k) for k in ("names", "loss") if k in options}
+    oracle: dict = {"localize": False}
+    oracle.update({k: options.pop(k) for k in ("names", "loss", "localize") if k in options})
     return simdist.check_equivalence(
         pipelined, reference, simdist.Cluster.switch(world, device="cpu"), args=(schedule,), kwargs=options,
         reference_args=(options.get("optimizer", "sgd"), options.get("reduction", "mean")), reference_kwargs={},
-        compute=False, localize=False, **oracle,
+        compute=False, **oracle,
     )
 
 
@@ -236,6 +237,16 @@ def assert_unscaled_found(rep: simdist.EquivalenceReport, schedule: str, step: i
 def test_a_stage_that_skips_scaling_its_gradients_is_found(schedule: str) -> None:
     rep = check(schedule, unscaled=(1, 1))
     assert_unscaled_found(rep, schedule, 1, (1,), 1, 2)
+
+
+@pytest.mark.parametrize("schedule", ["GPipe", "Interleaved1F1B", "ZBVZeroBubble"])
+def test_localisation_names_the_unscaled_gradient_and_its_factor(schedule: str) -> None:
+    # shape inference before the first step is not recorded: step 0 aligns microbatch by microbatch
+    rep = check(schedule, unscaled=(0, 1), localize=True)
+    loc = rep.localization
+    assert loc is not None, rep.localization_note
+    assert loc.phase == "optimizer" and loc.ranks == (1,), str(loc)
+    assert "the gradient of 'layers." in loc.note and f"{MICROBATCHES} x the reference's" in loc.note, str(loc)
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from simdist.oracle.names import NameMap
-from simdist.oracle.record import OpRecord, Source, Stream
+from simdist.oracle.record import OpRecord, Stream
 from simdist.oracle.tolerance import Difference, Tolerance, compare, tolerance_for
 from simdist.ranks import format_ranks
 
@@ -132,8 +132,8 @@ def align(reference: Stream, ranks: Sequence[Stream], names: NameMap | None = No
 def _parameter_tags(stream: Stream, names: NameMap | None) -> dict[int, str]:
     """The parameter each optimizer op works for (by op index), as the reference names it.
 
-    An op is tagged with the first of its inputs that is a parameter or a parameter's gradient as the step found
-    them, or the output of an op already tagged (momentum and Adam's moments follow their gradient). Optimizer
+    An op is tagged with the first of its inputs that is a parameter or a parameter's gradient (whoever wrote
+    it), else with the tag of an op whose output it reads (momentum and Adam's moments follow their gradient). Optimizer
     ops align only with ops of the same parameter: a pipeline stage updates only its own, and the first update
     of a stage's parameters is not the reference's first.
     """
@@ -141,16 +141,13 @@ def _parameter_tags(stream: Stream, names: NameMap | None) -> dict[int, str]:
     for op in stream.ops:
         if op.phase != "optimizer":
             continue
-        for a, b in op.inputs:
-            if isinstance(a, int):
-                tag = tags.get(a)
-            else:
-                tag = b.parameter or b.gradient if isinstance(b, Source) else None
-                if tag is not None and names is not None:
-                    tag = names.reference_name(tag)
-            if tag is not None:
-                tags[op.index] = tag
-                break
+        tag = op.parameter
+        if tag is None:
+            tag = next((tags[a] for a, _ in op.inputs if isinstance(a, int) and a in tags), None)
+        elif names is not None:
+            tag = names.reference_name(tag)
+        if tag is not None:
+            tags[op.index] = tag
     return tags
 
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -52,6 +54,12 @@ _PLAIN = (torch.Tensor, nn.Parameter)
 
 #: the recorder of the calling rank thread (hooks are process-wide; each rank's thread sets its own)
 _current = threading.local()
+
+#: torch pipelining's stage methods that, before a schedule's first step, run the stage's forward, the loss and
+#: a backward on placeholder inputs to infer the shapes stages exchange: no training happens there, and
+#: recording it would add an invocation of every module to step 0
+_PIPELINE_INFERENCE = ("torch.distributed.pipelining.stage", ("PipelineStage", "_PipelineStage"),
+                       ("_prepare_forward_infra", "_prepare_backward_infra"))
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,8 @@ class OpRecord:
     forward: int | None = None
     #: the next autograd sequence number when the op ran (maps forward ops to their autograd nodes)
     seq: int = -1
+    #: for an optimizer op: the first parameter among its inputs, or whose gradient is (by qualified name)
+    parameter: str | None = None
 
     @property
     def module(self) -> str | None:
@@ -222,6 +232,15 @@ class Recorder(TorchDispatchMode):
         #: autograd sequence number -> the forward record that created that node
         self._node_ops: dict[int, int] = {}
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Record nothing and count no module invocation inside the block."""
+        active, self.active = self.active, False
+        try:
+            yield
+        finally:
+            self.active = active
+
     # ------------------------------------------------------------------ hooks (called by the process-wide hooks)
     def module_enter(self, module: nn.Module) -> None:
         """A module's forward begins on this rank."""
@@ -321,6 +340,11 @@ class Recorder(TorchDispatchMode):
             return "forward", None
         return "other", None
 
+    def _parameter_of(self, t: torch.Tensor) -> str | None:
+        """The parameter ``t`` is, or whose gradient it is, as the current optimizer step found them."""
+        ptr = t.untyped_storage().data_ptr()
+        return self._grads.get((ptr, t.storage_offset(), tuple(t.shape))) or self._params.get(ptr)
+
     def _invocation_of(self, seq: int) -> tuple[str, int] | None:
         """The innermost module invocation whose forward created the autograd node ``seq``."""
         i = bisect.bisect_right(self._starts, seq) - 1
@@ -395,6 +419,8 @@ class Recorder(TorchDispatchMode):
         seq = torch._C._autograd._get_sequence_nr()
         rec = OpRecord(index, name, phase, inv, "", stream.collectives[-1] if stream.collectives else None,
                        outputs, recorded_inputs, segment=self._roots - 1, seq=seq)
+        if phase == "optimizer":
+            rec.parameter = next((n for n in map(self._parameter_of, inputs) if n is not None), None)
         if phase == "backward":
             node = torch._C._current_autograd_node()
             rec.forward = self._node_ops.get(node._sequence_nr()) if node is not None else None
@@ -460,11 +486,40 @@ def _issued(group: Any, name: str, written: list[torch.Tensor]) -> None:
         rec.collective(name, written, label)
 
 
+def _unrecorded(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` run with the calling rank's recorder paused."""
+
+    @functools.wraps(method)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        rec = recorder()
+        if rec is None:
+            return method(*args, **kwargs)
+        with rec.paused():
+            return method(*args, **kwargs)
+
+    return run
+
+
+def _pipeline_patches() -> list[tuple[type, str, Any]]:
+    """(class, method name, original) of torch pipelining's shape inference, if the program imported it."""
+    module_name, classes, methods = _PIPELINE_INFERENCE
+    module = sys.modules.get(module_name)  # not imported here: pipelining costs half a second to import
+    out = []
+    for cls in (getattr(module, c, None) for c in classes):
+        for name in methods:
+            if isinstance(cls, type) and name in cls.__dict__:
+                out.append((cls, name, cls.__dict__[name]))
+    return out
+
+
 @contextlib.contextmanager
 def recording() -> Iterator[None]:
     """Install the process-wide hooks the recorders need; remove them on the way out, whatever happens."""
     handles = []
+    patched = _pipeline_patches()
     try:
+        for cls, name, original in patched:
+            setattr(cls, name, _unrecorded(original))
         handles.append(nn.modules.module.register_module_forward_pre_hook(_pre_forward))
         # always_call: a forward that raises still closes its invocation
         handles.append(nn.modules.module.register_module_forward_hook(_post_forward, always_call=True))
@@ -473,6 +528,8 @@ def recording() -> Iterator[None]:
         process_group.ISSUE_OBSERVERS.append(_issued)
         yield
     finally:
+        for cls, name, original in patched:
+            setattr(cls, name, original)
         if _issued in process_group.ISSUE_OBSERVERS:
             process_group.ISSUE_OBSERVERS.remove(_issued)
         for h in handles:
