@@ -75,7 +75,10 @@ def main() -> None:
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--width", type=int, default=256, help="layer width: larger makes the run compute-bound")
     a = ap.parse_args()
+    global WIDTH
+    WIDTH = a.width
     cluster = simdist.Cluster.switch(a.world, device="H100")
     plain = best_of(a.repeat, lambda: simdist.run(parallel, cluster, args=(a.steps,), races="off"))
     rep = None
