@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-
 from torch.distributed.tensor import Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
