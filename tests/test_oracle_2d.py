@@ -2,8 +2,9 @@
 
 ``fully_shard`` over the "dp" mesh dimension of parameters that ``parallelize_module`` already sharded over "tp"
 shards the column-parallel weights' dim 0 twice, right to left; torch records that as
-``(_StridedShard(0, split_factor=tp), Shard(0))``. The oracles here: the single-process model for training runs,
-the DTensor's own ``full_tensor()`` (a collective) for the assembly, torch's offset logic for the index lists.
+``(_StridedShard(0, split_factor=tp), Shard(0))``. The oracles here: the single-process model for training runs
+(simulated, and on real gloo processes), the DTensor's own ``full_tensor()`` (a collective) for the assembly,
+torch's offset logic for the index lists.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.distributed.tensor.placement_types import _StridedShard
 
 import simdist
+from real.oracle import check_final_state
 from simdist.oracle import AssemblyError
 from simdist.oracle.assemble import assemble, held_indices
 from simdist.oracle.capture import MeshLayout, Piece, mesh_layout
@@ -93,6 +95,17 @@ def test_a_perturbed_gradient_element_names_its_step_parameter_and_rank(step: in
     names = [n for n, _ in named_tensors(nn.Sequential(*layers(setup.widths)))[0]]
     assert (rep.first.step, rep.first.kind, rep.first.name) == (step, "grad", names[index]), str(rep)
     assert rep.first.ranks == (rank,), str(rep)
+
+
+@pytest.mark.real
+def test_fsdp2_over_tp_on_real_gloo_processes_is_checked_at_its_last_step() -> None:
+    # torch's FSDP2 and TP on real processes lay the pieces out; the oracle assembles them in this process
+    clean = Setup(widths=(5, 6, 3), optimizer="adam")
+    rep = check_final_state(fsdp_over_tp, reference, 4, args=(clean,), reference_args=(clean,))
+    assert rep.ok, str(rep)
+    bad = Setup(widths=(5, 6, 3), optimizer="adam", perturb=(2, 0, 3, 2), delta=0.5)
+    rep = check_final_state(fsdp_over_tp, reference, 4, args=(bad,), reference_args=(bad,))
+    assert (rep.first.step, rep.first.kind, rep.first.name, rep.first.ranks) == (2, "grad", "0.weight", (2,)), str(rep)
 
 
 # ---- the assembly of a strided layout against the DTensor's own full tensor
