@@ -40,7 +40,7 @@ import argparse
 import contextlib
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,9 +52,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from verdicts import report
 
 import simdist
-from simdist.oracle import NameMap, Piece
-from simdist.oracle.assemble import assemble
-from simdist.oracle.tolerance import compare
 from simdist.ranks import ranges
 
 D_IN, HIDDEN, D_OUT = 6, 8, 3
@@ -785,29 +782,44 @@ def simulated(seed: int, verdicts: list[tuple[str, bool, str]]) -> dict[str, tup
 
 
 # ---------------------------------------------------------------------------------------------- real gloo
-def final_state_differs(case: Case, returns: list[dict[str, torch.Tensor]], want: dict[str, torch.Tensor]) -> list[str]:
-    """Names of the tensors whose final values (every rank's, assembled as the oracle does) differ from ``want``."""
-    names = NameMap(case.options.get("names"))
-    shards = case.options.get("shards", {})
-    pieces: dict[str, list[Piece]] = {}
-    for rank, held in enumerate(returns):
-        for name, value in held.items():
-            pieces.setdefault(name, []).append(Piece(rank, value))
-    differ = []
-    for name, held in pieces.items():
-        full = assemble(name, held, (shards[name], None) if name in shards else None)
-        ref = want[names.reference_name(name)]
-        if full.replica_ranks or full.full.shape != ref.shape or compare(full.full, ref, exact=False) is not None:
-            differ.append(name)
-    return differ
+#: kinds of divergence that are final state: parameters and buffers after the last step, and their copies
+FINAL_STATE = ("param", "buffer")
+
+
+def final_state_differs(rep: simdist.EquivalenceReport) -> list[str]:
+    """What differs from the reference at the last step: the parameters and buffers the report names, in its order,
+    or its first divergence where none of them does (the loss, a gradient, the step count)."""
+    names = [d.name for d in rep.divergences if d.kind in FINAL_STATE or (d.kind == "replica" and d.of in FINAL_STATE)]
+    if not names and rep.first is not None:
+        names = [rep.first.kind if rep.first.kind in ("loss", "steps") else f"{rep.first.kind} {rep.first.name}"]
+    return list(dict.fromkeys(names))
+
+
+@contextlib.contextmanager
+def importable_by_rank_processes() -> Iterator[None]:
+    """This file's directory on ``sys.path`` while rank processes start.
+
+    They receive this process's ``sys.path`` and import the programs by module name: ``silent_bugs`` (and its
+    sibling ``verdicts``) when this file was imported rather than run, as the tests do.
+    """
+    here = str(Path(__file__).resolve().parent)
+    added = here not in sys.path
+    if added:
+        sys.path.insert(0, here)
+    try:
+        yield
+    finally:
+        if added:
+            sys.path.remove(here)
 
 
 def on_real_gloo(
     seed: int, repeats: int, simulated: dict[str, tuple[bool, bool]], verdicts: list, keys: str | None = None
 ) -> None:
     """Every program (of the cases ``keys``, default all) on real gloo processes, one per rank: its final state
-    against the reference's, and whether that agrees with the simulated verdicts ``simulated``."""
-    import real
+    against the reference's (``real.oracle.check_final_state``), and whether that agrees with the simulated
+    verdicts ``simulated``."""
+    from real.oracle import check_final_state
 
     cases = [c for c in CASES if keys is None or c.key in keys]
 
@@ -815,17 +827,19 @@ def on_real_gloo(
     print(f"{'':4s} {'buggy program: final tensors that differ':48s} corrected program")
     agree = 0
     for case in cases:
-        want = case.reference(seed)
-        found, equal = [], []
+        found: list[simdist.EquivalenceReport] = []
+        equal: list[simdist.EquivalenceReport] = []
         for _ in range(repeats):
             for bug, into in ((True, found), (False, equal)):
-                # by path: this file is a script, run directly or imported from its directory
-                out = real.run_script(__file__, nproc=case.world, entry=case.program.__name__, args=(seed, bug))
-                into.append(final_state_differs(case, out.returns, want))
-        bug_text = "; ".join(", ".join(d) or "none" for d in found)
-        fix_text = "equal" if not any(equal) else "; ".join(", ".join(d) or "equal" for d in equal)
+                with importable_by_rank_processes():
+                    into.append(check_final_state(
+                        case.program, case.reference, case.world, backend="gloo", seed=seed, args=(seed, bug),
+                        reference_args=(seed,), **case.options,
+                    ))
+        bug_text = "; ".join(", ".join(final_state_differs(r)) or "none" for r in found)
+        fix_text = "equal" if all(r.ok for r in equal) else "; ".join(", ".join(final_state_differs(r)) or "equal" for r in equal)
         print(f"({case.key}) {bug_text[:48]:48s} {fix_text}")
-        agree += (all(found), not any(equal)) == simulated[case.key]
+        agree += (not any(r.ok for r in found), all(r.ok for r in equal)) == simulated[case.key]
     print()
     verdicts.append(("real gloo agrees with the simulation", agree == len(cases),
                      f"{agree} of {len(cases)} cases (bug found, correction equal) x {repeats}"))

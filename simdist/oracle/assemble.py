@@ -4,8 +4,9 @@ A plain tensor held by several ranks is a replica (data parallelism): the full t
 copy, and every other copy must be bitwise equal to it. A hand-written shard (Megatron-style tensor parallelism
 with plain tensors) is described by the caller: ``(dim, group_size)`` concatenates the pieces of each
 ``group_size`` consecutive holders along ``dim``, blocks of holders being replicas of each other. A DTensor
-(tensor parallelism, torch FSDP2) carries its own layout: each piece is written at its offset, replicated mesh
-dimensions are checked like replicas, partial ones are reduced.
+(tensor parallelism, torch FSDP2, FSDP2 over tensor parallelism) carries its own layout: each piece is written
+where its mesh coordinate puts it (a box, or strided rows under FSDP2 over TP), replicated mesh dimensions are
+checked like replicas, partial ones are reduced.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from torch.distributed.tensor import Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 
 from simdist.errors import SimdistError
 from simdist.oracle.capture import MeshLayout, Piece
@@ -122,31 +125,69 @@ def _mesh(name: str, pieces: list[Piece]) -> Assembled:
     full = torch.zeros(layout.global_shape, dtype=pieces[0].value.dtype)
     replicate = [i for i, p in enumerate(layout.placements) if p[0] == "replicate"]
     partial = [i for i, p in enumerate(layout.placements) if p[0] == "partial"]
-    regions: dict[int, tuple[slice, ...]] = {}
+    regions: dict[int, tuple[slice, ...] | torch.Tensor] = {}
     differ: list[int] = []
     for rank in layout.mesh_ranks:
         p = by_rank[rank]
         coord = tuple(int(c) for c in np.unravel_index(layout.mesh_ranks.index(rank), layout.mesh_shape))
-        lay: MeshLayout = p.layout  # type: ignore[assignment]
-        region = tuple(slice(o, o + s) for o, s in zip(lay.offset, p.value.shape))
-        regions[rank] = region
+        held = held_indices(layout, coord)
+        if tuple(len(h) for h in held) != tuple(p.value.shape):
+            raise AssemblyError(
+                f"{name!r}: rank {rank} (mesh coordinate {coord}) holds a piece of shape {tuple(p.value.shape)}, "
+                f"but placements {_layout_text(layout)} of shape {layout.global_shape} give it "
+                f"{tuple(len(h) for h in held)}; the DTensor's local tensor does not match its placements"
+            )
+        where, regions[rank] = _region(held, layout.global_shape)
         base = tuple(0 if i in replicate else c for i, c in enumerate(coord))
         if base != coord:
             if not bitwise_equal(p.value, by_rank[layout.mesh_ranks[_index(base, layout.mesh_shape)]].value):
                 differ.append(rank)
             continue
         if partial:
-            full[region] += p.value.to(full.dtype)
+            full[where] += p.value.to(full.dtype)
         else:
-            full[region] = p.value
+            full[where] = p.value
     for i in partial:
         op = layout.placements[i][1]
         if op in ("avg", "mean"):
             full /= layout.mesh_shape[i]
         elif op != "sum":
             raise AssemblyError(f"{name!r}: partial placement with reduce op {op!r}; the oracle reduces sum and avg")
-    how = "DTensor " + ", ".join(_placement_text(p) for p in layout.placements) + f" over mesh {list(layout.mesh_shape)}"
+    how = f"DTensor {_layout_text(layout)} over mesh {list(layout.mesh_shape)}"
     return Assembled(full, regions, tuple(sorted(differ)), "", how)
+
+
+def held_indices(layout: MeshLayout, coord: tuple[int, ...]) -> list[torch.Tensor]:
+    """Per tensor dimension, the global indices held by the piece at mesh coordinate ``coord``, in the piece's order.
+
+    A DTensor's piece is the product of one index list per tensor dimension: every placement shards one dimension.
+    The lists come from torch's own split (``Shard`` and ``_StridedShard._split_tensor``, as ``distribute_tensor``
+    shards without a source rank) replayed on index vectors, left to right over the mesh dimensions, so uneven
+    chunks and FSDP2-over-TP's strided order come out as torch lays them out.
+    """
+    held = [torch.arange(n) for n in layout.global_shape]
+    for mesh_dim, p in enumerate(layout.placements):
+        if p[0] == "shard":
+            split: Shard | _StridedShard = Shard(0)
+        elif p[0] == "strided":
+            split = _StridedShard(0, split_factor=p[2])
+        else:
+            continue
+        chunks, _ = split._split_tensor(held[p[1]], layout.mesh_shape[mesh_dim], with_padding=False, contiguous=False)
+        held[p[1]] = chunks[coord[mesh_dim]]
+    return held
+
+
+def _region(held: list[torch.Tensor], shape: tuple[int, ...]) -> tuple[tuple, tuple[slice, ...] | torch.Tensor]:
+    """How to write a piece holding ``held`` into the full tensor, and its region: a box, or a mask where strided."""
+    if all(len(h) == 0 or bool((h == torch.arange(int(h[0]), int(h[0]) + len(h))).all()) for h in held):
+        box = tuple(slice(int(h[0]), int(h[0]) + len(h)) if len(h) else slice(0, 0) for h in held)
+        return box, box
+    # one index vector per dimension, each shaped to broadcast along its own axis: the open mesh of the lists
+    grid = tuple(h.view([-1 if d == k else 1 for d in range(len(held))]) for k, h in enumerate(held))
+    mask = torch.zeros(shape, dtype=torch.bool)
+    mask[grid] = True
+    return grid, mask
 
 
 def _flat(name: str, pieces: list[Piece]) -> Assembled:
@@ -173,9 +214,15 @@ def _index(coord: tuple[int, ...], shape: tuple[int, ...]) -> int:
     return int(np.ravel_multi_index(coord, shape))
 
 
+def _layout_text(layout: MeshLayout) -> str:
+    return ", ".join(_placement_text(p) for p in layout.placements)
+
+
 def _placement_text(p: tuple) -> str:
     if p[0] == "shard":
         return f"Shard({p[1]})"
+    if p[0] == "strided":
+        return f"_StridedShard({p[1]}, split_factor={p[2]})"
     return "Replicate()" if p[0] == "replicate" else f"Partial({p[1]})"
 
 

@@ -17,7 +17,7 @@ of this process under simdist, or the only rank of a real process):
 
 Snapshots are taken with the rank's dispatch modes disabled, so they cost no simulated time, allocate nothing
 the memory accounting sees and read nothing the race detector checks. A sharded tensor is captured as the
-rank's own piece with its layout (DTensor placements and offsets); assembly into full
+rank's own piece with its layout (DTensor placements over its mesh); assembly into full
 tensors happens after the run, from all ranks' pieces (:mod:`simdist.oracle.assemble`).
 """
 
@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from torch.distributed.tensor.placement_types import _StridedShard
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import _disable_current_modes
 
@@ -51,16 +51,14 @@ class UnsupportedLayoutError(SimdistError, NotImplementedError):
 
 @dataclass(frozen=True)
 class MeshLayout:
-    """Where a DTensor's local piece sits: its placements over the device mesh, and the piece's region."""
+    """How a DTensor is laid out over its device mesh; a rank's mesh coordinate says which elements its piece holds."""
 
     #: global ranks of the mesh, row-major, and the mesh's shape
     mesh_ranks: tuple[int, ...]
     mesh_shape: tuple[int, ...]
-    #: per mesh dimension: ("shard", dim), ("replicate",) or ("partial", reduce op)
+    #: per mesh dimension: ("shard", dim), ("strided", dim, split factor), ("replicate",) or ("partial", reduce op)
     placements: tuple[tuple[Any, ...], ...]
     global_shape: tuple[int, ...]
-    #: the piece's offset in the full tensor, per tensor dimension
-    offset: tuple[int, ...]
 
 
 #: a piece's layout: ``None`` for a plain tensor (a replica, or a hand-written shard the caller describes)
@@ -300,6 +298,8 @@ def mesh_layout(tensor: DTensor) -> MeshLayout:
     for p in tensor.placements:
         if type(p) is Shard:
             placements.append(("shard", p.dim))
+        elif isinstance(p, _StridedShard):
+            placements.append(("strided", p.dim, int(p.split_factor)))
         elif isinstance(p, Replicate):
             placements.append(("replicate",))
         elif isinstance(p, Partial):
@@ -307,13 +307,11 @@ def mesh_layout(tensor: DTensor) -> MeshLayout:
         else:
             raise UnsupportedLayoutError(
                 f"the equivalence oracle cannot assemble a DTensor placed {p!r} (placements {tensor.placements}); "
-                "it knows Shard, Replicate and Partial"
+                "it knows Shard, _StridedShard, Replicate and Partial"
             )
-    _, offset = compute_local_shape_and_global_offset(tensor.shape, mesh, tensor.placements)
     return MeshLayout(
         mesh_ranks=tuple(int(r.item()) for r in mesh.mesh.flatten()),  # .tolist() would wait for a device
         mesh_shape=tuple(mesh.mesh.shape),
         placements=tuple(placements),
         global_shape=tuple(tensor.shape),
-        offset=tuple(int(o) for o in offset),
     )
