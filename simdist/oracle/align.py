@@ -12,13 +12,15 @@ partial sum until it is all-reduced. Alignment works in two levels:
    is paired with the block of the same key on every rank. When a rank invokes a module ``m`` times as often
    as the reference (microbatches), the reference's invocation ``k`` of ``c`` is paired with the rank's
    invocations ``k, k + c, ..., k + (m-1)c`` (microbatch-major order, as a gradient-accumulation loop runs).
-2. **By op-name sequence inside a block** (``difflib.SequenceMatcher``): ops the parallel program adds
+2. **By op sequence inside a block** (``difflib.SequenceMatcher`` over the op's name, its outputs' numbers of
+   dimensions and, for optimizer ops, the parameter they work for): ops the parallel program adds
    (collectives' copies, slices of the batch, casts, a division by the world size) or leaves out are skipped.
+   Where the reference runs a rank's data ops once per rank, the rank's align with its own repetition.
 
 An aligned op's outputs are combined across ranks by the first rule that matches the reference's output
-(:func:`combine`): the same value on every rank; concatenated along a dimension in rank order (microbatches of
-a rank in order), possibly divided by the number of pieces (the gradient of a per-rank mean loss); summed; or
-averaged. In the optimizer phase only the first two apply: parameters and optimizer state are replicated or
+(:func:`combine`) over the ranks that run it: the same value on every rank; concatenated along a dimension in
+rank order (microbatches of a rank in order), possibly divided by the number of pieces (the gradient of a
+per-rank mean loss); summed; or averaged. In the optimizer phase only the first two apply: parameters and optimizer state are replicated or
 sharded, never partial sums, so a rank updating with its local gradient does not pass as "the mean is right".
 """
 
@@ -201,7 +203,6 @@ def _equal(op: OpRecord, value: torch.Tensor) -> bool:
 def combine(
     reference: torch.Tensor,
     pieces: Sequence[tuple[int, int, torch.Tensor]],
-    world: int,
     exact: bool,
     tolerances: dict[torch.dtype, Tolerance] | None,
     sharded_or_replicated: bool = False,

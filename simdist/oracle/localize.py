@@ -132,20 +132,19 @@ def first_divergence(
 ) -> Localization | None:
     """The first aligned op, in the reference's order, whose outputs diverge; explained (see the module's text)."""
     streams = {s.rank: s for s in ranks}
-    world = len(ranks)
     matches = align(ref, ranks, names)
     aligned = {id(op) for m in matches for _, _, op in m.pieces}
     for m in matches:
         if not m.pieces or m.ref.op in UNINITIALISED:
             continue
-        verdict = _outputs(m, world, exact, tolerances)
+        verdict = _outputs(m, exact, tolerances)
         if verdict is None or verdict.ok:
             continue
-        position, in_verdict = _inputs(m, ref, streams, world, exact, tolerances)
+        position, in_verdict = _inputs(m, ref, streams, exact, tolerances)
         rank = min(verdict.ranks) if verdict.ranks else m.pieces[0][0]
         piece = next(op for r, _, op in m.pieces if r == rank)
         if in_verdict is None:
-            rules = "; ".join(sorted({_input_rule(m, ref, streams, world, exact, tolerances)}))
+            rules = "; ".join(sorted({_input_rule(m, ref, streams, exact, tolerances)}))
             return Localization(
                 piece.op, piece.site, verdict.ranks, piece.module, piece.phase, verdict.difference, True,
                 str(piece.collective) if piece.collective else None,
@@ -153,7 +152,7 @@ def first_divergence(
                 f"its inputs matched ({rules}), so a non-tensor argument (a learning rate, a scale, a seed) or the "
                 "op itself differs",
             )
-        return _entry(m, position, in_verdict, ref, streams, aligned, world, exact, tolerances)
+        return _entry(m, position, in_verdict, ref, streams, aligned, exact, tolerances)
     return None
 
 
@@ -163,7 +162,7 @@ def _compare_rule(m: Match) -> bool:
 
 
 def _outputs(
-    m: Match, world: int, exact: bool, tolerances: dict[torch.dtype, Tolerance] | None
+    m: Match, exact: bool, tolerances: dict[torch.dtype, Tolerance] | None
 ) -> Verdict | None:
     """The verdict on the first output that no rule reconciles, else that of the last output; None: nothing to compare."""
     last = None
@@ -173,7 +172,7 @@ def _outputs(
         pieces = [(r, j, op.outputs[i]) for r, j, op in m.pieces if i < len(op.outputs) and op.outputs[i] is not None]
         if not pieces:
             continue
-        last = combine(value, pieces, world, exact, tolerances, _compare_rule(m))
+        last = combine(value, pieces, exact, tolerances, _compare_rule(m))
         if not last.ok:
             return last
     return last
@@ -200,7 +199,7 @@ def _input_values(
 
 
 def _inputs(
-    m: Match, ref: Stream, streams: dict[int, Stream], world: int, exact: bool,
+    m: Match, ref: Stream, streams: dict[int, Stream], exact: bool,
     tolerances: dict[torch.dtype, Tolerance] | None,
 ) -> tuple[int, Verdict | None]:
     """(position, verdict) of the first input no rule reconciles; (-1, None) when every input matched."""
@@ -208,14 +207,14 @@ def _inputs(
         value, pieces = _input_values(m, i, ref, streams)
         if value is None or not pieces:
             continue
-        v = combine(value, pieces, world, exact, tolerances, _compare_rule(m))
+        v = combine(value, pieces, exact, tolerances, _compare_rule(m))
         if not v.ok:
             return i, v
     return -1, None
 
 
 def _input_rule(
-    m: Match, ref: Stream, streams: dict[int, Stream], world: int, exact: bool,
+    m: Match, ref: Stream, streams: dict[int, Stream], exact: bool,
     tolerances: dict[torch.dtype, Tolerance] | None,
 ) -> str:
     """How the matched op's inputs compared, as text."""
@@ -223,13 +222,13 @@ def _input_rule(
     for i in range(len(m.ref.inputs)):
         value, pieces = _input_values(m, i, ref, streams)
         if value is not None and pieces:
-            rules.append(f"input {i}: {combine(value, pieces, world, exact, tolerances, _compare_rule(m)).rule}")
+            rules.append(f"input {i}: {combine(value, pieces, exact, tolerances, _compare_rule(m)).rule}")
     return ", ".join(rules) if rules else "no tensor inputs"
 
 
 def _entry(
     m: Match, position: int, in_verdict: Verdict, ref: Stream, streams: dict[int, Stream], aligned: set[int],
-    world: int, exact: bool, tolerances: dict[torch.dtype, Tolerance] | None,
+    exact: bool, tolerances: dict[torch.dtype, Tolerance] | None,
 ) -> Localization:
     """Where a divergence whose first aligned op already had differing inputs entered the parallel program."""
     bad = in_verdict.ranks or tuple(sorted({r for r, _, _ in m.pieces}))
@@ -272,21 +271,21 @@ def _entry(
     return Localization(
         consumer.op, consumer.site, bad, consumer.module, consumer.phase, in_verdict.difference, False, collective,
         f"input {position} is {source}, and it already differs from the reference's ({expected})"
-        + (_gradient_hint(m, position, ref, streams, world, exact, tolerances, in_verdict.difference)
+        + (_gradient_hint(m, position, ref, streams, exact, tolerances, in_verdict.difference)
            if source.gradient else
            ": the divergence entered with it, not through an op of this step"),
     )
 
 
 def _gradient_hint(
-    m: Match, position: int, ref: Stream, streams: dict[int, Stream], world: int, exact: bool,
+    m: Match, position: int, ref: Stream, streams: dict[int, Stream], exact: bool,
     tolerances: dict[torch.dtype, Tolerance] | None, difference: Difference | None,
 ) -> str:
     """What a gradient the optimizer reads says about its synchronisation: the ranks' sum or mean would match,
     or it is a multiple of the reference's."""
     value, pieces = _input_values(m, position, ref, streams)
     if value is not None and pieces:
-        v = combine(value, pieces, world, exact, tolerances)
+        v = combine(value, pieces, exact, tolerances)
         if v.ok:
             return (f"; it would match as {v.rule}: the gradient was not (or not fully) synchronised across ranks "
                     "before the step")
