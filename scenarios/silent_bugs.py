@@ -40,7 +40,7 @@ import argparse
 import contextlib
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,7 +49,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from verdicts import report
+from verdicts import importable_by_rank_processes, report
 
 import simdist
 from simdist.ranks import ranges
@@ -795,24 +795,6 @@ def final_state_differs(rep: simdist.EquivalenceReport) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-@contextlib.contextmanager
-def importable_by_rank_processes() -> Iterator[None]:
-    """This file's directory on ``sys.path`` while rank processes start.
-
-    They receive this process's ``sys.path`` and import the programs by module name: ``silent_bugs`` (and its
-    sibling ``verdicts``) when this file was imported rather than run, as the tests do.
-    """
-    here = str(Path(__file__).resolve().parent)
-    added = here not in sys.path
-    if added:
-        sys.path.insert(0, here)
-    try:
-        yield
-    finally:
-        if added:
-            sys.path.remove(here)
-
-
 def on_real_gloo(
     seed: int, repeats: int, simulated: dict[str, tuple[bool, bool]], verdicts: list, keys: str | None = None
 ) -> None:
@@ -831,7 +813,7 @@ def on_real_gloo(
         equal: list[simdist.EquivalenceReport] = []
         for _ in range(repeats):
             for bug, into in ((True, found), (False, equal)):
-                with importable_by_rank_processes():
+                with importable_by_rank_processes(Path(__file__).parent):
                     into.append(check_final_state(
                         case.program, case.reference, case.world, backend="gloo", seed=seed, args=(seed, bug),
                         reference_args=(seed,), **case.options,

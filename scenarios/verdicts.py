@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
 #: (expectation, whether it held, detail)
 Verdict = tuple[str, bool, str]
 
@@ -13,3 +18,21 @@ def report(verdicts: list[Verdict]) -> int:
     for name, ok, detail in verdicts:
         print(f"{name:{width}s} {'PASS' if ok else 'FAIL':8s} {detail}")
     return 0 if all(ok for _, ok, _ in verdicts) else 1
+
+
+@contextlib.contextmanager
+def importable_by_rank_processes(directory: Path) -> Iterator[None]:
+    """``directory`` (a scenario's) on ``sys.path`` while real rank processes start.
+
+    They receive this process's ``sys.path`` and import the scenario's programs by module name when the scenario
+    was imported rather than run, as the tests do.
+    """
+    here = str(Path(directory).resolve())
+    added = here not in sys.path
+    if added:
+        sys.path.insert(0, here)
+    try:
+        yield
+    finally:
+        if added:
+            sys.path.remove(here)
