@@ -288,7 +288,7 @@ class PipelineOptimizer:
         self._closed = True
         self._ties = []
 
-    def __enter__(self) -> PipelineOptimizer:
+    def __enter__(self) -> PipelineOptimizer:  # noqa: PYI034 (Python 3.10 has no typing.Self)
         return self
 
     def __exit__(self, *exc: object) -> None:
