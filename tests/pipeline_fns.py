@@ -12,6 +12,7 @@ on the full batch in one process.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import torch
@@ -248,3 +249,17 @@ def reference_params(layout: Layout, steps: int = STEPS, fixed_data: bool = Fals
         loss_fn(layout, model(x), y).backward()
         opt.step()
     return {name: p.detach().clone() for name, p in model.named_parameters(remove_duplicate=False)}
+
+
+def stalls(seconds: float) -> None:
+    """Rank 1 sleeps ``seconds`` of wall time before the second step; the others time out waiting for it."""
+    rank = dist.get_rank()
+    module = build(Layout(1))
+    opt = PipelineOptimizer(torch.optim.SGD(module.parameters(), lr=LR), [module],
+                            PipelineOptimizerConfig(sync_mode="average", communication_timeout_ms=500))
+    for step in range(2):
+        if rank == 1 and step == 1:
+            time.sleep(seconds)
+        for param in module.parameters():
+            param.grad = torch.ones_like(param)
+        opt.step()

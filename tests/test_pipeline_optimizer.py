@@ -669,3 +669,13 @@ def test_average_on_uneven_stages_raises_the_shape_error_on_real_gloo() -> None:
         real.run(fns.train, 2, args=(Layout(2, widths=(3, 5, 3)), "average"), timeout=120)
     assert "PipelineShapeError" in str(info.value)
     assert "stage 0 'layers.0.0.weight' (5, 3) vs stage 1 'layers.1.0.weight' (3, 5)" in str(info.value)
+
+
+@pytest.mark.real
+def test_a_stalled_stage_times_out_on_real_gloo_naming_stage_and_op() -> None:
+    with pytest.raises(real.RealRunError) as info:
+        real.run(fns.stalls, 2, args=(3.0,), timeout=120)
+    error = info.value
+    assert error.first_rank == 0, str(error)
+    assert "PipelineTimeoutError: stage 0 (pipeline rank 0, global rank 0): all_reduce of gradient " \
+           "'layers.0.0.weight' over the pipeline group did not complete within 500 ms" in error.failures[0]
