@@ -264,6 +264,34 @@ def test_silent_bugs_scenario_finds_each_bug_where_it_is_and_passes_each_correct
     check_golden("silent_bugs", out, tmp_path, update_golden)
 
 
+def test_pipeline_sync_scenario_shows_which_synchronisation_fits_which_layout(tmp_path, update_golden):
+    out = run_scenario("pipeline_sync", tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    verdicts = lines[next(i for i, l in enumerate(lines) if l.startswith("expectation")) + 1 :]
+    pipeline_sync = scenario_module("pipeline_sync")
+    assert len(verdicts) == sum(len(c.variants) for c in pipeline_sync.CASES)
+    assert all(" PASS " in l for l in verdicts), "\n".join(verdicts)
+    assert {c.key for c in pipeline_sync.CASES} == set("abcdefgh")
+    text = out.stdout
+    # the shape error names both stages and both parameters; the timeout its stage, microbatch and simulated time
+    assert "stage 0 'layers.0.0.weight' (8, 6) vs stage 1 'layers.1.weight' (3, 8)" in text
+    assert "stage 1: recv of the activation of microbatch 1" in text and "of simulated time" in text
+    assert "rank 0: waits in send to rank 1" in text and "rank 1: waits in send to rank 0" in text
+    check_golden("pipeline_sync", out, tmp_path, update_golden)
+
+
+@pytest.mark.real
+def test_pipeline_sync_on_real_gloo_agrees_with_the_simulation(capsys):
+    pipeline_sync = scenario_module("pipeline_sync")
+    verdicts: list = []
+    simulated = {(c.key, v.label): v.expect == "equal" for c in pipeline_sync.CASES for v in c.variants}
+    pipeline_sync.on_real_gloo(0, simulated, verdicts, keys="abg")
+    out = capsys.readouterr().out
+    assert verdicts and all(ok for _, ok, _ in verdicts), out + str(verdicts)
+    assert "raised PipelineShapeError" in out and "raised TimeoutError" in out
+
+
 @pytest.mark.real
 def test_silent_bugs_on_real_gloo_agree_with_the_simulation(capsys):
     silent_bugs = scenario_module("silent_bugs")

@@ -210,7 +210,7 @@ class Comparison:
             return []
         roots = sum(len(x) for x in mine)
         how = f"{self.loss} of {roots} backward roots" if self.loss != "accumulated" else (
-            f"each rank's sum of its backward roots, averaged over {len(mine)} ranks")
+            f"each rank's sum of its backward roots, averaged over {len(mine)} {plural('rank', len(mine))}")
         detail = f"parallel {value.item():.6g} ({how}), reference {expected.item():.6g}"
         return [Divergence(k, "loss", "loss", tuple(r for r, s in ranks.items() if s.losses),
                            difference(value, expected, bad), detail)]

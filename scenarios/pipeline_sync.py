@@ -1,0 +1,539 @@
+"""Which gradient synchronisation is right for which pipeline layout: PipelineOptimizer's modes against one process.
+
+A pipeline's stages either hold replicas of one model or different partitions of it, and the optimizer's
+gradient synchronisation is right for one of the two only. Every case trains a small float64 model for a few
+SGD steps with a hand-written GPipe schedule (send/recv of activations and their gradients per microbatch) and
+``simdist.strategies.PipelineOptimizer``, and compares it with the single-process model trained on the full
+batch through the equivalence oracle (``simdist.check_equivalence``): the first divergent step and tensor, the
+largest parameter difference after the last step, and the loss by step.
+
+(a) Partitioned stages of different shapes: AVERAGE and SUM match parameters by position across stages and
+    refuse the shapes; STAGE_WISE (each stage steps its own parameters) equals one process.
+(b) Partitioned stages of identical shapes (equal blocks): AVERAGE raises nothing and trains another model,
+    each stage's gradients averaged with the other stage's; STAGE_WISE equals one process.
+(c) Two stages x two data-parallel replicas: STAGE_WISE with the stage's ``dp_group`` equals one process;
+    AVERAGE over all four ranks does not; NONE lets the replicas of a stage drift apart.
+(d) An embedding tied between the first and the last stage, each holding a copy: without ``ties`` the copies
+    drift apart; with it (their gradients summed across the two stages) the model equals one process.
+(e) The microbatch loss not divided by the number of microbatches: every gradient is that many times too large.
+(f) Parameters broadcast from stage 0 after the step, across partitioned stages: refused for stages of
+    different shapes, and silently overwriting the last stage's parameters with the first stage's for equal ones.
+(g) A stage that stops sending: the next stage's receive times out, and the error names the stage, the
+    microbatch, the operation and the simulated time.
+(h) A hand-written 1F1B exchange where both neighbours send before they receive: a deadlock under NCCL-like
+    progress that names both sends; with ``batch_isend_irecv`` it runs and equals one process.
+
+With ``--real`` every case also runs on real gloo processes (one per rank, through ``real``): the same errors,
+and the final state compared with the reference's (``real.oracle.check_final_state``) must agree with the
+simulated verdict.
+
+Usage: python scenarios/pipeline_sync.py [--seed N] [--real] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from verdicts import importable_by_rank_processes, report
+
+import simdist
+from simdist.strategies import GradientSyncMode, PipelineOptimizer, PipelineOptimizerConfig
+
+D_IN, HIDDEN, D_OUT = 6, 8, 3
+#: width of every block of the "equal" model (its stages hold parameters of identical shapes)
+WIDTH = 8
+#: the language model of case (d): vocabulary, embedding width, tokens per row
+VOCAB, DIM, SEQ = 12, 6, 4
+BATCH, STEPS, LR = 8, 3, 0.1
+#: simulated milliseconds a stage waits for its neighbour before it gives up (case g)
+TIMEOUT_MS = 50
+REPORTS = Path(__file__).resolve().parent.parent / "reports"
+
+
+# ------------------------------------------------------------------------------------------- models, data
+class Stack(nn.Module):
+    """Layers applied in turn; a stage is the whole stack with the other stages' layers replaced by identities,
+    so its parameters keep the single-process model's names."""
+
+    def __init__(self, layers: list[nn.Module]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def build(kind: str, seed: int) -> Stack:
+    """The single-process model: "partitioned" (two layers of different shapes), "equal" (two blocks of
+    identical shapes) or "tied" (embedding, hidden block, projection sharing the embedding's weight)."""
+    torch.manual_seed(seed)
+    if kind == "partitioned":
+        layers = [nn.Sequential(nn.Linear(D_IN, HIDDEN), nn.Tanh()), nn.Linear(HIDDEN, D_OUT)]
+    elif kind == "equal":
+        layers = [nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh()), nn.Linear(WIDTH, WIDTH)]
+    else:
+        layers = [nn.Embedding(VOCAB, DIM), nn.Sequential(nn.Linear(DIM, DIM), nn.Tanh()),
+                  nn.Linear(DIM, VOCAB, bias=False)]
+        layers[2].weight = layers[0].weight
+    return Stack(layers).double()
+
+
+#: which layers each of the two stages owns
+OWNED = {"partitioned": ((0,), (1,)), "equal": ((0,), (1,)), "tied": ((0, 1), (2,))}
+
+
+def stage_model(kind: str, seed: int, stage: int) -> Stack:
+    """Stage ``stage`` of ``kind``'s model: its own layers, identities elsewhere; a tied projection gets its own copy."""
+    model = build(kind, seed)
+    if kind == "tied" and stage == 1:
+        model.layers[2].weight = nn.Parameter(model.layers[0].weight.detach().clone())
+    for i in range(len(model.layers)):
+        if i not in OWNED[kind][stage]:
+            model.layers[i] = nn.Identity()
+    return model
+
+
+def batch(kind: str, step: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of optimizer step ``step``: inputs and targets."""
+    g = torch.Generator().manual_seed(seed * 1000 + step)
+    if kind == "tied":
+        t = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
+        return t[:, :-1], t[:, 1:]
+    d_in, d_out = (D_IN, D_OUT) if kind == "partitioned" else (WIDTH, WIDTH)
+    x = torch.randn(BATCH, d_in, generator=g, dtype=torch.float64)
+    return x, torch.randn(BATCH, d_out, generator=g, dtype=torch.float64)
+
+
+def loss_of(kind: str, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    if kind == "tied":
+        return F.cross_entropy(out.reshape(-1, VOCAB), target.reshape(-1))
+    return F.mse_loss(out, target)
+
+
+def boundary(kind: str, rows: int) -> tuple[int, ...]:
+    """Shape of the activation the first stage sends the second for ``rows`` rows."""
+    return (rows, SEQ, DIM) if kind == "tied" else (rows, HIDDEN if kind == "partitioned" else WIDTH)
+
+
+# --------------------------------------------------------------------------------------------- the layouts
+@dataclass(frozen=True)
+class Layout:
+    """One variant of a case: the model, the ranks, the optimizer's configuration and what the program does."""
+
+    kind: str
+    mode: GradientSyncMode
+    #: data-parallel replicas of the two-stage pipeline (ranks = 2 x dp; rank = replica * 2 + stage)
+    dp: int = 1
+    micro: int = 2
+    broadcast: bool = False
+    #: reduce gradients over the replicas of a stage (STAGE_WISE's dp_group)
+    dp_group: bool = True
+    #: the pipeline group is every rank instead of the replica's two stages
+    world_pipeline: bool = False
+    ties: bool = False
+    scale_loss: bool = True
+    #: (step, microbatch) at which the first stage stops sending
+    stop: tuple[int, int] | None = None
+    #: "gpipe", or "1f1b-blocking" / "1f1b-batched" (two stages exchanging in the steady state)
+    schedule: str = "gpipe"
+
+    @property
+    def world(self) -> int:
+        return 2 * self.dp
+
+
+def groups(layout: Layout) -> tuple[Any, Any]:
+    """(this rank's pipeline group, its data-parallel group); every rank creates every group, as new_group requires."""
+    rank = dist.get_rank()
+    pipelines = [dist.new_group([2 * r, 2 * r + 1]) for r in range(layout.dp)]
+    replicas = [dist.new_group(list(range(s, layout.world, 2))) for s in (0, 1)] if layout.dp > 1 else [None, None]
+    pp = None if layout.world_pipeline or layout.dp == 1 else pipelines[rank // 2]
+    return pp, replicas[rank % 2] if layout.dp_group else None
+
+
+def _wait(work: Any, stage: int, what: str, micro: int) -> None:
+    """Wait for a point-to-point operation, at most TIMEOUT_MS; a timeout names the stage, microbatch and op."""
+    try:
+        work.wait(timeout=timedelta(milliseconds=TIMEOUT_MS))
+    except Exception as e:  # the backend's timeout error (simdist's names the simulated time)
+        raise TimeoutError(f"stage {stage}: {what} of microbatch {micro} did not complete within {TIMEOUT_MS} ms "
+                           f"({type(e).__name__}: {str(e).splitlines()[0]})") from e
+
+
+def gpipe(
+    layout: Layout, model: Stack, stage: int, peer: int, x: torch.Tensor, y: torch.Tensor, step: int
+) -> float | None:
+    """One GPipe step: every microbatch forward, then every backward in reverse; the last stage's summed loss
+    (None when the first stage stops answering)."""
+    micro_x, micro_y = x.chunk(layout.micro), y.chunk(layout.micro)
+    inputs: list[torch.Tensor] = []
+    outputs: list[torch.Tensor] = []
+    for k, xk in enumerate(micro_x):
+        if stage == 0:
+            out = model(xk)
+            if layout.stop == (step, k):
+                return None  # the stage stops answering: it sends nothing more
+            _wait(dist.isend(out.detach(), peer), stage, "send of the activation", k)
+        else:
+            h = torch.empty(boundary(layout.kind, xk.shape[0]), dtype=torch.float64)
+            _wait(dist.irecv(h, peer), stage, "recv of the activation", k)
+            h.requires_grad_()
+            inputs.append(h)
+            out = model(h)
+        outputs.append(out)
+    total = 0.0
+    for k in reversed(range(len(outputs))):
+        if stage == 1:
+            loss = loss_of(layout.kind, outputs[k], micro_y[k])
+            (loss / layout.micro if layout.scale_loss else loss).backward()
+            total += loss.item() / layout.micro
+            _wait(dist.isend(inputs[k].grad, peer), stage, "send of the input gradient", k)
+        else:
+            g = torch.empty_like(outputs[k])
+            _wait(dist.irecv(g, peer), stage, "recv of the output gradient", k)
+            outputs[k].backward(g)
+    return total
+
+
+def exchange(layout: Layout, send: torch.Tensor, recv: torch.Tensor, peer: int) -> None:
+    """Send one tensor to the neighbour and receive one from it: blocking (send, then recv) or batched."""
+    if layout.schedule == "1f1b-blocking":
+        dist.send(send, peer)  # both neighbours block here
+        dist.recv(recv, peer)
+        return
+    for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, send, peer), dist.P2POp(dist.irecv, recv, peer)]):
+        work.wait()
+
+
+def one_f_one_b(layout: Layout, model: Stack, stage: int, peer: int, x: torch.Tensor, y: torch.Tensor) -> float:
+    """One 1F1B step on two stages: in the steady state the first stage sends microbatch k+1's activation while
+    the second sends microbatch k's input gradient, an exchange between the two."""
+    micro_x, micro_y = x.chunk(layout.micro), y.chunk(layout.micro)
+    m, total = layout.micro, 0.0
+    if stage == 0:
+        outputs = [model(micro_x[0])]
+        dist.send(outputs[0].detach(), peer)
+        for k in range(m):
+            g = torch.empty_like(outputs[k])
+            if k + 1 < m:
+                outputs.append(model(micro_x[k + 1]))
+                exchange(layout, outputs[k + 1].detach(), g, peer)
+            else:
+                dist.recv(g, peer)
+            outputs[k].backward(g)
+        return total
+    h = torch.empty(boundary(layout.kind, micro_x[0].shape[0]), dtype=torch.float64)
+    dist.recv(h, peer)
+    for k in range(m):
+        h.requires_grad_()
+        loss = loss_of(layout.kind, model(h), micro_y[k])
+        (loss / m).backward()
+        total += loss.item() / m
+        if k + 1 < m:
+            nxt = torch.empty(boundary(layout.kind, micro_x[k + 1].shape[0]), dtype=torch.float64)
+            exchange(layout, h.grad, nxt, peer)
+            h = nxt
+        else:
+            dist.send(h.grad, peer)
+    return total
+
+
+def train(layout: Layout, seed: int) -> dict[str, Any]:
+    """A rank of the pipeline: its stage's model, PipelineOptimizer, STEPS steps; its losses and parameters."""
+    rank = dist.get_rank()
+    stage, replica = rank % 2, rank // 2
+    pp, dp = groups(layout)
+    model = stage_model(layout.kind, seed, stage)
+    ties = [{2 * r: "layers.0.weight", 2 * r + 1: "layers.2.weight"} for r in range(layout.dp)] if layout.ties else []
+    config = PipelineOptimizerConfig(layout.mode, broadcast_parameters=layout.broadcast)
+    losses = []
+    with PipelineOptimizer(torch.optim.SGD(model.parameters(), lr=LR), [model], config, pp_group=pp,
+                           dp_group=dp, ties=ties) as opt:
+        for step in range(STEPS):
+            x, y = batch(layout.kind, step, seed)
+            x, y = x.chunk(layout.dp)[replica], y.chunk(layout.dp)[replica]
+            opt.zero_grad()
+            peer = rank + 1 if stage == 0 else rank - 1
+            loss = (gpipe(layout, model, stage, peer, x, y, step) if layout.schedule == "gpipe"
+                    else one_f_one_b(layout, model, stage, peer, x, y))
+            if loss is None:
+                break
+            losses.append(loss)
+            opt.step()
+    return {"losses": losses if stage == 1 else [], "params": _params(model)}
+
+
+def reference(layout: Layout, seed: int) -> dict[str, Any]:
+    """The single-process model trained on the full batch, the mean loss."""
+    model = build(layout.kind, seed)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    losses = []
+    for step in range(STEPS):
+        x, y = batch(layout.kind, step, seed)
+        opt.zero_grad()
+        loss = loss_of(layout.kind, model(x), y)
+        loss.backward()
+        losses.append(loss.item())
+        opt.step()
+    return {"losses": losses, "params": _params(model)}
+
+
+def _params(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+# --------------------------------------------------------------------------------------------------- the cases
+@dataclass(frozen=True)
+class Variant:
+    """A layout and what must happen to it: "equal", "diverges" (with the tensors the oracle must name among its
+    divergences) or "raises" (with a text the error must contain)."""
+
+    label: str
+    layout: Layout
+    expect: str
+    names: tuple[str, ...] = ()
+    #: the first divergence's kind when it diverges, or the error's type name when it raises
+    kind: str = ""
+    #: for "diverges": the factor by which the gradients are the reference's, if the bug predicts one
+    scale: float | None = None
+    #: for "diverges": the replicas of a parameter must be reported unequal too
+    replicas: bool = False
+
+
+@dataclass(frozen=True)
+class Case:
+    key: str
+    title: str
+    variants: tuple[Variant, ...] = field(default_factory=tuple)
+
+
+SW, AVG, SUM, NONE = (GradientSyncMode.STAGE_WISE, GradientSyncMode.AVERAGE, GradientSyncMode.SUM,
+                      GradientSyncMode.NONE)
+PART, EQ = Layout("partitioned", SW), Layout("equal", SW)
+TIED = Layout("tied", SW)
+
+CASES = [
+    Case("a", "partitioned stages of different shapes", (
+        Variant("AVERAGE", replace(PART, mode=AVG), "raises", ("stage 0", "stage 1", "layers.0.0.weight",
+                                                                "layers.1.weight"), "PipelineShapeError"),
+        Variant("SUM", replace(PART, mode=SUM), "raises", ("stage 0", "stage 1"), "PipelineShapeError"),
+        Variant("STAGE_WISE", PART, "equal"),
+    )),
+    Case("b", "partitioned stages of identical shapes", (
+        Variant("AVERAGE", replace(EQ, mode=AVG), "diverges", ("layers.1.weight", "layers.0.0.weight"), "grad"),
+        Variant("STAGE_WISE", EQ, "equal"),
+    )),
+    Case("c", "two stages x two data-parallel replicas", (
+        Variant("STAGE_WISE, dp_group", replace(EQ, dp=2), "equal"),
+        Variant("AVERAGE over all ranks", replace(EQ, mode=AVG, dp=2, world_pipeline=True), "diverges",
+                ("layers.1.weight",), "grad"),
+        Variant("NONE", replace(EQ, mode=NONE, dp=2, dp_group=False), "diverges", ("layers.1.weight",), "grad",
+                replicas=True),
+    )),
+    Case("d", "embedding tied between the first and the last stage", (
+        Variant("STAGE_WISE, no ties", TIED, "diverges", ("layers.2.weight",), "grad"),
+        Variant("STAGE_WISE, ties", replace(TIED, ties=True), "equal"),
+    )),
+    Case("e", "microbatch loss not divided by the number of microbatches", (
+        Variant("loss not divided", replace(PART, micro=4, scale_loss=False), "diverges", ("layers.1.bias",),
+                "loss", scale=4.0),
+        Variant("loss / microbatches", replace(PART, micro=4), "equal"),
+    )),
+    Case("f", "parameters broadcast from stage 0 across partitioned stages", (
+        Variant("different shapes", replace(PART, mode=NONE, broadcast=True), "raises", ("stage 0", "stage 1"),
+                "PipelineShapeError"),
+        # the oracle captures at the base optimizer's step, before the broadcast: the damage shows a step later
+        Variant("identical shapes", replace(EQ, mode=NONE, broadcast=True), "diverges", ("layers.1.weight",),
+                "loss"),
+    )),
+    Case("g", "a stage stops sending", (
+        Variant("stops at step 1, microbatch 1", replace(PART, stop=(1, 1)), "raises",
+                ("stage 1", "recv of the activation of microbatch 1", "simulated"), "TimeoutError"),
+    )),
+    Case("h", "1F1B exchange between neighbours", (
+        Variant("send, then recv", replace(PART, schedule="1f1b-blocking"), "raises",
+                ("rank 0: waits in send", "rank 1: waits in send"), "DeadlockError"),
+        Variant("batch_isend_irecv", replace(PART, schedule="1f1b-batched"), "equal"),
+    )),
+]
+
+#: the tied projection's copy is the reference's embedding
+NAMES = {"layers.2.weight": "layers.0.weight"}
+
+
+def cluster(world: int) -> simdist.Cluster:
+    return simdist.Cluster.switch(world, bandwidth="25GB/s", latency="5us", device="cpu")
+
+
+@dataclass
+class Outcome:
+    """What one variant did under simdist."""
+
+    report: simdist.EquivalenceReport | None = None
+    error: BaseException | None = None
+
+    def text(self) -> str:
+        if self.error is not None:
+            lines = str(self.error).splitlines()
+            return f"{type(self.error).__name__}: {' / '.join(line.strip() for line in lines[:3])}"
+        assert self.report is not None
+        return "equals one process" if self.report.ok else str(self.report.first)
+
+
+def simulate(v: Variant, seed: int) -> Outcome:
+    """Run the variant through the oracle; a program error is the outcome (the rank's own exception if one raised)."""
+    try:
+        rep = simdist.check_equivalence(
+            train, reference, cluster(v.layout.world), args=(v.layout, seed), seed=seed, loss="accumulated",
+            names=NAMES if v.layout.kind == "tied" else None, localize=False, progress="nccl",
+        )
+    except simdist.RankError as e:
+        return Outcome(error=e.exc)
+    except simdist.SimdistError as e:
+        return Outcome(error=e)
+    return Outcome(report=rep)
+
+
+def drift(rep: simdist.EquivalenceReport) -> float:
+    """Largest |parameter - reference| after the last step, over every rank's copy."""
+    ref = rep.reference.returns[0]["params"]
+    worst = 0.0
+    for out in rep.parallel.returns:
+        for name, value in out["params"].items():
+            want = ref[NAMES.get(name, name)]
+            worst = max(worst, (value - want).abs().max().item())
+    return worst
+
+
+def differing(rep: simdist.EquivalenceReport) -> str:
+    """The tensors of the first divergent step that differ, by kind, in the report's order."""
+    kinds: dict[str, list[str]] = {}
+    for d in rep.divergences:
+        names = kinds.setdefault("replicas of" if d.kind == "replica" else d.kind, [])
+        if d.name not in names:
+            names.append(d.name)
+    return "; ".join("the loss" if kind == "loss" else f"{kind} {', '.join(names)}" for kind, names in kinds.items())
+
+
+def losses(rep: simdist.EquivalenceReport) -> str:
+    """The loss by step, the pipelines' mean against the reference's."""
+    lasts = [out["losses"] for out in rep.parallel.returns if out["losses"]]
+    mine = [sum(ls[k] for ls in lasts) / len(lasts) for k in range(STEPS)]
+    theirs = rep.reference.returns[0]["losses"]
+    return " ".join(f"{a:.4f}" for a in mine) + "  (ref " + " ".join(f"{b:.4f}" for b in theirs) + ")"
+
+
+def verdict(v: Variant, o: Outcome) -> tuple[bool, str]:
+    """Whether the outcome is what the variant expects, and a short account of it."""
+    if v.expect == "raises":
+        if o.error is None:
+            return False, "raised nothing"
+        text = str(o.error)
+        missing = [n for n in v.names if n not in text]
+        ok = type(o.error).__name__ == v.kind and not missing
+        return ok, f"{type(o.error).__name__}" + (f"; missing {missing}" if missing else "")
+    if o.error is not None:
+        return False, f"raised {type(o.error).__name__}"
+    rep = o.report
+    assert rep is not None
+    if v.expect == "equal":
+        return rep.ok, f"{rep.steps} steps equal" if rep.ok else str(rep.first)
+    if rep.ok:
+        return False, "reported equal"
+    named = {d.name for d in rep.divergences}
+    missing = [n for n in v.names if n not in named]
+    ok = rep.first.kind == v.kind and not missing
+    detail = f"step {rep.first.step}, {rep.first.kind} {rep.first.name!r}"
+    if v.replicas:
+        drifted = sorted({d.name for d in rep.divergences if d.kind == "replica"})
+        ok = ok and bool(drifted)
+        detail += f"; replicas differ: {', '.join(drifted) or 'none'}"
+    if v.scale is not None:
+        grad = next((d for d in rep.divergences if d.kind == "grad"), None)
+        scale = None if grad is None or grad.difference is None else grad.difference.scale
+        ok = ok and scale is not None and abs(scale - v.scale) < 1e-9 * v.scale
+        detail += f"; gradients {scale:.4g} x the reference's" if scale is not None else "; gradients not a multiple"
+    return ok, detail + (f"; not named: {missing}" if missing else "")
+
+
+def simulated(seed: int, verdicts: list[tuple[str, bool, str]]) -> dict[tuple[str, str], bool]:
+    """Every variant under simdist; returns whether each equalled one process (or raised), for --real."""
+    print(f"Pipeline gradient synchronisation: two stages (x replicas), GPipe with microbatches, {STEPS} SGD steps, "
+          f"float64, seed {seed}; each against one process on the full batch")
+    print()
+    outcome: dict[tuple[str, str], bool] = {}
+    for case in CASES:
+        print(f"({case.key}) {case.title}")
+        for v in case.variants:
+            o = simulate(v, seed)
+            print(f"  {v.label:30s} {o.text()}")
+            if o.report is not None and not o.report.ok:
+                print(f"  {'':30s} differing at step {o.report.first.step}: {differing(o.report)}")
+            if o.report is not None:
+                print(f"  {'':30s} max |param - ref| {drift(o.report):.2e}; loss {losses(o.report)}")
+            ok, detail = verdict(v, o)
+            verdicts.append((f"({case.key}) {v.label}: {v.expect}", ok, detail))
+            outcome[(case.key, v.label)] = o.report.ok if o.report is not None else False
+        print()
+    return outcome
+
+
+# ---------------------------------------------------------------------------------------------- real gloo
+def on_real_gloo(seed: int, simulated_ok: dict[tuple[str, str], bool], verdicts: list, keys: str | None = None) -> None:
+    """Every variant (of the cases ``keys``) on real gloo processes: errors as errors, the rest by final state."""
+    from real import RealRunError
+    from real.oracle import check_final_state
+
+    print("Real gloo: every variant on real processes (one per rank)")
+    agree = total = 0
+    for case in CASES:
+        if keys is not None and case.key not in keys:
+            continue
+        for v in case.variants:
+            if v.layout.schedule == "1f1b-blocking":
+                print(f"({case.key}) {v.label:30s} not launched: it would hang until the launcher's timeout")
+                continue
+            total += 1
+            try:
+                with importable_by_rank_processes(Path(__file__).parent):
+                    rep = check_final_state(train, reference, v.layout.world, backend="gloo", seed=seed,
+                                            args=(v.layout, seed), loss="accumulated",
+                                            names=NAMES if v.layout.kind == "tied" else None)
+            except RealRunError as e:
+                raised = v.expect == "raises" and v.kind in str(e)
+                agree += raised
+                print(f"({case.key}) {v.label:30s} {'raised ' + v.kind if raised else 'failed: ' + str(e).splitlines()[0]}")
+                continue
+            same = rep.ok == simulated_ok[(case.key, v.label)] and v.expect != "raises"
+            agree += same
+            print(f"({case.key}) {v.label:30s} {'equals one process' if rep.ok else rep.first}")
+    print()
+    verdicts.append(("real gloo agrees with the simulation", agree == total, f"{agree} of {total} variants"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--real", action="store_true", help="also run every variant on real gloo processes")
+    ap.add_argument("--out", type=Path, default=REPORTS, metavar="DIR", help="output directory (this scenario writes nothing there)")
+    args = ap.parse_args(argv)
+    verdicts: list[tuple[str, bool, str]] = []
+    outcome = simulated(args.seed, verdicts)
+    if args.real:
+        on_real_gloo(args.seed, outcome, verdicts)
+    return report(verdicts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
