@@ -9,9 +9,10 @@ entry points (:data:`TORCH_ENTRY`) are looked through, never shown.
 
 from __future__ import annotations
 
+import enum
 import os
 import sys
-from types import CodeType
+from types import CodeType, FrameType
 
 import torch
 from typing_extensions import Self
@@ -159,3 +160,38 @@ def caller_site(skip_prefixes: tuple[str, ...]) -> Site:
             frame = frame.f_back
         site = _build(k, calls, has_user)
     return site
+
+
+#: an argument longer than this when shown is left out of :func:`torch_scope`
+_SCOPE_ARG_MAX = 24
+
+
+def _short(value: object) -> str | None:
+    """``value`` as a short label (a number, a string, a tuple of them such as a schedule's action), or None."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float, str)) or (
+        isinstance(value, tuple) and all(v is None or isinstance(v, (int, float, str, enum.Enum)) for v in value)
+    ):
+        text = repr(value) if not isinstance(value, tuple) else str(value)
+        return text if len(text) <= _SCOPE_ARG_MAX and "\n" not in text else None
+    return None
+
+
+def torch_scope(frame: FrameType | None) -> str:
+    """torch's frames from ``frame`` outward that have short arguments, innermost first, as ``f(a=1F0)``.
+
+    Says where inside torch's code a blocked thread waits when torch's own loop drives the operations: a
+    pipeline schedule's runtime waits in ``_perform_action(action=1F0)`` (stage 1, forward, microbatch 0).
+    Only numbers, strings and tuples of them are shown, so no tensor is ever printed; "" when none.
+    """
+    parts = []
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.startswith(TORCH_DIR) and not code.co_filename.startswith(TORCH_ENTRY):
+            names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+            shown = [f"{n}={t}" for n in names if n != "self" and (t := _short(frame.f_locals.get(n))) is not None]
+            if shown:
+                parts.append(f"{code.co_name}({', '.join(shown)})")
+        frame = frame.f_back
+    return ", in ".join(parts)

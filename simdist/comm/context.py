@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import simpy
@@ -10,7 +11,7 @@ import typing_extensions
 
 from simdist.clock.baton import Baton
 from simdist.clock.ranktime import RankTime
-from simdist.clock.sites import Site, caller_site
+from simdist.clock.sites import Site, caller_site, torch_scope
 from simdist.comm.callbacks import IDLE, FutureCallbacks
 from simdist.comm.group import GroupState
 from simdist.comm.p2p import P2P
@@ -161,10 +162,13 @@ class RunContext:
                         f"{format_ranks(st.missing_ranks(seq))}; issued by {format_ranks(joined)}"
                     )
         states = []
+        frames = sys._current_frames()
         for s in self.baton.ranks:
             prefix = f"rank {s.rank} "
             what = "finished" if s.finished else (s.waiting_on or "blocked")
-            states.append((s.rank, what.removeprefix(prefix)))
+            # which step of torch's own loop (a schedule's action) the rank is blocked in
+            scope = "" if s.finished or s.thread is None else torch_scope(frames.get(s.thread.ident))
+            states.append((s.rank, what.removeprefix(prefix) + (f"; blocked in torch's {scope}" if scope else "")))
         lines += [f"  {format_ranks(ranks)}: {what}" for ranks, what in by_text(states)]
         for s in self.baton.children:
             if not s.finished and s.waiting_on != IDLE:
