@@ -553,6 +553,13 @@ def test_training_converges_with_the_single_device_loss_curve() -> None:
             torch.testing.assert_close(value, single_params[name], rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("layout", [Layout(2), Layout(4, widths=(3, 5, 2, 4, 3))], ids=["pp2", "pp4-uneven"])
+def test_none_without_broadcast_is_correct_for_partitions_with_one_replica_each(layout: Layout) -> None:
+    assert check(layout, "none", broadcast=False).ok
+    rep = check(Layout(layout.p, dp=2, widths=layout.widths), "none", broadcast=False)
+    assert not rep.ok and rep.first.step == 0, str(rep)  # replicas of a stage never meet
+
+
 def test_torch_pipeline_stages_under_schedule_gpipe_are_accepted() -> None:
     rep = check(Layout(2, m=4), torch_schedule=True)
     assert rep.ok, str(rep)
