@@ -323,6 +323,36 @@ def test_set_gradients_goes_by_position_and_checks_count_and_shape() -> None:
     assert "gradient 0 is for stage 0 of pipeline rank 0 'weight' of shape (3, 2); got (3,)" in got["errors"][2]
 
 
+def parameterless(mode: str) -> list[Any]:
+    """Every rank holds a stage without parameters: an activation between two devices."""
+    stage = nn.Tanh()
+    opt = PipelineOptimizer(torch.optim.SGD([{"params": []}], lr=0.1), [stage],
+                            PipelineOptimizerConfig(sync_mode=mode), dp_group=dist.group.WORLD)
+    opt.set_gradients([])
+    opt.zero_grad()
+    opt.step()
+    return opt.get_state()["pipeline"]["parameters"]
+
+
+@pytest.mark.parametrize("mode", [m.value for m in GradientSyncMode])
+def test_stages_without_parameters_step_in_every_mode(mode: str) -> None:
+    assert run(parameterless, 2, mode) == [[], []]
+
+
+def with_an_empty_stage() -> None:
+    module = nn.Linear(2, 2) if dist.get_rank() == 0 else nn.Tanh()
+    params = list(module.parameters())
+    opt = PipelineOptimizer(torch.optim.SGD(params or [{"params": []}], lr=0.1), [module])
+    opt.step()
+
+
+def test_a_stage_without_parameters_beside_one_with_is_a_shape_error_under_average() -> None:
+    exc = rank_error(with_an_empty_stage, 2)
+    assert isinstance(exc, PipelineShapeError)
+    assert "stage 0 has 2 parameters to synchronise and stage 1 has 0: stage 0 'weight' (2, 2) has no counterpart" \
+        in str(exc)
+
+
 def saved_and_loaded() -> dict[str, Any]:
     """Train two steps, save; a fresh optimizer loads the state and takes the third step as the first one does."""
     rank = dist.get_rank()
