@@ -323,6 +323,36 @@ def test_set_gradients_goes_by_position_and_checks_count_and_shape() -> None:
     assert "gradient 0 is for stage 0 of pipeline rank 0 'weight' of shape (3, 2); got (3,)" in got["errors"][2]
 
 
+def parameterless(mode: str) -> list[Any]:
+    """Every rank holds a stage without parameters: an activation between two devices."""
+    stage = nn.Tanh()
+    opt = PipelineOptimizer(torch.optim.SGD([{"params": []}], lr=0.1), [stage],
+                            PipelineOptimizerConfig(sync_mode=mode), dp_group=dist.group.WORLD)
+    opt.set_gradients([])
+    opt.zero_grad()
+    opt.step()
+    return opt.get_state()["pipeline"]["parameters"]
+
+
+@pytest.mark.parametrize("mode", [m.value for m in GradientSyncMode])
+def test_stages_without_parameters_step_in_every_mode(mode: str) -> None:
+    assert run(parameterless, 2, mode) == [[], []]
+
+
+def with_an_empty_stage() -> None:
+    module = nn.Linear(2, 2) if dist.get_rank() == 0 else nn.Tanh()
+    params = list(module.parameters())
+    opt = PipelineOptimizer(torch.optim.SGD(params or [{"params": []}], lr=0.1), [module])
+    opt.step()
+
+
+def test_a_stage_without_parameters_beside_one_with_is_a_shape_error_under_average() -> None:
+    exc = rank_error(with_an_empty_stage, 2)
+    assert isinstance(exc, PipelineShapeError)
+    assert "stage 0 has 2 parameters to synchronise and stage 1 has 0: stage 0 'weight' (2, 2) has no counterpart" \
+        in str(exc)
+
+
 def saved_and_loaded() -> dict[str, Any]:
     """Train two steps, save; a fresh optimizer loads the state and takes the third step as the first one does."""
     rank = dist.get_rank()
@@ -551,6 +581,13 @@ def test_training_converges_with_the_single_device_loss_curve() -> None:
     for rank, r in enumerate(returns):
         for name, value in r["params"].items():
             torch.testing.assert_close(value, single_params[name], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", [Layout(2), Layout(4, widths=(3, 5, 2, 4, 3))], ids=["pp2", "pp4-uneven"])
+def test_none_without_broadcast_is_correct_for_partitions_with_one_replica_each(layout: Layout) -> None:
+    assert check(layout, "none", broadcast=False).ok
+    rep = check(Layout(layout.p, dp=2, widths=layout.widths), "none", broadcast=False)
+    assert not rep.ok and rep.first.step == 0, str(rep)  # replicas of a stage never meet
 
 
 def test_torch_pipeline_stages_under_schedule_gpipe_are_accepted() -> None:
