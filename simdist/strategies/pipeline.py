@@ -39,10 +39,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-# The base class of PipelineStage and of the stages torch's tracer builds (``build_stage``): both keep
-# the stage's module in ``.submod``.
-from torch.distributed.pipelining.stage import _PipelineStageBase
-
 
 class PipelineShapeError(ValueError):
     """Ranks of a group hold parameters that do not match by position (count, shape or dtype)."""
@@ -125,7 +121,7 @@ class PipelineOptimizer:
     def __init__(
         self,
         base_optimizer: torch.optim.Optimizer,
-        stages: Sequence[nn.Module | _PipelineStageBase],
+        stages: Sequence[nn.Module | Any],
         config: PipelineOptimizerConfig | None = None,
         *,
         pp_group: dist.ProcessGroup | None = None,
@@ -140,7 +136,7 @@ class PipelineOptimizer:
         if not isinstance(config, PipelineOptimizerConfig):
             raise TypeError(f"config must be a PipelineOptimizerConfig; got {type(config).__name__}")
         config.validate()
-        if isinstance(stages, (nn.Module, _PipelineStageBase)) or not isinstance(stages, Sequence):
+        if isinstance(stages, nn.Module) or _is_torch_stage(stages) or not isinstance(stages, Sequence):
             raise TypeError(
                 "stages must be a list of this rank's stages (nn.Module or PipelineStage); "
                 f"got {type(stages).__name__}: wrap a single stage in a list"
@@ -173,7 +169,7 @@ class PipelineOptimizer:
         self.pp_size = dist.get_world_size(pp_group)
         self.dp_size = dist.get_world_size(dp_group) if dp_group is not None else 1
         self._stage_ids, self.modules = _unwrap(stages)
-        torch_counts = {s.num_stages for s in stages if isinstance(s, _PipelineStageBase)}
+        torch_counts = {s.num_stages for s in stages if _is_torch_stage(s)}
         if len(torch_counts) > 1:
             raise ValueError(
                 f"this rank's PipelineStages disagree on the number of stages: {sorted(torch_counts)}; "
@@ -469,12 +465,23 @@ class PipelineOptimizer:
 # ---------------------------------------------------------------------------------- helpers
 
 
-def _unwrap(stages: Sequence[nn.Module | _PipelineStageBase]) -> tuple[list[int | None], list[nn.Module]]:
+def _is_torch_stage(stage: Any) -> bool:
+    """Whether ``stage`` is one of torch's pipeline stages (``PipelineStage``, or what ``build_stage`` returns).
+
+    Recognised by what they have, the module in ``.submod`` and their place in the pipeline, rather than by
+    class: importing ``torch.distributed.pipelining`` costs half a second, which every user of
+    ``simdist.strategies`` would pay.
+    """
+    return (not isinstance(stage, nn.Module) and isinstance(getattr(stage, "submod", None), nn.Module)
+            and isinstance(getattr(stage, "stage_index", None), int) and isinstance(getattr(stage, "num_stages", None), int))
+
+
+def _unwrap(stages: Sequence[nn.Module | Any]) -> tuple[list[int | None], list[nn.Module]]:
     """Each stage's pipeline stage number (None for a plain module) and its module."""
     ids: list[int | None] = []
     modules: list[nn.Module] = []
     for index, stage in enumerate(stages):
-        if isinstance(stage, _PipelineStageBase):
+        if _is_torch_stage(stage):
             ids.append(stage.stage_index)
             modules.append(stage.submod)
         elif isinstance(stage, nn.Module):
