@@ -111,10 +111,17 @@ def loss_fn(layout: Layout, out: torch.Tensor, target: torch.Tensor, reduction: 
     return F.mse_loss(out, target, reduction=reduction)
 
 
-def reference(layout: Layout, steps: int = STEPS, fixed_data: bool = False) -> list[float]:
+def make_optimizer(name: str, params: Any) -> torch.optim.Optimizer:
+    """SGD with momentum, or Adam."""
+    if name == "adam":
+        return torch.optim.Adam(params, lr=LR / 10)
+    return torch.optim.SGD(params, lr=LR, momentum=0.9)
+
+
+def reference(layout: Layout, steps: int = STEPS, fixed_data: bool = False, optimizer: str = "sgd") -> list[float]:
     """The whole model on the full batch (the first one at every step with ``fixed_data``); each step's loss."""
     model = build(layout)
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    opt = make_optimizer(optimizer, model.parameters())
     losses = []
     for step in range(steps):
         x, y = batch(layout, 0 if fixed_data else step)
@@ -187,12 +194,13 @@ def train(
     steps: int = STEPS,
     torch_schedule: bool = False,
     fixed_data: bool = False,
+    optimizer: str = "sgd",
 ) -> dict[str, Any]:
     """Train ``layout`` with a PipelineOptimizer in ``mode``; returns this rank's parameters and losses.
 
     ``use_dp_group=False`` leaves dp_group out, ``use_ties=False`` the ties; ``torch_schedule`` runs torch's
     ``PipelineStage`` and ``ScheduleGPipe`` instead of the hand-written loop (no tie, one replica);
-    ``fixed_data`` trains on the first batch at every step.
+    ``fixed_data`` trains on the first batch at every step; ``optimizer`` is "sgd" (with momentum) or "adam".
     """
     rank = dist.get_rank()
     assert dist.get_world_size() == layout.world, (dist.get_world_size(), layout)
@@ -200,7 +208,7 @@ def train(
     replica, position = divmod(rank, layout.p)
     module = build_stage(layout, position)
     config = PipelineOptimizerConfig(sync_mode=mode, broadcast_parameters=broadcast)
-    base = torch.optim.SGD(module.parameters(), lr=LR, momentum=0.9)
+    base = make_optimizer(optimizer, module.parameters())
     first, last = position == 0, position == layout.p - 1
     schedule = None
     if torch_schedule:

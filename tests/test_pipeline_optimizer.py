@@ -716,3 +716,16 @@ def test_a_stalled_stage_times_out_on_real_gloo_naming_stage_and_op() -> None:
     assert error.first_rank == 0, str(error)
     assert "PipelineTimeoutError: stage 0 (pipeline rank 0, global rank 0): all_reduce of gradient " \
            "'layers.0.0.weight' over the pipeline group did not complete within 500 ms" in error.failures[0]
+
+
+@pytest.mark.parametrize("layout", [Layout(p=2, dp=2), Layout(p=2, tie=True)], ids=["pp2xdp2", "tied"])
+def test_stage_wise_with_adam_equals_single_device(layout: Layout) -> None:
+    # Adam's state (moments, step count) follows each stage's own parameters, replicas kept equal by dp_group
+    names = {"head.weight*": "embed.weight*"} if layout.tie else None
+    rep = simdist.check_equivalence(
+        fns.train, fns.reference, simdist.Cluster.switch(layout.world, device="cpu"), args=(layout,),
+        kwargs={"optimizer": "adam"}, reference_args=(layout,),
+        reference_kwargs={"optimizer": "adam"}, names=names, compute=False, localize=False,
+    )
+    assert rep.ok, str(rep)
+    assert rep.compared["optimizer state tensors"] == 3 * rep.compared["parameters"]
