@@ -2,7 +2,8 @@
 
 ``ddp``: data-parallel wrappers (naive, flat, overlapped, bucketed) with switches that reproduce classic
 bugs; ``consistency``: a check that the replicas agree across ranks; ``pipeline``: an optimizer wrapper for
-pipeline stages with gradient-synchronisation modes.
+pipeline stages with gradient-synchronisation modes; ``zero``: an optimizer whose state is sharded over the
+ranks (ZeRO stage 1).
 """
 
 from simdist.strategies.consistency import Divergence, ReplicaMismatch, assert_replicas_equal, check_replicas
@@ -14,6 +15,7 @@ from simdist.strategies.pipeline import (
     PipelineShapeError,
     PipelineTimeoutError,
 )
+from simdist.strategies.zero import ShardedOptimizer
 
 __all__ = [
     "BucketedDDP",
@@ -27,6 +29,7 @@ __all__ = [
     "PipelineShapeError",
     "PipelineTimeoutError",
     "ReplicaMismatch",
+    "ShardedOptimizer",
     "assert_replicas_equal",
     "check_replicas",
 ]
