@@ -1,0 +1,55 @@
+"""simdist's memory accounting against the ZeRO formulas, on the model of ``benchmarks/fsdp_bench.py``.
+
+Not a timed test: the oracle is arithmetic on the model's parameter count. Adam keeps two fp32 moments per
+element and one 4-byte step counter per parameter tensor, so the optimizer state a rank holds is exactly
+8 x (its elements) + 4 x (its tensors): all of them under DDP, its ShardedOptimizer share under ZeRO-1,
+1/N of every tensor (and every counter) under FSDP2.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location(
+    "fsdp_bench", Path(__file__).resolve().parent.parent / "benchmarks" / "fsdp_bench.py"
+)
+bench = importlib.util.module_from_spec(_spec)
+sys.modules["fsdp_bench"] = bench  # its dataclasses look their module up there
+_spec.loader.exec_module(bench)
+
+#: every width divisible by the 4 ranks, so FSDP2's shards are equal
+TINY = bench.ModelConfig(dim=16, layers=2, heads=2, vocab=32, seq=8, batch=2)
+RANKS = 4
+
+
+@pytest.fixture(scope="module")
+def rows() -> dict[str, "bench.Row"]:
+    return {name: bench.measure(name, TINY, ranks=RANKS, steps=2) for name in ("torch DDP", "ZeRO-1", "torch FSDP2")}
+
+
+def test_ddp_holds_all_of_adams_state_on_every_rank(rows: dict) -> None:
+    r = rows["torch DDP"]
+    assert r.per_rank_state == [8 * r.psi + 4 * r.tensors] * RANKS
+    assert r.measured["parameters"] == 4 * r.psi and r.measured["gradients"] == 4 * r.psi
+    assert r.model_states == sum(bench.replicated_states(r.psi, RANKS, r.tensors)) == 16 * r.psi + 4 * r.tensors
+
+
+def test_zero1_holds_adams_state_for_its_share_only(rows: dict) -> None:
+    r, ddp = rows["ZeRO-1"], rows["torch DDP"]
+    shares = bench.zero1_shares(TINY, RANKS)
+    assert r.per_rank_state == [8 * elements + 4 * tensors for elements, tensors in shares]
+    assert sum(r.per_rank_state) == ddp.per_rank_state[0]  # each state tensor held once over the group
+    # parameters and gradients stay whole on every rank: ZeRO stage 1 shards the optimizer state only
+    assert r.measured["parameters"] == 4 * r.psi and r.measured["gradients"] == 4 * r.psi
+
+
+def test_fsdp2_holds_a_quarter_of_adams_moments_and_every_step_counter(rows: dict) -> None:
+    r = rows["torch FSDP2"]
+    assert r.per_rank_state == [8 * r.psi // RANKS + 4 * r.tensors] * RANKS
+    assert r.per_rank_state[0] == bench.sharded_states(r.psi, RANKS, r.tensors)[2]
+    # the sharded fp32 parameters, plus the bf16 unit FSDP2 has gathered at the moment of the maximum
+    assert r.measured["parameters"] > 4 * r.psi / RANKS
