@@ -346,3 +346,37 @@ def test_sharded_optimizer_on_real_gloo_processes_equals_single_process_training
     setup = ZeroSetup(optimizer="adamw", groups=True)
     rep = check_final_state(zero_ddp, reference, nproc, args=(setup,))
     assert rep.ok, str(rep)
+
+
+# ---- a consolidated state dict resumes on another number of ranks
+
+
+def full_batch_training(steps: range, state: bytes | None, params: list[torch.Tensor] | None) -> dict[str, Any]:
+    """Rank code: every rank trains on the same full batch (so the world size cannot matter), from ``state``."""
+    torch.manual_seed(0)
+    net = Vectors([(5, 3), (3,), (4, 4), (7,)], [True] * 4)
+    if params is not None:
+        with torch.no_grad():
+            for p, saved in zip(net.parameters(), params):
+                p.copy_(saved)
+    opt = ShardedOptimizer(net.parameters(), torch.optim.AdamW, lr=0.01, weight_decay=0.1)
+    if state is not None:
+        opt.load_state_dict(torch.load(io.BytesIO(state), weights_only=False))
+    for step in steps:
+        x = torch.randn(16, generator=torch.Generator().manual_seed(step))
+        opt.zero_grad()
+        net(x).backward()
+        opt.step()
+    consolidated = opt.state_dict()
+    buffer = io.BytesIO()
+    torch.save(consolidated, buffer)
+    return {"state": buffer.getvalue(), "params": [p.detach().clone() for p in net.parameters()]}
+
+
+def test_a_consolidated_state_dict_resumes_on_another_world_size() -> None:
+    uninterrupted = run(full_batch_training, 1, range(4), None, None)[0]
+    saved = run(full_batch_training, 3, range(2), None, None)[0]  # rank 0 holds the consolidated dict
+    for world in (2, 4):
+        resumed = run(full_batch_training, world, range(2, 4), saved["state"], saved["params"])
+        for got in resumed:
+            assert all(torch.equal(a, b) for a, b in zip(got["params"], uninterrupted["params"]))
