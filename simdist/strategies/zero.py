@@ -153,7 +153,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for p, owner in zip(self._flat_params(), self._owners):
             if p is param:
                 return owner
-        raise KeyError("this tensor is not one of the ShardedOptimizer's parameters")
+        raise KeyError(
+            f"owner_of got a tensor of shape {tuple(param.shape)} that is none of this ShardedOptimizer's "
+            "parameters; pass one of the parameters it was built with (opt.param_groups[i]['params'])"
+        )
 
     # ------------------------------------------------------------------------------ stepping
 
