@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from oracle_cases import Case, Outcome, Variant, outcome_of, show, verdict
 from torch import nn
 from verdicts import importable_by_rank_processes, report
 
@@ -294,30 +295,6 @@ def _params(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 # --------------------------------------------------------------------------------------------------- the cases
-@dataclass(frozen=True)
-class Variant:
-    """A layout and what must happen to it: "equal", "diverges" (with the tensors the oracle must name among its
-    divergences) or "raises" (with a text the error must contain)."""
-
-    label: str
-    layout: Layout
-    expect: str
-    names: tuple[str, ...] = ()
-    #: the first divergence's kind when it diverges, or the error's type name when it raises
-    kind: str = ""
-    #: for "diverges": the factor by which the gradients are the reference's, if the bug predicts one
-    scale: float | None = None
-    #: for "diverges": the replicas of a parameter must be reported unequal too
-    replicas: bool = False
-
-
-@dataclass(frozen=True)
-class Case:
-    key: str
-    title: str
-    variants: tuple[Variant, ...] = field(default_factory=tuple)
-
-
 SW, AVG, SUM, NONE = (GradientSyncMode.STAGE_WISE, GradientSyncMode.AVERAGE, GradientSyncMode.SUM,
                       GradientSyncMode.NONE)
 PART, EQ = Layout("partitioned", SW), Layout("equal", SW)
@@ -376,95 +353,12 @@ def cluster(world: int) -> simdist.Cluster:
     return simdist.Cluster.switch(world, bandwidth="25GB/s", latency="5us", device="cpu")
 
 
-@dataclass
-class Outcome:
-    """What one variant did under simdist."""
-
-    report: simdist.EquivalenceReport | None = None
-    error: BaseException | None = None
-
-    def text(self) -> str:
-        if self.error is not None:
-            lines = str(self.error).splitlines()
-            return f"{type(self.error).__name__}: {' / '.join(line.strip() for line in lines[:3])}"
-        assert self.report is not None
-        return "equals one process" if self.report.ok else str(self.report.first)
-
-
 def simulate(v: Variant, seed: int) -> Outcome:
     """Run the variant through the oracle; a program error is the outcome (the rank's own exception if one raised)."""
-    try:
-        rep = simdist.check_equivalence(
-            train, reference, cluster(v.layout.world), args=(v.layout, seed), seed=seed, loss="accumulated",
-            names=NAMES if v.layout.kind == "tied" else None, localize=False, progress="nccl",
-        )
-    except simdist.RankError as e:
-        return Outcome(error=e.exc)
-    except simdist.SimdistError as e:
-        return Outcome(error=e)
-    return Outcome(report=rep)
-
-
-def drift(rep: simdist.EquivalenceReport) -> float:
-    """Largest |parameter - reference| after the last step, over every rank's copy."""
-    ref = rep.reference.returns[0]["params"]
-    worst = 0.0
-    for out in rep.parallel.returns:
-        for name, value in out["params"].items():
-            want = ref[NAMES.get(name, name)]
-            worst = max(worst, (value - want).abs().max().item())
-    return worst
-
-
-def differing(rep: simdist.EquivalenceReport) -> str:
-    """The tensors of the first divergent step that differ, by kind, in the report's order."""
-    kinds: dict[str, list[str]] = {}
-    for d in rep.divergences:
-        names = kinds.setdefault("replicas of" if d.kind == "replica" else d.kind, [])
-        if d.name not in names:
-            names.append(d.name)
-    return "; ".join("the loss" if kind == "loss" else f"{kind} {', '.join(names)}" for kind, names in kinds.items())
-
-
-def losses(rep: simdist.EquivalenceReport) -> str:
-    """The loss by step, the pipelines' mean against the reference's."""
-    lasts = [out["losses"] for out in rep.parallel.returns if out["losses"]]
-    mine = [sum(ls[k] for ls in lasts) / len(lasts) for k in range(STEPS)]
-    theirs = rep.reference.returns[0]["losses"]
-    return " ".join(f"{a:.4f}" for a in mine) + "  (ref " + " ".join(f"{b:.4f}" for b in theirs) + ")"
-
-
-def verdict(v: Variant, o: Outcome) -> tuple[bool, str]:
-    """Whether the outcome is what the variant expects, and a short account of it."""
-    if v.expect == "raises":
-        if o.error is None:
-            return False, "raised nothing"
-        text = str(o.error)
-        missing = [n for n in v.names if n not in text]
-        ok = type(o.error).__name__ == v.kind and not missing
-        return ok, f"{type(o.error).__name__}" + (f"; missing {missing}" if missing else "")
-    if o.error is not None:
-        return False, f"raised {type(o.error).__name__}"
-    rep = o.report
-    assert rep is not None
-    if v.expect == "equal":
-        return rep.ok, f"{rep.steps} steps equal" if rep.ok else str(rep.first)
-    if rep.ok:
-        return False, "reported equal"
-    named = {d.name for d in rep.divergences}
-    missing = [n for n in v.names if n not in named]
-    ok = rep.first.kind == v.kind and not missing
-    detail = f"step {rep.first.step}, {rep.first.kind} {rep.first.name!r}"
-    if v.replicas:
-        drifted = sorted({d.name for d in rep.divergences if d.kind == "replica"})
-        ok = ok and bool(drifted)
-        detail += f"; replicas differ: {', '.join(drifted) or 'none'}"
-    if v.scale is not None:
-        grad = next((d for d in rep.divergences if d.kind == "grad"), None)
-        scale = None if grad is None or grad.difference is None else grad.difference.scale
-        ok = ok and scale is not None and abs(scale - v.scale) < 1e-9 * v.scale
-        detail += f"; gradients {scale:.4g} x the reference's" if scale is not None else "; gradients not a multiple"
-    return ok, detail + (f"; not named: {missing}" if missing else "")
+    return outcome_of(lambda: simdist.check_equivalence(
+        train, reference, cluster(v.layout.world), args=(v.layout, seed), seed=seed, loss="accumulated",
+        names=NAMES if v.layout.kind == "tied" else None, localize=False, progress="nccl",
+    ))
 
 
 def simulated(seed: int, verdicts: list[tuple[str, bool, str]]) -> dict[tuple[str, str], bool]:
@@ -477,11 +371,7 @@ def simulated(seed: int, verdicts: list[tuple[str, bool, str]]) -> dict[tuple[st
         print(f"({case.key}) {case.title}")
         for v in case.variants:
             o = simulate(v, seed)
-            print(f"  {v.label:30s} {o.text()}")
-            if o.report is not None and not o.report.ok:
-                print(f"  {'':30s} differing at step {o.report.first.step}: {differing(o.report)}")
-            if o.report is not None:
-                print(f"  {'':30s} max |param - ref| {drift(o.report):.2e}; loss {losses(o.report)}")
+            show(v, o, NAMES)
             ok, detail = verdict(v, o)
             verdicts.append((f"({case.key}) {v.label}: {v.expect}", ok, detail))
             outcome[(case.key, v.label)] = o.report.ok if o.report is not None else False

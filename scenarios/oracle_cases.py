@@ -1,0 +1,136 @@
+"""Cases of a scenario checked against one process by the equivalence oracle: variants, outcomes, verdicts.
+
+A case has variants; each variant runs a layout of a parallel program and expects one of three things: it
+equals the single-process model ("equal"), it diverges (the oracle must report the first divergence of a kind
+and name some tensors, "diverges") or it raises (an error of a type whose text names some things, "raises").
+The programs return ``{"losses": [...], "params": {name: tensor}}`` on every rank (losses only where the loss
+is computed), and so do their references.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import simdist
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A layout and what must happen to it: "equal", "diverges" (with the tensors the oracle must name among its
+    divergences) or "raises" (with a text the error must contain)."""
+
+    label: str
+    layout: Any
+    expect: str
+    names: tuple[str, ...] = ()
+    #: the first divergence's kind when it diverges, or the error's type name when it raises
+    kind: str = ""
+    #: for "diverges": the factor by which the gradients are the reference's, if the bug predicts one
+    scale: float | None = None
+    #: for "diverges": the replicas of a parameter must be reported unequal too
+    replicas: bool = False
+
+
+@dataclass(frozen=True)
+class Case:
+    key: str
+    title: str
+    variants: tuple[Variant, ...] = field(default_factory=tuple)
+
+
+@dataclass
+class Outcome:
+    """What one variant did under simdist."""
+
+    report: simdist.EquivalenceReport | None = None
+    error: BaseException | None = None
+
+    def text(self) -> str:
+        if self.error is not None:
+            lines = str(self.error).splitlines()
+            return f"{type(self.error).__name__}: {' / '.join(line.strip() for line in lines[:3])}"
+        assert self.report is not None
+        return "equals one process" if self.report.ok else str(self.report.first)
+
+
+def outcome_of(check: Callable[[], simdist.EquivalenceReport]) -> Outcome:
+    """The oracle's report, or the program's error (the rank's own exception if one raised) as the outcome."""
+    try:
+        return Outcome(report=check())
+    except simdist.RankError as e:
+        return Outcome(error=e.exc)
+    except simdist.SimdistError as e:
+        return Outcome(error=e)
+
+
+def drift(rep: simdist.EquivalenceReport, names: Mapping[str, str] | None = None) -> float:
+    """Largest |parameter - reference| after the last step, over every rank's copy (``names``: parallel -> reference)."""
+    ref = rep.reference.returns[0]["params"]
+    worst = 0.0
+    for out in rep.parallel.returns:
+        for name, value in out["params"].items():
+            want = ref[(names or {}).get(name, name)]
+            worst = max(worst, (value - want).abs().max().item())
+    return worst
+
+
+def differing(rep: simdist.EquivalenceReport) -> str:
+    """The tensors of the first divergent step that differ, by kind, in the report's order."""
+    kinds: dict[str, list[str]] = {}
+    for d in rep.divergences:
+        names = kinds.setdefault("replicas of" if d.kind == "replica" else d.kind, [])
+        if d.name not in names:
+            names.append(d.name)
+    return "; ".join("the loss" if kind == "loss" else f"{kind} {', '.join(names)}" for kind, names in kinds.items())
+
+
+def losses(rep: simdist.EquivalenceReport) -> str:
+    """The loss by step, the mean over the ranks that computed one, against the reference's."""
+    lasts = [out["losses"] for out in rep.parallel.returns if out["losses"]]
+    mine = [sum(ls[k] for ls in lasts) / len(lasts) for k in range(min(map(len, lasts)))]
+    theirs = rep.reference.returns[0]["losses"]
+    return " ".join(f"{a:.4f}" for a in mine) + "  (ref " + " ".join(f"{b:.4f}" for b in theirs) + ")"
+
+
+def verdict(v: Variant, o: Outcome) -> tuple[bool, str]:
+    """Whether the outcome is what the variant expects, and a short account of it."""
+    if v.expect == "raises":
+        if o.error is None:
+            return False, "raised nothing"
+        text = str(o.error)
+        missing = [n for n in v.names if n not in text]
+        ok = type(o.error).__name__ == v.kind and not missing
+        return ok, f"{type(o.error).__name__}" + (f"; missing {missing}" if missing else "")
+    if o.error is not None:
+        return False, f"raised {type(o.error).__name__}"
+    rep = o.report
+    assert rep is not None
+    if v.expect == "equal":
+        return rep.ok, f"{rep.steps} steps equal" if rep.ok else str(rep.first)
+    if rep.ok:
+        return False, "reported equal"
+    named = {d.name for d in rep.divergences}
+    missing = [n for n in v.names if n not in named]
+    ok = rep.first.kind == v.kind and not missing
+    detail = f"step {rep.first.step}, {rep.first.kind} {rep.first.name!r}"
+    if v.replicas:
+        drifted = sorted({d.name for d in rep.divergences if d.kind == "replica"})
+        ok = ok and bool(drifted)
+        detail += f"; replicas differ: {', '.join(drifted) or 'none'}"
+    if v.scale is not None:
+        grad = next((d for d in rep.divergences if d.kind == "grad"), None)
+        scale = None if grad is None or grad.difference is None else grad.difference.scale
+        ok = ok and scale is not None and abs(scale - v.scale) < 1e-9 * v.scale
+        detail += f"; gradients {scale:.4g} x the reference's" if scale is not None else "; gradients not a multiple"
+    return ok, detail + (f"; not named: {missing}" if missing else "")
+
+
+def show(v: Variant, o: Outcome, names: Mapping[str, str] | None = None) -> None:
+    """Print the variant's outcome: the first divergence or error, what differs, the drift and the loss by step."""
+    print(f"  {v.label:30s} {o.text()}")
+    if o.report is not None and not o.report.ok:
+        print(f"  {'':30s} differing at step {o.report.first.step}: {differing(o.report)}")
+    if o.report is not None:
+        print(f"  {'':30s} max |param - ref| {drift(o.report, names):.2e}; loss {losses(o.report)}")
