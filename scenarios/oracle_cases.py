@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import simdist
+from real import RealRunError
 
 
 @dataclass(frozen=True)
@@ -134,3 +135,44 @@ def show(v: Variant, o: Outcome, names: Mapping[str, str] | None = None) -> None
         print(f"  {'':30s} differing at step {o.report.first.step}: {differing(o.report)}")
     if o.report is not None:
         print(f"  {'':30s} max |param - ref| {drift(o.report, names):.2e}; loss {losses(o.report)}")
+
+
+#: diagnoses only the simulation makes: on real processes the same program errs inside the backend or hangs until
+#: the launcher's timeout, so such a variant is not launched there
+SIMULATED_DIAGNOSES = ("CollectiveMismatchError", "DeadlockError")
+
+
+def on_real_gloo(
+    cases: list[Case],
+    check: Callable[[Variant], simdist.EquivalenceReport],
+    simulated_ok: Mapping[tuple[str, str], bool],
+    verdicts: list,
+    keys: str | None = None,
+) -> None:
+    """Every variant (of the cases ``keys``) on real gloo processes: errors as errors, the rest by final state.
+
+    ``check(variant)`` runs it (``real.oracle.check_final_state``); ``simulated_ok`` says which variants equalled
+    one process under simdist. The verdict is whether every launched variant agrees with the simulation.
+    """
+    print("Real gloo: every variant on real processes (one per rank)")
+    agree = total = 0
+    for case in cases:
+        if keys is not None and case.key not in keys:
+            continue
+        for v in case.variants:
+            if v.expect == "raises" and v.kind in SIMULATED_DIAGNOSES:
+                print(f"({case.key}) {v.label:40s} not launched: it would fail inside gloo or hang until the "
+                      f"launcher's timeout (the simulation reports a {v.kind})")
+                continue
+            total += 1
+            try:
+                rep = check(v)
+            except RealRunError as e:
+                raised = v.expect == "raises" and v.kind in str(e)
+                agree += raised
+                print(f"({case.key}) {v.label:40s} {'raised ' + v.kind if raised else 'failed: ' + str(e).splitlines()[0]}")
+                continue
+            agree += v.expect != "raises" and rep.ok == simulated_ok[(case.key, v.label)]
+            print(f"({case.key}) {v.label:40s} {'equals one process' if rep.ok else rep.first}")
+    print()
+    verdicts.append(("real gloo agrees with the simulation", agree == total, f"{agree} of {total} variants"))

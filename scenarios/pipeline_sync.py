@@ -42,7 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from oracle_cases import Case, Outcome, Variant, outcome_of, show, verdict
+from oracle_cases import Case, Outcome, Variant, on_real_gloo, outcome_of, show, verdict
 from torch import nn
 from verdicts import importable_by_rank_processes, report
 
@@ -380,36 +380,13 @@ def simulated(seed: int, verdicts: list[tuple[str, bool, str]]) -> dict[tuple[st
 
 
 # ---------------------------------------------------------------------------------------------- real gloo
-def on_real_gloo(seed: int, simulated_ok: dict[tuple[str, str], bool], verdicts: list, keys: str | None = None) -> None:
-    """Every variant (of the cases ``keys``) on real gloo processes: errors as errors, the rest by final state."""
-    from real import RealRunError
+def on_real(v: Variant, seed: int) -> simdist.EquivalenceReport:
+    """The variant on real gloo processes, one per rank: its final state against the reference's."""
     from real.oracle import check_final_state
 
-    print("Real gloo: every variant on real processes (one per rank)")
-    agree = total = 0
-    for case in CASES:
-        if keys is not None and case.key not in keys:
-            continue
-        for v in case.variants:
-            if v.layout.schedule == "1f1b-blocking":
-                print(f"({case.key}) {v.label:30s} not launched: it would hang until the launcher's timeout")
-                continue
-            total += 1
-            try:
-                with importable_by_rank_processes(Path(__file__).parent):
-                    rep = check_final_state(train, reference, v.layout.world, backend="gloo", seed=seed,
-                                            args=(v.layout, seed), loss="accumulated",
-                                            names=NAMES if v.layout.kind == "tied" else None)
-            except RealRunError as e:
-                raised = v.expect == "raises" and v.kind in str(e)
-                agree += raised
-                print(f"({case.key}) {v.label:30s} {'raised ' + v.kind if raised else 'failed: ' + str(e).splitlines()[0]}")
-                continue
-            same = rep.ok == simulated_ok[(case.key, v.label)] and v.expect != "raises"
-            agree += same
-            print(f"({case.key}) {v.label:30s} {'equals one process' if rep.ok else rep.first}")
-    print()
-    verdicts.append(("real gloo agrees with the simulation", agree == total, f"{agree} of {total} variants"))
+    with importable_by_rank_processes(Path(__file__).parent):
+        return check_final_state(train, reference, v.layout.world, backend="gloo", seed=seed, args=(v.layout, seed),
+                                 loss="accumulated", names=NAMES if v.layout.kind == "tied" else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -421,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     verdicts: list[tuple[str, bool, str]] = []
     outcome = simulated(args.seed, verdicts)
     if args.real:
-        on_real_gloo(args.seed, outcome, verdicts)
+        on_real_gloo(CASES, lambda v: on_real(v, args.seed), outcome, verdicts)
     return report(verdicts)
 
 

@@ -286,7 +286,8 @@ def test_pipeline_sync_on_real_gloo_agrees_with_the_simulation(capsys):
     pipeline_sync = scenario_module("pipeline_sync")
     verdicts: list = []
     simulated = {(c.key, v.label): v.expect == "equal" for c in pipeline_sync.CASES for v in c.variants}
-    pipeline_sync.on_real_gloo(0, simulated, verdicts, keys="abg")
+    pipeline_sync.on_real_gloo(pipeline_sync.CASES, lambda v: pipeline_sync.on_real(v, 0), simulated, verdicts,
+                               keys="abg")
     out = capsys.readouterr().out
     assert verdicts and all(ok for _, ok, _ in verdicts), out + str(verdicts)
     assert "raised PipelineShapeError" in out and "raised TimeoutError" in out

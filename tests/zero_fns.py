@@ -6,7 +6,7 @@ Plain torch.distributed code, importable by real worker processes. The model and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -30,7 +30,9 @@ OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
 class ZeroSetup:
     """A :class:`Setup` plus the optimizer and whether weights and biases get groups with their own settings."""
 
-    base: Setup = Setup(widths=(6, 9, 5, 3), batch=8, steps=3, dtype=torch.float32)
+    base: Setup = field(
+        default_factory=lambda: Setup(widths=(6, 9, 5, 3), batch=8, steps=3, dtype=torch.float32)
+    )
     optimizer: str = "adam"
     groups: bool = False
 
