@@ -27,7 +27,7 @@ RANKS = 4
 
 
 @pytest.fixture(scope="module")
-def rows() -> dict[str, "bench.Row"]:
+def rows() -> dict[str, bench.Row]:
     return {name: bench.measure(name, TINY, ranks=RANKS, steps=2) for name in ("torch DDP", "ZeRO-1", "torch FSDP2")}
 
 
