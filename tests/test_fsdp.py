@@ -40,9 +40,9 @@ def cpu(n: int) -> simdist.Cluster:
     return simdist.Cluster.switch(n, device="cpu")
 
 
-def on_ranks(fn, world: int, *args, **kwargs) -> list:
+def on_ranks(fn, world: int, /, *args, **kwargs) -> list:
     """``fn(*args)`` on every rank of a simulated ``world``-rank CPU cluster; the returns by rank."""
-    return simdist.run(fn, cpu(world), args=args, kwargs=kwargs, **({"progress": "nccl"})).returns
+    return simdist.run(fn, cpu(world), args=args, kwargs=kwargs).returns
 
 
 def rank_grad(shape: tuple[int, ...], rank: int) -> torch.Tensor:
@@ -242,3 +242,326 @@ def test_wrong_arguments_say_what_to_do() -> None:
         Hazards(pair_by="order")
     with pytest.raises(ValueError, match="FSDPBackwardHook needs the FSDP wrapper"):
         FSDPBackwardHook(None)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------ accumulator
+
+
+def test_gradient_accumulator_sums_by_name_and_is_complete_after_its_steps() -> None:
+    acc = GradientAccumulator(2)
+    assert not acc.is_complete  # nothing recorded yet
+    first = {"a": torch.ones(3), "b": torch.full((2,), 2.0), "none": None}
+    acc.add_gradients(first)
+    first["a"].add_(100)  # the accumulator kept a copy
+    assert not acc.is_complete
+    acc.add_gradients({"a": torch.full((3,), 0.5), "b": torch.ones(2)})
+    assert acc.is_complete
+    sums = acc.get_and_clear_gradients()
+    assert sums["a"].tolist() == [1.5] * 3 and sums["b"].tolist() == [3.0] * 2 and "none" not in sums
+    assert not acc.is_complete and acc.get_and_clear_gradients() == {}
+    acc.add_gradients({"a": torch.ones(1)})
+    acc.reset()
+    assert not acc.is_complete and acc.get_and_clear_gradients() == {}
+    acc.add_gradients({"a": torch.ones(1)})
+    acc.add_gradients({"a": torch.ones(2)})
+    with pytest.raises(ValueError, match="gradients of 'a' have shapes"):
+        acc.get_and_clear_gradients()
+
+
+@pytest.mark.parametrize("steps", [0, -1, 1.5, True])
+def test_gradient_accumulator_refuses_a_non_positive_number_of_steps(steps: object) -> None:
+    with pytest.raises(ValueError, match="accumulation_steps must be a positive int"):
+        GradientAccumulator(steps)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------- equivalence with one process
+
+
+def check(spec: ff.NetSpec, world: int, *, exact: bool = False, reference: dict | None = None, **kwargs) -> object:
+    """FSDP on ``world`` ranks against the single-process model, through the equivalence oracle."""
+    ref_kwargs = {"world": world, **{k: v for k, v in kwargs.items() if k in ("steps", "micro")}, **(reference or {})}
+    loss = "accumulated" if kwargs.get("micro", 1) > 1 else "mean"
+    return simdist.check_equivalence(
+        ff.fsdp_train, ff.reference_train, cpu(world), args=(spec,), kwargs=kwargs, reference_kwargs=ref_kwargs,
+        exact=exact, loss=loss,
+    )
+
+
+def test_one_rank_equals_the_single_process_model_bitwise() -> None:
+    rep = check(ff.NetSpec(adam=True), 1, exact=True)
+    assert rep.ok, rep
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("spec", [ff.NetSpec(), ff.NetSpec(adam=True, unused=True, frozen=0b100)], ids=["sgd", "adam"])
+def test_fsdp_equals_the_single_process_model_in_fp32(spec: ff.NetSpec, world: int) -> None:
+    rep = check(spec, world)
+    assert rep.ok, rep
+
+
+@pytest.mark.parametrize("compute", ["bfloat16", "float16"])
+def test_a_16_bit_compute_dtype_stays_within_1e_4_of_the_single_process_model(compute: str) -> None:
+    spec = ff.NetSpec(compute=compute)
+    # Each rank rounds its own partial gradient to the compute dtype, one process rounds the sum of all of
+    # them: gradients agree to the compute dtype's rounding, not more (no reduction order changes that).
+    rounding = {"bfloat16": 2.0**-8, "float16": 2.0**-11}[compute]
+    rep = simdist.check_equivalence(
+        ff.fsdp_train, ff.reference_train, cpu(2), args=(spec,), kwargs={"steps": 1},
+        reference_kwargs={"world": 2, "steps": 1}, tolerances={torch.float32: Tolerance(rtol=4 * rounding, atol=1e-6)},
+    )
+    assert rep.ok, rep
+    # the fp32 masters after an SGD step (lr 0.1) are within 1e-4 of the single process's
+    ours = on_ranks(ff.fsdp_train, 2, spec, steps=1)
+    ref = on_ranks(ff.reference_train, 1, spec, steps=1, world=2)[0]
+    for rank_params in ours:
+        assert {n: p.dtype for n, p in rank_params.items()} == {n: torch.float32 for n in ref}
+        worst = max(float((rank_params[n] - ref[n]).abs().max()) for n in ref)
+        assert worst < 1e-4
+
+
+@pytest.mark.parametrize("accumulate", ["no_sync", "sync"])
+def test_accumulating_k_micro_batches_equals_one_step_on_the_k_times_larger_batch(accumulate: str) -> None:
+    rep = check(ff.NetSpec(adam=True), 2, micro=3, accumulate=accumulate, reference={"merged": True})
+    assert rep.ok, rep
+
+
+def test_a_gradient_accumulator_over_synchronised_micro_batches_equals_the_larger_batch() -> None:
+    spec = ff.NetSpec()
+    rep = simdist.check_equivalence(
+        ff.accumulator_train, ff.reference_train, cpu(2), args=(spec,), reference_kwargs={"world": 2, "micro": 2, "merged": True},
+        loss="accumulated",
+    )
+    assert rep.ok, rep
+
+
+def test_keeping_parameters_gathered_after_forward_gives_the_same_training() -> None:
+    rep = check(ff.NetSpec(tie_out=False), 2, reshard=False)
+    assert rep.ok, rep
+
+
+# ----------------------------------------------------------------- the oracle's shard protocol
+
+
+def _perturbed(spec: ff.NetSpec) -> dict:
+    """FSDP training whose rank 1 adds 1 to one element of its shard of 'proj.weight' before each step."""
+    model = FSDP(ff.make_net(spec, 0))
+    optimizer = ff.optimizer_for(spec, list(model.parameters()))
+    tokens, targets = ff.batch(spec, 0, 0, dist.get_rank(), 0, 3)
+    F.cross_entropy(model(tokens), targets).backward()
+    model.finish_gradient_synchronization()
+    if dist.get_rank() == 1:
+        model.units["proj.weight"].local_gradient[1] += 1.0
+    optimizer.step()
+    return {}
+
+
+def test_the_oracle_assembles_shards_by_name_and_names_the_rank_of_a_wrong_one() -> None:
+    spec = ff.NetSpec()
+    rep = simdist.check_equivalence(
+        _perturbed, ff.reference_train, cpu(2), args=(spec,), reference_kwargs={"world": 2, "steps": 1}, localize=False
+    )
+    assert not rep.ok and rep.first.kind == "grad" and rep.first.name == "proj.weight" and rep.first.ranks == (1,)
+
+
+def _shard_attrs() -> list:
+    model = FSDP(ff.make_net(ff.NetSpec(), 0), torch.bfloat16)
+    return [getattr(p, SHARD_ATTR, None) for p in model.parameters()]
+
+
+def test_each_shard_describes_where_it_sits_in_the_full_parameter() -> None:
+    attrs = on_ranks(_shard_attrs, 2)
+    # embed.weight (7 x 5 = 35 elements): chunks of 18, rank 1's real part 17 elements
+    assert attrs[1][0] == ("embed.weight", (7, 5), 1, 2, 18, (0, 1))
+    layout = shard_layout(attrs[1][0])
+    assert layout.span == (18, 35) and unpadded(layout, torch.arange(18.0)).tolist() == list(map(float, range(17)))
+    # replicated biases left the module for their bf16 copies: described as one shard per rank (replicas)
+    assert attrs[0][2] == ("hidden.0.bias", (5,), 0, 1, 5, (0,)) and attrs[1][2][-1] == (1,)
+
+
+def test_a_malformed_shard_description_says_what_it_must_be() -> None:
+    with pytest.raises(FlatAssemblyError, match="must be \\(name, full shape"):
+        shard_layout(("w", (3,), 0))
+    with pytest.raises(FlatAssemblyError, match="cannot hold a parameter of shape \\(9,\\)"):
+        shard_layout(("w", (9,), 0, 2, 4, (0, 1)))
+
+
+# ------------------------------------------------------------------ state dicts and gathering
+
+
+def _state_round_trip() -> list:
+    spec = ff.NetSpec()
+    net = ff.make_net(spec, 0)
+    initial = {k: v.clone() for k, v in net.state_dict().items()}
+    model = FSDP(net)
+    full = model.state_dict()
+    gathered = model.gather_full_params()
+    sharded = model.state_dict(full=False)
+    plain = ff.Net(spec)
+    plain.load_state_dict(full)  # the full state dict loads into the unwrapped model
+    other = FSDP(ff.make_net(spec, 1))
+    other.load_state_dict(full)
+    from_full = other.gather_full_params()
+    third = FSDP(ff.make_net(spec, 2))
+    third.load_state_dict(sharded, full=False)
+    with pytest.raises(KeyError, match=r"missing keys \['embed.weight'\]"):
+        third.load_state_dict({k: v for k, v in full.items() if k != "embed.weight"})
+    return [
+        all(torch.equal(full[k], initial[k]) for k in initial) and sorted(full) == sorted(initial),
+        all(torch.equal(gathered[k], initial[k]) for k in gathered),
+        all(torch.equal(plain.state_dict()[k], initial[k]) for k in initial),
+        all(torch.equal(from_full[k], initial[k]) for k in from_full),
+        all(torch.equal(a, b) for a, b in zip(third.parameters(), model.parameters())),
+        sharded["embed.weight"].shape == (chunk_size(35, dist.get_world_size()),),
+    ]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_full_and_sharded_state_dicts_round_trip(world: int) -> None:
+    assert on_ranks(_state_round_trip, world) == [[True] * 6] * world
+
+
+# ------------------------------------------------------------------------------ properties
+
+
+@settings(max_examples=12)
+@given(
+    world=st.integers(1, 8),
+    dim=st.integers(2, 6),
+    layers=st.integers(0, 2),
+    tie_out=st.booleans(),
+    unused=st.booleans(),
+    frozen=st.integers(0, 7),
+    micro=st.integers(1, 3),
+    compute=st.sampled_from([None, "bfloat16", "float16"]),
+)
+def test_fsdp_training_equals_the_single_process_model(
+    world: int, dim: int, layers: int, tie_out: bool, unused: bool, frozen: int, micro: int, compute: str | None
+) -> None:
+    spec = ff.NetSpec(vocab=dim + 2, dim=dim, layers=layers, tie_out=tie_out, unused=unused, frozen=frozen, compute=compute)
+    steps = 2 if compute is None else 1
+    ours = on_ranks(ff.fsdp_train, world, spec, steps=steps, micro=micro)
+    ref = on_ranks(ff.reference_train, 1, spec, steps=steps, micro=micro, world=world)[0]
+    bound = 1e-6 if compute is None else 1e-4
+    for params in ours:
+        assert sorted(params) == sorted(ref)
+        for name in ref:
+            assert float((params[name] - ref[name]).abs().max()) < bound, name
+    assert all(torch.equal(ours[0][n], other[n]) for other in ours[1:] for n in ref)  # every rank gathers the same
+
+
+# -------------------------------------------------------------------------------- hazards
+
+
+def _pairing(pair_by: str) -> list[bool]:
+    world, rank = dist.get_world_size(), dist.get_rank()
+    model = FSDP(two_linears(), hazards=Hazards(pair_by=pair_by))  # two units of one shape
+    units = dict(model.units) if rank == 0 else dict(reversed(model.units.items()))  # rank 1 built it in reverse
+    grads = {name: rank_grad((4, 4), rank + 10 * i) for i, name in enumerate(model.units)}
+    model.hook.scatter_multiple(units, grads)
+    model.hook.wait_all()
+    expected = {
+        name: torch.stack([rank_grad((4, 4), r + 10 * i) for r in range(world)]).mean(0)
+        for i, name in enumerate(model.units)
+    }
+    return [model.hook.verify_gradients({n: u}, {n: expected[n]}) for n, u in model.units.items()]
+
+
+def test_pairing_by_position_puts_a_gradient_in_another_units_shard_where_orders_differ() -> None:
+    assert on_ranks(_pairing, 2, "name") == [[True, True]] * 2
+    assert on_ranks(_pairing, 2, "position") == [[False, False]] * 2
+
+
+def _averaged(average: bool) -> float:
+    model = FSDP(nn.Sequential(nn.Linear(3, 5, bias=False)), hazards=Hazards(average=average))
+    unit = model.units["0.weight"]
+    model.hook.scatter_gradient(unit, rank_grad((5, 3), dist.get_rank()))
+    model.hook.wait_all()
+    a, b = unit.real
+    expected = mean_grad((5, 3), dist.get_world_size()).reshape(-1)[a:b]
+    return float((unit.local_gradient[: b - a] / expected).mean())
+
+
+def test_a_reduce_scatter_not_averaged_gives_world_size_times_the_gradient() -> None:
+    assert on_ranks(_averaged, 4, True) == pytest.approx([1.0] * 4)
+    assert on_ranks(_averaged, 4, False) == pytest.approx([4.0] * 4)
+
+
+def _padding(zero: bool) -> tuple[list[float], bool]:
+    model = FSDP(nn.Sequential(nn.Linear(1, 5, bias=False)), hazards=Hazards(zero_padding=zero))  # 5 over 4: 2,2,1,0
+    unit = model.units["0.weight"]
+    full = rank_grad((5, 1), dist.get_rank())
+    model.hook.scatter_gradient(unit, full)
+    model.hook.wait_all()
+    a, b = unit.real
+    expected = mean_grad((5, 1), dist.get_world_size())
+    return unit.local_gradient[b - a :].tolist(), model.hook.verify_gradients(model.units, {"0.weight": expected})
+
+
+def test_padding_not_zeroed_leaves_values_in_the_last_shards_gradient_that_verify_gradients_misses() -> None:
+    assert [pad for pad, _ in on_ranks(_padding, 4, True)] == [[], [], [0.0], [0.0, 0.0]]
+    stale = on_ranks(_padding, 4, False)
+    # each rank's stale padding is its shard index + 1; the average over the 4 ranks is 2.5
+    assert [pad for pad, _ in stale] == [[], [], [2.5], [2.5, 2.5]]
+    assert all(ok for _, ok in stale)  # the original check compares real elements only
+
+
+def _accumulate(mode: str) -> list[float]:
+    model = FSDP(nn.Sequential(nn.Linear(2, 3, bias=False)), hazards=Hazards(accumulate=mode))
+    hook, unit = model.hook, model.units["0.weight"]
+    hook.accumulate_gradients(model.units, {"0.weight": torch.ones(unit.chunk)})
+    hook.accumulate_gradients(model.units, {"0.weight": torch.arange(1.0, unit.chunk + 2)})  # one too long
+    return unit.local_gradient.tolist()
+
+
+def test_truncating_accumulation_silently_drops_elements_where_strict_raises() -> None:
+    assert on_ranks(_accumulate, 2, "truncate")[0] == [2.0, 3.0, 4.0]
+    with pytest.raises(simdist.RankError, match="cannot accumulate a gradient of shape \\(4,\\)"):
+        on_ranks(_accumulate, 2, "strict")
+
+
+def _scatter_all(order: str) -> bool:
+    model = FSDP(two_linears(sizes=(4, 6)), hazards=Hazards(scatter_order=order))  # units of 16 and 24 elements
+    grads = {name: torch.ones(unit.shape) for name, unit in model.units.items()}
+    model.hook.scatter_multiple(model.units, grads)
+    model.hook.wait_all()
+    return model.hook.verify_gradients(model.units, grads)
+
+
+def test_per_rank_scatter_order_is_a_collective_mismatch_under_nccl_progress() -> None:
+    assert on_ranks(_scatter_all, 2, "fixed") == [True, True]
+    with pytest.raises(CollectiveMismatchError, match="does not match across ranks") as mismatch:
+        on_ranks(_scatter_all, 2, "per_rank")
+    assert "reduce_scatter" in str(mismatch.value)
+
+
+def _steps_early() -> None:
+    spec = ff.NetSpec()
+    model = FSDP(ff.make_net(spec, 0))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    tokens, targets = ff.batch(spec, 0, 0, dist.get_rank(), 0, 3)
+    F.cross_entropy(model(tokens), targets).backward()
+    optimizer.step()  # the reduce-scatters into the shards' gradients are still in flight
+    model.finish_gradient_synchronization()
+
+
+def test_the_race_detector_names_an_optimizer_step_before_finish_gradient_synchronization() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", simdist.RaceWarning)
+        result = simdist.run(_steps_early, cpu(2), races="warn")
+    assert result.races
+    text = "\n".join(str(r) for r in result.races)
+    assert "reduce_scatter" in text and "_steps_early" in text
+
+
+# ------------------------------------------------------------------------------- real gloo
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_fsdp_on_real_gloo_processes_equals_the_single_process_model(nproc: int) -> None:
+    spec = ff.NetSpec(unused=True, frozen=0b100)
+    out = real.run(ff.real_compare, nproc, args=(spec, 2, 3, 0), timeout=180).returns
+    assert len(out) == nproc
+    for diffs in out:
+        assert set(diffs) == {n for n, _ in ff.make_net(spec, 0).named_parameters()}
+        assert max(diffs.values()) < 1e-6

@@ -106,6 +106,8 @@ class _Slot:
     unit: ShardingUnit | None = None
     replica: _Replica | None = None
     owners: list[tuple[nn.Module, str]] = field(default_factory=list)
+    #: every qualified name of the parameter (a tied one has several), as torch's state_dict lists them
+    aliases: list[str] = field(default_factory=list)
 
 
 def _slots_of(module: nn.Module) -> list[_Slot]:
@@ -113,6 +115,8 @@ def _slots_of(module: nn.Module) -> list[_Slot]:
     slots: dict[int, _Slot] = {}
     for name, param in module.named_parameters():
         slots[id(param)] = _Slot(name)
+    for name, param in module.named_parameters(remove_duplicate=False):
+        slots[id(param)].aliases.append(name)
     for sub in module.modules():
         for attr, param in sub._parameters.items():
             if param is not None and id(param) in slots:
@@ -483,14 +487,18 @@ class FSDP(nn.Module):
 
     def state_dict(self, *, full: bool = True) -> dict[str, torch.Tensor]:  # type: ignore[override]
         """Parameters and persistent buffers by the wrapped module's names: full tensors (a collective, loadable
-        into the unwrapped module) or, with ``full=False``, each unit's local shard (shape (chunk,))."""
+        into the unwrapped module) or, with ``full=False``, each unit's local shard (shape (chunk,)).
+
+        A tied parameter appears under each of its names, as in torch's ``state_dict``.
+        """
         if full:
-            out = self.gather_full_params()
+            params = self.gather_full_params()
         else:
-            out = {
+            params = {
                 slot.name: (slot.unit.local if slot.unit is not None else slot.replica.master).detach().clone()  # type: ignore[union-attr]
                 for slot in self._slots
             }
+        out = {alias: params[slot.name] for slot in self._slots for alias in slot.aliases}
         for name, b in self._named_buffers():
             out[name] = b.detach().clone()
         return out
@@ -498,7 +506,7 @@ class FSDP(nn.Module):
     def load_state_dict(self, state: dict[str, torch.Tensor], *, full: bool = True) -> None:  # type: ignore[override]
         """Load what :meth:`state_dict` returned (``full`` as it was given there); every key must match."""
         buffers = dict(self._named_buffers())
-        expected = [slot.name for slot in self._slots] + list(buffers)
+        expected = [alias for slot in self._slots for alias in slot.aliases] + list(buffers)
         missing = [k for k in expected if k not in state]
         unexpected = [k for k in state if k not in set(expected)]
         if missing or unexpected:
