@@ -244,6 +244,29 @@ def test_wrong_arguments_say_what_to_do() -> None:
         FSDPBackwardHook(None)  # type: ignore[arg-type]
 
 
+def _timed_step() -> tuple[float, float]:
+    torch.manual_seed(0)
+    model = FSDP(nn.Sequential(*[nn.Linear(256, 256) for _ in range(4)]))
+    loss = model(torch.randn(64, 256)).square().mean()
+    start = simdist.now()
+    loss.backward()
+    return start, simdist.now()
+
+
+def test_reduce_scatters_start_during_backward_and_overlap_its_compute() -> None:
+    result = simdist.run(_timed_step, cpu(2))
+    start, end = result.returns[0]  # simulated seconds: backward began, backward returned
+    scatters = [s for s in result.trace.collectives(0) if "reduce_scatter" in s.name]
+    assert len(scatters) == 4  # one per unit
+    # the last layer's gradient is ready first: its reduce-scatter runs while earlier layers still compute
+    # their backward, and backward returns before the last reduce-scatter is done (finish waits for it)
+    assert start < scatters[0].start and scatters[0].end < end < scatters[-1].end
+    # backward prefetch: the last layer's all-gather and the one before it were issued ahead of the first
+    # reduce-scatter, so the next layer's backward does not wait behind it on the group's one stream
+    gathers = [s for s in result.trace.collectives(0) if "all_gather" in s.name and s.start >= start]
+    assert sum(g.start < scatters[0].start for g in gathers) == 2
+
+
 # ------------------------------------------------------------------------------ accumulator
 
 

@@ -329,10 +329,23 @@ class FSDP(nn.Module):
             if fsdp is not None:
                 for name in names:
                     fsdp._ensure_gathered(name)
+                fsdp._prefetch_backward(names)
 
         for t in tree_flatten(output)[0]:
             if isinstance(t, torch.Tensor) and t.requires_grad:
                 t.register_hook(regather)
+
+    def _prefetch_backward(self, names: list[str]) -> None:
+        """Start the all-gather of the unit before ``names`` in order, which backward reaches next.
+
+        Issued now, it sits on the communication stream ahead of this module's reduce-scatter, so the next
+        module's backward does not wait behind that reduce-scatter (on one stream per group, NCCL-like).
+        """
+        first = min(self._order.index(n) for n in names)
+        if first > 0:
+            g = self._gathered[self._order[first - 1]]
+            if not g.gathered and g.work is None:
+                self._start_gather(self._order[first - 1])
 
     def _reshard_all(self) -> None:
         for name in self._order:
