@@ -557,6 +557,14 @@ def test_per_rank_scatter_order_is_a_collective_mismatch_under_nccl_progress() -
     assert "reduce_scatter" in str(mismatch.value)
 
 
+@pytest.mark.parametrize("progress", ["nccl", "gloo"])
+def test_correct_fsdp_has_no_race_under_either_progress_semantics(progress: str) -> None:
+    spec = ff.NetSpec(unused=True)
+    result = simdist.run(ff.fsdp_train, cpu(4), args=(spec,), kwargs={"micro": 2}, progress=progress, races="error")
+    ref = on_ranks(ff.reference_train, 1, spec, micro=2, world=4)[0]
+    assert max(float((result.returns[0][n] - ref[n]).abs().max()) for n in ref) < 1e-6
+
+
 def _steps_early() -> None:
     spec = ff.NetSpec()
     model = FSDP(ff.make_net(spec, 0))
