@@ -8,8 +8,12 @@ so they are compared within the equivalence oracle's float32 tolerance (observed
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
+import fsdp_fns as ff
 import pytest
 import torch
 import torch.distributed as dist
@@ -18,7 +22,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-import fsdp_fns as ff
 import real
 import simdist
 from simdist.errors import CollectiveMismatchError
@@ -582,6 +585,27 @@ def test_the_race_detector_names_an_optimizer_step_before_finish_gradient_synchr
     assert result.races
     text = "\n".join(str(r) for r in result.races)
     assert "reduce_scatter" in text and "_steps_early" in text
+
+
+# --------------------------------------------------------------------- simulator independence
+
+
+def test_the_fsdp_package_loads_nothing_from_the_simulator() -> None:
+    # simdist's own __init__ loads the simulator for its public API; a bare package in its place shows what
+    # the strategy itself loads (the same code must run under real processes)
+    code = (
+        "import sys, types\n"
+        "bare = types.ModuleType('simdist'); bare.__path__ = [sys.argv[1]]; sys.modules['simdist'] = bare\n"
+        "import simdist.strategies.fsdp\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('simdist', 'real'))))"
+    )
+    root = Path(__file__).resolve().parent.parent
+    loaded = subprocess.run(
+        [sys.executable, "-c", code, str(root / "simdist")], cwd=root, capture_output=True, text=True, check=True
+    )
+    modules = eval(loaded.stdout)
+    assert "simdist.strategies.fsdp.wrapper" in modules
+    assert [m for m in modules if not m.startswith("simdist.strategies")] == ["simdist"], modules
 
 
 # ------------------------------------------------------------------------------- real gloo

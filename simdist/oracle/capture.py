@@ -41,7 +41,15 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import _disable_current_modes
 
 from simdist.errors import SimdistError
-from simdist.oracle.flat import SHARD_ATTR, FlatLayout, fsdp1_layouts, local_piece, pieces_by_name, shard_layout, unpadded
+from simdist.oracle.flat import (
+    SHARD_ATTR,
+    FlatLayout,
+    fsdp1_layouts,
+    local_piece,
+    pieces_by_name,
+    shard_layout,
+    unpadded,
+)
 from simdist.oracle.names import named_tensors
 from simdist.oracle.tolerance import bitwise_equal
 

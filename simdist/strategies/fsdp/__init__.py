@@ -8,14 +8,19 @@ gradients into shards, with the helper surface and the :class:`Hazards` switches
 from simdist.strategies.fsdp.accumulate import GradientAccumulator
 from simdist.strategies.fsdp.hooks import FSDPBackwardHook, Hazards
 from simdist.strategies.fsdp.units import SHARD_ATTR, ShardingUnit, chunk_size, shard_range
-from simdist.strategies.fsdp.wrapper import FSDP, ShardPolicy, is_linear_or_embedding, shard_linear_and_embedding_weights
+from simdist.strategies.fsdp.wrapper import (
+    FSDP,
+    ShardPolicy,
+    is_linear_or_embedding,
+    shard_linear_and_embedding_weights,
+)
 
 __all__ = [
     "FSDP",
+    "SHARD_ATTR",
     "FSDPBackwardHook",
     "GradientAccumulator",
     "Hazards",
-    "SHARD_ATTR",
     "ShardPolicy",
     "ShardingUnit",
     "chunk_size",
