@@ -292,7 +292,7 @@ def mib(x: float) -> str:
 
 
 def table(rows: list[Row]) -> str:
-    """The markdown table docs/fsdp_memory.md shows."""
+    """The markdown table docs/fsdp.md shows."""
     head = ("| variant | params | grads | optim state | activations | model states (measured) | expected "
             "(this precision) | paper (mixed precision) | peak | step (ms) |")
     lines = [head, "|" + "---|" * 10]

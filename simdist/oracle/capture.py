@@ -17,8 +17,9 @@ of this process under simdist, or the only rank of a real process):
 
 Snapshots are taken with the rank's dispatch modes disabled, so they cost no simulated time, allocate nothing
 the memory accounting sees and read nothing the race detector checks. A sharded tensor is captured as the
-rank's own piece with its layout (DTensor placements over its mesh); assembly into full
-tensors happens after the run, from all ranks' pieces (:mod:`simdist.oracle.assemble`).
+rank's own piece with its layout (DTensor placements over its mesh, FSDP1's flat parameters, or a shard
+parameter that carries :data:`~simdist.oracle.flat.SHARD_ATTR`); assembly into full tensors happens after the
+run, from all ranks' pieces (:mod:`simdist.oracle.assemble`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,15 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import _disable_current_modes
 
 from simdist.errors import SimdistError
-from simdist.oracle.flat import FlatLayout, fsdp1_layouts, local_piece, pieces_by_name
+from simdist.oracle.flat import (
+    SHARD_ATTR,
+    FlatLayout,
+    fsdp1_layouts,
+    local_piece,
+    pieces_by_name,
+    shard_layout,
+    unpadded,
+)
 from simdist.oracle.names import named_tensors
 from simdist.oracle.tolerance import bitwise_equal
 
@@ -199,7 +208,15 @@ class Capture:
         for g, group in enumerate(optimizer.param_groups):
             for i, p in enumerate(group["params"]):
                 if id(p) in flat:
-                    _flat_snapshot(step, rank, flat[id(p)], p, optimizer.state.get(p, {}))
+                    _flat_snapshot(step, rank, flat[id(p)], p, p.grad, optimizer.state.get(p, {}))
+                    continue
+                spec = getattr(p, SHARD_ATTR, None)
+                if spec is not None:  # a hand-written shard that describes itself: a flat piece, padding dropped
+                    one = shard_layout(spec)
+                    state = {key: unpadded(one, v) if isinstance(v, torch.Tensor) else v
+                             for key, v in optimizer.state.get(p, {}).items()}
+                    grad = None if p.grad is None else unpadded(one, p.grad)
+                    _flat_snapshot(step, rank, one, unpadded(one, p), grad, state)
                     continue
                 name = names.get(id(p), f"optimizer{number}.group{g}.param{i}")
                 if name not in step.order:
@@ -233,8 +250,10 @@ class Capture:
         return Piece(rank, copy)
 
 
-def _flat_snapshot(step: RankStep, rank: int, layout: FlatLayout, p: torch.Tensor, state: dict) -> None:
-    """Record ``rank``'s part of an FSDP1 parameter (a FlatParameter or a view of one) by original parameter name.
+def _flat_snapshot(
+    step: RankStep, rank: int, layout: FlatLayout, p: torch.Tensor, grad: torch.Tensor | None, state: dict
+) -> None:
+    """Record ``rank``'s part of a flat-sharded parameter (FSDP1's, or a shard carrying ``SHARD_ATTR``) by name.
 
     A rank records nothing for a parameter it holds none of (FSDP1 gives it an empty view and no gradient);
     scalars of the optimizer state (Adam's step) are replicas on the ranks holding part of the parameter.
@@ -245,8 +264,8 @@ def _flat_snapshot(step: RankStep, rank: int, layout: FlatLayout, p: torch.Tenso
             step.order.append(name)
         step.params[name] = Piece(rank, value, one)
         step.grads[name] = None
-    if p.grad is not None:
-        for name, one, value in pieces_by_name(layout, local_piece(layout, p.grad)):
+    if grad is not None:
+        for name, one, value in pieces_by_name(layout, local_piece(layout, grad)):
             step.grads[name] = Piece(rank, value, one)
     for state_key, v in state.items():
         if isinstance(v, torch.Tensor) and layout.holds(v):

@@ -140,6 +140,47 @@ def fsdp1_layouts(root: nn.Module) -> dict[int, FlatLayout]:
     return out
 
 
+#: attribute a hand-written sharding wrapper (simdist.strategies.fsdp) sets on each rank's shard parameter: a
+#: plain tuple ``(qualified name, full shape, shard index, shard count, shard numel, global ranks of the group)``;
+#: shard ``i`` holds elements ``[i * numel, (i + 1) * numel)`` of the flattened parameter, the rest padding
+SHARD_ATTR = "_simdist_shard"
+
+
+def shard_layout(spec: object) -> FlatLayout:
+    """The layout a :data:`SHARD_ATTR` tuple describes: a one-parameter flat unit with right-hand padding."""
+    try:
+        name, shape, index, count, shard_numel, group = spec  # type: ignore[misc]
+        layout = FlatLayout(
+            prefix=str(name),
+            names=(str(name),),
+            shapes=(tuple(int(d) for d in shape),),
+            offsets=(0,),
+            shard_numel=int(shard_numel),
+            shard_index=int(index),
+            shard_count=int(count),
+            group_ranks=tuple(int(r) for r in group),
+            param=0,
+        )
+    except (TypeError, ValueError) as e:
+        raise FlatAssemblyError(
+            f"{SHARD_ATTR} must be (name, full shape, shard index, shard count, shard numel, group ranks); got "
+            f"{spec!r} ({e})"
+        ) from e
+    if len(layout.group_ranks) != layout.shard_count or layout.shard_numel * layout.shard_count < _numel(layout.shapes[0]):
+        raise FlatAssemblyError(
+            f"{SHARD_ATTR} {spec!r}: {layout.shard_count} shards of {layout.shard_numel} elements over ranks "
+            f"{list(layout.group_ranks)} cannot hold a parameter of shape {layout.shapes[0]}"
+        )
+    return layout
+
+
+def unpadded(layout: FlatLayout, tensor: torch.Tensor) -> torch.Tensor:
+    """A padded shard (shape ``(shard_numel,)``) cut to the elements of the parameter it holds; others unchanged."""
+    if tensor.dim() == 1 and tensor.numel() == layout.shard_numel:
+        return tensor[: layout.numel]
+    return tensor
+
+
 def _replace_param(layout: FlatLayout, param: int) -> FlatLayout:
     return FlatLayout(**{**layout.__dict__, "param": param})
 
