@@ -281,6 +281,32 @@ def test_pipeline_sync_scenario_shows_which_synchronisation_fits_which_layout(tm
     check_golden("pipeline_sync", out, tmp_path, update_golden)
 
 
+def test_fsdp_hazards_scenario_shows_each_hazard_and_its_fix(tmp_path, update_golden):
+    out = run_scenario("fsdp_hazards", tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    verdicts = lines[next(i for i, l in enumerate(lines) if l.startswith("expectation")) + 1 :]
+    fsdp_hazards = scenario_module("fsdp_hazards")
+    assert len(verdicts) == sum(len(c.variants) for c in fsdp_hazards.CASES) + len(fsdp_hazards.STEP_BEFORE_FINISH)
+    assert all(" PASS " in l for l in verdicts), "\n".join(verdicts)
+    text = out.stdout
+    assert "does not match across ranks" in text and "gradients 4 x the reference's" in text
+    assert "while reduce_scatter_tensor #" in text and "access at: torch/optim/sgd.py" in text
+    check_golden("fsdp_hazards", out, tmp_path, update_golden)
+
+
+@pytest.mark.real
+def test_fsdp_hazards_on_real_gloo_agree_with_the_simulation(capsys):
+    fsdp_hazards = scenario_module("fsdp_hazards")
+    verdicts: list = []
+    simulated = {(c.key, v.label): v.expect == "equal" for c in fsdp_hazards.CASES for v in c.variants}
+    fsdp_hazards.on_real_gloo(fsdp_hazards.CASES, lambda v: fsdp_hazards.on_real(v, 0), simulated, verdicts,
+                              keys="c")
+    out = capsys.readouterr().out
+    assert verdicts and all(ok for _, ok, _ in verdicts), out + str(verdicts)
+    assert "raised ValueError" in out
+
+
 @pytest.mark.real
 def test_pipeline_sync_on_real_gloo_agrees_with_the_simulation(capsys):
     pipeline_sync = scenario_module("pipeline_sync")
