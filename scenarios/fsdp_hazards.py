@@ -43,11 +43,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from oracle_cases import Case, Outcome, Variant, on_real_gloo, outcome_of, show, verdict
-from simdist.strategies.fsdp import FSDP, Hazards
 from torch import nn
 from verdicts import importable_by_rank_processes, report
 
 import simdist
+from simdist.strategies.fsdp import FSDP, Hazards
 
 WORLD = 4
 #: rows of one optimizer step's global batch (every rank takes BATCH / WORLD of them)
