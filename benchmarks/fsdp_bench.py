@@ -45,6 +45,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import simdist
 from simdist.strategies import ShardedOptimizer
+from simdist.strategies.fsdp import FSDP, chunk_size, is_linear_or_embedding
 from simdist.strategies.zero import partition_parameters
 
 #: memory categories the table reports (simdist's names, docs/memory.md)
@@ -134,6 +135,8 @@ class Variant:
     #: the ZeRO paper's mixed-precision bytes per rank, (Psi, N) -> bytes
     paper: Callable[[int, int], float]
     note: str = ""
+    #: for a variant whose split is not even: (the plain model, N) -> bytes per rank, used instead of ``expected``
+    expected_for: Callable[[nn.Module, int], tuple[float, float, float]] | None = None
 
 
 def adam(params: object) -> torch.optim.Optimizer:
@@ -172,6 +175,29 @@ def fsdp2(reshard_after_forward: bool) -> Callable[[nn.Module], Wrapped]:
     return build
 
 
+def project_fsdp(reshard_after_forward: bool) -> Callable[[nn.Module], Wrapped]:
+    """simdist's FSDP: every Linear and Embedding weight its own unit, the rest replicated; bf16 compute."""
+
+    def build(net: nn.Module) -> Wrapped:
+        model = FSDP(net, compute_dtype=torch.bfloat16, reshard_after_forward=reshard_after_forward)
+        return Wrapped(model, adam(model.parameters()), finish=model.finish_gradient_synchronization)
+
+    return build
+
+
+def project_fsdp_states(net: nn.Module, n: int) -> tuple[float, float, float]:
+    """simdist's FSDP: a sharded weight's chunk is ceil(numel / N) (the last padded), the other parameters are
+    replicated; fp32 masters and gradients, Adam's moments for each, one step counter per parameter tensor."""
+    held = 0
+    tensors = 0
+    for module in net.modules():
+        for name, param in module.named_parameters(recurse=False):
+            tensors += 1
+            sharded = name == "weight" and is_linear_or_embedding(module)
+            held += chunk_size(param.numel(), n) if sharded else param.numel()
+    return 4 * held, 4 * held, 8 * held + 4 * tensors
+
+
 def replicated_states(psi: int, n: int, p: int) -> tuple[float, float, float]:
     """DDP: fp32 parameters, fp32 gradients, Adam's two moments and step counters, all replicated."""
     return 4 * psi, 4 * psi, 8 * psi + 4 * p
@@ -195,6 +221,10 @@ VARIANTS: dict[str, Variant] = {
     "torch FSDP2": Variant(fsdp2(True), sharded_states, lambda psi, n: 16 * psi / n, "reshard_after_forward=True"),
     "torch FSDP2 (no reshard)": Variant(fsdp2(False), sharded_states, lambda psi, n: 16 * psi / n,
                                         "reshard_after_forward=False"),
+    "FSDP": Variant(project_fsdp(True), sharded_states, lambda psi, n: 16 * psi / n,
+                    "simdist.strategies.fsdp, reshard_after_forward=True", project_fsdp_states),
+    "FSDP (no reshard)": Variant(project_fsdp(False), sharded_states, lambda psi, n: 16 * psi / n,
+                                 "simdist.strategies.fsdp, reshard_after_forward=False", project_fsdp_states),
 }
 
 
@@ -275,7 +305,8 @@ def measure(name: str, cfg: ModelConfig, ranks: int = 8, steps: int = 3, device:
         per_rank_state=[m["optimizer_state"] for m in maxima],
         peak=max(m["total"] for m in maxima),
         step=max(ends) - min(starts),
-        expected=variant.expected(psi, ranks, tensors), paper=variant.paper(psi, ranks), note=variant.note,
+        expected=variant.expected_for(plain, ranks) if variant.expected_for else variant.expected(psi, ranks, tensors),
+        paper=variant.paper(psi, ranks), note=variant.note,
     )
 
 

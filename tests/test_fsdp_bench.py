@@ -13,6 +13,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.fsdp import fully_shard
+
+import simdist
+from simdist.oracle.tolerance import compare
+from simdist.strategies.fsdp import FSDP
 
 _spec = importlib.util.spec_from_file_location(
     "fsdp_bench", Path(__file__).resolve().parent.parent / "benchmarks" / "fsdp_bench.py"
@@ -53,3 +61,43 @@ def test_fsdp2_holds_a_quarter_of_adams_moments_and_every_step_counter(rows: dic
     assert r.per_rank_state[0] == bench.sharded_states(r.psi, RANKS, r.tensors)[2]
     # the sharded fp32 parameters, plus the bf16 unit FSDP2 has gathered at the moment of the maximum
     assert r.measured["parameters"] > 4 * r.psi / RANKS
+
+
+def _one_step(kind: str) -> dict[str, torch.Tensor]:
+    """One fp32 SGD step (lr 1: parameters move by exactly their gradient) of the bench's model under ``kind``
+    ("ours" or "fsdp2"); the full parameters after it."""
+    torch.manual_seed(0)
+    net = bench.TinyGPT(TINY)
+    if kind == "ours":
+        model = FSDP(net)
+        finish = model.finish_gradient_synchronization
+    else:
+        for block in net.blocks:
+            fully_shard(block)
+        model = fully_shard(net)
+        finish = None
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    tokens = torch.randint(0, TINY.vocab, (TINY.batch, TINY.seq + 1), generator=g)
+    F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
+    if finish is not None:
+        finish()
+    opt.step()
+    if kind == "ours":
+        return model.gather_full_params()
+    return {n: p.full_tensor().detach().clone() for n, p in net.named_parameters()}
+
+
+def test_torch_fsdp2_gives_the_same_gradients_as_simdists_fsdp() -> None:
+    cluster = simdist.Cluster.switch(RANKS, device="cpu")
+    ours = simdist.run(_one_step, cluster, args=("ours",), compute=False).returns
+    theirs = simdist.run(_one_step, cluster, args=("fsdp2",), compute=False).returns
+    torch.manual_seed(0)
+    before = dict(bench.TinyGPT(TINY).named_parameters())
+    for rank in range(RANKS):
+        assert ours[rank].keys() == theirs[rank].keys() == before.keys()
+        for name, p in before.items():
+            # after one step of SGD with lr 1 a parameter is its initial value minus its averaged gradient
+            mine, torchs = p.detach() - ours[rank][name], p.detach() - theirs[rank][name]
+            assert torchs.abs().max() > 0, name
+            assert compare(mine, torchs, exact=False) is None, f"rank {rank} {name}: {compare(mine, torchs, exact=False)}"
