@@ -55,8 +55,9 @@ WIDTH = 8
 #: the language model of case (d): vocabulary, embedding width, tokens per row
 VOCAB, DIM, SEQ = 12, 6, 4
 BATCH, STEPS, LR = 8, 3, 0.1
-#: simulated milliseconds a stage waits for its neighbour before it gives up (case g)
-TIMEOUT_MS = 50
+#: milliseconds a stage waits for its neighbour before it gives up (case g): simulated ones under simdist; real
+#: processes get REAL_TIMEOUT_MS, since a loaded machine can start one process seconds after the other
+TIMEOUT_MS, REAL_TIMEOUT_MS = 50, 5_000
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
 
 
@@ -148,6 +149,7 @@ class Layout:
     stop: tuple[int, int] | None = None
     #: "gpipe", or "1f1b-blocking" / "1f1b-batched" (two stages exchanging in the steady state)
     schedule: str = "gpipe"
+    timeout_ms: int = TIMEOUT_MS
 
     @property
     def world(self) -> int:
@@ -163,12 +165,13 @@ def groups(layout: Layout) -> tuple[Any, Any]:
     return pp, replicas[rank % 2] if layout.dp_group else None
 
 
-def _wait(work: Any, stage: int, what: str, micro: int) -> None:
-    """Wait for a point-to-point operation, at most TIMEOUT_MS; a timeout names the stage, microbatch and op."""
+def _wait(layout: Layout, work: Any, stage: int, what: str, micro: int) -> None:
+    """Wait for a point-to-point operation, at most the layout's timeout; a timeout names the stage, microbatch
+    and op."""
     try:
-        work.wait(timeout=timedelta(milliseconds=TIMEOUT_MS))
+        work.wait(timeout=timedelta(milliseconds=layout.timeout_ms))
     except Exception as e:  # the backend's timeout error (simdist's names the simulated time)
-        raise TimeoutError(f"stage {stage}: {what} of microbatch {micro} did not complete within {TIMEOUT_MS} ms "
+        raise TimeoutError(f"stage {stage}: {what} of microbatch {micro} did not complete within {layout.timeout_ms} ms "
                            f"({type(e).__name__}: {str(e).splitlines()[0]})") from e
 
 
@@ -185,10 +188,10 @@ def gpipe(
             out = model(xk)
             if layout.stop == (step, k):
                 return None  # the stage stops answering: it sends nothing more
-            _wait(dist.isend(out.detach(), peer), stage, "send of the activation", k)
+            _wait(layout, dist.isend(out.detach(), peer), stage, "send of the activation", k)
         else:
             h = torch.empty(boundary(layout.kind, xk.shape[0]), dtype=torch.float64)
-            _wait(dist.irecv(h, peer), stage, "recv of the activation", k)
+            _wait(layout, dist.irecv(h, peer), stage, "recv of the activation", k)
             h.requires_grad_()
             inputs.append(h)
             out = model(h)
@@ -199,10 +202,10 @@ def gpipe(
             loss = loss_of(layout.kind, outputs[k], micro_y[k])
             (loss / layout.micro if layout.scale_loss else loss).backward()
             total += loss.item() / layout.micro
-            _wait(dist.isend(inputs[k].grad, peer), stage, "send of the input gradient", k)
+            _wait(layout, dist.isend(inputs[k].grad, peer), stage, "send of the input gradient", k)
         else:
             g = torch.empty_like(outputs[k])
-            _wait(dist.irecv(g, peer), stage, "recv of the output gradient", k)
+            _wait(layout, dist.irecv(g, peer), stage, "recv of the output gradient", k)
             outputs[k].backward(g)
     return total
 
@@ -384,8 +387,9 @@ def on_real(v: Variant, seed: int) -> simdist.EquivalenceReport:
     """The variant on real gloo processes, one per rank: its final state against the reference's."""
     from real.oracle import check_final_state
 
+    layout = replace(v.layout, timeout_ms=REAL_TIMEOUT_MS)
     with importable_by_rank_processes(Path(__file__).parent):
-        return check_final_state(train, reference, v.layout.world, backend="gloo", seed=seed, args=(v.layout, seed),
+        return check_final_state(train, reference, layout.world, backend="gloo", seed=seed, args=(layout, seed),
                                  loss="accumulated", names=NAMES if v.layout.kind == "tied" else None)
 
 
