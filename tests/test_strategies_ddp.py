@@ -283,7 +283,7 @@ def test_a_model_without_trainable_parameters_is_fine():
 
 
 def test_strategies_import_nothing_from_the_simulator():
-    for path in sorted((REPO / "simdist" / "strategies").glob("*.py")):
+    for path in sorted((REPO / "simdist" / "strategies").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom):
