@@ -6,7 +6,7 @@
     res.trace.save_chrome("step.json")
 """
 
-from simdist import algorithms
+from simdist import algorithms, report
 from simdist.compute.memory import MemoryStats
 from simdist.engine.api import charge, now, set_algorithms, synchronize
 from simdist.engine.runner import RunResult, run
@@ -53,6 +53,7 @@ __all__ = [
     "Trace",
     "WatchdogError",
     "algorithms",
+    "report",
     "charge",
     "check_equivalence",
     "load_cluster",

@@ -1,4 +1,5 @@
-"""The ``simdist`` command line: ``simdist run``, ``simdist bench``, ``simdist clusters``.
+"""The ``simdist`` command line: ``simdist run``, ``simdist check``, ``simdist bench``, ``simdist report``,
+``simdist clusters``.
 
 Exit statuses: 0 success; 1 a diagnosed run (deadlock, mismatch, a rank's exception, a race under
 ``--races error``) or a bench row with wrong values; 2 the run could not start (bad arguments, cluster or
@@ -37,6 +38,7 @@ from simdist.errors import ClusterSpecError, RaceWarning, SimdistError
 from simdist.network import Cluster
 from simdist.network.presets import PRESETS
 from simdist.oracle import check_equivalence
+from simdist.report import build_index, write_run_report
 from simdist.ranks import by_text, format_ranks
 from simdist.script import ScriptError, load_entry
 from simdist.units import format_size, parse_size
@@ -134,11 +136,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with warnings.catch_warnings():  # races are summarised once below rather than warned per site
         warnings.simplefilter("ignore", RaceWarning)
-        res = run(
-            fn, cluster, seed=args.seed, progress=args.progress, gloo_threads=args.gloo_threads, races=args.races,
-            race_waivers=args.waive_race, watchdog=args.watchdog, backend_name=args.backend_name,
-            memory=args.memory,
-        )
+        try:
+            res = run(
+                fn, cluster, seed=args.seed, progress=args.progress, gloo_threads=args.gloo_threads, races=args.races,
+                race_waivers=args.waive_race, watchdog=args.watchdog, backend_name=args.backend_name,
+                memory=args.memory,
+            )
+        except SimdistError as e:
+            # a diagnosed run is what a report is most often shared for: write it, then report as usual
+            if args.report:
+                title = f"simdist run: {Path(args.script).name}"
+                path = write_run_report(None, args.report, error=e, cluster=cluster, seed=args.seed,
+                                        program=f"{args.script}:{args.entry}", title=title)
+                print(f"report written to {path}", file=sys.stderr)
+            raise
     wall = time.perf_counter() - t0
     for rank, value in enumerate(res.returns):
         if value is not None or args.show_none:
@@ -154,6 +165,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"simdist: error: --trace: cannot write {str(args.trace)!r}: {e.strerror or e}", file=sys.stderr)
             return 2
         print(f"trace written to {path} (open it in ui.perfetto.dev)")
+    if args.report:
+        path = write_run_report(res, args.report, program=f"{args.script}:{args.entry}",
+                                title=f"simdist run: {Path(args.script).name}")
+        print(f"report written to {path}")
     if args.memory:
         print(_memory_summary(res))
     for text in res.unused_waivers:
@@ -213,6 +228,16 @@ def _memory_summary(res: RunResult) -> str:
     return "\n".join(lines)
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """(Re)build DIR/index.html linking every HTML report in DIR."""
+    try:
+        path = build_index(args.directory)
+    except NotADirectoryError as e:
+        raise ValueError(str(e)) from None
+    print(f"index written to {path}")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Print the nccl-tests table for one collective, each row as soon as it is simulated (as nccl-tests does)."""
     if args.world_size is not None and args.world_size > MAX_WORLD:
@@ -251,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the run's seed (default 0); any seed torch.manual_seed takes: -2**63..2**64-1, negative ones modulo 2**64")
     r.add_argument("--trace", type=_output_file, default=None,
                    help="write the Chrome/Perfetto trace JSON here (its directory must exist)")
+    r.add_argument("--report", type=_output_file, default=None,
+                   help="write a self-contained HTML report of the run here (also when a diagnosis stops the run)")
     r.add_argument("--entry", default="main", help="name of the entry function in SCRIPT (default: main)")
     r.add_argument("--progress", default="nccl", choices=("nccl", "gloo"),
                    help="backend progress semantics: nccl (one stream per group) or gloo (a pool of threads per group; default: nccl)")
@@ -309,6 +336,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-a", "--algorithm", default="auto", choices=(*algorithms.NAMES, algorithms.AUTO),
                    help=f"one of {', '.join(algorithms.NAMES)}, or auto (default)")
     b.set_defaults(func=cmd_bench)
+
+    rp = sub.add_parser("report", help="(re)build DIR/index.html linking every HTML report in DIR")
+    rp.add_argument("directory", help="the directory the reports were written to, e.g. reports/")
+    rp.set_defaults(func=cmd_report)
 
     c = sub.add_parser("clusters", help="list cluster presets")
     c.set_defaults(func=cmd_clusters)

@@ -1,7 +1,7 @@
 """simdist's modules form a one-way chain of layers, with no import cycle and no import inside a function.
 
 The chain: foundation (errors, units, trace records, device models, algorithm schedules) -> clock and rank
-threads -> network -> communication -> the run (``simdist.run``) -> the equivalence oracle -> tools (CLI, bench, scripts, the package's
+threads -> network -> communication -> the run (``simdist.run``) -> the equivalence oracle -> HTML reports -> tools (CLI, bench, scripts, the package's
 public API). A module may import its own layer and the layers before it, never a later one. Imports inside
 functions count as edges too, so a cycle cannot hide behind a lazy import; and apart from optional heavy
 dependencies there are none.
@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("communication", ("simdist.comm",)),
     ("run", ("simdist.engine",)),
     ("oracle", ("simdist.oracle",)),
+    ("report", ("simdist.report",)),
     ("tools", ("simdist", "simdist.cli", "simdist.bench", "simdist.script")),
 ]
 #: packages outside the chain and the simdist modules each may import (strategies: plain torch.distributed)

@@ -13,6 +13,7 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import simpy
@@ -54,6 +55,16 @@ WATCHDOG_INTERACTIVE = 600.0
 #: one run at a time per process: torch.distributed's world and the "simdist" backend are process-wide
 _RUN_LOCK = threading.Lock()
 
+#: writes a run's HTML report to a path and returns it; installed by ``simdist.report``, a later layer that
+#: imports this one (``import simdist`` always installs it)
+_report_writer: Callable[[RunResult, Path], Path] | None = None
+
+
+def install_report_writer(writer: Callable[[RunResult, Path], Path]) -> None:
+    """Make ``writer(result, path)`` what :meth:`RunResult.save_report` calls."""
+    global _report_writer
+    _report_writer = writer
+
 
 @dataclass
 class RunResult:
@@ -78,6 +89,16 @@ class RunResult:
     waived_races: list[Race] = dataclasses.field(default_factory=list)
     #: the ``race_waivers`` that named no finding (each also warned as a :class:`RaceWarning`)
     unused_waivers: list[str] = dataclasses.field(default_factory=list)
+    #: the cluster the run was made on, its seed and the qualified name of the function every rank ran
+    cluster: Cluster | None = None
+    seed: int | None = None
+    program: str = ""
+
+    def save_report(self, path: str | Path) -> Path:
+        """Write this run's self-contained HTML report (timeline, collectives, breakdown, memory, races) to ``path``."""
+        if _report_writer is None:
+            raise SimdistError("no report writer is installed: import simdist (or simdist.report) before saving a report")
+        return _report_writer(self, Path(path))
 
     def race_summary(self) -> str:
         """One paragraph per distinct race (same kind and call sites), naming every rank it happened on."""
@@ -282,6 +303,9 @@ def _run(
         memory=stats,
         waived_races=sim.races.waived,
         unused_waivers=unused,
+        cluster=cluster,
+        seed=seed,
+        program=getattr(fn, "__qualname__", type(fn).__name__),
     )
 
 

@@ -1,0 +1,227 @@
+"""What a run report shows, computed from a run's trace: timeline rows, the collective table, the per-rank
+step breakdown and memory series (times in seconds, sizes in bytes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from simdist.trace.trace import Span, Trace
+
+#: ranks drawn one row each on the timeline; larger runs show an evenly spaced sample of this many ranks
+MAX_TIMELINE_RANKS = 64
+
+#: colour-blind-safe palette (Okabe-Ito, then Tol's muted); compute keeps the first grey-blue for every run
+COMPUTE_COLOUR = "#7a8ca3"
+PALETTE = (
+    "#e69f00", "#56b4e9", "#009e73", "#d55e00", "#cc79a7", "#0072b2", "#f0e442",
+    "#882255", "#44aa99", "#999933", "#aa4499", "#117733",
+)  # fmt: skip
+#: collectives that get a fixed colour, so the same op looks the same in every report
+FIXED_COLOURS = {
+    "all_reduce": PALETTE[0], "all_gather": PALETTE[1], "reduce_scatter": PALETTE[2], "broadcast": PALETTE[3],
+    "all_to_all": PALETTE[4], "send": PALETTE[5], "recv": PALETTE[6], "reduce": PALETTE[7], "barrier": PALETTE[8],
+}  # fmt: skip
+
+
+def op_name(span: Span) -> str:
+    """The collective or point-to-point op of a communication span (``nccl:all_reduce`` -> ``all_reduce``)."""
+    return str(span.args.get("Collective name") or span.name.rpartition(":")[2])
+
+
+def base_op(op: str) -> str:
+    """The collective an op variant performs (``all_gather_into_tensor`` -> ``all_gather``)."""
+    for base in ("all_gather", "reduce_scatter", "all_to_all"):
+        if op.startswith(base):
+            return base
+    return op
+
+
+def colour_of(op: str, taken: dict[str, str]) -> str:
+    """A stable colour for ``op``: its fixed one, else the next palette entry in first-seen order."""
+    if op not in taken:
+        taken[op] = FIXED_COLOURS.get(op) or PALETTE[(len(taken) + len(FIXED_COLOURS)) % len(PALETTE)]
+    return taken[op]
+
+
+def span_bytes(span: Span) -> int:
+    """Bytes a communication span moves per rank: its input elements x element size, or its ``bytes`` arg."""
+    if "bytes" in span.args:
+        return int(span.args["bytes"])
+    nelems = span.args.get("In msg nelems")
+    dtype = getattr(torch, str(span.args.get("dtype", "")), None)
+    if nelems is None or not isinstance(dtype, torch.dtype):
+        return 0
+    return int(nelems) * torch.empty((), dtype=dtype).element_size()
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' bus-bandwidth factor: all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all (n-1)/n; else 1."""
+    op = base_op(op)
+    if n <= 1:
+        return 1.0
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
+        return (n - 1) / n
+    return 1.0
+
+
+@dataclass
+class CollectiveRow:
+    """One collective call (all ranks of its group together): time from the first start to the last end."""
+
+    op: str
+    group: str
+    seq: int
+    ranks: int
+    nbytes: int
+    algorithm: str
+    start: float
+    time: float
+    algbw: float
+    busbw: float
+
+
+def collective_rows(trace: Trace) -> list[CollectiveRow]:
+    """One row per (group, sequence number) collective, in start order; bandwidths in bytes/s as nccl-tests."""
+    calls: dict[tuple[str, int], list[Span]] = {}
+    for s in trace.spans:
+        if s.stream.startswith("comm") and "Seq" in s.args:
+            calls.setdefault((str(s.args.get("Process Group Name", "")), int(s.args["Seq"])), []).append(s)
+    rows = []
+    for (group, seq), spans in calls.items():
+        first = spans[0]
+        op = op_name(first)
+        n = int(first.args.get("Group size", len(spans)))
+        start, end = min(s.start for s in spans), max(s.end for s in spans)
+        nbytes = span_bytes(first)
+        # nccl-tests' algbw divides the buffer size by the time; all-gather's buffer is the output (n inputs)
+        size = nbytes * n if base_op(op) == "all_gather" else nbytes
+        algbw = size / (end - start) if end > start else 0.0
+        rows.append(
+            CollectiveRow(op, group, seq, n, size, str(first.args.get("algorithm", "")), start, end - start, algbw,
+                          algbw * bus_factor(op, n))
+        )
+    return sorted(rows, key=lambda r: (r.start, r.group, r.seq))
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Disjoint sorted intervals covering the same time."""
+    out: list[tuple[float, float]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(e - s for s, e in intervals)
+
+
+def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Seconds that two disjoint sorted interval lists share."""
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0.0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+@dataclass
+class Breakdown:
+    """One rank's step: busy compute, busy communication, and communication not hidden by compute (seconds)."""
+
+    rank: int
+    compute: float
+    communication: float
+    exposed: float
+    finish: float
+
+
+def breakdowns(trace: Trace, finish_times: list[float]) -> list[Breakdown]:
+    """Each rank's :class:`Breakdown` (overlapping spans on one kind of stream counted once)."""
+    compute: dict[int, list] = {r: [] for r in range(len(finish_times))}
+    comm: dict[int, list] = {r: [] for r in range(len(finish_times))}
+    for s in trace.spans:
+        (compute if s.stream == "compute" else comm).setdefault(s.rank, []).append((s.start, s.end))
+    out = []
+    for r, finish in enumerate(finish_times):
+        c, m = _union(compute[r]), _union(comm[r])
+        out.append(Breakdown(r, _length(c), _length(m), _length(m) - _overlap(c, m), finish))
+    return out
+
+
+def sampled_ranks(world_size: int) -> list[int]:
+    """The ranks the timeline draws: all of them up to :data:`MAX_TIMELINE_RANKS`, else an evenly spaced sample
+    that keeps the first and the last rank."""
+    if world_size <= MAX_TIMELINE_RANKS:
+        return list(range(world_size))
+    k = MAX_TIMELINE_RANKS
+    return sorted({round(i * (world_size - 1) / (k - 1)) for i in range(k)})
+
+
+def timeline(trace: Trace, ranks: list[int], colours: dict[str, str]) -> dict[str, Any]:
+    """The timeline's JSON payload: rows (rank, stream), spans as [row, start us, end us, colour index, label,
+    detail index], the details, and messages between drawn rows as [src row, dst row, start us, end us]."""
+    shown = set(ranks)
+    row_of: dict[tuple[int, str], int] = {}
+    streams: dict[int, list[str]] = {r: [] for r in ranks}
+    spans = [s for s in trace.spans if s.rank in shown]
+    for s in spans:
+        if s.stream not in streams[s.rank]:
+            streams[s.rank].append(s.stream)
+    rows = []
+    for r in ranks:
+        # compute first, then communication streams by name, so every rank's rows read alike
+        for stream in sorted(streams[r], key=lambda st: (st != "compute", st)):
+            row_of[(r, stream)] = len(rows)
+            rows.append([r, stream])
+    colour_list = [COMPUTE_COLOUR]
+    colour_index = {COMPUTE_COLOUR: 0}
+    details: list[dict[str, Any]] = []
+    detail_index: dict[str, int] = {}
+    out_spans = []
+    for s in spans:
+        if s.stream == "compute":
+            colour, label, info = COMPUTE_COLOUR, s.name, {"op": s.name}
+        else:
+            op = op_name(s)
+            colour, label = colour_of(op, colours), op
+            info = {"op": op, "bytes": span_bytes(s), "algorithm": s.args.get("algorithm", ""),
+                    "group": s.args.get("Process Group Name", ""), "site": s.args.get("site", ""),
+                    "peer": s.args.get("dst", s.args.get("src", ""))}
+            info = {k: v for k, v in info.items() if v != ""}
+        key = repr(sorted(info.items()))
+        if key not in detail_index:
+            detail_index[key] = len(details)
+            details.append(info)
+        if colour not in colour_index:
+            colour_index[colour] = len(colour_list)
+            colour_list.append(colour)
+        out_spans.append([row_of[(s.rank, s.stream)], s.start * 1e6, s.end * 1e6, colour_index[colour], label,
+                          detail_index[key]])
+    messages = [
+        [row_of[(m.src, m.src_stream)], row_of[(m.dst, m.dst_stream)], m.start * 1e6, m.end * 1e6]
+        for m in trace.messages
+        if (m.src, m.src_stream) in row_of and (m.dst, m.dst_stream) in row_of
+    ]
+    return {"rows": rows, "spans": out_spans, "colours": colour_list, "details": details, "messages": messages}
+
+
+def memory_series(trace: Trace) -> dict[int, list[tuple[float, float]]]:
+    """Each rank's live bytes over time, [(seconds, bytes)], from the run's "memory" counter track."""
+    out: dict[int, list[tuple[float, float]]] = {}
+    for c in trace.counters:
+        if c.name == "memory":
+            out.setdefault(c.rank, []).append((c.time, float(sum(c.values.values()))))
+    return out

@@ -1,0 +1,169 @@
+"""Render a run's report as one self-contained HTML page (styles, script and data inlined; no network request)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import markupsafe
+import torch
+
+from simdist.engine.runner import RunResult
+from simdist.errors import safe_str
+from simdist.network.cluster import Cluster
+from simdist.report import data
+from simdist.units import format_bandwidth, format_size, format_time
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+#: ranks drawn as separate lines in the memory plot; more are summarised by the ranks with the highest peaks
+MAX_MEMORY_LINES = 8
+
+_ENV = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(TEMPLATES),
+    autoescape=True,  # every string from user code (names, messages, paths, return values) is escaped
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+# simdist's own stylesheet and script, inlined verbatim (the only unescaped text in a page)
+_STATIC = {
+    kind: markupsafe.Markup((TEMPLATES / f"report.{kind}").read_text(encoding="utf-8")) for kind in ("css", "js")
+}
+_ENV.filters.update(size=format_size, seconds=format_time, bandwidth=format_bandwidth)
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _bars(rows: list[data.Breakdown]) -> dict[str, Any]:
+    """Geometry of the step-breakdown plot: per rank a compute bar, a communication bar and its exposed part."""
+    top = max([max(b.compute, b.communication, b.finish) for b in rows] + [1e-12])
+    width, height, pad = max(320, 36 * len(rows)), 180, 40
+    slot = (width - pad) / max(1, len(rows))
+    bars = []
+    for i, b in enumerate(rows):
+        x = pad + i * slot
+        w = slot * 0.38
+        for k, (value, cls, dx) in enumerate(
+            ((b.compute, "compute", 0.1), (b.communication, "comm", 0.52), (b.exposed, "exposed", 0.52))
+        ):
+            h = value / top * (height - 20)
+            bars.append({"x": x + slot * dx, "y": height - h, "w": w, "h": h, "cls": cls, "rank": b.rank,
+                         "value": value})
+    return {"width": width, "height": height + 20, "base": height, "pad": pad, "slot": slot, "bars": bars,
+            "top": top, "ranks": [b.rank for b in rows]}
+
+
+def _memory_plot(series: dict[int, list[tuple[float, float]]], end: float) -> dict[str, Any] | None:
+    """Step lines of live bytes over time for at most :data:`MAX_MEMORY_LINES` ranks (those with the highest peaks)."""
+    if not series:
+        return None
+    peaks = sorted(series, key=lambda r: (-max(v for _, v in series[r]), r))
+    shown = sorted(peaks[:MAX_MEMORY_LINES])
+    top = max(max(v for _, v in series[r]) for r in shown) or 1.0
+    end = end or max(t for r in shown for t, _ in series[r]) or 1.0
+    width, height, pad = 640, 180, 50
+    lines = []
+    for i, r in enumerate(shown):
+        pts, last = [], None
+        for t, v in series[r] + [(end, series[r][-1][1])]:
+            x = pad + t / end * (width - pad - 10)
+            y = height - v / top * (height - 10)
+            if last is not None:
+                pts.append(f"{x:.1f},{last:.1f}")
+            pts.append(f"{x:.1f},{y:.1f}")
+            last = y
+        lines.append({"rank": r, "points": " ".join(pts), "colour": data.PALETTE[i % len(data.PALETTE)]})
+    return {"width": width, "height": height + 20, "base": height, "pad": pad, "lines": lines, "top": top,
+            "end": end, "of": len(series)}
+
+
+def render_run_report(
+    result: RunResult | None,
+    *,
+    error: BaseException | None = None,
+    cluster: Cluster | None = None,
+    seed: int | None = None,
+    program: str = "",
+    title: str | None = None,
+) -> str:
+    """The HTML text of a run's report; ``result`` None with ``error`` set reports a run that a diagnosis stopped."""
+    if result is None and error is None:
+        raise ValueError("render_run_report needs a RunResult, or the error that stopped the run (error=...)")
+    cluster = cluster if cluster is not None else (result.cluster if result is not None else None)
+    seed = seed if seed is not None else (result.seed if result is not None else None)
+    program = program or (result.program if result is not None else "")
+    colours: dict[str, str] = {}
+    ctx: dict[str, Any] = {
+        "title": title or f"simdist run: {program or 'program'}",
+        "program": program,
+        "cluster": cluster,
+        "cluster_text": cluster.describe() if cluster is not None else "",
+        "seed": seed,
+        "versions": {"simdist": _version("simdist"), "torch": torch.__version__},
+        "result": result,
+        "error": None if error is None else {"type": type(error).__name__, "text": safe_str(error)},
+    }
+    if result is not None:
+        ranks = data.sampled_ranks(result.world_size)
+        table = data.collective_rows(result.trace)
+        for row in table:
+            data.colour_of(row.op, colours)
+        breakdown = data.breakdowns(result.trace, result.finish_times)
+        ctx.update(
+            trace_hash=result.trace_hash,
+            timeline=data.timeline(result.trace, ranks, colours),
+            sampled=len(ranks) < result.world_size,
+            ranks_shown=ranks,
+            collectives=table,
+            bars=_bars([breakdown[r] for r in ranks]),
+            memory_plot=_memory_plot(data.memory_series(result.trace), result.sim_time),
+            returns=[(r, _short_repr(v)) for r, v in enumerate(result.returns[:MAX_RETURNS])],
+            races=[{"text": str(r), "sites": r.sites, "rank": r.rank, "kind": r.kind} for r in result.races[:MAX_RACES]],
+        )
+    ctx["colours"] = {"compute": data.COMPUTE_COLOUR, **colours}
+    ctx["summary"] = summary_line(result, ctx["error"], cluster)
+    return _ENV.get_template("run.html.j2").render(
+        **ctx, css=_STATIC["css"], js=_STATIC["js"]
+    )
+
+
+#: rank return values and race findings listed in full; further ones are counted
+MAX_RETURNS = 64
+MAX_RACES = 50
+
+
+def _short_repr(value: Any, limit: int = 200) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a user's ``__repr__`` that raises is named, not raised)."""
+    try:
+        text = repr(value)
+    except Exception as e:  # noqa: BLE001 - a broken __repr__ must not stop the report
+        text = f"<{type(value).__name__}.__repr__ raised {type(e).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def summary_line(result: RunResult | None, error: dict[str, str] | None, cluster: Cluster | None) -> str:
+    """One line for the index: ranks, simulated time, races or the error."""
+    where = f"{cluster.world_size} ranks of {cluster.device_name}" if cluster is not None else "unknown cluster"
+    if result is None:
+        return f"FAILED ({error['type'] if error else 'error'}) on {where}"
+    races = f"; {len(result.races)} race findings" if result.races else ""
+    return f"{where}; simulated {format_time(result.sim_time)}; {result.messages} messages{races}"
+
+
+def write_run_report(result: RunResult | None, path: str | Path, **kwargs: Any) -> Path:
+    """Write :func:`render_run_report`'s page to ``path`` (parent directories created); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_run_report(result, **kwargs), encoding="utf-8")
+    return path
+
+
+__all__ = ["render_run_report", "summary_line", "write_run_report"]
