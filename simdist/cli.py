@@ -38,8 +38,8 @@ from simdist.errors import ClusterSpecError, RaceWarning, SimdistError
 from simdist.network import Cluster
 from simdist.network.presets import PRESETS
 from simdist.oracle import check_equivalence
-from simdist.report import build_index, write_run_report
 from simdist.ranks import by_text, format_ranks
+from simdist.report import build_index, write_run_report
 from simdist.script import ScriptError, load_entry
 from simdist.units import format_size, parse_size
 
