@@ -156,3 +156,69 @@ def test_write_run_report_refuses_nothing_to_report(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="needs a RunResult"):
         write_run_report(None, tmp_path / "x.html")
     assert build_index(tmp_path).read_text().count("<li>") == 0
+
+
+class Hostile(torch.nn.Module):
+    """A model whose only parameter's name is markup."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.register_parameter("w<b>x</b>", torch.nn.Parameter(torch.randn(4, 3, dtype=torch.float64)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ getattr(self, "w<b>x</b>")
+
+
+def _train(summed: bool) -> None:
+    """Each rank its half of the batch; gradients all-reduced, and averaged unless ``summed`` (the bug)."""
+    model, world = Hostile(), dist.get_world_size()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    for _ in range(2):
+        opt.zero_grad()
+        model(x.chunk(world)[dist.get_rank()]).pow(2).mean().backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            if not summed:
+                p.grad /= world
+        opt.step()
+
+
+def _reference() -> None:
+    model = Hostile()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    for _ in range(2):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+
+
+def test_an_equivalence_report_shows_the_verdict_and_divergences_escaped(tmp_path: Path) -> None:
+    cluster = simdist.Cluster.switch(2, device="cpu")
+    bad = simdist.check_equivalence(_train, _reference, cluster, args=(True,), reference_args=())
+    good = simdist.check_equivalence(_train, _reference, cluster, args=(False,), reference_args=())
+    assert not bad.ok and good.ok
+    page = bad.save_report(tmp_path / "bad.html")
+    html = page.read_text()
+    assert 'id="equivalence-verdict">Diverged at step 0<' in html and 'id="divergences"' in html
+    assert "w&lt;b&gt;x&lt;/b&gt;" in html and "w<b>x</b>" not in html
+    # the gradient row: its name (escaped), ranks, max |diff|, rel, and the factor by which the summed gradient
+    # is the reference's (2 ranks)
+    row = r"<td>grad</td><td><code>w&lt;b&gt;x&lt;/b&gt;</code></td><td>0-1</td>\s*<td>[^<]+</td><td>[^<]+</td><td>2</td>"
+    assert re.search(row, html), html[html.index('id="divergences"'):][:800]
+    assert 'id="timeline"' in html and f'id="trace-hash">{bad.parallel.trace_hash}<' in html
+    ok_html = good.save_report(tmp_path / "good.html").read_text()
+    assert 'id="equivalence-verdict">Equivalent<' in ok_html and 'id="divergences"' not in ok_html
+    index = build_index(tmp_path).read_text()
+    assert "DIVERGED" in index and "equivalent: " in index
+
+
+@needs_chromium
+def test_an_equivalence_report_runs_in_a_browser_without_errors(tmp_path: Path) -> None:
+    rep = simdist.check_equivalence(_train, _reference, simdist.Cluster.switch(2, device="cpu"), args=(True,),
+                                    reference_args=())
+    page = rep.save_report(tmp_path / "check.html")
+    body = re.search(r"<body [^>]*>", chromium("--dump-dom", page.as_uri())).group(0)
+    assert 'data-js-errors=""' in body and 'data-report-ready="1"' in body

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from simdist.engine.runner import RunResult
+from simdist.errors import SimdistError
 from simdist.oracle.localize import Localization
 from simdist.oracle.tolerance import Difference
 from simdist.ranks import ranges
@@ -82,6 +85,17 @@ class Divergence:
         }
 
 
+#: writes an equivalence report as HTML: installed by :mod:`simdist.report` (a later layer), called by
+#: :meth:`EquivalenceReport.save_report`
+_report_writer: Callable[[EquivalenceReport, Path], Path] | None = None
+
+
+def install_report_writer(writer: Callable[[EquivalenceReport, Path], Path]) -> None:
+    """Make ``writer(report, path)`` what :meth:`EquivalenceReport.save_report` calls."""
+    global _report_writer
+    _report_writer = writer
+
+
 @dataclass
 class EquivalenceReport:
     """The outcome of :func:`simdist.check_equivalence`: equal, or where the parallel run first diverged."""
@@ -145,6 +159,13 @@ class EquivalenceReport:
             parts = [f"{len(v)} {plural(k, len(v))} ({_names(v)})" for k, v in kinds.items()]
             lines.append(f"  also diverging at step {self.first.step}: " + "; ".join(parts))
         return "\n".join(lines)
+
+    def save_report(self, path: str | Path) -> Path:
+        """Write this comparison as one self-contained HTML page (verdict, divergences, localisation, and the
+        parallel run's timeline and collectives) to ``path``."""
+        if _report_writer is None:
+            raise SimdistError("no report writer is installed: import simdist (or simdist.report) before saving a report")
+        return _report_writer(self, Path(path))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form of the report."""

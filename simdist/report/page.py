@@ -13,6 +13,8 @@ import torch
 from simdist.engine.runner import RunResult
 from simdist.errors import safe_str
 from simdist.network.cluster import Cluster
+from simdist.oracle.report import EquivalenceReport
+from simdist.ranks import ranges
 from simdist.report import data
 from simdist.units import format_bandwidth, format_size, format_time
 
@@ -93,6 +95,7 @@ def render_run_report(
     seed: int | None = None,
     program: str = "",
     title: str | None = None,
+    oracle: dict[str, Any] | None = None,
 ) -> str:
     """The HTML text of a run's report; ``result`` None with ``error`` set reports a run that a diagnosis stopped."""
     if result is None and error is None:
@@ -110,6 +113,7 @@ def render_run_report(
         "versions": {"simdist": _version("simdist"), "torch": torch.__version__},
         "result": result,
         "error": None if error is None else {"type": type(error).__name__, "text": safe_str(error)},
+        "oracle": oracle,
     }
     if result is not None:
         ranks = data.sampled_ranks(result.world_size)
@@ -129,7 +133,7 @@ def render_run_report(
             races=[{"text": str(r), "sites": r.sites, "rank": r.rank, "kind": r.kind} for r in result.races[:MAX_RACES]],
         )
     ctx["colours"] = {"compute": data.COMPUTE_COLOUR, **colours}
-    ctx["summary"] = summary_line(result, ctx["error"], cluster)
+    ctx["summary"] = oracle["summary"] if oracle else summary_line(result, ctx["error"], cluster)
     return _ENV.get_template("run.html.j2").render(
         **ctx, css=_STATIC["css"], js=_STATIC["js"]
     )
@@ -166,4 +170,32 @@ def write_run_report(result: RunResult | None, path: str | Path, **kwargs: Any) 
     return path
 
 
-__all__ = ["render_run_report", "summary_line", "write_run_report"]
+def write_equivalence_report(report: EquivalenceReport, path: str | Path) -> Path:
+    """Write an equivalence-oracle report: the verdict and every divergence of the first divergent step (and the
+    localisation), above the parallel run's own report. Each step's comparison stops at the first divergent
+    step, so there is no difference to plot for later ones."""
+    rows = [
+        {
+            "step": d.step, "kind": d.kind, "of": d.of, "name": d.name, "ranks": ranges(list(d.ranks)) if d.ranks else "",
+            "max_abs": "" if d.difference is None else f"{d.difference.max_abs:.3g}",
+            "rel": "" if d.difference is None else f"{d.difference.rel:.3g}",
+            "scale": "" if d.difference is None or d.difference.scale is None else f"{d.difference.scale:.4g}",
+            "detail": d.detail,
+        }
+        for d in report.divergences
+    ]
+    oracle = {
+        "ok": report.ok, "step": report.step, "steps": report.steps, "world_size": report.world_size,
+        "exact": report.exact, "parallel": report.parallel_name, "reference": report.reference_name,
+        "compared": ", ".join(f"{n} {k}" for k, n in report.compared.items() if n) or "nothing",
+        "text": str(report), "divergences": rows,
+        "summary": ("equivalent" if report.ok else "DIVERGED") + f": {report.summary()}",
+    }
+    title = f"simdist check: {report.parallel_name} vs {report.reference_name}"
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_run_report(report.parallel, title=title, oracle=oracle), encoding="utf-8")
+    return path
+
+
+__all__ = ["render_run_report", "summary_line", "write_equivalence_report", "write_run_report"]
