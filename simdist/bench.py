@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from simdist import algorithms
+from simdist.algorithms.bandwidth import bus_factor
 from simdist.engine.runner import run
 from simdist.errors import SimdistError
 from simdist.network.cluster import Cluster
@@ -46,15 +47,6 @@ MEMORY_FACTOR = {
 
 class BenchError(SimdistError, ValueError):
     """A bench sweep cannot run: an unknown collective, type or op, a bad size range or root, too big a world."""
-
-
-def bus_factor(collective: str, n: int) -> float:
-    """nccl-tests' bus-bandwidth factor."""
-    if collective == "all_reduce":
-        return 2 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
-        return (n - 1) / n
-    return 1.0
 
 
 @dataclass

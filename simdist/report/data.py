@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from simdist.algorithms.bandwidth import bus_factor
 from simdist.trace.trace import Span, Trace
 
 #: ranks drawn one row each on the timeline; larger runs show an evenly spaced sample of this many ranks
@@ -57,18 +58,6 @@ def span_bytes(span: Span) -> int:
     return int(nelems) * torch.empty((), dtype=dtype).element_size()
 
 
-def bus_factor(op: str, n: int) -> float:
-    """nccl-tests' bus-bandwidth factor: all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all (n-1)/n; else 1."""
-    op = base_op(op)
-    if n <= 1:
-        return 1.0
-    if op == "all_reduce":
-        return 2 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
-        return (n - 1) / n
-    return 1.0
-
-
 @dataclass
 class CollectiveRow:
     """One collective call (all ranks of its group together): time from the first start to the last end."""
@@ -103,7 +92,7 @@ def collective_rows(trace: Trace) -> list[CollectiveRow]:
         algbw = size / (end - start) if end > start else 0.0
         rows.append(
             CollectiveRow(op, group, seq, n, size, str(first.args.get("algorithm", "")), start, end - start, algbw,
-                          algbw * bus_factor(op, n))
+                          algbw * bus_factor(base_op(op), n))
         )
     return sorted(rows, key=lambda r: (r.start, r.group, r.seq))
 
