@@ -21,7 +21,8 @@ model trained on the full batch, and checks that the replicas of every parameter
 
 Then the simulated step time of each wrapper on two DGX-H100 nodes (16 ranks) for a 24-layer MLP, with the
 compute / communication breakdown per rank; the Chrome trace of one BucketedDDP step is written to
-ddp_step.json in the output directory (reports/ by default). With ``--real N`` cases (a), (c) and (d) also run N times on real gloo processes (one
+ddp_step.json in the output directory (reports/ by default), beside the scenario's HTML report
+ddp_tied_weights.html (cases, drift, findings, step time per wrapper, buggy and fixed timelines). With ``--real N`` cases (a), (c) and (d) also run N times on real gloo processes (one
 per rank, through ``real``): the de-duplicated wrapper must equal the baseline and the hook-tensor bug must
 leave replicas diverged; how often the double reduction drifts on a real machine is reported (it depends on
 timing there). Prints a verdict table; exits non-zero if any expectation fails.
@@ -40,7 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from verdicts import report
+from verdicts import finish
 
 import simdist
 from simdist.oracle import Piece
@@ -162,7 +163,7 @@ class Case:
         )
 
 
-def correctness(seed: int, verdicts: list[tuple[str, bool, str]]) -> None:
+def correctness(seed: int, verdicts: list[tuple[str, bool, str]], page: simdist.report.ScenarioReport) -> None:
     print(f"Correctness: {WORLD} ranks, tied {VOCAB}x{DIM} embedding/projection, {STEPS} SGD steps, float64, seed {seed}")
     cases: list[Case] = []
 
@@ -181,6 +182,15 @@ def correctness(seed: int, verdicts: list[tuple[str, bool, str]]) -> None:
     for case in cases:
         print(case.row())
     print()
+    page.table("Cases against the single-process model", ["case", "model", "wrapper", "options", "progress", "max |dw|",
+               "first divergence", "replicas differ at", "races"], [
+        [c.label, "tied" if c.tied else "untied", c.wrapper, ",".join(f"{k}={v}" for k, v in c.options.items()) or "-",
+         c.progress, c.drift, ("equal", "pass") if c.rep.ok else ((f"step {c.rep.first.step} {c.rep.first.kind} "
+                                                                 f"{c.rep.first.name}"), "fail"),
+         ", ".join(n for n, _ in c.diverged) or "-", c.describe_races()]
+        for c in cases
+    ], note=f"{WORLD} ranks, tied {VOCAB}x{DIM} embedding/projection, {STEPS} SGD steps, float64, seed {seed}; "
+            "max |dw| is the largest difference of a final parameter from the baseline's.", nav="cases")
 
     tied_name = "embed.weight = head.weight"
     same_a = a.res.trace_hash == a_again.res.trace_hash and all(
@@ -210,6 +220,14 @@ def correctness(seed: int, verdicts: list[tuple[str, bool, str]]) -> None:
         ("(d) detector: autograd read an in-flight buffer", any(r.kind == "access" for r in d.races), _first_access(d))
     )
 
+    page.runs("(a) buggy vs (c) de-duplicated, gloo progress", {"(a) OverlapDDP(dedup=False)": a.res,
+              "(c) OverlapDDP": next(c for c in c_cases if c.wrapper == "OverlapDDP" and c.progress == "gloo").res},
+              note="Under gloo-like progress the tied gradient's two all-reduces run at once on two worker threads.",
+              nav="buggy vs fixed")
+    page.text("(a) the oracle's report", str(a.rep), error=not a.rep.ok, nav="oracle (a)")
+    page.text("(a) the race detector's first finding", _first_overlap(a), error=True, nav="detector (a)")
+    page.text("(d) the detector's and the oracle's findings", _first_access_text(d) + "\n\n" + str(d.rep), error=True,
+              nav="findings (d)")
     print("What the oracle reported in (a):")
     print("  " + "\n  ".join(str(a.rep).splitlines()))
     print("What the detector reported in (a):")
@@ -274,7 +292,7 @@ TIMED = [
 ]
 
 
-def timing(verdicts: list[tuple[str, bool, str]], trace_path: Path) -> None:
+def timing(verdicts: list[tuple[str, bool, str]], trace_path: Path, page: simdist.report.ScenarioReport) -> None:
     cluster = simdist.Cluster.preset("dgx-h100", world_size=TIMING_WORLD)
     params = sum(p.numel() for p in timing_model().parameters())
     print(
@@ -307,6 +325,14 @@ def timing(verdicts: list[tuple[str, bool, str]], trace_path: Path) -> None:
     res.trace.save_chrome(trace_path)
     print(f"  Chrome trace of this step: {trace_path} (open in ui.perfetto.dev)")
     print()
+    page.bar_plot("Step time per wrapper", {
+        name: {"step": step, "compute": comp, "communication": comm, "exposed communication": step - comp}
+        for name, (step, comp, comm, _, _) in results.items()
+    }, y_label="simulated time (rank 0)", unit="time", nav="step time",
+        note=f"One data-parallel step on {cluster.name} ({TIMING_WORLD} ranks, H100 cost model), {LAYERS}x{WIDTH} MLP; "
+             "exposed communication = step - compute on rank 0.")
+    page.runs("NaiveDDP vs BucketedDDP (4 MiB buckets)", {"NaiveDDP": results["NaiveDDP"][3], label: res},
+              ranks=[0, 1, TIMING_WORLD - 1], nav="timelines")
     naive, overlap, bucket = results["NaiveDDP"], results["OverlapDDP"], results[label]
     verdicts.append(
         (
@@ -342,7 +368,9 @@ REAL_CASES = [
 ]
 
 
-def on_real_gloo(seed: int, repeats: int, verdicts: list[tuple[str, bool, str]]) -> None:
+def on_real_gloo(
+    seed: int, repeats: int, verdicts: list[tuple[str, bool, str]], page: simdist.report.ScenarioReport | None = None
+) -> None:
     """The same rank function on real gloo processes (one per rank): what the simulation predicts."""
     import real
 
@@ -362,6 +390,14 @@ def on_real_gloo(seed: int, repeats: int, verdicts: list[tuple[str, bool, str]])
         names = sorted({n for launch in diverged[label] for n, _ in launch})
         print(f"{label:3s} {wrapper:11s} {opts:24s} {runs:32s} {', '.join(names) or '-'}")
     print()
+    if page is not None:
+        page.table("Real gloo launches", ["case", "wrapper", "options", "max |dw| per launch", "replicas differ at"], [
+        [label, wrapper, ",".join(f"{k}={v}" for k, v in options.items()) or "-",
+         ", ".join(f"{d:.2e}" for d in drifts[label]),
+         ", ".join(sorted({n for launch in diverged[label] for n, _ in launch})) or "-"]
+        for label, wrapper, options in REAL_CASES
+    ], note=f"{WORLD} gloo processes on this machine, {repeats} launches per case: the simulation's verdicts on real "
+            "hardware.", nav="real gloo")
     drifting = sum(d > 1e-6 for d in drifts["a"])
     # Timing decides whether the two all-reduces overlap on a real machine: reported, not asserted.
     print(f"(a) on real gloo the double reduction drifted in {drifting} of {repeats} launches")
@@ -387,14 +423,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--real", type=int, default=0, metavar="N",
                     help="also run cases a, c and d on real gloo processes, N launches each")
-    ap.add_argument("--out", type=Path, default=REPORTS, metavar="DIR", help="where the Chrome trace is written (default: %(default)s)")
+    ap.add_argument("--out", type=Path, default=REPORTS, metavar="DIR", help="where the HTML report and the Chrome trace are written (default: %(default)s)")
     args = ap.parse_args(argv)
     verdicts: list[tuple[str, bool, str]] = []
-    correctness(args.seed, verdicts)
-    timing(verdicts, args.out / "ddp_step.json")
+    page = simdist.report.ScenarioReport("Tied weights and data parallelism", description=__doc__, seed=args.seed,
+                                         command=f"python scenarios/ddp_tied_weights.py --seed {args.seed}"
+                                                 + (f" --real {args.real}" if args.real else ""))
+    correctness(args.seed, verdicts, page)
+    timing(verdicts, args.out / "ddp_step.json", page)
     if args.real:
-        on_real_gloo(args.seed, args.real, verdicts)
-    return report(verdicts)
+        on_real_gloo(args.seed, args.real, verdicts, page)
+    return finish(page, verdicts, args.out, "ddp_tied_weights")
 
 
 if __name__ == "__main__":

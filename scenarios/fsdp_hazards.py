@@ -42,11 +42,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from oracle_cases import Case, Outcome, Variant, on_real_gloo, outcome_of, show, verdict
+from oracle_cases import Case, CaseSections, Outcome, Variant, on_real_gloo, outcome_of, show, verdict
 from torch import nn
-from verdicts import importable_by_rank_processes, report
+from verdicts import finish, importable_by_rank_processes
 
 import simdist
+import simdist.report
 from simdist.strategies.fsdp import FSDP, Hazards
 
 WORLD = 4
@@ -251,12 +252,13 @@ def races(layout: Layout, seed: int) -> list[str]:
     return [" / ".join(line.strip() for line in str(r).splitlines()[:2]) for r in res.races]
 
 
-def simulated(seed: int, verdicts: list[tuple[str, bool, str]]) -> dict[tuple[str, str], bool]:
+def simulated(seed: int, verdicts: list[tuple[str, bool, str]], page: simdist.report.ScenarioReport) -> dict[tuple[str, str], bool]:
     """Every variant under simdist; returns whether each equalled one process, for --real."""
     print(f"FSDP hazards: {WORLD} ranks, {STEPS} SGD steps, float64, seed {seed}; each against one process on the "
           "full batch")
     print()
     outcome: dict[tuple[str, str], bool] = {}
+    sections = CaseSections()
     for case in CASES:
         print(f"({case.key}) {case.title}")
         for v in case.variants:
@@ -264,8 +266,12 @@ def simulated(seed: int, verdicts: list[tuple[str, bool, str]]) -> dict[tuple[st
             show(v, o)
             ok, detail = verdict(v, o)
             verdicts.append((f"({case.key}) {v.label}: {v.expect}", ok, detail))
+            sections.add(case, v, o, ok, detail)
             outcome[(case.key, v.label)] = o.report.ok if o.report is not None else False
         print()
+    sections.write(page, f"{WORLD} ranks, {STEPS} SGD steps, float64, seed {seed}; each against one process on the "
+                         "full batch.")
+    race_rows = []
     print("(f) the optimizer stepping before the reduce-scatters finished")
     with warnings.catch_warnings():  # the findings are read from the result
         warnings.simplefilter("ignore", simdist.RaceWarning)
@@ -278,7 +284,11 @@ def simulated(seed: int, verdicts: list[tuple[str, bool, str]]) -> dict[tuple[st
             named = any("reduce_scatter" in line and "optim" in line for line in found)
             verdicts.append((f"(f) {label}: {'race' if expected else 'no race'}",
                              named if expected else not found, f"{len(found)} races"))
+            race_rows.append([label, "race" if expected else "no race", (len(found), "fail" if found else "pass"),
+                              "\n".join(found[:2]) or "-"])
     print()
+    page.table("(f) the optimizer stepping before the reduce-scatters finished", ["variant", "expects", "races",
+               "first findings"], race_rows, nav="(f) races")
     return outcome
 
 
@@ -296,13 +306,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--real", action="store_true", help="also run every variant on real gloo processes")
-    ap.add_argument("--out", type=Path, default=REPORTS, metavar="DIR", help="output directory (this scenario writes nothing there)")
+    ap.add_argument("--out", type=Path, default=REPORTS, metavar="DIR", help="where the HTML report is written (default: %(default)s)")
     args = ap.parse_args(argv)
     verdicts: list[tuple[str, bool, str]] = []
-    outcome = simulated(args.seed, verdicts)
+    page = simdist.report.ScenarioReport(
+        "FSDP hazards", description=__doc__, seed=args.seed,
+        command=f"python scenarios/fsdp_hazards.py --seed {args.seed}" + (" --real" if args.real else ""))
+    outcome = simulated(args.seed, verdicts, page)
     if args.real:
-        on_real_gloo(CASES, lambda v: on_real(v, args.seed), outcome, verdicts)
-    return report(verdicts)
+        on_real_gloo(CASES, lambda v: on_real(v, args.seed), outcome, verdicts, page=page)
+    return finish(page, verdicts, args.out, "fsdp_hazards")
 
 
 if __name__ == "__main__":

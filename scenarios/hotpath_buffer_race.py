@@ -12,7 +12,8 @@ that buffers hot paths and runs them as compiled batches on a compile stream
 Each is reproduced from a named config and seed, with the failing command and the worker's and the link's
 events around it. Then every policy runs the loop over 200 seeds with jitter; the table (failures by kind,
 fallbacks, share of ops compiled, simulated step time) is printed and written to
-hotpath_buffer_race.json in the output directory (reports/ by default). Exits non-zero if an expectation fails: the current policy fails for some
+hotpath_buffer_race.json in the output directory (reports/ by default), beside the HTML report
+hotpath_buffer_race.html (each reproduction's events, the policy table and its plots). Exits non-zero if an expectation fails: the current policy fails for some
 seeds, no fix ever fails, and every run that completes ends with the weights of eager execution.
 
 With ``--real N`` the loop also runs N times per policy against a real worker process (``real.runtime``; its
@@ -32,9 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from verdicts import report
+from verdicts import finish
 
 import simdist.autograd as ag
+import simdist.report
 from simdist.errors import RankError
 from simdist.runtime import POLICIES, BufferingWorker, LinkSpec, StreamTimes, simulate
 
@@ -95,28 +97,27 @@ REPRODUCTIONS = {
 }
 
 
-def reproduce(kind: str, config: Config, verdicts: list[tuple[str, bool, str]]) -> None:
+def reproduce(kind: str, config: Config, verdicts: list[tuple[str, bool, str]], page: simdist.report.ScenarioReport) -> None:
     deliveries: list = []
     _, worker, error = config.run("fallback", deliveries)
     first = worker.failures_by_kind[0] if worker.failures_by_kind else None
     ok = first is not None and first[0] == kind and error is not None
-    print(f"({kind}) {config}")
-    print(f"    client saw: {error}")
+    lines = [f"({kind}) {config}", f"    client saw: {error}"]
     if first is not None:
         t = first[2]
-        print(f"    worker events around t = {t * 1e6:.1f} us:")
-        for when, what in worker.events:
-            if t - 60e-6 <= when <= t + 1e-12:
-                print(f"      {when * 1e6:9.1f} us  {what}")
-        print("    link deliveries arriving in that window:")
-        for d in deliveries:
-            if t - 60e-6 <= d.arrived <= t + 1e-12:
-                print(f"      {d.arrived * 1e6:9.1f} us  {d.direction:15s} {d.what} (sent {d.sent * 1e6:.1f} us)")
+        lines.append(f"    worker events around t = {t * 1e6:.1f} us:")
+        lines += [f"      {when * 1e6:9.1f} us  {what}" for when, what in worker.events if t - 60e-6 <= when <= t + 1e-12]
+        lines.append("    link deliveries arriving in that window:")
+        lines += [f"      {d.arrived * 1e6:9.1f} us  {d.direction:15s} {d.what} (sent {d.sent * 1e6:.1f} us)"
+                  for d in deliveries if t - 60e-6 <= d.arrived <= t + 1e-12]
+    print("\n".join(lines))
     print()
+    page.text(f"({kind}) reproduced", "\n".join(line.removeprefix("    ") for line in lines),
+              error=True, nav=f"({kind})")
     verdicts.append((f"({kind}) reproduced from its named seed", ok, first[1] if first else "no failure"))
 
 
-def table(seeds: int, verdicts: list[tuple[str, bool, str]]) -> dict:
+def table(seeds: int, verdicts: list[tuple[str, bool, str]], page: simdist.report.ScenarioReport) -> dict:
     eager = train()
     rows = {}
     print(f"Every policy over {seeds} seeds (jitter 100 us, 10 us per client command, 0.3x compile times):")
@@ -152,6 +153,21 @@ def table(seeds: int, verdicts: list[tuple[str, bool, str]]) -> dict:
             f"{row['compiled_fraction'] * 100:8.1f}% {step} {'yes' if all(equal) else 'NO':>8s}"
         )
     print()
+    page.table(f"Every policy over {seeds} seeds", ["policy", "failed", "A", "B", "C", "fallbacks", "compiled", "step",
+               "= eager"], [
+        [policy, (r["failed"], "fail" if r["failed"] else "pass"), r["failures_by_kind"]["A"], r["failures_by_kind"]["B"],
+         r["failures_by_kind"]["C"], r["fallbacks"], f"{r['compiled_fraction'] * 100:.1f}%",
+         "-" if r["step_seconds"] is None else f"{r['step_seconds'] * 1e6:.1f} us",
+         ("yes", "pass") if r["completed_runs_equal_eager"] else ("NO", "fail")]
+        for policy, r in rows.items()
+    ], note="Jitter 100 us, 10 us per client command, 0.3x compile times; step time is the mean over completed runs.",
+        nav="policies")
+    page.bar_plot("Failures per policy, by kind", {p: {k: float(r["failures_by_kind"][k]) for k in "ABC"}
+                                                   for p, r in rows.items()},
+                  y_label=f"failed runs of {seeds}", nav="failures")
+    page.bar_plot("Step time per policy", {p: {"step": r["step_seconds"]} for p, r in rows.items() if r["step_seconds"]},
+                  y_label="simulated step time", unit="time", nav="step time",
+                  note="Mean over the runs that completed; the fixes trade compiled batches for safety.")
     buggy = rows["fallback"]["failed"]
     verdicts.append(("the current policy fails for some seeds", 0 < buggy, f"{buggy} of {seeds}"))
     for policy in POLICIES:
@@ -163,7 +179,9 @@ def table(seeds: int, verdicts: list[tuple[str, bool, str]]) -> dict:
     return rows
 
 
-def on_real_worker(runs: int, verdicts: list[tuple[str, bool, str]]) -> dict:
+def on_real_worker(
+    runs: int, verdicts: list[tuple[str, bool, str]], page: simdist.report.ScenarioReport | None = None
+) -> dict:
     """The same loop against a real worker process (compile stream on its own thread), ``runs`` times per policy."""
     from real.runtime import run_remote
 
@@ -190,6 +208,12 @@ def on_real_worker(runs: int, verdicts: list[tuple[str, bool, str]]) -> dict:
         print(f"  {policy:22s} {failed:7d} {','.join(sorted(set(kinds))) or '-':18s} {frac} {wall}")
     print()
     print(f"  the current policy failed in {rows['fallback']['failed']} of {runs} real sessions (real timing decides)")
+    if page is not None:
+        page.table("Real worker process", ["policy", "failed", "kinds", "= eager"], [
+        [p, r["failed"], ",".join(sorted(set(r["kinds"]))) or "-", "yes" if r["completed_runs_equal_eager"] else "NO"]
+        for p, r in rows.items()
+    ], note=f"{runs} sessions per policy against a real worker process (compile stream on its own thread).",
+        nav="real worker")
     print()
     for policy in POLICIES:
         if policy != "fallback":
@@ -204,13 +228,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=200)
     ap.add_argument("--real", type=int, default=0, metavar="N", help="also run N sessions per policy on a real worker process")
-    ap.add_argument("--out", type=Path, default=REPORTS, metavar="DIR", help="where the JSON table is written (default: %(default)s)")
+    ap.add_argument("--out", type=Path, default=REPORTS, metavar="DIR", help="where the HTML report and the JSON table are written (default: %(default)s)")
     args = ap.parse_args(argv)
     verdicts: list[tuple[str, bool, str]] = []
+    page = simdist.report.ScenarioReport(
+        "The hot-path buffer race", description=__doc__,
+        command=f"python scenarios/hotpath_buffer_race.py --seeds {args.seeds}" + (f" --real {args.real}" if args.real else ""))
     for kind, config in REPRODUCTIONS.items():
-        reproduce(kind, config, verdicts)
-    rows = table(args.seeds, verdicts)
-    real_rows = on_real_worker(args.real, verdicts) if args.real else None
+        reproduce(kind, config, verdicts, page)
+    rows = table(args.seeds, verdicts, page)
+    real_rows = on_real_worker(args.real, verdicts, page) if args.real else None
     report_path = args.out / "hotpath_buffer_race.json"
     report_path.parent.mkdir(parents=True, exist_ok=True)
     descriptions = {name: policy.description for name, policy in POLICIES.items()}
@@ -219,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"table written to {report_path}")
     print()
-    return report(verdicts)
+    return finish(page, verdicts, args.out, "hotpath_buffer_race")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import simdist
+import simdist.report
 from real import RealRunError
 
 
@@ -137,6 +138,49 @@ def show(v: Variant, o: Outcome, names: Mapping[str, str] | None = None) -> None
         print(f"  {'':30s} max |param - ref| {drift(o.report, names):.2e}; loss {losses(o.report)}")
 
 
+class CaseSections:
+    """What a case scenario's HTML report shows: a row per variant, the loss difference per step, and the
+    simulated time and idle share of every variant that ran to completion."""
+
+    def __init__(self) -> None:
+        self.rows: list[list[Any]] = []
+        self.loss_gap: dict[str, list[tuple[float, float]]] = {}
+        self.times: dict[str, dict[str, float]] = {}
+
+    def add(self, case: Case, v: Variant, o: Outcome, ok: bool, detail: str) -> None:
+        """Record one variant's outcome and verdict."""
+        label = f"({case.key}) {v.label}"
+        self.rows.append([f"({case.key})", case.title, v.label, v.expect, o.text(), ("PASS", "pass") if ok else ("FAIL", "fail"),
+                          detail])
+        rep = o.report
+        if rep is None or rep.parallel is None:
+            return
+        lasts = [out["losses"] for out in rep.parallel.returns if out["losses"]]
+        theirs = rep.reference.returns[0]["losses"]
+        if lasts and theirs:
+            mine = [sum(ls[k] for ls in lasts) / len(lasts) for k in range(min(map(len, lasts)))]
+            self.loss_gap[label] = [(k + 1, abs(a - b)) for k, (a, b) in enumerate(zip(mine, theirs))]
+        res = rep.parallel
+        busy = [res.trace.busy_time(r, "compute") for r in range(res.world_size)]
+        self.times[label] = {"simulated time": res.sim_time,
+                             "idle compute (mean over ranks)": res.sim_time - sum(busy) / len(busy)}
+
+    def write(self, page: simdist.report.ScenarioReport, note: str) -> None:
+        """Add the variant table and the plots to ``page``."""
+        page.table("Every variant", ["case", "what", "variant", "expects", "outcome", "verdict", "detail"], self.rows,
+                   note=note, nav="variants")
+        if self.loss_gap:
+            page.line_plot("Loss difference per step", self.loss_gap, x_label="optimizer step",
+                           y_label="|loss - reference loss|", log=True, nav="loss per step",
+                           note="The mean loss over the ranks that compute one, against the single-process "
+                                "reference's, per variant that ran to completion; 0 is bitwise equal.")
+        if self.times:
+            page.bar_plot("Simulated time per variant", self.times, y_label="simulated time", unit="time",
+                          nav="time per variant",
+                          note="The whole run's simulated time, and how much of it a rank's compute stream is idle "
+                               "on average (pipeline bubble, exposed communication, waiting).")
+
+
 #: diagnoses only the simulation makes: on real processes the same program errs inside the backend or hangs until
 #: the launcher's timeout, so such a variant is not launched there
 SIMULATED_DIAGNOSES = ("CollectiveMismatchError", "DeadlockError")
@@ -148,6 +192,7 @@ def on_real_gloo(
     simulated_ok: Mapping[tuple[str, str], bool],
     verdicts: list,
     keys: str | None = None,
+    page: simdist.report.ScenarioReport | None = None,
 ) -> None:
     """Every variant (of the cases ``keys``) on real gloo processes: errors as errors, the rest by final state.
 
@@ -156,6 +201,7 @@ def on_real_gloo(
     """
     print("Real gloo: every variant on real processes (one per rank)")
     agree = total = 0
+    rows: list[list[str]] = []
     for case in cases:
         if keys is not None and case.key not in keys:
             continue
@@ -163,6 +209,7 @@ def on_real_gloo(
             if v.expect == "raises" and v.kind in SIMULATED_DIAGNOSES:
                 print(f"({case.key}) {v.label:40s} not launched: it would fail inside gloo or hang until the "
                       f"launcher's timeout (the simulation reports a {v.kind})")
+                rows.append([f"({case.key})", v.label, f"not launched (simulated: {v.kind})"])
                 continue
             total += 1
             try:
@@ -171,8 +218,14 @@ def on_real_gloo(
                 raised = v.expect == "raises" and v.kind in str(e)
                 agree += raised
                 print(f"({case.key}) {v.label:40s} {'raised ' + v.kind if raised else 'failed: ' + str(e).splitlines()[0]}")
+                rows.append([f"({case.key})", v.label, "raised " + v.kind if raised else "failed: " + str(e).splitlines()[0]])
                 continue
             agree += v.expect != "raises" and rep.ok == simulated_ok[(case.key, v.label)]
             print(f"({case.key}) {v.label:40s} {'equals one process' if rep.ok else rep.first}")
+            rows.append([f"({case.key})", v.label, "equals one process" if rep.ok else str(rep.first)])
     print()
+    if page is not None:
+        page.table("Real gloo", ["case", "variant", "on real processes"], rows, nav="real gloo",
+                   note="Every variant on real gloo processes (one per rank): errors as errors, the rest by final "
+                        "state against the reference.")
     verdicts.append(("real gloo agrees with the simulation", agree == total, f"{agree} of {total} variants"))

@@ -42,11 +42,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from oracle_cases import Case, Outcome, Variant, on_real_gloo, outcome_of, show, verdict
+from oracle_cases import Case, CaseSections, Outcome, Variant, on_real_gloo, outcome_of, show, verdict
 from torch import nn
-from verdicts import importable_by_rank_processes, report
+from verdicts import finish, importable_by_rank_processes
 
 import simdist
+import simdist.report
 from simdist.strategies import GradientSyncMode, PipelineOptimizer, PipelineOptimizerConfig
 
 D_IN, HIDDEN, D_OUT = 6, 8, 3
@@ -364,12 +365,13 @@ def simulate(v: Variant, seed: int) -> Outcome:
     ))
 
 
-def simulated(seed: int, verdicts: list[tuple[str, bool, str]]) -> dict[tuple[str, str], bool]:
+def simulated(seed: int, verdicts: list[tuple[str, bool, str]], page: simdist.report.ScenarioReport) -> dict[tuple[str, str], bool]:
     """Every variant under simdist; returns whether each equalled one process (or raised), for --real."""
     print(f"Pipeline gradient synchronisation: two stages (x replicas), GPipe with microbatches, {STEPS} SGD steps, "
           f"float64, seed {seed}; each against one process on the full batch")
     print()
     outcome: dict[tuple[str, str], bool] = {}
+    sections = CaseSections()
     for case in CASES:
         print(f"({case.key}) {case.title}")
         for v in case.variants:
@@ -377,8 +379,11 @@ def simulated(seed: int, verdicts: list[tuple[str, bool, str]]) -> dict[tuple[st
             show(v, o, NAMES)
             ok, detail = verdict(v, o)
             verdicts.append((f"({case.key}) {v.label}: {v.expect}", ok, detail))
+            sections.add(case, v, o, ok, detail)
             outcome[(case.key, v.label)] = o.report.ok if o.report is not None else False
         print()
+    sections.write(page, f"Two stages (x replicas), GPipe with microbatches unless the variant says otherwise, {STEPS} SGD "
+                         f"steps, float64, seed {seed}; each against one process on the full batch.")
     return outcome
 
 
@@ -397,13 +402,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--real", action="store_true", help="also run every variant on real gloo processes")
-    ap.add_argument("--out", type=Path, default=REPORTS, metavar="DIR", help="output directory (this scenario writes nothing there)")
+    ap.add_argument("--out", type=Path, default=REPORTS, metavar="DIR", help="where the HTML report is written (default: %(default)s)")
     args = ap.parse_args(argv)
     verdicts: list[tuple[str, bool, str]] = []
-    outcome = simulated(args.seed, verdicts)
+    page = simdist.report.ScenarioReport(
+        "Pipeline gradient synchronisation", description=__doc__, seed=args.seed,
+        command=f"python scenarios/pipeline_sync.py --seed {args.seed}" + (" --real" if args.real else ""))
+    outcome = simulated(args.seed, verdicts, page)
     if args.real:
-        on_real_gloo(CASES, lambda v: on_real(v, args.seed), outcome, verdicts)
-    return report(verdicts)
+        on_real_gloo(CASES, lambda v: on_real(v, args.seed), outcome, verdicts, page=page)
+    return finish(page, verdicts, args.out, "pipeline_sync")
 
 
 if __name__ == "__main__":

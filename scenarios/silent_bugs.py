@@ -29,7 +29,9 @@ For each case the oracle reports the first divergent step, the tensor and ranks,
 finds it, the first op whose output diverged; the verdicts check the step and tensor of every bug and that
 every corrected program equals the reference. With ``--real N`` every program also runs N times on real gloo
 processes (one per rank, through ``real``) and the final state is compared with the reference: the verdict
-on real processes must agree with the simulated one.
+on real processes must agree with the simulated one. The HTML report silent_bugs.html (in the output
+directory, reports/ by default) has the verdicts, a table of every bug and its correction, and the oracle's
+reports.
 
 Usage: python scenarios/silent_bugs.py [--seed N] [--real N] [--out DIR]
 """
@@ -49,7 +51,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from verdicts import importable_by_rank_processes, report
+from verdicts import finish, importable_by_rank_processes
 
 import simdist
 from simdist.ranks import ranges
@@ -761,12 +763,13 @@ def found_as_expected(rep: simdist.EquivalenceReport, expect: Expect) -> tuple[b
     return ok and not missing and localised, text
 
 
-def simulated(seed: int, verdicts: list[tuple[str, bool, str]]) -> dict[str, tuple[bool, bool]]:
+def simulated(seed: int, verdicts: list[tuple[str, bool, str]], page: simdist.report.ScenarioReport) -> dict[str, tuple[bool, bool]]:
     """Every case's buggy and corrected program through the oracle; returns (bug found, fix equal) per case."""
     print(f"Silent bugs: {len(CASES)} cases, {STEPS} SGD steps each, float64, seed {seed}; "
           "each program against its single-process reference")
     print()
     outcome: dict[str, tuple[bool, bool]] = {}
+    rows, texts = [], []
     for case in CASES:
         buggy, fixed = check(case, True, seed), check(case, False, seed)
         print(f"({case.key}) {case.title} ({case.world} ranks)")
@@ -777,7 +780,17 @@ def simulated(seed: int, verdicts: list[tuple[str, bool, str]]) -> dict[str, tup
         verdicts.append((f"({case.key}) corrected: equivalent", fixed.ok,
                          f"{fixed.steps} steps compared" if fixed.ok else fixed.summary()))
         outcome[case.key] = (not buggy.ok, fixed.ok)
+        first, loc = buggy.first, buggy.localization
+        rows.append([f"({case.key})", case.title, case.world,
+                     (f"step {first.step} {first.kind} {first.name}", "fail") if first else ("equal", "pass"),
+                     "-" if loc is None else f"{loc.op} at {loc.site}", (found, "pass" if found else "fail"),
+                     ("equal", "pass") if fixed.ok else (fixed.summary(), "fail")])
+        texts.append(f"({case.key}) {case.title}\n{buggy}")
     print()
+    page.table("Every bug and its correction", ["case", "bug", "ranks", "first divergence", "first divergent op",
+               "as expected", "corrected"], rows, nav="cases",
+               note=f"{STEPS} SGD steps each, float64, seed {seed}; each program against its single-process reference.")
+    page.text("What the oracle reported for each bug", "\n\n".join(texts), nav="oracle reports")
     return outcome
 
 
@@ -796,7 +809,8 @@ def final_state_differs(rep: simdist.EquivalenceReport) -> list[str]:
 
 
 def on_real_gloo(
-    seed: int, repeats: int, simulated: dict[str, tuple[bool, bool]], verdicts: list, keys: str | None = None
+    seed: int, repeats: int, simulated: dict[str, tuple[bool, bool]], verdicts: list, keys: str | None = None,
+    page: simdist.report.ScenarioReport | None = None,
 ) -> None:
     """Every program (of the cases ``keys``, default all) on real gloo processes, one per rank: its final state
     against the reference's (``real.oracle.check_final_state``), and whether that agrees with the simulated
@@ -808,6 +822,7 @@ def on_real_gloo(
     print(f"Real gloo: every program launched {repeats}x on real processes (one per rank); final state vs the reference")
     print(f"{'':4s} {'buggy program: final tensors that differ':48s} corrected program")
     agree = 0
+    rows = []
     for case in cases:
         found: list[simdist.EquivalenceReport] = []
         equal: list[simdist.EquivalenceReport] = []
@@ -821,8 +836,13 @@ def on_real_gloo(
         bug_text = "; ".join(", ".join(final_state_differs(r)) or "none" for r in found)
         fix_text = "equal" if all(r.ok for r in equal) else "; ".join(", ".join(final_state_differs(r)) or "equal" for r in equal)
         print(f"({case.key}) {bug_text[:48]:48s} {fix_text}")
+        rows.append([f"({case.key})", bug_text, fix_text])
         agree += (not any(r.ok for r in found), all(r.ok for r in equal)) == simulated[case.key]
     print()
+    if page is not None:
+        page.table("Real gloo: final state against the reference", ["case", "buggy program: final tensors that differ",
+                   "corrected program"], rows, nav="real gloo",
+                   note=f"Every program launched {repeats}x on real gloo processes (one per rank).")
     verdicts.append(("real gloo agrees with the simulation", agree == len(cases),
                      f"{agree} of {len(cases)} cases (bug found, correction equal) x {repeats}"))
 
@@ -832,16 +852,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--real", type=int, default=0, metavar="N",
                     help="also run every program N times on real gloo processes and compare final states")
-    ap.add_argument("--out", type=Path, default=REPORTS, metavar="DIR", help="output directory (this scenario writes nothing there)")
+    ap.add_argument("--out", type=Path, default=REPORTS, metavar="DIR", help="where the HTML report is written (default: %(default)s)")
     args = ap.parse_args(argv)
     # Case (m) steps its scheduler before the first optimizer step: torch warns about the order of that one call,
     # not about the schedule running MICRO times too fast, which is the bug.
     warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
     verdicts: list[tuple[str, bool, str]] = []
-    outcome = simulated(args.seed, verdicts)
+    page = simdist.report.ScenarioReport(
+        "Silent bugs of distributed training", description=__doc__, seed=args.seed,
+        command=f"python scenarios/silent_bugs.py --seed {args.seed}" + (f" --real {args.real}" if args.real else ""))
+    outcome = simulated(args.seed, verdicts, page)
     if args.real:
-        on_real_gloo(args.seed, args.real, outcome, verdicts)
-    return report(verdicts)
+        on_real_gloo(args.seed, args.real, outcome, verdicts, page=page)
+    return finish(page, verdicts, args.out, "silent_bugs")
 
 
 if __name__ == "__main__":

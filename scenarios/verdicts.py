@@ -7,6 +7,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from simdist.report import ScenarioReport, build_index
+
 #: (expectation, whether it held, detail)
 Verdict = tuple[str, bool, str]
 
@@ -18,6 +20,16 @@ def report(verdicts: list[Verdict]) -> int:
     for name, ok, detail in verdicts:
         print(f"{name:{width}s} {'PASS' if ok else 'FAIL':8s} {detail}")
     return 0 if all(ok for _, ok, _ in verdicts) else 1
+
+
+def finish(page: ScenarioReport, verdicts: list[Verdict], out_dir: Path, name: str) -> int:
+    """Write the scenario's HTML report ``out_dir/name.html`` (and the directory's index), then print the verdict
+    table; returns the exit status."""
+    path = page.save(Path(out_dir) / f"{name}.html", verdicts)
+    build_index(out_dir)
+    print(f"report: {path} (index: {Path(out_dir) / 'index.html'})")
+    print()
+    return report(verdicts)
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import alpha_beta
+import markupsafe
 import pytest
 
 import simdist
@@ -176,6 +177,23 @@ def normalise(text: str, out_dir: Path) -> str:
     return ADDRESS.sub("0x<address>", text)
 
 
+def check_report(name: str, out: subprocess.CompletedProcess[str], out_dir: Path) -> str:
+    """The scenario wrote ``out_dir/<name>.html`` with the verdict table it printed, and listed it in the index."""
+    page = (out_dir / f"{name}.html").read_text()
+    lines = out.stdout.splitlines()
+    printed = lines[next(i for i, line in enumerate(lines) if line.startswith("expectation")) + 1 :]
+    printed = [line for line in printed if line.strip()]
+    failed = sum(" FAIL " in line for line in printed)
+    assert f'data-verdicts="{len(printed)}" data-failed="{failed}"' in page
+    # every expectation appears as a row of the page's verdict table, escaped as the page escapes text
+    for line in printed:
+        name_text = line.split(" PASS ")[0].split(" FAIL ")[0].strip()
+        assert f"<td>{markupsafe.escape(name_text)}</td>" in page, name_text
+    index = (out_dir / "index.html").read_text()
+    assert f'href="{name}.html"' in index and f"PASS: {len(printed)} of {len(printed)} expectations held" in index
+    return page
+
+
 def check_golden(name: str, out: subprocess.CompletedProcess[str], out_dir: Path, update: bool) -> None:
     """Compare the run's normalised stdout with ``scenarios/expected/<name>.txt`` (rewrite it when ``update``)."""
     got = normalise(out.stdout, out_dir)
@@ -210,6 +228,7 @@ def test_demo_scenario_passes_and_reports_each_finding(tmp_path, update_golden):
         assert any(l.startswith(line) and "PASS" in l for l in text.splitlines()), line
     assert "never issued by rank 11;" in text
     assert json.loads((tmp_path / "demo_step.json").read_text())["traceEvents"]
+    check_report("demo", out, tmp_path)
     check_golden("demo", out, tmp_path, update_golden)
 
 
@@ -235,6 +254,7 @@ def test_ddp_tied_weights_scenario_passes_and_names_the_tie(tmp_path, update_gol
     assert f"first divergent op: {second} at <repo>/simdist/strategies/ddp.py" in normalise(text, tmp_path)
     assert "fastest:" in text and "Chrome trace of this step" in text
     assert json.loads((tmp_path / "ddp_step.json").read_text())["traceEvents"]
+    check_report("ddp_tied_weights", out, tmp_path)
     check_golden("ddp_tied_weights", out, tmp_path, update_golden)
 
 
@@ -261,6 +281,7 @@ def test_silent_bugs_scenario_finds_each_bug_where_it_is_and_passes_each_correct
         block = out.stdout.split(f"({case.key}) {case.title} ")[1]
         assert block.split("\n")[1].startswith(f"  bug:       step {case.expect.step}: "), block
         assert "  corrected: equivalent: " in block.split("\n(")[0], block
+    check_report("silent_bugs", out, tmp_path)
     check_golden("silent_bugs", out, tmp_path, update_golden)
 
 
@@ -278,6 +299,7 @@ def test_pipeline_sync_scenario_shows_which_synchronisation_fits_which_layout(tm
     assert "stage 0 'layers.0.0.weight' (8, 6) vs stage 1 'layers.1.weight' (3, 8)" in text
     assert "stage 1: recv of the activation of microbatch 1" in text and "of simulated time" in text
     assert "rank 0: waits in send to rank 1" in text and "rank 1: waits in send to rank 0" in text
+    check_report("pipeline_sync", out, tmp_path)
     check_golden("pipeline_sync", out, tmp_path, update_golden)
 
 
@@ -292,6 +314,7 @@ def test_fsdp_hazards_scenario_shows_each_hazard_and_its_fix(tmp_path, update_go
     text = out.stdout
     assert "does not match across ranks" in text and "gradients 4 x the reference's" in text
     assert "while reduce_scatter_tensor #" in text and "access at: torch/optim/sgd.py" in text
+    check_report("fsdp_hazards", out, tmp_path)
     check_golden("fsdp_hazards", out, tmp_path, update_golden)
 
 
@@ -313,7 +336,7 @@ def test_pipeline_sync_on_real_gloo_agrees_with_the_simulation(capsys):
     verdicts: list = []
     simulated = {(c.key, v.label): v.expect == "equal" for c in pipeline_sync.CASES for v in c.variants}
     pipeline_sync.on_real_gloo(pipeline_sync.CASES, lambda v: pipeline_sync.on_real(v, 0), simulated, verdicts,
-                               keys="abg")
+                               keys="ag")
     out = capsys.readouterr().out
     assert verdicts and all(ok for _, ok, _ in verdicts), out + str(verdicts)
     assert "raised PipelineShapeError" in out and "raised TimeoutError" in out
@@ -350,6 +373,7 @@ def test_hotpath_buffer_race_scenario_reproduces_each_race_and_no_fix_fails(tmp_
     for name, row in report["policies"].items():
         kinds = row["failures_by_kind"]
         assert printed[name] == [str(v) for v in (row["failed"], kinds["A"], kinds["B"], kinds["C"], row["fallbacks"])]
+    check_report("hotpath_buffer_race", out, tmp_path)
     check_golden("hotpath_buffer_race", out, tmp_path, update_golden)
 
 

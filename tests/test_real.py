@@ -56,7 +56,7 @@ def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("nproc", [3])  # an odd world size; other tests launch 2 and 4 processes
 def test_all_reduce_on_real_processes_matches_arithmetic(nproc: int) -> None:
     n = 6
     sigint_before = signal.getsignal(signal.SIGINT)

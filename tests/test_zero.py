@@ -341,7 +341,7 @@ def test_outside_a_process_group_it_says_to_initialise_one() -> None:
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("nproc", [4])  # the larger world size: 2 ranks are covered by the simulated tests above
 def test_sharded_optimizer_on_real_gloo_processes_equals_single_process_training(nproc: int) -> None:
     setup = ZeroSetup(optimizer="adamw", groups=True)
     rep = check_final_state(zero_ddp, reference, nproc, args=(setup,))

@@ -44,6 +44,21 @@ def _version(dist: str) -> str:
         return "unknown"
 
 
+def environment() -> jinja2.Environment:
+    """The reports' template environment (autoescaping, strict undefined, size/time/bandwidth filters)."""
+    return _ENV
+
+
+def static() -> dict[str, markupsafe.Markup]:
+    """The stylesheet and script every page inlines, as template variables ``css`` and ``js``."""
+    return {"css": _STATIC["css"], "js": _STATIC["js"]}
+
+
+def versions() -> dict[str, str]:
+    """simdist's and torch's versions, for a page's header."""
+    return {"simdist": _version("simdist"), "torch": torch.__version__}
+
+
 def _bars(rows: list[data.Breakdown]) -> dict[str, Any]:
     """Geometry of the step-breakdown plot: per rank a compute bar, a communication bar and its exposed part."""
     top = max([max(b.compute, b.communication, b.finish) for b in rows] + [1e-12])
@@ -110,7 +125,7 @@ def render_run_report(
         "cluster": cluster,
         "cluster_text": cluster.describe() if cluster is not None else "",
         "seed": seed,
-        "versions": {"simdist": _version("simdist"), "torch": torch.__version__},
+        "versions": versions(),
         "result": result,
         "error": None if error is None else {"type": type(error).__name__, "text": safe_str(error)},
         "oracle": oracle,

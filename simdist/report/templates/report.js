@@ -36,19 +36,20 @@
     return (i ? b.toFixed(1) : b) + " " + units[i];
   }
 
-  function timeline() {
-    var node = document.getElementById("timeline-data");
-    var canvas = document.getElementById("timeline-canvas");
-    if (!node || !canvas) return;
+  /* one timeline: the canvas, its JSON payload (the script element its data-source names) and its tooltip */
+  function timeline(canvas, first) {
+    var node = document.getElementById(canvas.getAttribute("data-source"));
+    if (!node) return;
     var data = JSON.parse(node.textContent);
-    var tip = document.getElementById("tooltip");
+    var tip = canvas.parentNode.querySelector(".tooltip");
     var rows = data.rows, spans = data.spans;
     var perRow = rows.map(function () { return []; });
     var end = 0;
     spans.forEach(function (s) { perRow[s[0]].push(s); if (s[2] > end) end = s[2]; });
     data.messages.forEach(function (m) { if (m[3] > end) end = m[3]; });
     perRow.forEach(function (list) { list.sort(function (a, b) { return a[1] - b[1]; }); });
-    end = end || 1;
+    // side-by-side timelines share one time scale: the payload's end (us) when it has one
+    end = Math.max(end, data.end || 0) || 1;
     var view = { t0: 0, t1: end };
     var ctx = canvas.getContext("2d");
     var dpr = window.devicePixelRatio || 1;
@@ -71,7 +72,7 @@
           ctx.fillStyle = "#1d232b"; ctx.fillText("rank " + row[0], 4, y + 13);
           lastRank = row[0];
         } else if (i % 2) { ctx.fillStyle = "#f6f7f9"; ctx.fillRect(LABEL_W, y, width, ROW_H); }
-        ctx.fillStyle = "#5b6572"; ctx.fillText(row[1], 58, y + 13);
+        ctx.fillStyle = "#5b6572"; ctx.fillText(row[1], 58, y + 13, LABEL_W - 62);
       });
       ctx.save();
       ctx.beginPath(); ctx.rect(LABEL_W, 0, width - LABEL_W, height); ctx.clip();
@@ -103,8 +104,13 @@
         ctx.fillText(formatUs(tt), px, AXIS_H - 8);
       }
       ctx.textAlign = "left";
-      document.body.setAttribute("data-timeline-rows", String(rows.length));
-      document.body.setAttribute("data-timeline-spans-drawn", String(drawn));
+      canvas.setAttribute("data-rows", String(rows.length));
+      canvas.setAttribute("data-spans-drawn", String(drawn));
+      canvas.setAttribute("data-view", view.t0.toFixed(3) + " " + view.t1.toFixed(3));
+      if (first) {
+        document.body.setAttribute("data-timeline-rows", String(rows.length));
+        document.body.setAttribute("data-timeline-spans-drawn", String(drawn));
+      }
     }
 
     function hit(ev) {
@@ -151,6 +157,6 @@
   }
 
   document.querySelectorAll("table.sortable").forEach(sortable);
-  timeline();
+  document.querySelectorAll("canvas.timeline-canvas").forEach(function (c, i) { timeline(c, i === 0); });
   document.body.setAttribute("data-report-ready", "1");
 })();
