@@ -43,7 +43,7 @@ def base_op(op: str) -> str:
 def colour_of(op: str, taken: dict[str, str]) -> str:
     """A stable colour for ``op``: its fixed one, else the next palette entry in first-seen order."""
     if op not in taken:
-        taken[op] = FIXED_COLOURS.get(op) or PALETTE[(len(taken) + len(FIXED_COLOURS)) % len(PALETTE)]
+        taken[op] = FIXED_COLOURS.get(base_op(op)) or PALETTE[(len(taken) + len(FIXED_COLOURS)) % len(PALETTE)]
     return taken[op]
 
 

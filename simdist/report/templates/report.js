@@ -107,6 +107,8 @@
       canvas.setAttribute("data-rows", String(rows.length));
       canvas.setAttribute("data-spans-drawn", String(drawn));
       canvas.setAttribute("data-view", view.t0.toFixed(3) + " " + view.t1.toFixed(3));
+      // where rows and times lie on the canvas (CSS pixels), for tools that point at a span
+      canvas.setAttribute("data-layout", JSON.stringify({ label: LABEL_W, axis: AXIS_H, row: ROW_H, right: 8 }));
       if (first) {
         document.body.setAttribute("data-timeline-rows", String(rows.length));
         document.body.setAttribute("data-timeline-spans-drawn", String(drawn));
