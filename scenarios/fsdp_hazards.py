@@ -44,6 +44,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from oracle_cases import Case, CaseSections, Outcome, Variant, on_real_gloo, outcome_of, show, verdict
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from verdicts import finish, importable_by_rank_processes
 
 import simdist
@@ -292,6 +293,76 @@ def simulated(seed: int, verdicts: list[tuple[str, bool, str]], page: simdist.re
     return outcome
 
 
+# ------------------------------------------------------------------------------------------------- timing
+TIMING_WORLD, WIDTH, LAYERS, ROWS = 8, 512, 4, 128
+#: the wrappers timed: torch's DDP, and this package's FSDP resharding after forward or keeping full weights
+WRAPPERS = {
+    "DDP": lambda m: DistributedDataParallel(m),
+    "FSDP": lambda m: FSDP(m),
+    "FSDP (no reshard)": lambda m: FSDP(m, reshard_after_forward=False),
+}
+
+
+def timed_step(wrapper: str) -> tuple[float, float]:
+    """A warm-up step, then one step (forward, backward, gradient synchronisation, Adam) between two
+    simulated-time marks taken with the device idle; returns the second step's start and end (seconds)."""
+    torch.manual_seed(0)
+    model = WRAPPERS[wrapper](nn.Sequential(*[m for _ in range(LAYERS) for m in (nn.Linear(WIDTH, WIDTH), nn.ReLU())]))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(ROWS, WIDTH, generator=torch.Generator().manual_seed(dist.get_rank()))
+    start = end = 0.0
+    for _ in range(2):
+        dist.barrier()
+        simdist.synchronize()
+        start = simdist.now()
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        if isinstance(model, FSDP):
+            model.finish_gradient_synchronization()
+        opt.step()
+        simdist.synchronize()
+        end = simdist.now()
+    return start, end
+
+
+def step_peak(res: simdist.RunResult, rank: int, start: float, end: float) -> float:
+    """The most live bytes ``rank`` held between ``start`` and ``end`` (building and sharding the model, when
+    every rank holds the full model for a moment, comes before and is left out)."""
+    series = simdist.report.data.memory_series(res.trace)[rank]
+    inside = [v for t, v in series if start < t <= end] + [v for t, v in series if t <= start][-1:]
+    return max(inside)
+
+
+def timing(verdicts: list[tuple[str, bool, str]], page: simdist.report.ScenarioReport) -> None:
+    """Step time and peak memory per rank of each wrapper on one DGX-H100 node (H100 cost model)."""
+    cluster = simdist.Cluster.preset("dgx-h100", world_size=TIMING_WORLD)
+    print(f"Step time per wrapper: {LAYERS}x Linear({WIDTH}) float32, Adam, {ROWS} rows per rank, {TIMING_WORLD} ranks "
+          f"of {cluster.name} (H100 cost model); the second of two steps")
+    print(f"  {'wrapper':20s} {'step (us)':>10s} {'peak memory per rank in the step':>33s}")
+    figures: dict[str, tuple[float, float]] = {}
+    runs = {}
+    for name in WRAPPERS:
+        res = simdist.run(timed_step, cluster, args=(name,), memory=True, races="off")
+        figures[name] = (max(end - start for start, end in res.returns),
+                         max(step_peak(res, r, *res.returns[r]) for r in range(TIMING_WORLD)))
+        runs[name] = res
+        print(f"  {name:20s} {figures[name][0] * 1e6:10.1f} {figures[name][1] / 2**20:29.2f} MiB")
+    print()
+    page.bar_plot("Step time per wrapper", {n: {"step": t} for n, (t, _) in figures.items()}, y_label="simulated step",
+                  unit="time", nav="step time",
+                  note=f"{LAYERS}x Linear({WIDTH}) float32, Adam, {ROWS} rows per rank, {TIMING_WORLD} ranks of "
+                       f"{cluster.name} (H100 cost model); the second of two steps.")
+    page.bar_plot("Peak memory per rank, per wrapper", {n: {"peak": b} for n, (_, b) in figures.items()},
+                  y_label="peak live bytes", unit="bytes", nav="memory",
+                  note="The most live bytes of any rank during the timed step (parameters, gradients, Adam's "
+                       "state, activations, gathered weights).")
+    page.runs("DDP vs FSDP", {"DDP": runs["DDP"], "FSDP": runs["FSDP"]}, ranks=[0, 1, TIMING_WORLD - 1],
+              nav="timelines", note="Both steps of each run (warm-up, then the timed one).")
+    ddp, fsdp = figures["DDP"][1], figures["FSDP"][1]
+    verdicts.append(("FSDP holds less memory per rank than DDP", fsdp < ddp,
+                     f"peak {fsdp / 2**20:.1f} vs {ddp / 2**20:.1f} MiB"))
+
+
 # ---------------------------------------------------------------------------------------------- real gloo
 def on_real(v: Variant, seed: int) -> simdist.EquivalenceReport:
     """The variant on real gloo processes, one per rank: its final state against the reference's."""
@@ -313,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         "FSDP hazards", description=__doc__, seed=args.seed,
         command=f"python scenarios/fsdp_hazards.py --seed {args.seed}" + (" --real" if args.real else ""))
     outcome = simulated(args.seed, verdicts, page)
+    timing(verdicts, page)
     if args.real:
         on_real_gloo(CASES, lambda v: on_real(v, args.seed), outcome, verdicts, page=page)
     return finish(page, verdicts, args.out, "fsdp_hazards")

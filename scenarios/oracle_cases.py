@@ -209,7 +209,7 @@ def on_real_gloo(
             if v.expect == "raises" and v.kind in SIMULATED_DIAGNOSES:
                 print(f"({case.key}) {v.label:40s} not launched: it would fail inside gloo or hang until the "
                       f"launcher's timeout (the simulation reports a {v.kind})")
-                rows.append([f"({case.key})", v.label, f"not launched (simulated: {v.kind})"])
+                rows.append([f"({case.key})", v.label, f"raises {v.kind}", "not launched", "-"])
                 continue
             total += 1
             try:
@@ -218,14 +218,20 @@ def on_real_gloo(
                 raised = v.expect == "raises" and v.kind in str(e)
                 agree += raised
                 print(f"({case.key}) {v.label:40s} {'raised ' + v.kind if raised else 'failed: ' + str(e).splitlines()[0]}")
-                rows.append([f"({case.key})", v.label, "raised " + v.kind if raised else "failed: " + str(e).splitlines()[0]])
+                rows.append([f"({case.key})", v.label, f"raises {v.kind}" if v.expect == "raises" else "runs",
+                             "raised " + v.kind if raised else "failed: " + str(e).splitlines()[0],
+                             ("yes", "pass") if raised else ("no", "fail")])
                 continue
-            agree += v.expect != "raises" and rep.ok == simulated_ok[(case.key, v.label)]
+            same = v.expect != "raises" and rep.ok == simulated_ok[(case.key, v.label)]
+            agree += same
             print(f"({case.key}) {v.label:40s} {'equals one process' if rep.ok else rep.first}")
-            rows.append([f"({case.key})", v.label, "equals one process" if rep.ok else str(rep.first)])
+            rows.append([f"({case.key})", v.label,
+                         "equals one process" if simulated_ok[(case.key, v.label)] else "diverges",
+                         "equals one process" if rep.ok else str(rep.first), ("yes", "pass") if same else ("no", "fail")])
     print()
     if page is not None:
-        page.table("Real gloo", ["case", "variant", "on real processes"], rows, nav="real gloo",
+        page.table("Simulated vs real gloo", ["case", "variant", "simulated", "on real processes", "agree"], rows,
+                   nav="sim vs real",
                    note="Every variant on real gloo processes (one per rank): errors as errors, the rest by final "
                         "state against the reference.")
     verdicts.append(("real gloo agrees with the simulation", agree == total, f"{agree} of {total} variants"))

@@ -836,12 +836,17 @@ def on_real_gloo(
         bug_text = "; ".join(", ".join(final_state_differs(r)) or "none" for r in found)
         fix_text = "equal" if all(r.ok for r in equal) else "; ".join(", ".join(final_state_differs(r)) or "equal" for r in equal)
         print(f"({case.key}) {bug_text[:48]:48s} {fix_text}")
-        rows.append([f"({case.key})", bug_text, fix_text])
+        sim_bug, sim_fix = simulated[case.key]
+        rows.append([f"({case.key})", "bug found" if sim_bug else "bug missed", bug_text,
+                     "equal" if sim_fix else "not equal", fix_text,
+                     ("yes", "pass") if (not any(r.ok for r in found), all(r.ok for r in equal)) == simulated[case.key]
+                     else ("no", "fail")])
         agree += (not any(r.ok for r in found), all(r.ok for r in equal)) == simulated[case.key]
     print()
     if page is not None:
-        page.table("Real gloo: final state against the reference", ["case", "buggy program: final tensors that differ",
-                   "corrected program"], rows, nav="real gloo",
+        page.table("Simulated vs real gloo: final state against the reference", ["case", "simulated: bug",
+                   "real: final tensors that differ", "simulated: corrected", "real: corrected", "agree"], rows,
+                   nav="sim vs real",
                    note=f"Every program launched {repeats}x on real gloo processes (one per rank).")
     verdicts.append(("real gloo agrees with the simulation", agree == len(cases),
                      f"{agree} of {len(cases)} cases (bug found, correction equal) x {repeats}"))

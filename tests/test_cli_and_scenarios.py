@@ -309,8 +309,12 @@ def test_fsdp_hazards_scenario_shows_each_hazard_and_its_fix(tmp_path, update_go
     lines = out.stdout.splitlines()
     verdicts = lines[next(i for i, l in enumerate(lines) if l.startswith("expectation")) + 1 :]
     fsdp_hazards = scenario_module("fsdp_hazards")
-    assert len(verdicts) == sum(len(c.variants) for c in fsdp_hazards.CASES) + len(fsdp_hazards.STEP_BEFORE_FINISH)
+    # a verdict per variant, per race check, and the memory comparison of the timing section
+    assert len(verdicts) == sum(len(c.variants) for c in fsdp_hazards.CASES) + len(fsdp_hazards.STEP_BEFORE_FINISH) + 1
     assert all(" PASS " in l for l in verdicts), "\n".join(verdicts)
+    # each wrapper's step time and peak are printed, and FSDP's peak is the smaller
+    rows = {n: out.stdout.split(f"\n  {n} ")[1].split("\n")[0].split() for n in fsdp_hazards.WRAPPERS}
+    assert float(rows["FSDP"][1]) < float(rows["DDP"][1]) and all(float(r[0]) > 0 for r in rows.values())
     text = out.stdout
     assert "does not match across ranks" in text and "gradients 4 x the reference's" in text
     assert "while reduce_scatter_tensor #" in text and "access at: torch/optim/sgd.py" in text
