@@ -27,6 +27,10 @@ and the final state compared with the reference's (``real.oracle.check_final_sta
 simulated verdict. The race of (f) is a finding of the simulation only; on real processes its outcome depends
 on timing, and is shown without a verdict.
 
+Then the step time and the in-step peak memory per rank of torch's DDP, FSDP and FSDP without resharding on one
+simulated DGX-H100 node; the HTML report fsdp_hazards.html (in the output directory, reports/ by default) has
+every variant, these figures as plots, and the DDP and FSDP timelines side by side.
+
 Usage: python scenarios/fsdp_hazards.py [--seed N] [--real] [--out DIR]
 """
 

@@ -23,6 +23,10 @@ largest parameter difference after the last step, and the loss by step.
 (h) A hand-written 1F1B exchange where both neighbours send before they receive: a deadlock under NCCL-like
     progress that names both sends; with ``batch_isend_irecv`` it runs and equals one process.
 
+Then the partitioned stages under GPipe and under 1F1B on simulated H100s: each stage's bubble (the share of
+the run its compute is idle) and the two timelines, in the HTML report pipeline_sync.html (in the output
+directory, reports/ by default).
+
 With ``--real`` every case also runs on real gloo processes (one per rank, through ``real``): the same errors,
 and the final state compared with the reference's (``real.oracle.check_final_state``) must agree with the
 simulated verdict.
@@ -387,6 +391,33 @@ def simulated(seed: int, verdicts: list[tuple[str, bool, str]], page: simdist.re
     return outcome
 
 
+#: microbatches of the schedule comparison
+SCHEDULE_MICRO = 4
+
+
+def schedules(seed: int, page: simdist.report.ScenarioReport) -> None:
+    """The partitioned stages under GPipe and under 1F1B with the H100 compute model: each stage's bubble."""
+    runs = {}
+    for name, schedule in (("GPipe", "gpipe"), ("1F1B", "1f1b-batched")):
+        layout = replace(PART, schedule=schedule, micro=SCHEDULE_MICRO)
+        cluster = simdist.Cluster.switch(layout.world, bandwidth="25GB/s", latency="5us", device="h100")
+        runs[name] = simdist.run(train, cluster, args=(layout, seed), seed=seed)
+    idle = {name: [1 - res.trace.busy_time(r, "compute") / res.sim_time for r in range(res.world_size)]
+            for name, res in runs.items()}
+    print(f"Bubble per schedule: the partitioned stages, {SCHEDULE_MICRO} microbatches, {STEPS} steps, H100 compute model")
+    for name, res in runs.items():
+        shares = ", ".join(f"stage {r} {v * 100:.1f}%" for r, v in enumerate(idle[name]))
+        print(f"  {name:6s} simulated {res.sim_time * 1e6:8.1f} us; compute idle: {shares}")
+    print()
+    page.bar_plot("Bubble per schedule", {name: {f"stage {r}": v for r, v in enumerate(shares)}
+                                          for name, shares in idle.items()},
+                  y_label="idle share of compute", unit="percent", nav="bubble",
+                  note=f"The two partitioned stages with {SCHEDULE_MICRO} microbatches and {STEPS} SGD steps under the "
+                       "two hand-written schedules, on simulated H100s: the share of the run each stage's compute "
+                       "stream is idle (pipeline bubble, waiting on the other stage, the optimizer's step).")
+    page.runs("GPipe vs 1F1B", runs, nav="schedules")
+
+
 # ---------------------------------------------------------------------------------------------- real gloo
 def on_real(v: Variant, seed: int) -> simdist.EquivalenceReport:
     """The variant on real gloo processes, one per rank: its final state against the reference's."""
@@ -409,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         "Pipeline gradient synchronisation", description=__doc__, seed=args.seed,
         command=f"python scenarios/pipeline_sync.py --seed {args.seed}" + (" --real" if args.real else ""))
     outcome = simulated(args.seed, verdicts, page)
+    schedules(args.seed, page)
     if args.real:
         on_real_gloo(CASES, lambda v: on_real(v, args.seed), outcome, verdicts, page=page)
     return finish(page, verdicts, args.out, "pipeline_sync")

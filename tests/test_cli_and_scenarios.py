@@ -299,7 +299,11 @@ def test_pipeline_sync_scenario_shows_which_synchronisation_fits_which_layout(tm
     assert "stage 0 'layers.0.0.weight' (8, 6) vs stage 1 'layers.1.weight' (3, 8)" in text
     assert "stage 1: recv of the activation of microbatch 1" in text and "of simulated time" in text
     assert "rank 0: waits in send to rank 1" in text and "rank 1: waits in send to rank 0" in text
-    check_report("pipeline_sync", out, tmp_path)
+    # each schedule's bubble per stage, printed and drawn as a bar per stage
+    shares = re.findall(r"stage (\d) (\d+\.\d)%", text.split("Bubble per schedule")[1])
+    assert len(shares) == 4 and all(0 < float(v) < 100 for _, v in shares)
+    page = check_report("pipeline_sync", out, tmp_path)
+    assert page.count("<title>GPipe, stage ") == 2 and page.count("<title>1F1B, stage ") == 2
     check_golden("pipeline_sync", out, tmp_path, update_golden)
 
 
