@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from simdist.report import ScenarioReport
+from simdist.report import ScenarioReport, build_index
 from simdist.report.plot import bar_plot, line_plot
 
 HOSTILE = "<script>alert(1)</script>"
@@ -82,3 +82,13 @@ def test_the_page_escapes_every_string_and_sorts_numbers_by_value(tmp_path) -> N
     assert '<td data-value="0.25">0.25</td>' in text and '<td data-value="3">3</td>' in text
     assert '<td class="fail">FAIL</td>' in text and "<td>yes</td>" in text
     assert text.count("<section id=") == 4 and 'id="verdicts"' in text
+
+
+def test_the_index_marks_each_page_by_its_status(tmp_path) -> None:
+    ScenarioReport("passing", command="").save(tmp_path / "a.html", [("x", True, "")])
+    ScenarioReport("failing", command="").save(tmp_path / "b.html", [("x", True, ""), ("y", False, "")])
+    (tmp_path / "c.html").write_text("<html><head><title>someone else's page</title></head></html>")
+    text = build_index(tmp_path).read_text()
+    items = re.findall(r'<li class="([a-z]*)">(?:<span class="pill [a-z]+">([a-z]+)</span>)?<a href="([a-z.]+)">', text)
+    assert items == [("pass", "ok", "a.html"), ("fail", "failed", "b.html"), ("", "", "c.html")]
+    assert "3 reports, <strong>1 failing</strong>." in text

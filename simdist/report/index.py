@@ -18,6 +18,7 @@ class _Head(HTMLParser):
         super().__init__()
         self.title = ""
         self.summary = ""
+        self.status = ""
         self._in_title = False
         self._seen_title = False
 
@@ -28,6 +29,8 @@ class _Head(HTMLParser):
             self._in_title = True
         elif tag == "meta" and a.get("name") == "simdist-summary":
             self.summary = a.get("content") or ""
+        elif tag == "meta" and a.get("name") == "simdist-status":
+            self.status = a.get("content") or ""
 
     def handle_endtag(self, tag: str) -> None:
         if tag == "title" and self._in_title:
@@ -38,13 +41,18 @@ class _Head(HTMLParser):
             self.title += text
 
 
-def read_head(path: Path) -> tuple[str, str]:
-    """(title, summary) of a report file; a page simdist did not write gives its file name and no summary."""
+def read_head(path: Path) -> tuple[str, str, str]:
+    """(title, summary, status) of a report file; a page simdist did not write gives its file name, no summary
+    and no status. Status: "pass", "fail" or "warn" (race findings), from the page or its summary."""
     head = _Head()
     # the title and summary sit in <head>: the first 64 KiB hold them, so large reports are not read whole
     with path.open(encoding="utf-8", errors="replace") as f:
         head.feed(f.read(65536))
-    return head.title.strip() or path.name, head.summary
+    status = head.status
+    if not status and head.summary:
+        failed = head.summary.startswith(("FAIL", "DIVERGED"))
+        status = "fail" if failed else "warn" if "race finding" in head.summary else "pass"
+    return head.title.strip() or path.name, head.summary, status
 
 
 def build_index(directory: str | Path) -> Path:
@@ -57,8 +65,8 @@ def build_index(directory: str | Path) -> Path:
     entries = []
     for p in sorted(directory.glob("*.html")):
         if p.name != "index.html":
-            title, summary = read_head(p)
-            entries.append({"href": p.name, "title": title, "summary": summary})
+            title, summary, status = read_head(p)
+            entries.append({"href": p.name, "title": title, "summary": summary, "status": status})
     out = directory / "index.html"
     out.write_text(_ENV.get_template("index.html.j2").render(entries=entries, directory=directory.name), encoding="utf-8")
     return out
