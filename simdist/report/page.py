@@ -16,6 +16,7 @@ from simdist.network.cluster import Cluster
 from simdist.oracle.report import EquivalenceReport
 from simdist.ranks import ranges
 from simdist.report import data
+from simdist.report.topology import BOX_H, topology_picture
 from simdist.units import format_bandwidth, format_size, format_time
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -109,6 +110,8 @@ def render_run_report(
         "program": program,
         "cluster": cluster,
         "cluster_text": cluster.describe() if cluster is not None else "",
+        "topology": topology_picture(cluster) if cluster is not None else None,
+        "box_h": BOX_H,
         "seed": seed,
         "versions": {"simdist": _version("simdist"), "torch": torch.__version__},
         "result": result,
