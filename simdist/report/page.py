@@ -115,7 +115,7 @@ def render_run_report(
         "seed": seed,
         "versions": {"simdist": _version("simdist"), "torch": torch.__version__},
         "result": result,
-        "error": None if error is None else {"type": type(error).__name__, "text": safe_str(error)},
+        "error": None if error is None else _error(error),
         "oracle": oracle,
     }
     if result is not None:
@@ -133,7 +133,11 @@ def render_run_report(
             bars=_bars([breakdown[r] for r in ranks]),
             memory_plot=_memory_plot(data.memory_series(result.trace), result.sim_time),
             returns=[(r, _short_repr(v)) for r, v in enumerate(result.returns[:MAX_RETURNS])],
-            races=[{"text": str(r), "sites": r.sites, "rank": r.rank, "kind": r.kind} for r in result.races[:MAX_RACES]],
+            races=[
+                {"text": str(r), "sites": [(site, data.code_lines(site)) for site in r.sites], "rank": r.rank,
+                 "kind": r.kind}
+                for r in result.races[:MAX_RACES]
+            ],
         )
     ctx["colours"] = {"compute": data.COMPUTE_COLOUR, **colours}
     ctx["summary"] = oracle["summary"] if oracle else summary_line(result, ctx["error"], cluster)
@@ -145,6 +149,12 @@ def render_run_report(
 #: rank return values and race findings listed in full; further ones are counted
 MAX_RETURNS = 64
 MAX_RACES = 50
+
+
+def _error(error: BaseException) -> dict[str, Any]:
+    """A diagnosis for the page: its type, its text, and the source line of every call site the text names."""
+    text = safe_str(error)
+    return {"type": type(error).__name__, "text": text, "code": data.code_lines(text)}
 
 
 def _short_repr(value: Any, limit: int = 200) -> str:
