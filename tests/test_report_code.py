@@ -3,6 +3,9 @@ race findings, read from the files (a file that is gone shows nothing) and escap
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
+import json
 import linecache
 import re
 import warnings
@@ -105,3 +108,33 @@ def test_torch_sites_are_read_from_torch_and_long_lists_are_cut() -> None:
     assert shown == "torch/distributed/distributed_c10d.py:1" and code
     many = " ".join(f"{HERE}:{i}" for i in range(1, 200))
     assert len(code_lines(many)) == 40
+
+
+def two_collectives() -> None:
+    t = torch.ones(8)
+    dist.all_reduce(t)  # site-hover-all-reduce
+    dist.broadcast(t, 0)  # site-hover-broadcast
+
+
+def test_the_timeline_hover_names_each_collectives_call_site_and_the_trace_hash_ignores_it(tmp_path: Path) -> None:
+    cluster = simdist.Cluster.preset("switch", world_size=2)
+    result = simdist.run(two_collectives, cluster)
+    page = render_run_report(result)
+    payload = json.loads(re.search(r'<script type="application/json" id="timeline-data">(.*?)</script>', page, re.S).group(1))
+    sites = {d["op"]: d.get("site") for d in payload["details"] if "bytes" in d}
+    assert sites["all_reduce"] == f"{HERE}:{line_of('site-hover-all-reduce')} in two_collectives"
+    assert sites["broadcast"] == f"{HERE}:{line_of('site-hover-broadcast')} in two_collectives"
+    # every collective span of every rank has its site, keyed as the span names its call
+    for s in result.trace.collectives():
+        assert (s.rank, s.args["Process Group Name"], s.args["Seq"]) in result.call_sites
+    # the sites live beside the trace: the hash is the one a copy of the trace without them has
+    assert all("site" not in s.args for s in result.trace.spans)
+    # the same program in another file, its calls on other lines: other sites, the same trace and hash
+    moved = tmp_path / "moved_program.py"
+    moved.write_text("import torch\nimport torch.distributed as dist\n\n\n" + inspect.getsource(two_collectives))
+    spec = importlib.util.spec_from_file_location("moved_program", moved)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    elsewhere = simdist.run(module.two_collectives, cluster)
+    assert set(elsewhere.call_sites.values()) & set(result.call_sites.values()) == set()
+    assert elsewhere.trace_hash == result.trace_hash

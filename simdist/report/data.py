@@ -163,9 +163,13 @@ def sampled_ranks(world_size: int) -> list[int]:
     return sorted({round(i * (world_size - 1) / (k - 1)) for i in range(k)})
 
 
-def timeline(trace: Trace, ranks: list[int], colours: dict[str, str]) -> dict[str, Any]:
+def timeline(
+    trace: Trace, ranks: list[int], colours: dict[str, str], sites: dict[tuple[int, str, int], str] | None = None
+) -> dict[str, Any]:
     """The timeline's JSON payload: rows (rank, stream), spans as [row, start us, end us, colour index, label,
-    detail index], the details, and messages between drawn rows as [src row, dst row, start us, end us]."""
+    detail index], the details, and messages between drawn rows as [src row, dst row, start us, end us].
+    ``sites`` (``RunResult.call_sites``) gives each collective's call site to its details."""
+    sites = sites or {}
     shown = set(ranks)
     row_of: dict[tuple[int, str], int] = {}
     streams: dict[int, list[str]] = {r: [] for r in ranks}
@@ -191,7 +195,8 @@ def timeline(trace: Trace, ranks: list[int], colours: dict[str, str]) -> dict[st
             op = op_name(s)
             colour, label = colour_of(op, colours), op
             info = {"op": op, "bytes": span_bytes(s), "algorithm": s.args.get("algorithm", ""),
-                    "group": s.args.get("Process Group Name", ""), "site": s.args.get("site", ""),
+                    "group": s.args.get("Process Group Name", ""),
+                    "site": sites.get((s.rank, str(s.args.get("Process Group Name", "")), s.args.get("Seq", -1)), ""),
                     "peer": s.args.get("dst", s.args.get("src", ""))}
             info = {k: v for k, v in info.items() if v != ""}
         key = repr(sorted(info.items()))
