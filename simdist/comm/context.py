@@ -75,6 +75,9 @@ class RunContext:
         #: collectives that can run at once per (rank, group): one stream, or the gloo thread pool
         self.slots = 1 if progress == "nccl" else gloo_threads
         self.trace = trace
+        #: (global rank, group name, sequence number) -> the call site of each collective, for reports; kept out
+        #: of the trace so that a trace's hash does not depend on where the program's files live
+        self.call_sites: dict[tuple[int, str, int], str] = {}
         self.races = RaceDetector(races, progress, self.now)
         self.network = Network(env, cluster)
         self.p2p = P2P(self)

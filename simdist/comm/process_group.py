@@ -173,6 +173,7 @@ class SimProcessGroup(dist.ProcessGroup):
         ready_at = sim.issue_time()
         site = sim.call_site()
         seq = self.state.next_seq(self.grank)
+        sim.call_sites[(self.global_rank, self.state.name or "default", seq)] = site
         desc = (
             f"rank {self.global_rank} waits in {spec.name} #{seq} on group {self.state.name or 'default'} "
             f"(issued at {site})"

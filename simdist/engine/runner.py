@@ -93,6 +93,9 @@ class RunResult:
     cluster: Cluster | None = None
     seed: int | None = None
     program: str = ""
+    #: (global rank, group name, sequence number) -> the call site of that rank's collective, as the trace's
+    #: collective spans name them ("Process Group Name", "Seq"); not part of the trace or its hash
+    call_sites: dict[tuple[int, str, int], str] = dataclasses.field(default_factory=dict)
 
     def save_report(self, path: str | Path) -> Path:
         """Write this run's self-contained HTML report (timeline, collectives, breakdown, memory, races) to ``path``."""
@@ -306,6 +309,7 @@ def _run(
         cluster=cluster,
         seed=seed,
         program=getattr(fn, "__qualname__", type(fn).__name__),
+        call_sites=sim.call_sites,
     )
 
 

@@ -3,12 +3,16 @@ step breakdown and memory series (times in seconds, sizes in bytes)."""
 
 from __future__ import annotations
 
+import linecache
+import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from simdist.algorithms.bandwidth import bus_factor
+from simdist.clock.sites import TORCH_DIR
 from simdist.trace.trace import Span, Trace
 
 #: ranks drawn one row each on the timeline; larger runs show an evenly spaced sample of this many ranks
@@ -159,9 +163,13 @@ def sampled_ranks(world_size: int) -> list[int]:
     return sorted({round(i * (world_size - 1) / (k - 1)) for i in range(k)})
 
 
-def timeline(trace: Trace, ranks: list[int], colours: dict[str, str]) -> dict[str, Any]:
+def timeline(
+    trace: Trace, ranks: list[int], colours: dict[str, str], sites: dict[tuple[int, str, int], str] | None = None
+) -> dict[str, Any]:
     """The timeline's JSON payload: rows (rank, stream), spans as [row, start us, end us, colour index, label,
-    detail index], the details, and messages between drawn rows as [src row, dst row, start us, end us]."""
+    detail index], the details, and messages between drawn rows as [src row, dst row, start us, end us].
+    ``sites`` (``RunResult.call_sites``) gives each collective's call site to its details."""
+    sites = sites or {}
     shown = set(ranks)
     row_of: dict[tuple[int, str], int] = {}
     streams: dict[int, list[str]] = {r: [] for r in ranks}
@@ -187,7 +195,8 @@ def timeline(trace: Trace, ranks: list[int], colours: dict[str, str]) -> dict[st
             op = op_name(s)
             colour, label = colour_of(op, colours), op
             info = {"op": op, "bytes": span_bytes(s), "algorithm": s.args.get("algorithm", ""),
-                    "group": s.args.get("Process Group Name", ""), "site": s.args.get("site", ""),
+                    "group": s.args.get("Process Group Name", ""),
+                    "site": sites.get((s.rank, str(s.args.get("Process Group Name", "")), s.args.get("Seq", -1)), ""),
                     "peer": s.args.get("dst", s.args.get("src", ""))}
             info = {k: v for k, v in info.items() if v != ""}
         key = repr(sorted(info.items()))
@@ -213,4 +222,38 @@ def memory_series(trace: Trace) -> dict[int, list[tuple[float, float]]]:
     for c in trace.counters:
         if c.name == "memory":
             out.setdefault(c.rank, []).append((c.time, float(sum(c.values.values()))))
+    return out
+
+
+#: call sites in a message: ``path.py:LINE`` (how simdist names sites) and ``File "path", line LINE`` (tracebacks)
+_SITE = re.compile(r'(?P<path>[^\s(),:\'"]+\.py):(?P<line>\d+)|File "(?P<tb_path>[^"]+)", line (?P<tb_line>\d+)')
+#: the simulator's own files: their frames in a rank's traceback are how the rank ran, not where it went wrong
+_SIMDIST_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+#: torch's files are named relative to torch's parent directory in sites (``torch/distributed/...``)
+_TORCH_PARENT = os.path.dirname(TORCH_DIR.rstrip(os.sep))
+#: call sites listed with their code per message, and the longest code line shown (characters)
+MAX_CODE_LINES = 40
+MAX_CODE_CHARS = 200
+
+
+def code_lines(text: str) -> list[tuple[str, str]]:
+    """(``path:line``, that line's source, stripped) for each call site in ``text``, first-seen order, each once;
+    sites whose file cannot be read (gone, generated code) and frames of simdist's own files are left out."""
+    out: list[tuple[str, str]] = []
+    seen: set[tuple[str, int]] = set()
+    for m in _SITE.finditer(text):
+        traceback_frame = m.group("tb_path") is not None
+        path = m.group("tb_path") if traceback_frame else m.group("path")
+        line = int(m.group("tb_line") if traceback_frame else m.group("line"))
+        if (path, line) in seen:
+            continue
+        seen.add((path, line))
+        if traceback_frame and os.path.abspath(path).startswith(_SIMDIST_DIR):
+            continue
+        file = os.path.join(_TORCH_PARENT, path) if path.startswith("torch" + os.sep) else path
+        code = linecache.getline(file, line).strip()
+        if code:
+            out.append((f"{path}:{line}", code if len(code) <= MAX_CODE_CHARS else code[: MAX_CODE_CHARS - 3] + "..."))
+            if len(out) == MAX_CODE_LINES:
+                break
     return out

@@ -16,6 +16,7 @@ from simdist.network.cluster import Cluster
 from simdist.oracle.report import EquivalenceReport
 from simdist.ranks import ranges
 from simdist.report import data
+from simdist.report.topology import BOX_H, topology_picture
 from simdist.units import format_bandwidth, format_size, format_time
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -124,10 +125,12 @@ def render_run_report(
         "program": program,
         "cluster": cluster,
         "cluster_text": cluster.describe() if cluster is not None else "",
+        "topology": topology_picture(cluster) if cluster is not None else None,
+        "box_h": BOX_H,
         "seed": seed,
         "versions": versions(),
         "result": result,
-        "error": None if error is None else {"type": type(error).__name__, "text": safe_str(error)},
+        "error": None if error is None else _error(error),
         "oracle": oracle,
     }
     if result is not None:
@@ -138,14 +141,18 @@ def render_run_report(
         breakdown = data.breakdowns(result.trace, result.finish_times)
         ctx.update(
             trace_hash=result.trace_hash,
-            timeline=data.timeline(result.trace, ranks, colours),
+            timeline=data.timeline(result.trace, ranks, colours, result.call_sites),
             sampled=len(ranks) < result.world_size,
             ranks_shown=ranks,
             collectives=table,
             bars=_bars([breakdown[r] for r in ranks]),
             memory_plot=_memory_plot(data.memory_series(result.trace), result.sim_time),
             returns=[(r, _short_repr(v)) for r, v in enumerate(result.returns[:MAX_RETURNS])],
-            races=[{"text": str(r), "sites": r.sites, "rank": r.rank, "kind": r.kind} for r in result.races[:MAX_RACES]],
+            races=[
+                {"text": str(r), "sites": [(site, data.code_lines(site)) for site in r.sites], "rank": r.rank,
+                 "kind": r.kind}
+                for r in result.races[:MAX_RACES]
+            ],
         )
     ctx["colours"] = {"compute": data.COMPUTE_COLOUR, **colours}
     ctx["summary"] = oracle["summary"] if oracle else summary_line(result, ctx["error"], cluster)
@@ -157,6 +164,12 @@ def render_run_report(
 #: rank return values and race findings listed in full; further ones are counted
 MAX_RETURNS = 64
 MAX_RACES = 50
+
+
+def _error(error: BaseException) -> dict[str, Any]:
+    """A diagnosis for the page: its type, its text, and the source line of every call site the text names."""
+    text = safe_str(error)
+    return {"type": type(error).__name__, "text": text, "code": data.code_lines(text)}
 
 
 def _short_repr(value: Any, limit: int = 200) -> str:
