@@ -146,6 +146,8 @@ def test_hover_names_the_span_and_zoom_and_pan_move_the_view(browser, run_result
     text = tip.text_content()
     assert f"rank {span['row'][0]} · {span['row'][1]}" in text and span["detail"]["op"] in text
     assert f"algorithm {span['detail']['algorithm']}" in text
+    # the collective's call site in the rank function (the longest span is the async all-reduce)
+    assert f"at {__file__}:{step.__code__.co_firstlineno + 4} in step" in text, text
     canvas = page.locator("#timeline-canvas")
     t0, t1 = map(float, canvas.get_attribute("data-view").split())
     page.mouse.wheel(0, -300)  # zoom in around the pointer
