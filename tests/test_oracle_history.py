@@ -20,6 +20,7 @@ from simdist.oracle.capture import Piece, RankStep
 from simdist.oracle.check import Comparison, max_abs_difference
 from simdist.oracle.names import NameMap
 from simdist.oracle.report import HISTORY_KINDS, StepDifference
+from simdist.oracle.tolerance import Tolerance, differing
 
 STEPS, BATCH = 4, 8
 
@@ -165,6 +166,22 @@ def test_max_abs_difference_is_numpys_with_equal_specials_at_zero(a: np.ndarray,
         d = np.where(same, 0.0, np.abs(a - b))
     want = float(np.nan_to_num(d, nan=math.inf, posinf=math.inf).max())
     assert max_abs_difference(torch.from_numpy(a), torch.from_numpy(b)) == want
+
+
+@given(hnp.arrays(np.float32, st.integers(1, 6), elements=st.floats(width=32, allow_nan=True)), st.data(),
+       st.booleans(), st.sampled_from([None, Tolerance(rtol=1e-3, atol=0.0), Tolerance(rtol=0.0, atol=1e-2)]))
+def test_the_comparisons_verdict_is_differings_while_it_measures(
+    a: np.ndarray, data: st.DataObject, exact: bool, tolerance: Tolerance | None
+) -> None:
+    # the comparison reuses its measured maximum for the tolerance test; the verdict must stay differing's
+    noise = data.draw(hnp.arrays(np.float32, a.shape, elements=st.sampled_from([0.0, 1e-6, 1e-3, 1.0, math.nan])))
+    b = a + noise if data.draw(st.booleans()) else a.copy()
+    overrides = {} if tolerance is None else {torch.float32: tolerance}
+    comparison = Comparison(NameMap(None, ()), {}, exact, overrides, "mean")
+    value, expected = torch.from_numpy(a), torch.from_numpy(b)
+    got, want = comparison._differing("param", value, expected), differing(value, expected, exact, overrides)
+    assert (got is None) == (want is None) and (got is None or torch.equal(got, want))
+    assert comparison._worst["param"] == (0.0 if exact and want is None else max_abs_difference(value, expected))
 
 
 def test_max_abs_difference_of_other_dtypes() -> None:
