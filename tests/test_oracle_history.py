@@ -1,9 +1,13 @@
 """The equivalence oracle's per-step differences (``EquivalenceReport.history``) against torch's own arithmetic on
-what the programs hold, past the first divergence too."""
+what the programs hold, past the first divergence too, and their plot in the equivalence report's page."""
 
 from __future__ import annotations
 
 import math
+import re
+import shutil
+import subprocess
+from pathlib import Path
 
 import hypothesis.strategies as st
 import numpy as np
@@ -23,6 +27,7 @@ from simdist.oracle.report import HISTORY_KINDS, StepDifference
 from simdist.oracle.tolerance import Tolerance, differing
 
 STEPS, BATCH = 4, 8
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def _train(bug_step: int | None, factor: float = 1.5) -> list[dict]:
@@ -189,6 +194,75 @@ def test_max_abs_difference_of_other_dtypes() -> None:
     assert max_abs_difference(torch.tensor([3, -2]), torch.tensor([1, 5])) == 7.0
     assert max_abs_difference(torch.tensor([1.5], dtype=torch.float32), torch.tensor([1.0], dtype=torch.float64)) == 0.5
     assert max_abs_difference(torch.zeros(0), torch.zeros(0)) == 0.0
+
+
+# ---- the page
+
+
+def _points(html: str) -> dict[str, list[tuple[int, str]]]:
+    """Per kind, the plot's points as (step, hover title)."""
+    out = {}
+    for kind, body in re.findall(r'<g class="history-line" data-kind="(\w+)">(.*?)</g>', html):
+        out[kind] = [(int(s), t) for s, t in re.findall(r'data-step="(\d+)"[^>]*><title>([^<]*)</title>', body)]
+    return out
+
+
+def test_the_page_plots_one_point_per_step_and_kind_and_names_the_first_divergent_op(tmp_path: Path) -> None:
+    rep = _check(1)
+    html = rep.save_report(tmp_path / "bad.html").read_text()
+    plot = html[html.index('id="history-plot"'):]
+    assert f'data-steps="{STEPS}"' in plot[:200]
+    points = _points(plot)
+    assert sorted(points) == sorted(["loss", "grad", "param", "optimizer"])
+    for kind, got in points.items():
+        assert [s for s, _ in got] == list(range(STEPS)), kind
+        for (step, title), h in zip(got, rep.history, strict=True):
+            v = h.of(kind)
+            assert title.endswith("0 (bitwise equal)" if v == 0 else f"max |diff| {v:.3g}"), (title, v)
+    assert "bitwise equal</text>" in plot and "first divergence</text>" in plot
+    assert "<title>first divergent step: 1</title>" in plot
+    # the localisation as its own line above the plot and the table, with its call site
+    loc = rep.localization
+    assert loc is not None and loc.site
+    line = html[html.index('id="first-divergent-op"'):]
+    assert line.index("history-plot") < line.index('id="divergences"')
+    site = loc.site.replace("<", "&lt;").replace(">", "&gt;")
+    assert f"<code>{loc.label or loc.op}</code> at <code class=\"site\">{site}</code>" in line[:2000]
+
+
+def test_an_equivalent_page_plots_every_step_without_a_divergence_mark(tmp_path: Path) -> None:
+    rep = _check(None)
+    html = rep.save_report(tmp_path / "good.html").read_text()
+    points = _points(html)
+    assert all([s for s, _ in got] == list(range(STEPS)) for got in points.values()) and len(points) == 4
+    assert "first divergence</text>" not in html and 'id="first-divergent-op"' not in html
+
+
+def test_zero_differences_sit_on_the_bitwise_equal_line(tmp_path: Path) -> None:
+    # one rank against the same program: every difference is exactly 0, which a log scale cannot place
+    rep = simdist.check_equivalence(_train, _train, simdist.Cluster.switch(1, device="cpu"), args=(None,),
+                                    reference_args=(None,), exact=True)
+    assert rep.ok and all(h.of(k) == 0.0 for h in rep.history for k in ("loss", "grad", "param", "optimizer"))
+    html = rep.save_report(tmp_path / "same.html").read_text()
+    plot = html[html.index('id="history-plot"'):html.index("</svg>", html.index('id="history-plot"'))]
+    floor = re.search(r'<line x1="\d+" y1="([\d.]+)" x2="[\d.]+" y2="[\d.]+" class="floor"/>', plot).group(1)
+    points = _points(plot)
+    assert len(points) == 4 and all(len(got) == STEPS for got in points.values())
+    assert all(t.endswith("max |diff| 0 (bitwise equal)") for got in points.values() for _, t in got)
+    ys = re.findall(r'class="history-point" data-step="\d+" cx="[\d.]+" cy="([\d.]+)"', plot)
+    assert len(ys) == 4 * STEPS and {float(y) for y in ys} == {float(floor)}
+    assert "bitwise equal to the reference's at every step" in plot and 'class="grid"' not in plot
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (apt-get install chromium; .ci/run installs it)")
+def test_the_plot_is_drawn_in_a_browser_without_errors(tmp_path: Path) -> None:
+    page = _check(1, localize=False).save_report(tmp_path / "check.html")
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=3000", "--dump-dom",
+           page.as_uri()]
+    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert 'data-js-errors=""' in re.search(r"<body [^>]*>", dom).group(0)
+    assert len(re.findall(r'<circle class="history-point"', dom)) == STEPS * 4
+    assert 'id="first-divergent-op"' in dom and "localisation is off" in dom
 
 
 def test_history_kinds_are_a_steps_fields() -> None:
