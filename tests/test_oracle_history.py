@@ -194,6 +194,7 @@ def test_max_abs_difference_of_other_dtypes() -> None:
     assert max_abs_difference(torch.tensor([3, -2]), torch.tensor([1, 5])) == 7.0
     assert max_abs_difference(torch.tensor([1.5], dtype=torch.float32), torch.tensor([1.0], dtype=torch.float64)) == 0.5
     assert max_abs_difference(torch.zeros(0), torch.zeros(0)) == 0.0
+    assert max_abs_difference(torch.tensor([3 + 4j]), torch.tensor([0j])) == 5.0
 
 
 # ---- the page

@@ -415,7 +415,8 @@ def max_abs_difference(value: torch.Tensor, expected: torch.Tensor) -> float:
     if not (b.dtype.is_floating_point or b.dtype.is_complex):
         # integers subtract in float64 (bool has no subtraction; int64 differences may overflow)
         a, b = a.double(), b.double()
-    d = torch.sub(a, b).abs_().max().item()
+    diff = torch.sub(a, b)
+    d = (diff.abs() if diff.is_complex() else diff.abs_()).max().item()  # complex has no in-place abs
     if not math.isnan(d):
         return d
     same = (a.isnan() & b.isnan()) | ((a == b) & a.isinf())
