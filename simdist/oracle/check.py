@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -11,13 +12,21 @@ import torch
 from simdist.engine.runner import run
 from simdist.errors import RunArgumentError
 from simdist.network.cluster import Cluster, load_cluster
-from simdist.oracle.assemble import ShardSpec, assemble
+from simdist.oracle.assemble import AssemblyError, ShardSpec, assemble
 from simdist.oracle.capture import Capture, Piece, RankStep
 from simdist.oracle.localize import localize as localize_step
 from simdist.oracle.localize import single_rank
 from simdist.oracle.names import NameMap
-from simdist.oracle.report import KINDS, Divergence, EquivalenceReport, label, plural
-from simdist.oracle.tolerance import Difference, Tolerance, difference, differing
+from simdist.oracle.report import (
+    HISTORY_KINDS,
+    KINDS,
+    Divergence,
+    EquivalenceReport,
+    StepDifference,
+    label,
+    plural,
+)
+from simdist.oracle.tolerance import Difference, Tolerance, difference, differing, tolerance_for
 from simdist.ranks import ranges
 
 #: how the losses of a step (every backward root of every rank) combine into the step's loss: their mean, their
@@ -120,6 +129,7 @@ def check_equivalence(
         divergences=divergences,
         localization=found,
         localization_note=note,
+        history=comparison.history,
         parallel=par,
         reference=ref,
         world_size=cluster.world_size,
@@ -155,7 +165,8 @@ def shard_specs_of(shards: Mapping[str, int | tuple[int, int]] | None) -> dict[s
 
 
 class Comparison:
-    """Compares the captured steps of a parallel run with the reference's, stopping at the first divergent step."""
+    """Compares the captured steps of a parallel run with the reference's: every divergence of the first divergent
+    step, and the largest difference per kind at every step both runs have."""
 
     def __init__(
         self,
@@ -168,23 +179,86 @@ class Comparison:
         self.names, self.shards, self.exact, self.tolerances, self.loss = names, shards, exact, tolerances, loss
         #: tensors compared per kind at each step
         self.counts: dict[str, int] = {}
+        #: the largest difference per kind at each step :meth:`run` measured (every step both runs have)
+        self.history: list[StepDifference] = []
+        # the largest |parallel - reference| per kind so far in the step being compared
+        self._worst: dict[str, float] = {}
+        # past the first divergent step only differences are measured: no divergences, no tolerance tests
+        self._measuring = False
+        # the difference :meth:`_note` measured last
+        self._last = 0.0
 
     def run(self, parallel: dict[int, list[RankStep]], reference: list[RankStep]) -> tuple[list[Divergence], int]:
-        """The divergences of the first divergent step, and the number of steps compared."""
+        """The divergences of the first divergent step, and the number of steps compared (up to and including it).
+
+        :attr:`history` gets one entry per step both runs have, past the first divergent step too: those later
+        steps are only measured, and a step whose tensors cannot be assembled ends the history there.
+        """
         stepping = {r: s for r, s in sorted(parallel.items()) if s}
         counts = {r: len(s) for r, s in stepping.items()}
         n_par = min(counts.values(), default=0)
         n = min(n_par, len(reference))
+        self.history = []
         for k in range(n):
             found = self.step(k, {r: s[k] for r, s in stepping.items()}, reference[k])
+            self.history.append(self._measured(k))
             if found:
+                self._measure_rest(k + 1, n, stepping, reference)
                 return found, k + 1
         if len(set(counts.values())) > 1 or n_par != len(reference) or not stepping:
             return [Divergence(n, "steps", "steps", (), None, _steps_text(counts, len(reference)))], n
         return [], n
 
+    def _measure_rest(self, start: int, n: int, stepping: dict[int, list[RankStep]], reference: list[RankStep]) -> None:
+        """Append the differences of steps ``start`` to ``n - 1`` to :attr:`history`, stopping at one that fails."""
+        self._measuring = True
+        try:
+            for k in range(start, n):
+                try:
+                    self.step(k, {r: s[k] for r, s in stepping.items()}, reference[k])
+                except AssemblyError:
+                    # a later step may be malformed in ways the divergent step was not (pieces that no longer
+                    # fit together); the verdict is already known, so the history just ends before it
+                    return
+                self.history.append(self._measured(k))
+        finally:
+            self._measuring = False
+
+    def _measured(self, k: int) -> StepDifference:
+        """The differences recorded while comparing step ``k``."""
+        return StepDifference(k, **{kind: self._worst.get(kind) for kind in HISTORY_KINDS})
+
+    def _note(self, kind: str, value: torch.Tensor, expected: torch.Tensor) -> None:
+        """Record ``max|value - expected|`` (same shapes) under ``kind`` for the step being compared."""
+        d = self._last = max_abs_difference(value, expected)
+        self._worst[kind] = max(d, self._worst.get(kind, 0.0))
+
+    def _differing(self, kind: str, value: torch.Tensor, expected: torch.Tensor) -> torch.Tensor | None:
+        """:func:`~simdist.oracle.tolerance.differing`'s verdict on ``value``, with its largest difference recorded
+        under ``kind`` for the step's history."""
+        if self.exact:
+            bad = differing(value, expected, True, self.tolerances)
+            if bad is None:
+                self._worst.setdefault(kind, 0.0)  # bitwise equal: nothing to measure
+            else:
+                self._note(kind, value, expected)
+            return bad
+        self._note(kind, value, expected)
+        # ``differing`` first tests max|value - expected| <= atol + rtol * max|expected| on finite tensors; with that
+        # maximum just measured, a tensor that passes the same test skips a second pass over the data (the history
+        # would otherwise double the comparison's cost on an equivalent run)
+        tol = tolerance_for(expected.dtype, self.tolerances)
+        floating = value.dtype.is_floating_point and expected.dtype.is_floating_point
+        if tol is not None and floating and expected.numel() and math.isfinite(self._last):
+            low, high = torch.aminmax(expected.detach())
+            scale = max(-low.item(), high.item())
+            if math.isfinite(scale) and self._last <= tol.atol + tol.rtol * scale:
+                return None
+        return differing(value, expected, False, self.tolerances)
+
     def step(self, k: int, ranks: dict[int, RankStep], ref: RankStep) -> list[Divergence]:
         """Every divergence at step ``k``, in :data:`KINDS` order."""
+        self._worst = {}
         found: list[Divergence] = []
         found += self._loss(k, ranks, ref)
         order = list(dict.fromkeys(n for s in ranks.values() for n in s.order))
@@ -203,9 +277,12 @@ class Comparison:
         theirs = ref.losses
         if not mine or not theirs:
             return []
-        self.counts["loss"] = 1
         value, expected = _combine(mine, self.loss), _combine([theirs], self.loss)
-        bad = differing(value, expected, self.exact, self.tolerances)
+        if self._measuring:
+            self._note("loss", value, expected)
+            return []
+        self.counts["loss"] = 1
+        bad = self._differing("loss", value, expected)
         if bad is None:
             return []
         roots = sum(len(x) for x in mine)
@@ -265,13 +342,23 @@ class Comparison:
                     found.append(Divergence(k, "structure", ref_name, (), None,
                                             f"the reference's {label(kind, ref_name)} is held by no rank of the "
                                             "parallel program (map names with names=..., or ignore=...)"))
-        self.counts[plural(kind, 2)] = compared
+        if not self._measuring:
+            self.counts[plural(kind, 2)] = compared
         return found
 
     def _one(self, k: int, kind: str, name: str, pieces: list[Piece], ref_piece: Piece) -> list[Divergence]:
         mine = assemble(name, pieces, self._shard(name))
         full = mine.full
         expected = ref_piece.value if ref_piece.layout is None else assemble(name, [ref_piece]).full
+        if self._measuring:
+            if tuple(full.shape) == tuple(expected.shape):
+                self._note(kind, full, expected)
+            if mine.how == "replicated":
+                # copies bitwise equal to the first holder's have its difference; only the odd ones need measuring
+                for p in pieces:
+                    if p.rank in mine.replica_ranks and p.value.shape == expected.shape:
+                        self._note(kind, p.value, expected)
+            return []
         found: list[Divergence] = []
         if mine.replica_ranks:
             holders = pieces[0].rank
@@ -287,7 +374,7 @@ class Comparison:
         if mine.how == "replicated":
             found += self._replicas(k, kind, name, pieces, expected, set(mine.replica_ranks))
             return found
-        bad = differing(full, expected, self.exact, self.tolerances)
+        bad = self._differing(kind, full, expected)
         if bad is not None:
             ranks = tuple(r for r, region in sorted(mine.regions.items()) if bool(bad[region].any()))
             found.append(Divergence(k, kind, name, ranks, difference(full, expected, bad)))
@@ -301,7 +388,7 @@ class Comparison:
         def verdict(value: torch.Tensor) -> Difference | str | None:
             if value.shape != expected.shape:
                 return f"shape {tuple(value.shape)}"
-            bad = differing(value, expected, self.exact, self.tolerances)
+            bad = self._differing(kind, value, expected)
             return None if bad is None else difference(value, expected, bad)
 
         first = pieces[0].rank
@@ -314,6 +401,27 @@ class Comparison:
 
     def _shard(self, name: str) -> ShardSpec | None:
         return next((spec for pattern, spec in self.shards.items() if fnmatch.fnmatchcase(name, pattern)), None)
+
+
+def max_abs_difference(value: torch.Tensor, expected: torch.Tensor) -> float:
+    """``max|value - expected|`` over all elements (0.0 for none), computed in ``expected``'s dtype; NaN against NaN
+    and an infinity against the same infinity count as equal (0), as :func:`~simdist.oracle.tolerance.differing`
+    has it, and any other NaN as an infinite difference."""
+    a, b = value.detach(), expected.detach()
+    if a.numel() == 0:
+        return 0.0
+    if a.dtype != b.dtype:
+        a = a.to(b.dtype)
+    if not (b.dtype.is_floating_point or b.dtype.is_complex):
+        # integers subtract in float64 (bool has no subtraction; int64 differences may overflow)
+        a, b = a.double(), b.double()
+    diff = torch.sub(a, b)
+    d = (diff.abs() if diff.is_complex() else diff.abs_()).max().item()  # complex has no in-place abs
+    if not math.isnan(d):
+        return d
+    same = (a.isnan() & b.isnan()) | ((a == b) & a.isinf())
+    diff = torch.sub(a, b).abs_().masked_fill_(same, 0.0)
+    return float(torch.nan_to_num(diff, nan=math.inf, posinf=math.inf).max().item())
 
 
 def _combine(per_rank: list[list[torch.Tensor]], how: str) -> torch.Tensor:

@@ -1,7 +1,9 @@
-"""What the equivalence oracle found: divergences per step, and the report that names the first one."""
+"""What the equivalence oracle found: divergences per step, the difference at every step, and the report that names
+the first divergence."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,10 @@ LABELS = {
     "optimizer": "optimizer state {name!r}",
     "buffer": "buffer {name!r}",
 }
+
+
+#: kinds whose largest difference from the reference is recorded at every step (:class:`StepDifference`)
+HISTORY_KINDS = ("loss", "grad", "param", "optimizer", "buffer")
 
 
 def label(kind: str, name: str) -> str:
@@ -85,6 +91,35 @@ class Divergence:
         }
 
 
+@dataclass(frozen=True)
+class StepDifference:
+    """How far one step of the parallel run is from the reference's: the largest ``|parallel - reference|`` over
+    every tensor of each kind (assembled as the comparison assembles it), ``None`` where nothing of a kind was
+    compared (no loss, no buffers, or a structure that does not match)."""
+
+    #: 0-based optimizer step
+    step: int
+    loss: float | None = None
+    grad: float | None = None
+    param: float | None = None
+    optimizer: float | None = None
+    buffer: float | None = None
+
+    def of(self, kind: str) -> float | None:
+        """The largest difference of ``kind`` (one of :data:`HISTORY_KINDS`) at this step."""
+        if kind not in HISTORY_KINDS:
+            raise ValueError(f"a step's difference is recorded per kind {HISTORY_KINDS}, got {kind!r}")
+        return getattr(self, kind)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able fields (an infinite difference, from a NaN the reference lacks, as the string "inf")."""
+        return {"step": self.step, **{k: _json_float(getattr(self, k)) for k in HISTORY_KINDS}}
+
+
+def _json_float(x: float | None) -> float | str | None:
+    return x if x is None or math.isfinite(x) else str(x)
+
+
 #: writes an equivalence report as HTML: installed by :mod:`simdist.report` (a later layer), called by
 #: :meth:`EquivalenceReport.save_report`
 _report_writer: Callable[[EquivalenceReport, Path], Path] | None = None
@@ -116,6 +151,8 @@ class EquivalenceReport:
     reference_name: str = "reference"
     #: why localisation did not name an op (it was off, or found none), when it did not
     localization_note: str = ""
+    #: the largest difference per kind at every step both runs have, past the first divergent step too
+    history: list[StepDifference] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -180,6 +217,7 @@ class EquivalenceReport:
             "reference": self.reference_name,
             "divergences": [d.to_dict() for d in self.divergences],
             "localization": None if loc is None else loc.to_dict(),
+            "history": [h.to_dict() for h in self.history],
             "text": str(self),
         }
 

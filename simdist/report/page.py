@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import math
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,8 @@ import torch
 from simdist.engine.runner import RunResult
 from simdist.errors import safe_str
 from simdist.network.cluster import Cluster
-from simdist.oracle.report import EquivalenceReport
-from simdist.ranks import ranges
+from simdist.oracle.report import HISTORY_KINDS, EquivalenceReport, StepDifference
+from simdist.ranks import format_ranks, ranges
 from simdist.report import data
 from simdist.report.topology import BOX_H, topology_picture
 from simdist.units import format_bandwidth, format_size, format_time
@@ -198,10 +199,98 @@ def write_run_report(result: RunResult | None, path: str | Path, **kwargs: Any) 
     return path
 
 
+#: colour and legend text of each kind in the per-step difference plot (Okabe-Ito colours, as elsewhere in reports)
+HISTORY_STYLE = {
+    "loss": ("#1d232b", "loss"),
+    "grad": ("#e69f00", "gradients"),
+    "param": ("#0072b2", "parameters"),
+    "optimizer": ("#009e73", "optimizer state"),
+    "buffer": ("#cc79a7", "buffers"),
+}
+
+
+def _history_plot(history: list[StepDifference], first: int | None) -> dict[str, Any] | None:
+    """Geometry of the per-step difference plot: log-scale max |diff| per kind, zeros on a floor line below the
+    decades, infinite differences (a NaN the reference lacks) on a ceiling line above them."""
+    if not history:
+        return None
+    kinds = [k for k in HISTORY_KINDS if any(h.of(k) is not None for h in history)]
+    if not kinds:
+        return None
+    values = [v for h in history for k in kinds if (v := h.of(k)) is not None]
+    finite = [v for v in values if 0 < v < math.inf]
+    # whole decades around the measured values; a run with no nonzero difference still gets a scale to sit under
+    lo = math.floor(math.log10(min(finite))) if finite else -16
+    hi = math.ceil(math.log10(max(finite))) if finite else 0
+    every = max(1, math.ceil((hi - lo) / 6))  # at most about seven labelled decades
+    hi = lo + every * max(1, math.ceil((hi - lo) / every))
+    width, pad, top, band = 680, 96, 22, 150
+    floor_y, ceil_y = top + band + 16, top - 14
+    n = len(history)
+    x0, x1 = pad + 12, width - 16
+    steps = [h.step for h in history]
+
+    def x_of(i: int) -> float:
+        return (x0 + x1) / 2 if n == 1 else x0 + i * (x1 - x0) / (n - 1)
+
+    def y_of(v: float) -> float:
+        if v == 0:
+            return floor_y
+        if v == math.inf:
+            return ceil_y
+        return top + band - (math.log10(v) - lo) / (hi - lo) * band
+
+    # with nothing above zero a scale of decades would only be decoration
+    ticks = [{"y": y_of(10.0**e), "text": f"1e{e}"} for e in range(lo, hi + 1, every)] if finite else []
+    lines = []
+    for k in kinds:
+        colour, name = HISTORY_STYLE[k]
+        segments: list[list[str]] = [[]]
+        points = []
+        for i, h in enumerate(history):
+            v = h.of(k)
+            if v is None:
+                segments.append([])  # a step where this kind was not compared breaks the line
+                continue
+            x, y = x_of(i), y_of(v)
+            segments[-1].append(f"{x:.1f},{y:.1f}")
+            shown = "0 (bitwise equal)" if v == 0 else ("inf (NaN where the reference has a number)" if v == math.inf
+                                                        else f"{v:.3g}")
+            points.append({"x": x, "y": y, "step": h.step, "title": f"step {h.step}: {name}, max |diff| {shown}"})
+        lines.append({"kind": k, "name": name, "colour": colour, "points": points,
+                      "segments": [" ".join(seg) for seg in segments if len(seg) > 1]})
+    every_x = max(1, math.ceil(n / 12))
+    xticks = [{"x": x_of(i), "text": str(s)} for i, s in enumerate(steps) if i % every_x == 0 or i == n - 1]
+    marker = None
+    if first is not None and first in steps:
+        marker = {"x": x_of(steps.index(first)), "step": first}
+    return {
+        "width": width, "height": floor_y + 30, "pad": pad, "top": top, "base": floor_y, "floor": floor_y,
+        "ceiling": ceil_y if math.inf in values else None, "right": x1, "ticks": ticks, "xticks": xticks,
+        "lines": lines, "marker": marker, "steps": n, "all_zero": all(v == 0 for v in values),
+    }
+
+
+def _localization(report: EquivalenceReport) -> dict[str, Any] | None:
+    """The first divergent op as the page's highlighted line shows it, or why there is none."""
+    if report.ok:
+        return None
+    loc = report.localization
+    if loc is None:
+        return {"found": False, "note": report.localization_note or "localisation found no op"}
+    where = ", ".join(x for x in (loc.phase, f"module {loc.module}" if loc.module else "") if x)
+    return {
+        "found": True, "op": loc.label or loc.op, "site": loc.site, "where": where,
+        "ranks": format_ranks(loc.ranks) if loc.ranks else "",
+        "inputs": "its inputs matched the reference" if loc.inputs_matched else "its inputs already differed",
+        "difference": "" if loc.difference is None else str(loc.difference), "note": loc.note,
+    }
+
+
 def write_equivalence_report(report: EquivalenceReport, path: str | Path) -> Path:
-    """Write an equivalence-oracle report: the verdict and every divergence of the first divergent step (and the
-    localisation), above the parallel run's own report. Each step's comparison stops at the first divergent
-    step, so there is no difference to plot for later ones."""
+    """Write an equivalence-oracle report: the verdict, the first divergent op, a plot of the difference from the
+    reference per step and kind, and every divergence of the first divergent step, above the parallel run's own
+    report."""
     rows = [
         {
             "step": d.step, "kind": d.kind, "of": d.of, "name": d.name, "ranks": ranges(list(d.ranks)) if d.ranks else "",
@@ -218,6 +307,8 @@ def write_equivalence_report(report: EquivalenceReport, path: str | Path) -> Pat
         "compared": ", ".join(f"{n} {k}" for k, n in report.compared.items() if n) or "nothing",
         "text": str(report), "divergences": rows,
         "summary": ("equivalent" if report.ok else "DIVERGED") + f": {report.summary()}",
+        "history": _history_plot(report.history, report.step),
+        "localization": _localization(report),
     }
     title = f"simdist check: {report.parallel_name} vs {report.reference_name}"
     path = Path(path)
