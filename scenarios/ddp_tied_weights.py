@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from verdicts import finish
+from verdicts import drift_series, finish
 
 import simdist
 from simdist.oracle import Piece
@@ -224,6 +224,14 @@ def correctness(seed: int, verdicts: list[tuple[str, bool, str]], page: simdist.
               "(c) OverlapDDP": next(c for c in c_cases if c.wrapper == "OverlapDDP" and c.progress == "gloo").res},
               note="Under gloo-like progress the tied gradient's two all-reduces run at once on two worker threads.",
               nav="buggy vs fixed")
+    fixed = next(c for c in c_cases if c.wrapper == "OverlapDDP" and c.progress == "gloo")
+    page.line_plot("Parameter drift per step", {
+        f"({c.label}) {c.wrapper}{' dedup=False' if c.options.get('dedup') is False else ''}"
+        f"{' hook tensor' if c.options.get('reduce_hook_tensor') else ''}, {c.progress}": drift_series(c.rep)
+        for c in (a, b, fixed, d)
+    }, x_label="optimizer step", y_label="max |param - baseline|", log=True, nav="drift",
+        note="The largest difference of any parameter from the single-process baseline's after each step (the "
+             "oracle's history, every rank's copy); 0 is bitwise equal.")
     page.text("(a) the oracle's report", str(a.rep), error=not a.rep.ok, nav="oracle (a)")
     page.text("(a) the race detector's first finding", _first_overlap(a), error=True, nav="detector (a)")
     page.text("(d) the detector's and the oracle's findings", _first_access_text(d) + "\n\n" + str(d.rep), error=True,

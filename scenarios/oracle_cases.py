@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from verdicts import drift_series
+
 import simdist
 import simdist.report
 from real import RealRunError
@@ -144,7 +146,7 @@ class CaseSections:
 
     def __init__(self) -> None:
         self.rows: list[list[Any]] = []
-        self.loss_gap: dict[str, list[tuple[float, float]]] = {}
+        self.drift: dict[str, list[tuple[float, float]]] = {}
         self.times: dict[str, dict[str, float]] = {}
 
     def add(self, case: Case, v: Variant, o: Outcome, ok: bool, detail: str) -> None:
@@ -155,11 +157,8 @@ class CaseSections:
         rep = o.report
         if rep is None or rep.parallel is None:
             return
-        lasts = [out["losses"] for out in rep.parallel.returns if out["losses"]]
-        theirs = rep.reference.returns[0]["losses"]
-        if lasts and theirs:
-            mine = [sum(ls[k] for ls in lasts) / len(lasts) for k in range(min(map(len, lasts)))]
-            self.loss_gap[label] = [(k + 1, abs(a - b)) for k, (a, b) in enumerate(zip(mine, theirs))]
+        if series := drift_series(rep):
+            self.drift[label] = series
         res = rep.parallel
         busy = [res.trace.busy_time(r, "compute") for r in range(res.world_size)]
         self.times[label] = {"simulated time": res.sim_time,
@@ -169,11 +168,12 @@ class CaseSections:
         """Add the variant table and the plots to ``page``."""
         page.table("Every variant", ["case", "what", "variant", "expects", "outcome", "verdict", "detail"], self.rows,
                    note=note, nav="variants")
-        if self.loss_gap:
-            page.line_plot("Loss difference per step", self.loss_gap, x_label="optimizer step",
-                           y_label="|loss - reference loss|", log=True, nav="loss per step",
-                           note="The mean loss over the ranks that compute one, against the single-process "
-                                "reference's, per variant that ran to completion; 0 is bitwise equal.")
+        if self.drift:
+            page.line_plot("Parameter drift per step", self.drift, x_label="optimizer step",
+                           y_label="max |param - reference|", log=True, nav="drift per step",
+                           note="The largest difference of any parameter from the single-process reference's after "
+                                "each step (the oracle's history), per variant that ran to completion; 0 is bitwise "
+                                "equal, the equal variants stay at rounding.")
         if self.times:
             page.bar_plot("Simulated time per variant", self.times, y_label="simulated time", unit="time",
                           nav="time per variant",

@@ -51,7 +51,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from verdicts import finish, importable_by_rank_processes
+from verdicts import drift_series, finish, importable_by_rank_processes
 
 import simdist
 from simdist.ranks import ranges
@@ -770,6 +770,7 @@ def simulated(seed: int, verdicts: list[tuple[str, bool, str]], page: simdist.re
     print()
     outcome: dict[str, tuple[bool, bool]] = {}
     rows, texts = [], []
+    drifts: dict[str, list[tuple[float, float]]] = {}
     for case in CASES:
         buggy, fixed = check(case, True, seed), check(case, False, seed)
         print(f"({case.key}) {case.title} ({case.world} ranks)")
@@ -786,10 +787,16 @@ def simulated(seed: int, verdicts: list[tuple[str, bool, str]], page: simdist.re
                      "-" if loc is None else f"{loc.op} at {loc.site}", (found, "pass" if found else "fail"),
                      ("equal", "pass") if fixed.ok else (fixed.summary(), "fail")])
         texts.append(f"({case.key}) {case.title}\n{buggy}")
+        if series := drift_series(buggy):
+            drifts[f"({case.key})"] = series
     print()
     page.table("Every bug and its correction", ["case", "bug", "ranks", "first divergence", "first divergent op",
                "as expected", "corrected"], rows, nav="cases",
                note=f"{STEPS} SGD steps each, float64, seed {seed}; each program against its single-process reference.")
+    page.line_plot("Parameter drift per step, buggy programs", drifts, x_label="optimizer step",
+                   y_label="max |param - reference|", log=True, nav="drift",
+                   note="The largest difference of any parameter from the reference's after each step (the oracle's "
+                        "history); every corrected program stays at rounding (not drawn).")
     page.text("What the oracle reported for each bug", "\n\n".join(texts), nav="oracle reports")
     return outcome
 

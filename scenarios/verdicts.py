@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from simdist import EquivalenceReport
 from simdist.report import ScenarioReport, build_index
 
 #: (expectation, whether it held, detail)
@@ -20,6 +22,12 @@ def report(verdicts: list[Verdict]) -> int:
     for name, ok, detail in verdicts:
         print(f"{name:{width}s} {'PASS' if ok else 'FAIL':8s} {detail}")
     return 0 if all(ok for _, ok, _ in verdicts) else 1
+
+
+def drift_series(rep: EquivalenceReport, kind: str = "param") -> list[tuple[float, float]]:
+    """(optimizer step from 1, largest |parallel - reference| of ``kind``) at every step the oracle measured, for a
+    plot; steps where nothing of the kind was compared, or the difference is infinite (a NaN), are left out."""
+    return [(d.step + 1, v) for d in rep.history if (v := d.of(kind)) is not None and math.isfinite(v)]
 
 
 def finish(page: ScenarioReport, verdicts: list[Verdict], out_dir: Path, name: str) -> int:

@@ -232,6 +232,10 @@ def test_demo_scenario_passes_and_reports_each_finding(tmp_path, update_golden):
     check_golden("demo", out, tmp_path, update_golden)
 
 
+def ddp_tied_weights_steps() -> int:
+    return scenario_module("ddp_tied_weights").STEPS
+
+
 def test_ddp_tied_weights_scenario_passes_and_names_the_tie(tmp_path, update_golden):
     out = run_scenario("ddp_tied_weights", tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -254,7 +258,10 @@ def test_ddp_tied_weights_scenario_passes_and_names_the_tie(tmp_path, update_gol
     assert f"first divergent op: {second} at <repo>/simdist/strategies/ddp.py" in normalise(text, tmp_path)
     assert "fastest:" in text and "Chrome trace of this step" in text
     assert json.loads((tmp_path / "ddp_step.json").read_text())["traceEvents"]
-    check_report("ddp_tied_weights", out, tmp_path)
+    page = check_report("ddp_tied_weights", out, tmp_path)
+    # the drift plot: a line per case (a, b, c, d) with a point per step, from the oracle's history
+    plot = page.split('id="parameter-drift-per-step-plot"')[1].split("</svg>")[0]
+    assert plot.count('<g class="series">') == 4 and plot.count("<circle") == 4 * ddp_tied_weights_steps()
     check_golden("ddp_tied_weights", out, tmp_path, update_golden)
 
 
@@ -281,7 +288,9 @@ def test_silent_bugs_scenario_finds_each_bug_where_it_is_and_passes_each_correct
         block = out.stdout.split(f"({case.key}) {case.title} ")[1]
         assert block.split("\n")[1].startswith(f"  bug:       step {case.expect.step}: "), block
         assert "  corrected: equivalent: " in block.split("\n(")[0], block
-    check_report("silent_bugs", out, tmp_path)
+    page = check_report("silent_bugs", out, tmp_path)
+    plot = page.split('id="parameter-drift-per-step-buggy-programs-plot"')[1].split("</svg>")[0]
+    assert plot.count('<g class="series">') == len(silent_bugs.CASES)
     check_golden("silent_bugs", out, tmp_path, update_golden)
 
 

@@ -68,7 +68,7 @@ def test_the_call_sites_of_a_diagnosis_come_with_their_code(fn: object, markers:
     # the rank's traceback passes through simdist's own files: they are how it ran, not where it went wrong
     assert found == expected
     page = render_run_report(None, error=error, cluster=simdist.Cluster.preset("switch", world_size=2))
-    section = re.search(r'<dl class="code-lines" id="diagnosis-code">.*?</dl>', page, re.S).group(0)
+    section = re.search(r'<dl class="code-lines" id="diagnosis-code">.*?</dl>', page, re.DOTALL).group(0)
     for site, code in expected:
         assert f"<code>{site}</code>" in section
         assert code.replace('"', "&#34;") in section
@@ -80,7 +80,7 @@ def test_race_findings_show_both_call_sites_with_their_code() -> None:
         result = simdist.run(racing, simdist.Cluster.preset("switch", world_size=2), races="warn")
     assert result.races
     page = render_run_report(result)
-    finding = re.search(r'<div class="finding">.*?</div>', page, re.S).group(0)
+    finding = re.search(r'<div class="finding">.*?</div>', page, re.DOTALL).group(0)
     for marker in ("site-in-flight", "site-racing"):
         code = linecache.getline(str(HERE), line_of(marker)).strip()
         assert f'<pre class="code" title="{HERE}:{line_of(marker)}">{code}</pre>' in finding
@@ -96,7 +96,7 @@ def test_hostile_source_is_escaped_and_missing_files_show_nothing(tmp_path: Path
         pass
 
     page = render_run_report(None, error=Stopped(text), cluster=simdist.Cluster.preset("switch", world_size=2))
-    section = re.search(r'<section id="diagnosis">.*?</section>', page, re.S).group(0)
+    section = re.search(r'<section id="diagnosis">.*?</section>', page, re.DOTALL).group(0)
     assert "<script>alert" not in section
     assert "x = &#34;&lt;script&gt;alert(1)&lt;/script&gt;&#34;; raise RuntimeError(x)" in section
     assert "gone.py:7</code>" not in section
@@ -120,7 +120,7 @@ def test_the_timeline_hover_names_each_collectives_call_site_and_the_trace_hash_
     cluster = simdist.Cluster.preset("switch", world_size=2)
     result = simdist.run(two_collectives, cluster)
     page = render_run_report(result)
-    payload = json.loads(re.search(r'<script type="application/json" id="timeline-data">(.*?)</script>', page, re.S).group(1))
+    payload = json.loads(re.search(r'<script type="application/json" id="timeline-data">(.*?)</script>', page, re.DOTALL).group(1))
     sites = {d["op"]: d.get("site") for d in payload["details"] if "bytes" in d}
     assert sites["all_reduce"] == f"{HERE}:{line_of('site-hover-all-reduce')} in two_collectives"
     assert sites["broadcast"] == f"{HERE}:{line_of('site-hover-broadcast')} in two_collectives"

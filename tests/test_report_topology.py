@@ -118,12 +118,12 @@ def test_a_ring_of_1024_ranks_is_cut_into_groups_joined_by_arcs() -> None:
 def test_the_1024_rank_picture_is_small_and_names_are_escaped() -> None:
     cluster = simdist.Cluster.preset("dgx-h100", world_size=1024)
     page = render_run_report(None, error=RuntimeError("stopped"), cluster=cluster)
-    svg = re.search(r'<figure class="topology".*?</figure>', page, re.S).group(0)
+    svg = re.search(r'<figure class="topology".*?</figure>', page, re.DOTALL).group(0)
     assert len(svg.encode()) < 40_000
     assert svg.count("<rect") == MAX_PER_LAYER + 1
     hostile = nx.Graph()
     for r in range(4):
         hostile.add_edge(r, "<script>alert(1)</script>", bandwidth="10GB/s", latency="1us")
     page = render_run_report(None, error=RuntimeError("stopped"), cluster=simdist.Cluster.from_graph(hostile))
-    svg = re.search(r'<figure class="topology".*?</figure>', page, re.S).group(0)
+    svg = re.search(r'<figure class="topology".*?</figure>', page, re.DOTALL).group(0)
     assert "<script>alert" not in svg and "&lt;script&gt;alert(1" in svg
