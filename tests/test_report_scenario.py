@@ -5,10 +5,13 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
+import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
 
-from simdist.report import ScenarioReport, build_index
+import simdist
+from simdist.report import ScenarioReport, build_index, write_run_report
 from simdist.report.plot import bar_plot, line_plot
 
 HOSTILE = "<script>alert(1)</script>"
@@ -88,7 +91,19 @@ def test_the_index_marks_each_page_by_its_status(tmp_path) -> None:
     ScenarioReport("passing", command="").save(tmp_path / "a.html", [("x", True, "")])
     ScenarioReport("failing", command="").save(tmp_path / "b.html", [("x", True, ""), ("y", False, "")])
     (tmp_path / "c.html").write_text("<html><head><title>someone else's page</title></head></html>")
+    write_run_report(None, tmp_path / "d.html", error=RuntimeError("stopped"), cluster=simdist.Cluster.switch(2))
+    with pytest.warns(simdist.RaceWarning):  # the finding, read from the result
+        write_run_report(simdist.run(racy, simdist.Cluster.switch(2), races="warn"), tmp_path / "e.html")
     text = build_index(tmp_path).read_text()
     items = re.findall(r'<li class="([a-z]*)">(?:<span class="pill [a-z]+">([a-z]+)</span>)?<a href="([a-z.]+)">', text)
-    assert items == [("pass", "ok", "a.html"), ("fail", "failed", "b.html"), ("", "", "c.html")]
-    assert "3 reports, <strong>1 failing</strong>." in text
+    assert items == [("pass", "ok", "a.html"), ("fail", "failed", "b.html"), ("", "", "c.html"),
+                     ("fail", "failed", "d.html"), ("warn", "races", "e.html")]
+    assert "5 reports, <strong>2 failing</strong>." in text
+
+
+def racy() -> None:
+    """Rank code writing a buffer while its all-reduce is in flight: one race finding per rank."""
+    t = torch.ones(4)
+    work = dist.all_reduce(t, async_op=True)
+    t.add_(1)
+    work.wait()

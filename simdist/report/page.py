@@ -157,6 +157,9 @@ def render_run_report(
         )
     ctx["colours"] = {"compute": data.COMPUTE_COLOUR, **colours}
     ctx["summary"] = oracle["summary"] if oracle else summary_line(result, ctx["error"], cluster)
+    # for the index: a stopped run or a divergence fails, race findings warn
+    failed = result is None or (oracle is not None and not oracle["ok"])
+    ctx["status"] = "fail" if failed else "warn" if result.races else "pass"
     return _ENV.get_template("run.html.j2").render(
         **ctx, css=_STATIC["css"], js=_STATIC["js"]
     )
