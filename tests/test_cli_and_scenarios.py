@@ -19,6 +19,7 @@ import simdist
 from simdist import algorithms
 from simdist.bench import bench, bus_factor
 from simdist.cli import main
+from simdist.report import ScenarioReport
 from simdist.units import format_size
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -269,7 +270,10 @@ def test_ddp_tied_weights_scenario_passes_and_names_the_tie(tmp_path, update_gol
 def test_ddp_tied_weights_scenario_on_real_gloo(capsys):
     ddp_tied_weights = scenario_module("ddp_tied_weights")
     verdicts: list = []
-    ddp_tied_weights.on_real_gloo(0, 1, verdicts)
+    page = ScenarioReport("real", command="")
+    ddp_tied_weights.on_real_gloo(0, 1, verdicts, page)
+    # the report's table: a row per real case, with its launch's drift
+    assert [row[0]["text"] for row in page.sections[-1]["rows"]] == [c[0] for c in ddp_tied_weights.REAL_CASES]
     assert [v[0] for v in verdicts] == ["(c) real gloo: de-duplicated equals the baseline", "(d) real gloo: hook's tensor: replicas diverge"]
     assert all(ok for _, ok, _ in verdicts), verdicts
     assert "(a) on real gloo the double reduction drifted in" in capsys.readouterr().out
@@ -340,10 +344,15 @@ def test_fsdp_hazards_on_real_gloo_agree_with_the_simulation(capsys):
     fsdp_hazards = scenario_module("fsdp_hazards")
     verdicts: list = []
     simulated = {(c.key, v.label): v.expect == "equal" for c in fsdp_hazards.CASES for v in c.variants}
+    page = ScenarioReport("real", command="")
     fsdp_hazards.on_real_gloo(fsdp_hazards.CASES, lambda v: fsdp_hazards.on_real(v, 0), simulated, verdicts,
-                              keys="c")
+                              keys="c", page=page)
     out = capsys.readouterr().out
     assert verdicts and all(ok for _, ok, _ in verdicts), out + str(verdicts)
+    # simulated beside real, a row per variant of (c), each agreeing
+    rows = page.sections[-1]["rows"]
+    assert len(rows) == len(next(c for c in fsdp_hazards.CASES if c.key == "c").variants)
+    assert all(row[-1]["text"] == "yes" for row in rows)
     assert "raised ValueError" in out
 
 
@@ -365,7 +374,9 @@ def test_silent_bugs_on_real_gloo_agree_with_the_simulation(capsys):
     # a data-parallel and a pipeline case: their simulated verdicts, then the same programs on real processes
     simulated = {"c": (True, True), "g": (True, True)}
     verdicts: list = []
-    silent_bugs.on_real_gloo(0, 1, simulated, verdicts, keys="cg")
+    page = ScenarioReport("real", command="")
+    silent_bugs.on_real_gloo(0, 1, simulated, verdicts, keys="cg", page=page)
+    assert [(row[0]["text"], row[-1]["text"]) for row in page.sections[-1]["rows"]] == [("(c)", "yes"), ("(g)", "yes")]
     assert verdicts == [("real gloo agrees with the simulation", True, "2 of 2 cases (bug found, correction equal) x 1")]
     out = capsys.readouterr().out
     assert "(c) fc1.weight, fc1.bias, fc2.weight, fc2.bias" in out and "(g) " in out and out.count(" equal\n") == 2
@@ -398,7 +409,9 @@ def test_hotpath_buffer_race_scenario_reproduces_each_race_and_no_fix_fails(tmp_
 def test_hotpath_buffer_race_on_a_real_worker(capsys):
     hotpath_buffer_race = scenario_module("hotpath_buffer_race")
     verdicts: list = []
-    rows = hotpath_buffer_race.on_real_worker(1, verdicts)
+    page = ScenarioReport("real", command="")
+    rows = hotpath_buffer_race.on_real_worker(1, verdicts, page)
+    assert [row[0]["text"] for row in page.sections[-1]["rows"]] == list(hotpath_buffer_race.POLICIES)
     assert len(verdicts) == 5 and all(ok for _, ok, _ in verdicts), verdicts
     assert set(rows) == set(hotpath_buffer_race.POLICIES)
     assert "the current policy failed in" in capsys.readouterr().out
