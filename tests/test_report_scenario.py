@@ -107,3 +107,11 @@ def racy() -> None:
     work = dist.all_reduce(t, async_op=True)
     t.add_(1)
     work.wait()
+
+
+def test_a_diagnosis_text_lists_the_code_at_its_call_sites(tmp_path) -> None:
+    line = racy.__code__.co_firstlineno + 3  # the all-reduce in racy
+    page = ScenarioReport("t", command="")
+    page.text("Diagnosis", f"rank 0 waits in all_reduce (issued at {__file__}:{line} in racy)", error=True)
+    text = page.save(tmp_path / "t.html", [("x", True, "")]).read_text()
+    assert f'<dt><code>{__file__}:{line}</code></dt><dd><pre class="code">work = dist.all_reduce(t, async_op=True)</pre>' in text

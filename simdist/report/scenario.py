@@ -150,8 +150,9 @@ class ScenarioReport:
         self._add("bars", title, note, nav, plot=plot.bar_plot(groups, y_label=y_label, unit=unit))
 
     def text(self, title: str, text: str, *, error: bool = False, note: str = "", nav: str | None = None) -> None:
-        """Preformatted text, e.g. a diagnosis (``error=True`` draws it as an error)."""
-        self._add("text", title, note, nav, text=text, error=error)
+        """Preformatted text, e.g. a diagnosis (``error=True`` draws it as an error); the source line of every call
+        site the text names (``path:line``, traceback frames) is listed under it."""
+        self._add("text", title, note, nav, text=text, error=error, code=data.code_lines(text))
 
     def runs(
         self, title: str, runs: Mapping[str, RunResult], *, ranks: Sequence[int] | None = None, note: str = "",
