@@ -84,7 +84,9 @@ def run_result() -> simdist.RunResult:
 
 
 def span_point(opened: Opened, canvas: str, index: int) -> tuple[dict[str, Any], float, float]:
-    """The timeline's span ``index`` and the page coordinates of its middle, from the drawn canvas' layout."""
+    """The timeline's span ``index`` and the viewport coordinates of its middle (the canvas scrolled into view),
+    from the drawn canvas' layout."""
+    opened.page.locator(canvas).scroll_into_view_if_needed()
     return opened.page.evaluate(
         """([sel, i]) => {
           const c = document.querySelector(sel), d = JSON.parse(document.getElementById(c.dataset.source).textContent);
@@ -92,10 +94,14 @@ def span_point(opened: Opened, canvas: str, index: int) -> tuple[dict[str, Any],
           const r = c.getBoundingClientRect(), s = d.spans[i], w = c.clientWidth - lay.label - lay.right;
           const x = r.left + lay.label + ((s[1] + s[2]) / 2 - t0) / (t1 - t0) * w;
           const y = r.top + lay.axis + s[0] * lay.row + lay.row / 2;
-          return [{row: d.rows[s[0]], label: s[4], detail: d.details[s[5]]}, x + window.scrollX, y + window.scrollY];
+          return [{row: d.rows[s[0]], label: s[4], detail: d.details[s[5]]}, x, y];
         }""",
         [canvas, index],
     )
+
+
+def canvas_attr(page: Any, name: str) -> str:
+    return page.locator("#timeline-canvas").get_attribute(name)
 
 
 def test_a_run_report_is_clean_and_its_numbers_are_the_run_s(browser, run_result, tmp_path: Path) -> None:
@@ -148,8 +154,15 @@ def test_hover_names_the_span_and_zoom_and_pan_move_the_view(browser, run_result
     assert f"algorithm {span['detail']['algorithm']}" in text
     # the collective's call site in the rank function (the longest span is the async all-reduce)
     assert f"at {__file__}:{step.__code__.co_firstlineno + 4} in step" in text, text
+    # every rank's span of that all-reduce is outlined: the collective spans the ranks
+    seq = span["detail"]["seq"]
+    assert f"group {span['detail']['group']}, call #{seq}" in text
+    assert canvas_attr(page, "data-highlighted") == f"{span['detail']['group']}#{seq} {run_result.world_size}"
     canvas = page.locator("#timeline-canvas")
     t0, t1 = map(float, canvas.get_attribute("data-view").split())
+    page.mouse.move(5, 5)  # off the canvas: no outline left
+    assert canvas_attr(page, "data-highlighted") == ""
+    page.mouse.move(x, y)
     page.mouse.wheel(0, -300)  # zoom in around the pointer
     z0, z1 = map(float, canvas.get_attribute("data-view").split())
     assert z1 - z0 < 0.9 * (t1 - t0) and t0 <= z0 < z1 <= t1
@@ -207,6 +220,12 @@ def test_a_scenario_report_draws_its_runs_plots_and_verdicts(browser, run_result
     for i, res in enumerate((run_result, other)):
         drawn = [s for s in res.trace.spans if s.rank in (0, 1, 7)]
         assert canvases.nth(i).get_attribute("data-spans-drawn") == str(len(drawn))
+    # hovering the second timeline's all-reduce names its call site in the rank function
+    all_reduce = json.loads(page.text_content("#two-seeds-1-data"))
+    index = next(i for i, s in enumerate(all_reduce["spans"]) if all_reduce["details"][s[5]]["op"] == "all_reduce")
+    _, x, y = span_point(opened, "#two-seeds-1-canvas", index)
+    page.mouse.move(x, y)
+    assert f"at {__file__}:{step.__code__.co_firstlineno + 4} in step" in page.locator("#two-seeds .tooltip").nth(1).text_content()
     assert page.locator("#drift-plot circle").count() == 3
     assert page.locator("#time-plot rect").count() == 2
     assert HOSTILE in page.text_content("#drift") and HOSTILE in page.text_content("#cases")

@@ -197,7 +197,9 @@ def timeline(
             info = {"op": op, "bytes": span_bytes(s), "algorithm": s.args.get("algorithm", ""),
                     "group": s.args.get("Process Group Name", ""),
                     "site": sites.get((s.rank, str(s.args.get("Process Group Name", "")), s.args.get("Seq", -1)), ""),
-                    "peer": s.args.get("dst", s.args.get("src", ""))}
+                    "peer": s.args.get("dst", s.args.get("src", "")),
+                    # the call's number on its group: the page outlines every rank's span of one collective
+                    "seq": s.args.get("Seq", "")}
             info = {k: v for k, v in info.items() if v != ""}
         key = repr(sorted(info.items()))
         if key not in detail_index:

@@ -51,6 +51,9 @@
     // side-by-side timelines share one time scale: the payload's end (us) when it has one
     end = Math.max(end, data.end || 0) || 1;
     var view = { t0: 0, t1: end };
+    // one key per collective call (group and number), shared by every rank's span of it
+    function callKey(s) { var d = data.details[s[5]]; return d.seq === undefined ? null : d.group + "#" + d.seq; }
+    var highlighted = null;
     var ctx = canvas.getContext("2d");
     var dpr = window.devicePixelRatio || 1;
     var width = 0, height = AXIS_H + rows.length * ROW_H + 4;
@@ -64,7 +67,7 @@
       ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
       ctx.clearRect(0, 0, width, height);
       ctx.font = "11px system-ui, sans-serif";
-      var drawn = 0, lastRank = null;
+      var drawn = 0, outlined = 0, lastRank = null;
       rows.forEach(function (row, i) {
         var y = AXIS_H + i * ROW_H;
         if (row[0] !== lastRank) {
@@ -81,6 +84,10 @@
         var x0 = x(s[1]), w = Math.max(1, x(s[2]) - x0), y = AXIS_H + s[0] * ROW_H + 2;
         ctx.fillStyle = data.colours[s[3]];
         ctx.fillRect(x0, y, w, ROW_H - 4);
+        if (highlighted !== null && callKey(s) === highlighted) {
+          ctx.strokeStyle = "#1d232b"; ctx.lineWidth = 2; ctx.strokeRect(x0 + 1, y + 1, w - 2, ROW_H - 6);
+          outlined++;
+        }
         if (w > 40) { ctx.fillStyle = "#111"; ctx.fillText(s[4].slice(0, Math.floor(w / 6)), x0 + 2, y + 11); }
         drawn++;
       });
@@ -107,6 +114,7 @@
       canvas.setAttribute("data-rows", String(rows.length));
       canvas.setAttribute("data-spans-drawn", String(drawn));
       canvas.setAttribute("data-view", view.t0.toFixed(3) + " " + view.t1.toFixed(3));
+      canvas.setAttribute("data-highlighted", highlighted === null ? "" : highlighted + " " + outlined);
       // where rows and times lie on the canvas (CSS pixels), for tools that point at a span
       canvas.setAttribute("data-layout", JSON.stringify({ label: LABEL_W, axis: AXIS_H, row: ROW_H, right: 8 }));
       if (first) {
@@ -134,19 +142,24 @@
         view.t0 = drag.t0 - dt; view.t1 = drag.t1 - dt; draw(); tip.hidden = true; return;
       }
       var h = hit(ev);
+      var key = h ? callKey(h.span) : null;
+      if (key !== highlighted) { highlighted = key; draw(); }
       if (!h) { tip.hidden = true; return; }
       var s = h.span, d = data.details[s[5]], row = rows[s[0]];
       var lines = ["rank " + row[0] + " · " + row[1], d.op, formatUs(s[1]) + " → " + formatUs(s[2]) + " (" + formatUs(s[2] - s[1]) + ")"];
       if (d.bytes !== undefined) lines.push("bytes " + formatBytes(d.bytes));
       if (d.algorithm) lines.push("algorithm " + d.algorithm);
-      if (d.group !== undefined) lines.push("group " + d.group);
+      if (d.group !== undefined) lines.push("group " + d.group + (d.seq !== undefined ? ", call #" + d.seq : ""));
       if (d.peer !== undefined) lines.push("peer rank " + d.peer);
       if (d.site) lines.push("at " + d.site);
       tip.textContent = lines.join("\n");
       tip.hidden = false;
       tip.style.left = Math.min(h.px + 12, width - 260) + "px"; tip.style.top = (h.py + 14) + "px";
     });
-    canvas.addEventListener("mouseleave", function () { tip.hidden = true; });
+    canvas.addEventListener("mouseleave", function () {
+      tip.hidden = true;
+      if (highlighted !== null) { highlighted = null; draw(); }
+    });
     canvas.addEventListener("wheel", function (ev) {
       ev.preventDefault();
       var r = canvas.getBoundingClientRect(), at = t(ev.clientX - r.left);
