@@ -158,6 +158,12 @@ def test_hover_names_the_span_and_zoom_and_pan_move_the_view(browser, run_result
     seq = span["detail"]["seq"]
     assert f"group {span['detail']['group']}, call #{seq}" in text
     assert canvas_attr(page, "data-highlighted") == f"{span['detail']['group']}#{seq} {run_result.world_size}"
+    # a point-to-point send names its call site too
+    send = next(i for i, s in enumerate(data["spans"]) if data["details"][s[5]]["op"] == "send")
+    _, sx, sy = span_point(opened, "#timeline-canvas", send)
+    page.mouse.move(sx, sy)
+    assert f"at {__file__}:{step.__code__.co_firstlineno + 8} in step" in tip.text_content(), tip.text_content()
+    page.mouse.move(x, y)
     canvas = page.locator("#timeline-canvas")
     t0, t1 = map(float, canvas.get_attribute("data-view").split())
     page.mouse.move(5, 5)  # off the canvas: no outline left

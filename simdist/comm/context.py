@@ -78,6 +78,8 @@ class RunContext:
         #: (global rank, group name, sequence number) -> the call site of each collective, for reports; kept out
         #: of the trace so that a trace's hash does not depend on where the program's files live
         self.call_sites: dict[tuple[int, str, int], str] = {}
+        #: (global rank, span name, start, end) -> the call site of each point-to-point send or receive span
+        self.p2p_sites: dict[tuple[int, str, float, float], str] = {}
         self.races = RaceDetector(races, progress, self.now)
         self.network = Network(env, cluster)
         self.p2p = P2P(self)

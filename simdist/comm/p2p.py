@@ -132,9 +132,8 @@ class P2P:
 
         def arrive(_ev: Any) -> None:
             send.arrived_at = sim.env.now
-            sim.trace.add(
-                Span(send.src, "p2p", f"{sim.progress}:send", send.left_at, sim.env.now, {"dst": send.dst, "tag": send.tag, "bytes": _nbytes(send.tensor)})
-            )
+            self._span(send.src, "send", send.left_at, {"dst": send.dst, "tag": send.tag, "bytes": _nbytes(send.tensor)},
+                       send.site)
             send.work.complete()
             if send.matched is not None:
                 self._deliver(send, send.matched)
@@ -159,12 +158,19 @@ class P2P:
         def copy() -> None:
             with torch.no_grad():
                 raw_flat(recv.tensor).copy_(send.payload)
-            sim.trace.add(
-                Span(recv.dst, "p2p", f"{sim.progress}:recv", max(send.left_at, recv.ready_at), sim.env.now, {"src": send.src, "tag": send.tag, "bytes": _nbytes(send.tensor)})
-            )
+            self._span(recv.dst, "recv", max(send.left_at, recv.ready_at),
+                       {"src": send.src, "tag": send.tag, "bytes": _nbytes(send.tensor)}, recv.site)
             recv.work.complete()
 
         self._at(max(sim.env.now, recv.ready_at), copy)
+
+    def _span(self, rank: int, op: str, start: float, args: dict[str, Any], site: str) -> None:
+        """Trace ``rank``'s send or receive from ``start`` until now, and keep its call site for reports (beside
+        the trace, keyed by rank, span name and times, as :attr:`RunContext.p2p_sites` says)."""
+        sim = self.sim
+        name = f"{sim.progress}:{op}"
+        sim.trace.add(Span(rank, "p2p", name, start, sim.env.now, args))
+        sim.p2p_sites[(rank, name, start, sim.env.now)] = str(site)
 
     def _at(self, when: float, action: Any) -> None:
         """Run ``action()`` at simulated time ``when`` (now, or later)."""
@@ -200,8 +206,8 @@ class P2P:
             with torch.no_grad():
                 raw_flat(recv.tensor).copy_(payload)
             trace = sim.trace
-            trace.add(Span(send.src, "p2p", f"{sim.progress}:send", t0, end, {"dst": send.dst, "tag": send.tag, "bytes": nbytes}))
-            trace.add(Span(send.dst, "p2p", f"{sim.progress}:recv", t0, end, {"src": send.src, "tag": send.tag, "bytes": nbytes}))
+            self._span(send.src, "send", t0, {"dst": send.dst, "tag": send.tag, "bytes": nbytes}, send.site)
+            self._span(send.dst, "recv", t0, {"src": send.src, "tag": send.tag, "bytes": nbytes}, recv.site)
             if trace.record_messages:
                 trace.message(Message(send.src, send.dst, "p2p", "p2p", start, end, nbytes, f"{sim.progress}:send"))
             send.work.complete()

@@ -96,6 +96,9 @@ class RunResult:
     #: (global rank, group name, sequence number) -> the call site of that rank's collective, as the trace's
     #: collective spans name them ("Process Group Name", "Seq"); not part of the trace or its hash
     call_sites: dict[tuple[int, str, int], str] = dataclasses.field(default_factory=dict)
+    #: (global rank, span name, start, end) -> the call site of that rank's send or receive, as its "p2p" span
+    #: in the trace has them; not part of the trace or its hash
+    p2p_sites: dict[tuple[int, str, float, float], str] = dataclasses.field(default_factory=dict)
 
     def save_report(self, path: str | Path) -> Path:
         """Write this run's self-contained HTML report (timeline, collectives, breakdown, memory, races) to ``path``."""
@@ -310,6 +313,7 @@ def _run(
         seed=seed,
         program=getattr(fn, "__qualname__", type(fn).__name__),
         call_sites=sim.call_sites,
+        p2p_sites=sim.p2p_sites,
     )
 
 

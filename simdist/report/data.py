@@ -164,12 +164,17 @@ def sampled_ranks(world_size: int) -> list[int]:
 
 
 def timeline(
-    trace: Trace, ranks: list[int], colours: dict[str, str], sites: dict[tuple[int, str, int], str] | None = None
+    trace: Trace,
+    ranks: list[int],
+    colours: dict[str, str],
+    sites: dict[tuple[int, str, int], str] | None = None,
+    p2p_sites: dict[tuple[int, str, float, float], str] | None = None,
 ) -> dict[str, Any]:
     """The timeline's JSON payload: rows (rank, stream), spans as [row, start us, end us, colour index, label,
     detail index], the details, and messages between drawn rows as [src row, dst row, start us, end us].
-    ``sites`` (``RunResult.call_sites``) gives each collective's call site to its details."""
-    sites = sites or {}
+    ``sites`` (``RunResult.call_sites``) gives each collective's call site to its details, ``p2p_sites``
+    (``RunResult.p2p_sites``) each send's and receive's."""
+    sites, p2p_sites = sites or {}, p2p_sites or {}
     shown = set(ranks)
     row_of: dict[tuple[int, str], int] = {}
     streams: dict[int, list[str]] = {r: [] for r in ranks}
@@ -196,7 +201,8 @@ def timeline(
             colour, label = colour_of(op, colours), op
             info = {"op": op, "bytes": span_bytes(s), "algorithm": s.args.get("algorithm", ""),
                     "group": s.args.get("Process Group Name", ""),
-                    "site": sites.get((s.rank, str(s.args.get("Process Group Name", "")), s.args.get("Seq", -1)), ""),
+                    "site": sites.get((s.rank, str(s.args.get("Process Group Name", "")), s.args.get("Seq", -1)))
+                    or p2p_sites.get((s.rank, s.name, s.start, s.end), ""),
                     "peer": s.args.get("dst", s.args.get("src", "")),
                     # the call's number on its group: the page outlines every rank's span of one collective
                     "seq": s.args.get("Seq", "")}

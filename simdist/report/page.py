@@ -142,7 +142,7 @@ def render_run_report(
         breakdown = data.breakdowns(result.trace, result.finish_times)
         ctx.update(
             trace_hash=result.trace_hash,
-            timeline=data.timeline(result.trace, ranks, colours, result.call_sites),
+            timeline=data.timeline(result.trace, ranks, colours, result.call_sites, result.p2p_sites),
             sampled=len(ranks) < result.world_size,
             ranks_shown=ranks,
             collectives=table,

@@ -176,7 +176,7 @@ class ScenarioReport:
                 data.colour_of(row.op, colours)
             parts = data.breakdowns(res.trace, res.finish_times)
             worst = max(parts, key=lambda b: (b.exposed, -b.rank))
-            timeline = data.timeline(res.trace, shown, colours, res.call_sites)
+            timeline = data.timeline(res.trace, shown, colours, res.call_sites, res.p2p_sites)
             timeline["end"] = end
             out.append({
                 "label": label, "world_size": res.world_size, "sampled": len(shown) < res.world_size,
