@@ -25,7 +25,7 @@ from simdist.errors import (
     WatchdogError,
 )
 from simdist.network import Cluster, load_cluster
-from simdist.oracle import Divergence, EquivalenceReport, Tolerance, check_equivalence
+from simdist.oracle import Divergence, EquivalenceReport, StepDifference, Tolerance, check_equivalence
 from simdist.script import ScriptError
 from simdist.trace.trace import Trace
 
@@ -49,6 +49,7 @@ __all__ = [
     "ScriptError",
     "SimTimeoutError",
     "SimdistError",
+    "StepDifference",
     "Tolerance",
     "Trace",
     "WatchdogError",

@@ -8,7 +8,7 @@ from simdist.oracle.assemble import AssemblyError
 from simdist.oracle.capture import Capture, Piece, RankStep, UnsupportedLayoutError
 from simdist.oracle.check import check_equivalence, single_rank
 from simdist.oracle.names import NameMap
-from simdist.oracle.report import Divergence, EquivalenceReport
+from simdist.oracle.report import Divergence, EquivalenceReport, StepDifference
 from simdist.oracle.tolerance import DEFAULT_TOLERANCES, Difference, Tolerance
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "NameMap",
     "Piece",
     "RankStep",
+    "StepDifference",
     "Tolerance",
     "UnsupportedLayoutError",
     "check_equivalence",
