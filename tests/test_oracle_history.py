@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import math
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import hypothesis.strategies as st
@@ -15,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from browser import chromium, needs_chromium
 from hypothesis import given
 from hypothesis.extra import numpy as hnp
 from torch import nn
@@ -27,7 +26,6 @@ from simdist.oracle.report import HISTORY_KINDS, StepDifference
 from simdist.oracle.tolerance import Tolerance, differing
 
 STEPS, BATCH = 4, 8
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def _train(bug_step: int | None, factor: float = 1.5) -> list[dict]:
@@ -255,12 +253,10 @@ def test_zero_differences_sit_on_the_bitwise_equal_line(tmp_path: Path) -> None:
     assert "bitwise equal to the reference's at every step" in plot and 'class="grid"' not in plot
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (apt-get install chromium; .ci/run installs it)")
+@needs_chromium
 def test_the_plot_is_drawn_in_a_browser_without_errors(tmp_path: Path) -> None:
     page = _check(1, localize=False).save_report(tmp_path / "check.html")
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=3000", "--dump-dom",
-           page.as_uri()]
-    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
+    dom = chromium("--dump-dom", page.as_uri())
     assert 'data-js-errors=""' in re.search(r"<body [^>]*>", dom).group(0)
     assert len(re.findall(r'<circle class="history-point"', dom)) == STEPS * 4
     assert 'id="first-divergent-op"' in dom and "localisation is off" in dom

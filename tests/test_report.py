@@ -4,13 +4,12 @@ page opened in headless Chromium (its script ran without errors)."""
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from browser import chromium, needs_chromium
 
 import simdist
 from simdist import cli
@@ -19,10 +18,6 @@ from simdist.report import build_index, data, render_run_report, write_run_repor
 
 HOSTILE = "<script>alert(1)</script>"
 ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_chromium = pytest.mark.skipif(
-    CHROMIUM is None, reason="no chromium on PATH (apt-get install chromium; .ci/run installs it)"
-)
 
 
 def overlapped_step() -> dict[str, float]:
@@ -122,12 +117,6 @@ def test_the_cli_writes_a_report_and_the_index_lists_it(tmp_path: Path, capsys: 
     assert ESCAPED in (tmp_path / "bad.html").read_text()
     assert cli.main(["report", str(tmp_path / "nowhere")]) == 2
     assert "is not a directory" in capsys.readouterr().err
-
-
-def chromium(*args: str) -> str:
-    """Run headless Chromium on a page; its stdout (the DOM with --dump-dom)."""
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=3000", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
 
 
 @needs_chromium

@@ -4,7 +4,6 @@ hostile strings shown as text, and the interactions (sorting, hover, zoom, pan) 
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,11 +11,11 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from browser import CHROMIUM
 
 import simdist
 from simdist.report import ScenarioReport, build_index, write_run_report
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 try:
     from playwright.sync_api import sync_playwright
 except ImportError:  # the dev extra installs it; a bare install of simdist does not need it
