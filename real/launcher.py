@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import multiprocessing
@@ -15,7 +16,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +31,8 @@ from real.errors import RealConfigError
 from real.report import failure_error
 from real.status import RETURNED, STARTED, StatusDir
 from real.target import CallableTarget, Job, ScriptTarget, dump_job, target_for
-from simdist.bench import available_memory
-from simdist.script import load_entry
-from simdist.units import format_size
+from simdist_base.host import available_memory
+from simdist_base.script import load_entry
 
 _HOST = "127.0.0.1"
 # Environment variables the launcher sets per rank process; letting `env` override them would break the run.
@@ -52,7 +51,7 @@ MAX_TIMEOUT = 30 * 24 * 3600.0
 PROCESS_MEMORY = 256 << 20
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class RealResult:
     """The outcome of a real run: each rank's return value and the wall time of the whole launch."""
 
@@ -164,8 +163,8 @@ def _check_arguments(nproc: int, timeout: float, master_port: int | None, env: d
     available = available_memory()
     if available is not None and nproc * PROCESS_MEMORY > available:
         raise RealConfigError(
-            f"nproc {nproc} would not fit: each rank process needs about {format_size(PROCESS_MEMORY)} once torch is "
-            f"imported, {format_size(nproc * PROCESS_MEMORY)} in all, but only {format_size(available)} of memory is "
+            f"nproc {nproc} would not fit: each rank process needs about {_mib(PROCESS_MEMORY)} once torch is "
+            f"imported, {_mib(nproc * PROCESS_MEMORY)} in all, but only {_mib(available)} of memory is "
             f"available; start at most {available // PROCESS_MEMORY} processes"
         )
     if master_port is not None and not (isinstance(master_port, int) and 0 < master_port < 65536):
@@ -180,6 +179,11 @@ def _check_arguments(nproc: int, timeout: float, master_port: int | None, env: d
                 f"env may not set {key}: the launcher sets it for each rank process "
                 f"(reserved: {', '.join(sorted(_RESERVED_ENV))})"
             )
+
+
+def _mib(n_bytes: int) -> str:
+    """A byte count in whole MiB (simdist's unit formatting lives with the simulator, which is not imported here)."""
+    return f"{n_bytes >> 20} MiB"
 
 
 def _launch_config(nproc: int, port: int, timeout: float, root: str) -> LaunchConfig:
@@ -198,10 +202,19 @@ def _launch_config(nproc: int, port: int, timeout: float, root: str) -> LaunchCo
         start_method="spawn",
         # Elastic's per-run log and error files go under our temporary directory, removed afterwards.
         logs_specs=DefaultLogsSpecs(log_dir=os.path.join(root, "elastic")),
-        # Skips a host-name lookup that can be slow on machines without DNS.
-        local_addr=_HOST,
-        shutdown_timeout=5,
+        **_optional_config(
+            # Skips a host-name lookup that can be slow on machines without DNS.
+            local_addr=_HOST,
+            # Seconds between SIGTERM and SIGKILL for the ranks still running after one failed.
+            shutdown_timeout=5,
+        ),
     )
+
+
+def _optional_config(**settings: Any) -> dict[str, Any]:
+    """The ``settings`` this torch's LaunchConfig has fields for: newer torch releases added some of them."""
+    known = {f.name for f in dataclasses.fields(LaunchConfig)}
+    return {name: value for name, value in settings.items() if name in known}
 
 
 def _supervise(
