@@ -28,6 +28,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from real import rank_process
 from real.backend import resolve_backend
 from real.errors import RealConfigError
+from real.exits import ExitWatch
 from real.report import failure_error
 from real.status import RETURNED, STARTED, StatusDir
 from real.target import CallableTarget, Job, ScriptTarget, dump_job, target_for
@@ -42,6 +43,7 @@ _RESERVED_ENV = frozenset(
 _LOGGER_PREFIXES = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
 _STACK_DUMP_WAIT = 2.0  # seconds the still-running rank processes get to write their stacks at a timeout
 _AGENT_EXIT_WAIT = 30.0  # seconds the agent gets to notice killed rank processes and return
+_WATCH_INTERVAL = 0.02  # seconds between checks of the agent's thread while waiting for rank processes to end
 _PORT_ATTEMPTS = 3  # launches tried with a fresh free port when the previous one was taken meanwhile
 #: the longest ``timeout`` accepted, seconds (30 days): the elastic launcher and thread waits need a finite,
 #: representable limit, and a run meant to be longer is not a test
@@ -134,14 +136,15 @@ def _launch(
         for _attempt in range(_PORT_ATTEMPTS if master_port is None else 1):
             config = _launch_config(nproc, master_port or free_port(), timeout, root)
             start = time.perf_counter()
+            watch = ExitWatch(nproc)
             values, error, timed_out = _supervise(
-                config, (list(sys.path), root, main, blob), timeout, status, nproc
+                config, (list(sys.path), root, main, blob), timeout, status, watch
             )
             wall_time = time.perf_counter() - start
             if not _port_taken(error):
                 break
         if error is not None or timed_out or values is None:
-            failure = failure_error(status, nproc, resolved, error, timed_out, timeout)
+            failure = failure_error(status, nproc, resolved, error, timed_out, timeout, watch.exits())
             # Elastic's ChildFailedError is fully retold by the failure; any other error is the cause.
             raise failure from (None if isinstance(error, ChildFailedError) else error)
     return RealResult([values[rank] for rank in range(nproc)], wall_time, resolved, nproc)
@@ -218,9 +221,12 @@ def _optional_config(**settings: Any) -> dict[str, Any]:
 
 
 def _supervise(
-    config: LaunchConfig, entry_args: tuple[Any, ...], timeout: float, status: StatusDir, nproc: int
+    config: LaunchConfig, entry_args: tuple[Any, ...], timeout: float, status: StatusDir, watch: ExitWatch
 ) -> tuple[dict[int, Any] | None, BaseException | None, bool]:
-    """Run the elastic agent on a thread; kill its processes at ``timeout``. (returns, error, timed out)"""
+    """Run the elastic agent on a thread; watch its processes end; kill them at ``timeout``.
+
+    Returns (the ranks' return values, the agent's error, whether the run timed out).
+    """
     outcome: dict[str, Any] = {}
     # An Event rather than Thread.join: after a KeyboardInterrupt, Thread.join can return at once on
     # Python < 3.13 even though the thread still runs.
@@ -236,18 +242,20 @@ def _supervise(
 
     # The agent on a non-main thread installs no signal handlers, so the caller's Ctrl-C and SIGTERM
     # handling stays as it was; the rank processes are the only new children of this process.
-    before = set(multiprocessing.active_children())
+    before = watch.before
     thread = threading.Thread(target=agent, name="real-elastic-agent", daemon=True)
     with _quiet_launcher_logs(), _env_restored("TORCHELASTIC_SIGNALS_TO_HANDLE"):
         thread.start()
+        deadline = time.monotonic() + timeout
         try:
-            finished = done.wait(timeout)
+            while not (finished := done.is_set()) and (left := deadline - time.monotonic()) > 0:
+                watch.wait(min(left, _WATCH_INTERVAL))
         except BaseException:  # e.g. KeyboardInterrupt: take the rank processes down before propagating
             _kill_rank_processes(before)
             done.wait(_AGENT_EXIT_WAIT)
             raise
         if not finished:
-            _dump_stacks(before, status, nproc)
+            _dump_stacks(before, status, config.nproc_per_node)
             _kill_rank_processes(before)
             done.wait(_AGENT_EXIT_WAIT)
     return outcome.get("values"), outcome.get("error"), not finished
