@@ -60,11 +60,20 @@ def machine() -> dict[str, Any]:
             multiprocessors=props.multi_processor_count,
             driver=_driver(),
             cudnn=torch.backends.cudnn.version(),
-            nccl=".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else None,
+            nccl=_nccl(),
         )
     else:
         info["device"] = "cpu"
     return info
+
+
+def _nccl() -> str | None:
+    """NCCL's version as "2.27.3" (older torch builds give an int), or None without NCCL."""
+    try:
+        version = torch.cuda.nccl.version()
+    except Exception:  # noqa: BLE001 - a build without NCCL: the figure is simply absent
+        return None
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
 def _driver() -> str | None:

@@ -27,7 +27,6 @@ def main(job: Job = JOB) -> dict:
     model = build_model(job).to("cuda")
     ddp = DDP(model, device_ids=[local_rank])
     opt = torch.optim.AdamW(ddp.parameters(), lr=job.lr)
-    torch.cuda.reset_peak_memory_stats()
     losses, step_s = [], []
     for inputs, targets in batches(job):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

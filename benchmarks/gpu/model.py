@@ -31,15 +31,15 @@ class BlockShape:
 class Block(nn.Module):
     """One pre-norm transformer block (attention and a 4x GELU MLP), bias everywhere as GPT-2 has it."""
 
-    def __init__(self, d_model: int, heads: int) -> None:
+    def __init__(self, d_model: int, heads: int, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.heads = heads
-        self.norm1 = nn.LayerNorm(d_model)
-        self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.proj = nn.Linear(d_model, d_model)
-        self.norm2 = nn.LayerNorm(d_model)
-        self.up = nn.Linear(d_model, 4 * d_model)
-        self.down = nn.Linear(4 * d_model, d_model)
+        self.norm1 = nn.LayerNorm(d_model, dtype=dtype)
+        self.qkv = nn.Linear(d_model, 3 * d_model, dtype=dtype)
+        self.proj = nn.Linear(d_model, d_model, dtype=dtype)
+        self.norm2 = nn.LayerNorm(d_model, dtype=dtype)
+        self.up = nn.Linear(d_model, 4 * d_model, dtype=dtype)
+        self.down = nn.Linear(4 * d_model, d_model, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, d = x.shape
@@ -68,10 +68,10 @@ class TinyGPT(nn.Module):
 
 
 def block(shape: BlockShape, dtype: torch.dtype, device: torch.device | str, seed: int = 0) -> Block:
-    """A block of ``shape`` built and initialised on ``device`` itself (from ``seed``), in ``dtype``."""
+    """A block of ``shape`` built and initialised on ``device`` itself, in ``dtype``, from ``seed``."""
     torch.manual_seed(seed)  # seeds every device's generator
     with torch.device(device):
-        return Block(shape.d_model, shape.heads).to(dtype=dtype)
+        return Block(shape.d_model, shape.heads, dtype)
 
 
 def block_input(

@@ -31,13 +31,15 @@ def main() -> None:
         name, fn, backend, kwargs = "gpu_program", gpu_program.main, "nccl", {"job": job}
     else:
         name, fn, backend, kwargs = (
-            "twin_program on cpu",
+            "twin_program",
             twin_program.main,
             "gloo",
             {"job": job, "device": "cpu"},
         )
     with results.guard(name):
-        result = real.run(fn, 1, backend=backend, kwargs=kwargs, timeout=300)
+        result = real.run(
+            fn, 1, backend=backend, kwargs=kwargs, timeout=75 if torch.cuda.is_available() else 240
+        )
         record = {"program": name, "backend": result.backend, "wall_s": result.wall_time, **result.returns[0]}
         results.add(record)
         steps = ", ".join(f"{s * 1e3:.2f}" for s in record["step_s"])
