@@ -145,13 +145,14 @@ _SLEEP_HZ = 2e9
 
 
 def median_seconds(
-    fn: Callable[[int], None], reps: int, dev: torch.device, host_s: float = 0.0
+    fn: Callable[[int], None], reps: int, dev: torch.device, host_s: float | None = None
 ) -> list[float]:
     """The time of each of ``reps`` calls ``fn(i)``, seconds: CUDA events around each call on a GPU.
 
-    On a GPU the calls are queued behind a sleeping kernel long enough for the host to enqueue them all
-    (``host_s``: the host's seconds per call) before the device starts: each pair of events then brackets
-    the kernels alone, not the host's launch gaps. On the CPU, ``time.perf_counter`` around each call.
+    Given ``host_s`` (the host's seconds per call), the calls are queued behind a sleeping kernel long
+    enough for the host to enqueue them all before the device starts: each pair of events then brackets the
+    kernels alone, not the host's launch gaps (which matter for calls of microseconds). On the CPU,
+    ``time.perf_counter`` around each call.
     """
     if dev.type != "cuda":
         times = []
@@ -164,7 +165,7 @@ def median_seconds(
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     torch.cuda.synchronize()
     sleep = getattr(torch.cuda, "_sleep", None)
-    if sleep is not None:
+    if sleep is not None and host_s is not None:
         seconds = min(2.0, 1.5 * reps * max(host_s, 20e-6) + 1e-3)
         sleep(int(seconds * _SLEEP_HZ))
     for i in range(reps):

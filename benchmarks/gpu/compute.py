@@ -23,7 +23,10 @@ from ops import OpCase, cases
 ROTATE_BYTES = 128 << 20
 MAX_COPIES = 64
 #: wall seconds of timed calls to aim for per case (the repeat count follows from a first timing)
-CASE_SECONDS = 0.25
+CASE_SECONDS = 0.15
+MAX_REPS = 100
+#: calls shorter than this (seconds) are timed with the device queue filled first (common.median_seconds)
+QUEUE_BELOW = 1e-3
 
 
 @contextlib.contextmanager
@@ -57,9 +60,10 @@ def measure(case: OpCase, dev: torch.device, dry_run: bool) -> dict:
         for i in range(3):
             call(i)
         host = host_seconds(call, 3)
-        guess = statistics.median(median_seconds(call, 3, dev, host))
-        reps = 3 if dry_run else max(10, min(200, int(CASE_SECONDS / max(guess, host, 1e-6))))
-        times = median_seconds(call, reps, dev, host)
+        guess = statistics.median(median_seconds(call, 3, dev))
+        reps = 3 if dry_run else max(10, min(MAX_REPS, int(CASE_SECONDS / max(guess, host, 1e-6))))
+        # Queued behind a sleep only where launch gaps would show: calls of a millisecond or more hide them.
+        times = median_seconds(call, reps, dev, host if guess < QUEUE_BELOW else None)
         loop = loop_seconds(call, reps, dev)
     return {
         "id": case.id,
