@@ -78,6 +78,7 @@ def first_failure(failures: dict[int, Failure]) -> int | None:
 
 
 def _time(failure: Failure) -> float:
+    """The failure's time for ordering; unknown times sort last."""
     return math.inf if failure.time is None else failure.time
 
 

@@ -233,6 +233,7 @@ def _supervise(
     done = threading.Event()
 
     def agent() -> None:
+        """The elastic agent's thread: launch, then hand the outcome over."""
         try:
             outcome["values"] = elastic_launch(config, rank_process.entry)(*entry_args)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, which raises it

@@ -7,17 +7,19 @@ that die by ``os._exit``, a segfault and SIGKILL.
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from real import rank_process
-from real.exits import ProcessExit
+from real.exits import ExitWatch, ProcessExit
 from real.failures import collect, first_failure
 from real.liveness import ended
 from real.report import failure_error
@@ -52,6 +54,20 @@ def test_a_zombie_and_a_reaped_process_have_ended() -> None:
     assert ended(child.pid)
     child.wait()
     assert ended(child.pid)
+
+
+def test_the_watch_sees_when_a_child_process_ends_and_its_exit_code() -> None:
+    watch = ExitWatch(1)
+    child = multiprocessing.get_context("spawn").Process(target=os._exit, args=(5,))
+    before = time.time()
+    child.start()
+    deadline = time.monotonic() + 60
+    while child.pid not in {pid for pid, e in watch.exits().items() if e.time is not None}:
+        assert time.monotonic() < deadline, "the child's end was not seen"
+        watch.wait(0.05)
+    child.join()
+    ended_at = watch.exits()[child.pid]
+    assert ended_at.exitcode == 5 and before <= ended_at.time <= time.time()  # type: ignore[operator]
 
 
 def test_the_started_mark_carries_the_pid(tmp_path: Path) -> None:

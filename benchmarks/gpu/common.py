@@ -125,6 +125,7 @@ class Results:
 
     def save(self) -> None:
         # Written then renamed: whoever reads the file (or the run's end) never sees half of it.
+        """Write the file (all of it, atomically)."""
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.data, indent=1, default=str))
         os.replace(tmp, self.path)

@@ -34,6 +34,7 @@ RESULT_TOLERANCE = 1e-3
 
 
 def _load(folder: Path, name: str) -> dict[str, Any] | None:
+    """The JSON file ``name`` of ``folder``, or None if the section wrote none."""
     path = folder / name
     return json.loads(path.read_text()) if path.exists() else None
 
@@ -44,6 +45,7 @@ def _error(predicted: float, measured: float) -> float:
 
 
 def _pct(x: float) -> str:
+    """``x`` as a signed percentage ("n/a" for NaN)."""
     return "n/a" if math.isnan(x) else f"{x * 100:+.0f}%"
 
 
@@ -139,6 +141,7 @@ def compare_program(data: dict[str, Any], device: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Print every table for the results folder; 0, or 2 when it holds no results."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("results", type=Path, help="the folder run_all.sh wrote ($OUT)")
     p.add_argument("--device", default=None, help="simdist device preset (default: from the measured device)")

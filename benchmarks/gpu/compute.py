@@ -41,6 +41,7 @@ def precision(dtype: str) -> Iterator[None]:
 
 
 def _nbytes(inputs: tuple) -> int:
+    """Bytes of the tensors and module parameters in one input set."""
     tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
     modules = [m for m in inputs if isinstance(m, torch.nn.Module)]
     params = [p for m in modules for p in m.parameters()]
@@ -54,6 +55,7 @@ def measure(case: OpCase, dev: torch.device, dry_run: bool) -> dict:
     inputs = [first] + [case.make(dev, 100 * i) for i in range(1, copies)]
 
     def call(i: int) -> None:
+        """The op once, on input set ``i`` (rotating)."""
         case.run(inputs[i % copies])
 
     with precision(case.dtype):
@@ -82,6 +84,7 @@ def measure(case: OpCase, dev: torch.device, dry_run: bool) -> dict:
 
 
 def main() -> None:
+    """Measure every case of ops.py and write compute.json."""
     options = parser(__doc__.splitlines()[0]).parse_args()
     dev = device()
     results = Results(options.out / "compute.json", {**machine(), "dry_run": options.dry_run})

@@ -40,6 +40,7 @@ def training_step(
     phases = iter(PHASES)
 
     def done() -> bool:
+        """Record the peak at the end of the next phase; whether it is the last one asked for."""
         phase = next(phases)
         if probe is not None:
             torch.cuda.synchronize()
@@ -67,6 +68,7 @@ def training_step(
 
 
 def main() -> None:
+    """Measure every configuration and write memory.json."""
     options = parser(__doc__.splitlines()[0]).parse_args()
     dev = device()
     results = Results(

@@ -25,6 +25,7 @@ class BlockShape:
 
     @property
     def label(self) -> str:
+        """The shape in one line, e.g. "d1024 h16 b8 s1024"."""
         return f"d{self.d_model} h{self.heads} b{self.batch} s{self.seq}"
 
 

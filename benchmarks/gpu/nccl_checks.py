@@ -33,16 +33,19 @@ def _expect(got: torch.Tensor, want: float | torch.Tensor, what: str) -> str | N
 
 
 def _full(dev: torch.device, value: float, n: int = 4, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A tensor of ``n`` elements equal to ``value`` on ``dev``."""
     return torch.full((n,), float(value), device=dev, dtype=dtype)
 
 
 def _all_reduce(dev: torch.device, rank: int, world: int) -> str | None:
+    """Sum of rank + 1 over the ranks."""
     t = _full(dev, rank + 1)
     dist.all_reduce(t)
     return _expect(t, world * (world + 1) / 2, "sum")
 
 
 def _all_reduce_async_bf16(dev: torch.device, rank: int, world: int) -> str | None:
+    """Asynchronous maximum in bfloat16, waited on."""
     t = _full(dev, rank + 1, dtype=torch.bfloat16)
     work = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
     work.wait()
@@ -50,30 +53,35 @@ def _all_reduce_async_bf16(dev: torch.device, rank: int, world: int) -> str | No
 
 
 def _broadcast(dev: torch.device, rank: int, world: int) -> str | None:
+    """Rank 0's value everywhere."""
     t = _full(dev, rank + 1)
     dist.broadcast(t, src=0)
     return _expect(t, 1, "from rank 0")
 
 
 def _all_gather(dev: torch.device, rank: int, world: int) -> str | None:
+    """Every rank's value, into a list."""
     out = [torch.empty(4, device=dev) for _ in range(world)]
     dist.all_gather(out, _full(dev, rank + 1))
     return next((e for i, o in enumerate(out) if (e := _expect(o, i + 1, f"slot {i}"))), None)
 
 
 def _all_gather_into_tensor(dev: torch.device, rank: int, world: int) -> str | None:
+    """Every rank's value, into one tensor."""
     out = torch.empty(4 * world, device=dev)
     dist.all_gather_into_tensor(out, _full(dev, rank + 1))
     return _expect(out, torch.arange(1, world + 1, dtype=torch.float32).repeat_interleave(4), "gathered")
 
 
 def _reduce_scatter(dev: torch.device, rank: int, world: int) -> str | None:
+    """Slot j summed over the ranks lands on rank j (list input)."""
     out = torch.empty(4, device=dev)
     dist.reduce_scatter(out, [_full(dev, (rank + 1) * (j + 1)) for j in range(world)])
     return _expect(out, (rank + 1) * world * (world + 1) / 2, "scattered sum")
 
 
 def _reduce_scatter_tensor(dev: torch.device, rank: int, world: int) -> str | None:
+    """Slot j summed over the ranks lands on rank j (one tensor)."""
     inp = torch.cat([_full(dev, (rank + 1) * (j + 1)) for j in range(world)])
     out = torch.empty(4, device=dev)
     dist.reduce_scatter_tensor(out, inp)
@@ -81,12 +89,14 @@ def _reduce_scatter_tensor(dev: torch.device, rank: int, world: int) -> str | No
 
 
 def _all_to_all(dev: torch.device, rank: int, world: int) -> str | None:
+    """Rank i sends slot j to rank j (lists)."""
     out = [torch.empty(4, device=dev) for _ in range(world)]
     dist.all_to_all(out, [_full(dev, rank * world + j) for j in range(world)])
     return next((e for i, o in enumerate(out) if (e := _expect(o, i * world + rank, f"from rank {i}"))), None)
 
 
 def _all_to_all_single(dev: torch.device, rank: int, world: int) -> str | None:
+    """Rank i sends slot j to rank j (one tensor)."""
     inp = torch.cat([_full(dev, rank * world + j) for j in range(world)])
     out = torch.empty(4 * world, device=dev)
     dist.all_to_all_single(out, inp)
@@ -95,12 +105,14 @@ def _all_to_all_single(dev: torch.device, rank: int, world: int) -> str | None:
 
 
 def _reduce(dev: torch.device, rank: int, world: int) -> str | None:
+    """Sum of rank + 1 at rank 0."""
     t = _full(dev, rank + 1)
     dist.reduce(t, dst=0)
     return _expect(t, world * (world + 1) / 2, "sum at rank 0") if rank == 0 else None
 
 
 def _gather(dev: torch.device, rank: int, world: int) -> str | None:
+    """Every rank's value at rank 0."""
     out = [torch.empty(4, device=dev) for _ in range(world)] if rank == 0 else None
     dist.gather(_full(dev, rank + 1), out, dst=0)
     if out is None:
@@ -109,17 +121,20 @@ def _gather(dev: torch.device, rank: int, world: int) -> str | None:
 
 
 def _scatter(dev: torch.device, rank: int, world: int) -> str | None:
+    """Rank 0's slot r at rank r."""
     out = torch.empty(4, device=dev)
     dist.scatter(out, [_full(dev, j + 1) for j in range(world)] if rank == 0 else None, src=0)
     return _expect(out, rank + 1, "scattered")
 
 
 def _barrier(dev: torch.device, rank: int, world: int) -> str | None:
+    """Every rank reaches it."""
     dist.barrier()
     return None
 
 
 def _objects(dev: torch.device, rank: int, world: int) -> str | None:
+    """Every rank's Python object, gathered (pickled through the device)."""
     out: list[Any] = [None] * world
     dist.all_gather_object(out, {"rank": rank})
     return None if out == [{"rank": r} for r in range(world)] else f"gathered objects {out}"
@@ -127,6 +142,7 @@ def _objects(dev: torch.device, rank: int, world: int) -> str | None:
 
 def _send_recv(dev: torch.device, rank: int, world: int) -> str | None:
     # A ring: even ranks send first, odd ranks receive first, so no pair waits on each other.
+    """Each rank sends its value to the next one around a ring."""
     t, got = _full(dev, rank + 1), torch.empty(4, device=dev)
     peer_to, peer_from = (rank + 1) % world, (rank - 1) % world
     if rank % 2 == 0:

@@ -48,6 +48,7 @@ def _rand(device: torch.device | str, dtype: torch.dtype, *shape: int, seed: int
 
 
 def _matmul(m: int, n: int, k: int, dt: str) -> OpCase:
+    """``mm`` of (m, k) by (k, n)."""
     dtype = DTYPES[dt]
     return OpCase(
         f"mm {dt} {m}x{n}x{k}",
@@ -63,6 +64,7 @@ def _matmul(m: int, n: int, k: int, dt: str) -> OpCase:
 
 
 def _bmm(b: int, m: int, n: int, k: int, dt: str) -> OpCase:
+    """``bmm`` of b batches of (m, k) by (k, n)."""
     dtype = DTYPES[dt]
     return OpCase(
         f"bmm {dt} {b}x{m}x{n}x{k}",
@@ -80,6 +82,7 @@ def _bmm(b: int, m: int, n: int, k: int, dt: str) -> OpCase:
 def _attention(
     b: int, h: int, s: int, d: int, dt: str, causal: bool = False, backward: bool = False
 ) -> OpCase:
+    """``scaled_dot_product_attention`` on (b, h, s, d) queries, keys and values; optionally causal, with backward."""
     dtype = DTYPES[dt]
 
     def make(dev: torch.device | str, seed: int) -> Inputs:
@@ -111,6 +114,7 @@ def _attention(
 
 
 def _norm(kind: str, tokens: int, hidden: int, dt: str) -> OpCase:
+    """``layer_norm`` or ``rms_norm`` over the last dimension of (tokens, hidden)."""
     dtype = DTYPES[dt]
 
     def make(dev: torch.device | str, seed: int) -> Inputs:
@@ -134,6 +138,7 @@ def _norm(kind: str, tokens: int, hidden: int, dt: str) -> OpCase:
 
 
 def _elementwise(kind: str, n: int, dt: str) -> OpCase:
+    """``add``, ``mul`` (two inputs) or ``gelu`` (one) on ``n`` elements."""
     dtype = DTYPES[dt]
     arity = 1 if kind == "gelu" else 2
     fns: dict[str, Callable[..., Any]] = {"add": torch.add, "mul": torch.mul, "gelu": F.gelu}
@@ -150,6 +155,7 @@ def _elementwise(kind: str, n: int, dt: str) -> OpCase:
 
 
 def _softmax(rows: int, cols: int, dt: str) -> OpCase:
+    """Softmax over the last dimension of (rows, cols)."""
     dtype = DTYPES[dt]
     return OpCase(
         f"softmax {dt} {rows}x{cols}",
@@ -164,6 +170,7 @@ def _softmax(rows: int, cols: int, dt: str) -> OpCase:
 
 
 def _embedding(vocab: int, dim: int, tokens: int, dt: str) -> OpCase:
+    """Lookup of ``tokens`` random ids in a (vocab, dim) table."""
     dtype = DTYPES[dt]
 
     def make(dev: torch.device | str, seed: int) -> Inputs:
@@ -187,6 +194,7 @@ def _embedding(vocab: int, dim: int, tokens: int, dt: str) -> OpCase:
 
 
 def _block(shape: BlockShape, dt: str, backward: bool) -> OpCase:
+    """A transformer block forward (with autograd recording), or forward and backward."""
     dtype = DTYPES[dt]
 
     def make(dev: torch.device | str, seed: int) -> Inputs:

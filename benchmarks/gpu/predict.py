@@ -75,6 +75,7 @@ def launch_overhead(device: DeviceSpec | str) -> float:
 
 
 def _memory_rank(shape: BlockShape, dtype: str, upto: str) -> None:
+    """The rank code of memory_peak: the step on meta tensors, attention as a run prices it."""
     with cpu_attention():
         training_step(shape, dtype, "meta", upto)
 

@@ -21,6 +21,7 @@ import real
 
 
 def main() -> None:
+    """Run the program at one rank and write program.json."""
     options = parser(__doc__.splitlines()[0]).parse_args()
     job = DRY_JOB if options.dry_run else JOB
     results = Results(

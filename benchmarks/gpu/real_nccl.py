@@ -26,6 +26,7 @@ LAUNCH_TIMEOUT = 45.0 if torch.cuda.is_available() else 180.0
 
 
 def _record(results: Results, check: str, via: str, ok: bool, detail: str = "") -> None:
+    """Save one check and print it."""
     results.add({"check": check, "via": via, "ok": ok, "detail": detail})
     print(
         f"  {'ok  ' if ok else 'FAIL'} {via:15s} {check}{': ' + detail if detail and not ok else ''}",
@@ -34,6 +35,7 @@ def _record(results: Results, check: str, via: str, ok: bool, detail: str = "") 
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
+    """Every tensor inside ``value`` (lists, tuples, dicts)."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (list, tuple)):
@@ -146,6 +148,7 @@ def check_cli(results: Results, backend: str, nproc: int, env: dict[str, str]) -
 
 
 def main() -> None:
+    """Run every check and write real_nccl.json."""
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--nproc", type=int, default=1, help="rank processes (NCCL: at most one per GPU)")
     options = p.parse_args()

@@ -15,7 +15,7 @@ REPO="$(cd "$HERE/../.." && pwd)"
 OUT="${OUT:-$PWD/gpu-results}"
 mkdir -p "$OUT"
 export PYTHONPATH="$REPO:$HERE${PYTHONPATH:+:$PYTHONPATH}"
-PY="${PYTHON:-python3}"
+PY="${PYTHON:-$(command -v python3 || command -v python)}"
 DRY=()
 SCALE=1  # the limits guard a lent GPU's minutes; a dry run on a busy CPU machine gets three times as long
 if [ "${1:-}" = "--dry-run" ]; then DRY=(--dry-run); SCALE=3; fi

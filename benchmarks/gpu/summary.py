@@ -12,6 +12,7 @@ from typing import Any
 
 
 def _load(folder: Path, name: str) -> dict[str, Any] | None:
+    """The JSON file ``name`` of ``folder``; None (and a line saying so) if missing."""
     path = folder / name
     if not path.exists():
         print(f"{name}: missing (the section did not start)")
@@ -20,11 +21,13 @@ def _load(folder: Path, name: str) -> dict[str, Any] | None:
 
 
 def _errors(name: str, data: dict[str, Any]) -> None:
+    """The section's recorded errors, one line each."""
     for error in data.get("errors", []):
         print(f"  {name} ERROR in {error['where']}: {error['error'][:300]}")
 
 
 def real_nccl(data: dict[str, Any]) -> None:
+    """Checks passed, and every failed or inapplicable one."""
     records = data["records"]
     failed = [r for r in records if not r["ok"]]
     meta = data["meta"]
@@ -39,6 +42,7 @@ def real_nccl(data: dict[str, Any]) -> None:
 
 
 def compute(data: dict[str, Any]) -> None:
+    """One line per case: kernel time, back-to-back time, achieved rate."""
     print(
         f"compute ({len(data['records'])} cases): median us = kernels' time (events); loop us = per call back to back"
     )
@@ -53,6 +57,7 @@ def compute(data: dict[str, Any]) -> None:
 
 
 def memory(data: dict[str, Any]) -> None:
+    """Peak after each phase, per configuration."""
     print("memory: max_memory_allocated (MiB) after each phase of a block's training step")
     for r in data["records"]:
         shape = " ".join(f"{k}={v}" for k, v in r["shape"].items())
@@ -63,6 +68,7 @@ def memory(data: dict[str, Any]) -> None:
 
 
 def program(data: dict[str, Any]) -> None:
+    """The program's losses, step times, peak memory and checksum."""
     for r in data["records"]:
         print(f"program {r['program']} ({r['backend']}, wall {r['wall_s']:.1f} s on {r['device']}):")
         print(f"  losses {', '.join(f'{v:.5f}' for v in r['losses'])}")
@@ -71,6 +77,7 @@ def program(data: dict[str, Any]) -> None:
 
 
 def main(folder: Path) -> None:
+    """Summarise every section found in ``folder``, then the machine."""
     for name, show in (
         ("real_nccl.json", real_nccl),
         ("compute.json", compute),
@@ -91,6 +98,7 @@ def main(folder: Path) -> None:
 
 
 def _load_quiet(folder: Path, name: str) -> dict[str, Any] | None:
+    """The JSON file ``name`` of ``folder``, or None."""
     path = folder / name
     return json.loads(path.read_text()) if path.exists() else None
 

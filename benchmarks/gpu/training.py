@@ -28,6 +28,7 @@ class Job:
     seed: int = 0
 
     def as_dict(self) -> dict:
+        """The job as plain JSON data."""
         return asdict(self)
 
 
