@@ -65,7 +65,8 @@ class RankState:
     #: simulated time (seconds) at which the rank's compute stream has run everything queued on it (ranks
     #: whose host runs ahead of the device; threads of a rank share their owner's)
     stream_end: float = 0.0
-    #: simulated time (seconds) at which the rank's function returned
+    #: simulated time (seconds) at which the thread was done: the rank's function returned, or the body of a
+    #: thread the rank started did (its pending compute and, for a host that runs ahead, its device included)
     finish_time: float = 0.0
     #: the rank this thread belongs to, for a thread the rank's code or its futures started; None for the rank's
     #: own thread. The two share torch's RNG as threads of one process do.
@@ -394,6 +395,16 @@ class Baton:
             self._unwind()
             threading.stack_size(old_stack)
             torch.set_grad_enabled(grad_was)
+
+    def process_threads(self, rank: int) -> list[RankState]:
+        """``rank``'s own thread and the non-daemon threads its code started: its process ends with the last.
+
+        Daemon threads are left out (a process exits without waiting for them), and so are the simulator's
+        own service threads.
+        """
+        owner = self.ranks[rank]
+        started = [c for c in self.children if c.parent is owner and not c.service]
+        return [owner, *(c for c in started if not c.thread.daemon)]
 
     def _foreground(self) -> list[RankState]:
         """Unfinished non-daemon threads the ranks started: a process waits for them before it exits."""

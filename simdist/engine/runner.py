@@ -271,10 +271,14 @@ def _run(
 
     def in_rank(rank: int, body: Callable[[], Any]) -> Callable[[], Any]:
         def run_as_rank() -> Any:
-            with acting_as(rank), rank_mode(rank):
-                result = body()
-            sim.settle()
-            return result
+            try:
+                with acting_as(rank), rank_mode(rank):
+                    result = body()
+                sim.settle()
+                return result
+            finally:
+                state = current_rank_state()
+                state.finish_time = sim.time.finish_time(state)
 
         return run_as_rank
 
@@ -297,7 +301,8 @@ def _run(
             ),
             stacklevel=3,
         )
-    finish = [s.finish_time for s in baton.ranks]
+    # a rank, like a process, ends when its last non-daemon thread does
+    finish = [max(s.finish_time for s in baton.process_threads(r)) for r in range(n)]
     return RunResult(
         returns=[s.result for s in baton.ranks],
         sim_time=max(finish, default=0.0),

@@ -29,9 +29,11 @@ def rank_threads(baton: Baton, wrap: Callable[[int, Callable[[], Any]], Callable
     """
 
     def init(self: threading.Thread, *args: Any, daemon: bool | None = None, **kwargs: Any) -> None:
-        # A thread inherits daemon-ness from the thread that creates it; rank code runs in a process's main
-        # thread, which is not a daemon (the simulator's rank threads are).
-        if daemon is None and current_rank_state() is not None:
+        # A thread inherits daemon-ness from the thread that creates it; a rank's function runs in its
+        # process's main thread, which is not a daemon (the simulator's rank threads are). Threads the rank
+        # started pass theirs on, as in a process.
+        state = current_rank_state()
+        if daemon is None and state is not None and state.parent is None:
             daemon = False
         _init(self, *args, daemon=daemon, **kwargs)
 

@@ -147,6 +147,20 @@ def _check_thread_result(result: simdist.RunResult) -> None:
         assert torch.equal(out["t"], torch.full((3,), 3.0))
 
 
+def _thread_outlives_rank_function() -> None:
+    def late() -> None:
+        simdist.charge(1.0)
+        dist.all_reduce(torch.ones(4))
+
+    threading.Thread(target=late).start()  # non-daemon, never joined: the process exits when it ends
+
+
+def _check_finish_after_thread(result: simdist.RunResult) -> None:
+    ends = [result.trace.collectives(r)[0].end for r in range(2)]
+    assert min(ends) > 1.0, ends
+    assert result.finish_times == ends and result.sim_time == max(ends), (result.finish_times, ends)
+
+
 def _rng_shared_with_thread() -> list:
     torch.manual_seed(dist.get_rank())
     drawn: list = []
@@ -415,6 +429,12 @@ CASES: list[Case] = [
         "a rank starts a threading.Thread that calls get_rank, reads RANK and all-reduces",
         lambda: simdist.run(_collective_in_thread, RING2),
         check=_check_thread_result,
+    ),
+    Case(
+        "thread-outlives-rank-function",
+        "a rank starts a non-daemon thread that all-reduces at 1 s of simulated time, and returns at once",
+        lambda: simdist.run(_thread_outlives_rank_function, RING2, compute=False),
+        check=_check_finish_after_thread,
     ),
     Case(
         "thread-rng",

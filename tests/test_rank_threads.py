@@ -1,0 +1,78 @@
+"""Threads that rank code starts: when a rank finishes, that nothing of a run outlives it, nested runs."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+from alpha_beta import all_reduce_seconds
+from hypothesis import given
+from hypothesis import strategies as st
+
+import simdist
+
+LAT = 5e-6
+BW = 100e9
+#: a ring of two CPU ranks whose all-reduces take the ring algorithm, for closed-form times
+RING = simdist.Cluster.ring(2, bandwidth=BW, latency=LAT, device="cpu", algorithms={"all_reduce": "ring"})
+NUMEL = 1024
+
+
+def _thread_all_reduces(main: list[float], thread: list[float]) -> None:
+    """The rank's thread charges ``thread[rank]`` seconds then all-reduces; the rank charges ``main[rank]``
+    seconds and returns without joining it."""
+    rank = dist.get_rank()
+
+    def body() -> None:
+        simdist.charge(thread[rank])
+        dist.all_reduce(torch.ones(NUMEL))
+
+    threading.Thread(target=body).start()
+    simdist.charge(main[rank])
+
+
+seconds = st.floats(0.0, 2.0, allow_nan=False).map(lambda s: round(s, 3))
+
+
+@given(main=st.lists(seconds, min_size=2, max_size=2), thread=st.lists(seconds, min_size=2, max_size=2))
+def test_a_rank_finishes_when_its_last_non_daemon_thread_does(main: list[float], thread: list[float]) -> None:
+    """A process exits when its last non-daemon thread ends: so does a rank, at the closed-form time."""
+    res = simdist.run(_thread_all_reduces, RING, args=(main, thread))
+    # the all-reduce starts once both threads issued it, and takes the ring's closed-form time
+    done = max(thread) + all_reduce_seconds("ring", 2, NUMEL * 4, LAT, 1 / BW)
+    want = [max(m, done) for m in main]
+    assert res.finish_times == pytest.approx(want, rel=1e-9, abs=1e-12)
+    assert res.sim_time == pytest.approx(max(want), rel=1e-9, abs=1e-12)
+
+
+def _daemon_outlives_rank(main: float, daemon: float) -> None:
+    def starts_another() -> None:  # a thread started by a daemon thread is a daemon too, as in a process
+        threading.Thread(target=simdist.charge, args=(daemon,)).start()
+
+    threading.Thread(target=simdist.charge, args=(daemon,), daemon=True).start()
+    threading.Thread(target=starts_another, daemon=True).start()
+    simdist.charge(main)
+    dist.barrier()
+
+
+@pytest.mark.parametrize("daemon", [0.5, 3.0])
+def test_daemon_threads_do_not_hold_a_rank(daemon: float) -> None:
+    """A daemon thread still running when its rank's function returns does not delay the rank's finish."""
+    res = simdist.run(_daemon_outlives_rank, RING, args=(1.0, daemon), compute=False)
+    barriers = [res.trace.collectives(r)[0].end for r in range(2)]
+    assert res.finish_times == barriers
+    assert all(1.0 < b < 1.001 for b in barriers)
+
+
+def _queues_on_the_device(seconds: float) -> float:
+    threading.Thread(target=simdist.charge, args=(seconds,)).start()
+    return simdist.now()
+
+
+def test_a_rank_on_a_gpu_finishes_when_its_threads_device_work_does() -> None:
+    """On a GPU host that runs ahead, a thread's queued compute holds its rank until the device has run it."""
+    res = simdist.run(_queues_on_the_device, simdist.Cluster.ring(2, device="H100"), args=(0.25,))
+    assert res.returns == [0.0, 0.0]
+    assert res.finish_times == [0.25, 0.25]
