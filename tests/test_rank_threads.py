@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -76,3 +78,88 @@ def test_a_rank_on_a_gpu_finishes_when_its_threads_device_work_does() -> None:
     res = simdist.run(_queues_on_the_device, simdist.Cluster.ring(2, device="H100"), args=(0.25,))
     assert res.returns == [0.0, 0.0]
     assert res.finish_times == [0.25, 0.25]
+
+
+#: runs programs that each leave a thread stuck in C code (a lock), reports each run's error, then lists the
+#: threads the runs left: the process must then exit at once
+_LEFT_BEHIND = """
+import threading, time
+import torch.distributed as dist
+import simdist
+import simdist.clock.baton
+
+simdist.clock.baton._UNWIND_GRACE = 0.5  # seconds an interrupted thread gets to unwind: keep the test short
+locks = [threading.Lock() for _ in range(3)]
+ran_after: list = []
+
+
+def released_later():
+    # the lock wait ends (after 2 s of wall-clock time) once the run has been reported
+    def wait() -> None:
+        locks[0].acquire(timeout=2)
+        ran_after.append("the thread ran user code after the run")
+
+    if dist.get_rank() == 0:
+        locks[0].acquire()
+        worker = threading.Thread(target=wait, name="released")
+        worker.start()
+        worker.join()
+    dist.barrier()
+
+
+def held_by_main():
+    # the rank's thread waits for a lock its main thread holds and never releases
+    if dist.get_rank() == 0:
+        locks[1].acquire()
+        worker = threading.Thread(target=locks[1].acquire, name="held")
+        worker.start()
+        worker.join()
+    dist.barrier()
+
+
+def stuck_while_unwinding():
+    # rank 1 fails; rank 0, unwound from its barrier, blocks in its finally block
+    if dist.get_rank() == 1:
+        raise ValueError("rank 1 fails")
+    locks[2].acquire()
+    try:
+        dist.barrier()
+    finally:
+        locks[2].acquire()
+
+
+before = set(threading.enumerate())
+start = time.monotonic()
+for fn in (released_later, held_by_main, stuck_while_unwinding):
+    try:
+        simdist.run(fn, simdist.Cluster.ring(2), watchdog=1.0)
+    except simdist.SimdistError as e:
+        print(fn.__name__, "reported", type(e).__name__, flush=True)
+time.sleep(max(0.0, 3 - (time.monotonic() - start)))
+left = [t for t in threading.enumerate() if t not in before]
+print("non-daemon left", [t.name for t in left if not t.daemon])
+print("released but alive", [t.name for t in left if t.name == "released"])
+for line in ran_after:
+    print(line)
+"""
+
+
+@pytest.mark.slow
+def test_nothing_of_a_run_outlives_it() -> None:
+    """After a run reports a thread stuck in C, no thread of it is non-daemon, none runs user code again (the
+    one whose wait ends later unwinds at once), and the process exits at once."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", _LEFT_BEHIND], check=False, capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired as e:
+        printed = e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout
+        pytest.fail(f"the process did not exit within 60 s; it printed:\n{printed}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == [
+        "released_later reported WatchdogError",
+        "held_by_main reported WatchdogError",
+        "stuck_while_unwinding reported RankError",
+        "non-daemon left []",
+        "released but alive []",
+    ], out.stdout + out.stderr[-3000:]

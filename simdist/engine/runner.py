@@ -267,7 +267,10 @@ def _run(
         finally:
             state = current_rank_state()
             state.finish_time = sim.time.finish_time(state)
-            thread_world.forget_thread()
+            # A thread left behind stuck in C code gets here only after the run, when torch's group registry
+            # is the process's own again: leave it alone.
+            if not baton.is_abandoned(state):
+                thread_world.forget_thread()
 
     def in_rank(rank: int, body: Callable[[], Any]) -> Callable[[], Any]:
         def run_as_rank() -> Any:

@@ -3,8 +3,9 @@
 During a run, ``threading.Thread.start`` called from a rank's code starts the thread as one of the rank's
 threads (:meth:`Baton.spawn`): it sees the rank's process groups, environment and RNG (one RNG per rank, as one
 per process), and first runs when the starting thread hands the baton back (issues or waits on communication,
-or finishes). ``Thread.join`` from a rank thread waits in simulated time. Threads started outside rank code are
-untouched.
+or finishes). ``Thread.join`` from a rank thread waits in simulated time. To the interpreter every such thread
+is a daemon, so nothing a run started can keep the process from exiting; ``daemon`` reads as the program set
+it, and the run itself waits for the non-daemon ones. Threads started outside rank code are untouched.
 """
 
 from __future__ import annotations
@@ -45,7 +46,16 @@ def rank_threads(baton: Baton, wrap: Callable[[int, Callable[[], Any]], Callable
             raise RuntimeError("threads can only be started once")
         child = baton.spawn(wrap(state.rank, self.run), thread=self)
         self._simdist_child = child  # type: ignore[attr-defined]
-        return _start(self)
+        # The OS thread starts as a daemon, so that the interpreter never waits for it at exit (the run waits
+        # for the rank's non-daemon threads in simulated time, and a thread left stuck in C code after a
+        # failed run must not keep the process alive); Python reads the flag only while starting a thread,
+        # and ``daemon`` reads what the program asked for afterwards.
+        daemon = self.daemon
+        self._daemonic = True  # type: ignore[attr-defined]
+        try:
+            return _start(self)
+        finally:
+            self._daemonic = daemon  # type: ignore[attr-defined]
 
     def join(self: threading.Thread, timeout: float | None = None) -> None:
         child: RankState | None = getattr(self, "_simdist_child", None)

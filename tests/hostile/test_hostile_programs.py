@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import torch.distributed as dist
 from hostile_cases import Case, check, params
 
 import simdist
+import simdist.clock.baton
 
 RING2 = simdist.Cluster.ring(2)
 
@@ -114,6 +116,50 @@ def _heartbeat_thread() -> int:
 
 def _forgotten_thread() -> None:
     threading.Thread(target=dist.barrier).start()  # non-daemon, its barrier never matched by the other rank
+
+
+def _threads_deadlock_on_locks(locks: list, ran_on: list) -> None:
+    def take(first: threading.Lock, second: threading.Lock) -> None:
+        first.acquire()
+        time.sleep(0.1)  # simulated time: the other thread runs and takes its first lock
+        second.acquire()
+        ran_on.append(threading.current_thread().name)
+
+    if dist.get_rank() == 0:
+        a = threading.Thread(target=take, args=(locks[0], locks[1]), name="a-then-b")
+        b = threading.Thread(target=take, args=(locks[1], locks[0]), name="b-then-a")
+        a.start()
+        b.start()
+        a.join()
+        b.join()
+    dist.barrier()
+
+
+def _run_lock_deadlock_then_release() -> tuple:
+    """The run's error, the non-daemon threads it left, and what its stuck thread does once freed."""
+    locks, ran_on = [threading.Lock(), threading.Lock()], []
+    before = set(threading.enumerate())
+    grace, simdist.clock.baton._UNWIND_GRACE = simdist.clock.baton._UNWIND_GRACE, 0.5
+    try:
+        simdist.run(_threads_deadlock_on_locks, RING2, args=(locks, ran_on), copy_args=False, watchdog=1.0)
+    except simdist.WatchdogError as e:
+        error = str(e)
+    finally:
+        simdist.clock.baton._UNWIND_GRACE = grace
+    left = [t for t in threading.enumerate() if t not in before]
+    non_daemon = [t.name for t in left if not t.daemon]
+    for lock in locks:  # what a process's exit would do to the stuck thread: it must not run on
+        if lock.locked():
+            lock.release()
+    for t in left:
+        t.join(timeout=10)
+    return error, non_daemon, [t.name for t in left if t.is_alive()], ran_on
+
+
+def _check_lock_deadlock(result: tuple) -> None:
+    error, non_daemon, alive, ran_on = result
+    assert re.search(r"(?s)rank 0 \(its thread 'a-then-b'\) ran for .*second\.acquire\(\)", error), error
+    assert (non_daemon, alive, ran_on) == ([], [], []), result
 
 
 def _waits_for_own_thread_event() -> None:
@@ -408,6 +454,13 @@ CASES: list[Case] = [
         lambda: simdist.run(lambda: _forgotten_thread() if dist.get_rank() == 0 else None, RING2),
         error=simdist.DeadlockError,
         match=r"rank 0, its thread 'Thread-\d+ \(barrier\)': .*barrier",
+    ),
+    Case(
+        "thread-lock-deadlock",
+        "two threads of a rank each hold a threading.Lock the other wants (taken without `with`, kept)",
+        _run_lock_deadlock_then_release,
+        check=_check_lock_deadlock,
+        slow=True,
     ),
     Case(
         "thread-event-of-same-rank",
