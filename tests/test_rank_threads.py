@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pathlib
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -163,3 +165,41 @@ def test_nothing_of_a_run_outlives_it() -> None:
         "non-daemon left []",
         "released but alive []",
     ], out.stdout + out.stderr[-3000:]
+
+
+def _runs_inside() -> None:
+    if dist.get_rank() == 1:
+        simdist.run(lambda: None, simdist.Cluster.ring(2))  # the nested call
+    dist.barrier()
+
+
+def _runs_inside_a_thread() -> str:
+    caught: list = []
+
+    def body() -> None:
+        try:
+            _runs_inside()
+        except simdist.SimdistError as e:
+            caught.append(str(e))
+            dist.barrier()
+
+    th = threading.Thread(target=body, name="nester")
+    th.start()
+    th.join()
+    if caught:
+        raise simdist.SimdistError(caught[0])
+
+
+@pytest.mark.parametrize(
+    "fn,who", [(_runs_inside, "rank 1"), (_runs_inside_a_thread, "rank 1 (its thread 'nester')")]
+)
+def test_a_nested_run_names_the_rank_and_its_call_site(fn: Callable[[], None], who: str) -> None:
+    """The error names the rank (and its thread), the line of the nested call and what to do instead."""
+    lines = pathlib.Path(__file__).read_text().splitlines()
+    line = next(n for n, text in enumerate(lines, 1) if text.endswith("# the nested call"))
+    with pytest.raises(simdist.SimdistError) as info:
+        simdist.run(fn, RING)
+    text = str(info.value)
+    site = f"{__file__}:{line} in _runs_inside"
+    assert text.startswith(f"{who} called simdist.run at {site}, inside a simulated run"), text
+    assert "call simdist.run from plain Python" in text, text

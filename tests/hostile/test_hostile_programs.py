@@ -667,7 +667,8 @@ CASES: list[Case] = [
         "rank code calls simdist.run",
         lambda: simdist.run(_nested_run, RING2),
         error=simdist.SimdistError,
-        match=r"cannot be nested inside another simulated run \(it was called by a rank\)",
+        match=r"^rank 0 called simdist.run at .*test_hostile_programs.py:\d+ in _nested_run, inside a "
+        r"simulated run: runs cannot be nested .*call simdist.run from plain Python outside rank code",
     ),
     Case(
         "concurrent-runs",
