@@ -215,6 +215,11 @@ class Baton:
             thread.run = lambda: self._thread_main(child)  # type: ignore[method-assign]
         return child
 
+    def discard(self, child: RankState) -> None:
+        """Forget ``child``, a thread :meth:`spawn` prepared whose OS thread could not be started."""
+        child.finished = True
+        self.children.remove(child)
+
     def _leave_user_code(self, state: RankState) -> None:
         """Mark ``state`` as running simulator code: from here on the watchdog's interrupt cannot land.
 

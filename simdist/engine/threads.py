@@ -54,6 +54,10 @@ def rank_threads(baton: Baton, wrap: Callable[[int, Callable[[], Any]], Callable
         self._daemonic = True  # type: ignore[attr-defined]
         try:
             return _start(self)
+        except BaseException:
+            baton.discard(child)  # no thread was started ("can't start new thread"): nothing to wait for
+            del self._simdist_child  # type: ignore[attr-defined]
+            raise
         finally:
             self._daemonic = daemon  # type: ignore[attr-defined]
 

@@ -162,6 +162,25 @@ def _check_lock_deadlock(result: tuple) -> None:
     assert (non_daemon, alive, ran_on) == ([], [], []), result
 
 
+def _thread_start_refused() -> str:
+    # what Python raises when the OS has no thread left to give
+    name = "_start_new_thread" if hasattr(threading, "_start_new_thread") else "_start_joinable_thread"
+    start = getattr(threading, name)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("can't start new thread")
+
+    setattr(threading, name, refuse)
+    try:
+        threading.Thread(target=dist.barrier).start()
+    except RuntimeError as e:
+        refused = str(e)
+    finally:
+        setattr(threading, name, start)
+    dist.barrier()
+    return refused
+
+
 def _waits_for_own_thread_event() -> None:
     done = threading.Event()
     threading.Thread(target=done.set).start()
@@ -461,6 +480,12 @@ CASES: list[Case] = [
         _run_lock_deadlock_then_release,
         check=_check_lock_deadlock,
         slow=True,
+    ),
+    Case(
+        "thread-start-refused",
+        "Thread.start in rank code raises (the OS has no thread to give); the rank catches it and goes on",
+        lambda: simdist.run(_thread_start_refused, RING2, watchdog=5.0),
+        check=lambda r: r.returns == ["can't start new thread"] * 2 or pytest.fail(str(r.returns)),
     ),
     Case(
         "thread-event-of-same-rank",
