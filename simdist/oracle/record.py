@@ -35,6 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from simdist.clock.sites import caller_site
 from simdist.comm import process_group
 from simdist.oracle.names import canonical_names, named_tensors
+from simdist.oracle.shared import SharedHooks
 
 #: frames in these directories are the simulator's or the oracle's own, never a call site
 _SIMDIST = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -500,37 +501,66 @@ def _unrecorded(method: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def _pipeline_patches() -> list[tuple[type, str, Any]]:
-    """(class, method name, original) of torch pipelining's shape inference, if the program imported it."""
+#: (class, method name, original) of torch pipelining's shape inference methods patched while recording
+_patched: list[tuple[type, str, Any]] = []
+_patch_lock = threading.Lock()
+
+
+def _patch_pipelining() -> None:
+    """Pause recording in torch pipelining's shape inference, if the program imported pipelining.
+
+    Checked at every :func:`recording`, not only the one that installed the hooks: pipelining may have been
+    imported since (it is not imported here: it costs half a second).
+    """
     module_name, classes, methods = _PIPELINE_INFERENCE
-    module = sys.modules.get(module_name)  # not imported here: pipelining costs half a second to import
-    out = []
-    for cls in (getattr(module, c, None) for c in classes):
-        for name in methods:
-            if isinstance(cls, type) and name in cls.__dict__:
-                out.append((cls, name, cls.__dict__[name]))
-    return out
+    module = sys.modules.get(module_name)
+    with _patch_lock:
+        for cls in (getattr(module, c, None) for c in classes):
+            for name in methods:
+                if not isinstance(cls, type) or name not in cls.__dict__:
+                    continue
+                if any(c is cls and n == name for c, n, _ in _patched):
+                    continue
+                original = cls.__dict__[name]
+                _patched.append((cls, name, original))
+                setattr(cls, name, _unrecorded(original))
 
 
-@contextlib.contextmanager
-def recording() -> Iterator[None]:
-    """Install the process-wide hooks the recorders need; remove them on the way out, whatever happens."""
-    handles = []
-    patched = _pipeline_patches()
-    try:
-        for cls, name, original in patched:
-            setattr(cls, name, _unrecorded(original))
-        handles.append(nn.modules.module.register_module_forward_pre_hook(_pre_forward))
+def _install() -> Callable[[], None]:
+    """Install the process-wide hooks every recorder shares; returns what removes them."""
+    handles = [
+        nn.modules.module.register_module_forward_pre_hook(_pre_forward),
         # always_call: a forward that raises still closes its invocation
-        handles.append(nn.modules.module.register_module_forward_hook(_post_forward, always_call=True))
-        handles.append(torch_optimizer.register_optimizer_step_pre_hook(_pre_step))
-        handles.append(torch_optimizer.register_optimizer_step_post_hook(_post_step))
-        process_group.ISSUE_OBSERVERS.append(_issued)
-        yield
-    finally:
-        for cls, name, original in patched:
-            setattr(cls, name, original)
+        nn.modules.module.register_module_forward_hook(_post_forward, always_call=True),
+        torch_optimizer.register_optimizer_step_pre_hook(_pre_step),
+        torch_optimizer.register_optimizer_step_post_hook(_post_step),
+    ]
+    process_group.ISSUE_OBSERVERS.append(_issued)
+
+    def remove() -> None:
+        with _patch_lock:
+            for cls, name, original in reversed(_patched):
+                setattr(cls, name, original)
+            _patched.clear()
         if _issued in process_group.ISSUE_OBSERVERS:
             process_group.ISSUE_OBSERVERS.remove(_issued)
         for h in handles:
             h.remove()
+
+    return remove
+
+
+#: the process-wide hooks of every recording in progress (concurrent localisations share one set)
+_HOOKS = SharedHooks(_install)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[None]:
+    """Hold the process-wide hooks the recorders need; the last holder removes them, whatever happens.
+
+    The hooks route every event to the recorder of the rank thread it happens in (:func:`wrap`), so recordings
+    in several Python threads at once, and plain runs beside them, never see each other's ranks.
+    """
+    with _HOOKS.held():
+        _patch_pipelining()
+        yield
