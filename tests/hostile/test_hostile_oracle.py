@@ -3,6 +3,7 @@ pin on the op that made them."""
 
 from __future__ import annotations
 
+import pathlib
 import threading
 from typing import Any
 
@@ -50,6 +51,58 @@ def _data_parallel(steps: int = 2, scale_step: int | None = None) -> None:
         if step == scale_step and r == 1:
             next(model.parameters()).grad.mul_(0.5)
         opt.step()
+
+
+def _presummed(steps: int = 2, bug: str = "") -> None:
+    """torch DDP's recipe by hand: each gradient divided by the world size, then all-reduced; ``bug`` "twice"
+    divides once more, "one rank" scales rank 1's gradients by 1e-3."""
+    model, x, y = _model_and_data()
+    r, n = dist.get_rank(), dist.get_world_size()
+    b = BATCH // n
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x[r * b : (r + 1) * b]), y[r * b : (r + 1) * b]).backward()
+        for p in model.parameters():
+            p.grad.div_(n)
+            if bug == "twice":
+                p.grad.div_(n)  # divided again
+            if bug == "one rank" and r == 1:
+                p.grad.mul_(1e-3)  # scaled on one rank
+            dist.all_reduce(p.grad)
+        opt.step()
+
+
+def _line(marker: str) -> str:
+    """``test_hostile_oracle.py:N`` of the line of this file that ends with ``# marker``."""
+    lines = pathlib.Path(__file__).read_text().splitlines()
+    (n,) = [i + 1 for i, text in enumerate(lines) if text.rstrip().endswith(f"# {marker}")]
+    return f"{pathlib.Path(__file__).name}:{n}"
+
+
+def _localised(bug: str) -> simdist.EquivalenceReport:
+    return simdist.check_equivalence(
+        _presummed,
+        _reference,
+        simdist.Cluster.switch(2, device="cpu"),
+        kwargs={"bug": bug},
+        reference_kwargs={},
+        compute=False,
+    )
+
+
+def _found_at(op: str, marker: str, ranks: tuple[int, ...]) -> Any:
+    """Oracle: the program diverges, and localisation names ``op`` at the marked line on ``ranks``, its input
+    having matched (the all-reduce after it only carries the difference on)."""
+
+    def check_(rep: simdist.EquivalenceReport) -> None:
+        assert not rep.ok and rep.first is not None and rep.first.kind == "grad", str(rep)
+        loc = rep.localization
+        assert loc is not None, rep.localization_note
+        assert (loc.op, loc.ranks, loc.inputs_matched) == (op, ranks, True), str(loc)
+        assert _line(marker) in loc.site, str(loc)
+
+    return check_
 
 
 def _check(world: int, scale_step: int | None) -> simdist.EquivalenceReport:
@@ -108,6 +161,18 @@ CASES: list[Case] = [
         "check_equivalence from two threads at once, a correct program and a divergent one, four rounds",
         _checks_in_threads,
         check=_each_as_alone,
+    ),
+    Case(
+        "gradient-divided-twice",
+        "each gradient divided by the world size twice before the all-reduce: localised at the second division",
+        lambda: _localised("twice"),
+        check=_found_at("aten.div_", "divided again", (0, 1)),
+    ),
+    Case(
+        "gradient-scaled-on-one-rank",
+        "rank 1 scales its gradients by 1e-3 before the all-reduce: localised at that scaling, on rank 1",
+        lambda: _localised("one rank"),
+        check=_found_at("aten.mul_", "scaled on one rank", (1,)),
     ),
 ]
 
