@@ -9,9 +9,11 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
+import hypothesis.strategies as st
 import pytest
 import torch
 import torch.distributed as dist
+from hypothesis import given
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -238,6 +240,34 @@ def test_hooks_and_observers_are_removed_after_a_run_even_when_it_fails() -> Non
     assert process_group.ISSUE_OBSERVERS == []
 
 
+def written_in_place() -> None:
+    """An in-place op whose output one op reads and an all-reduce reduces, and a reader of the reduction."""
+    g = torch.ones(4)
+    g.mul_(2)
+    h = g + 1  # noqa: F841 - recorded, not used
+    dist.all_reduce(g)
+    k = g * 3  # noqa: F841 - recorded, not used
+
+
+def test_readers_of_an_in_place_op_s_output_and_of_its_reduction_are_linked_to_it() -> None:
+    # autograd bumps the version of what an in-place op writes after the recorder has seen the op: the reader's
+    # input must still be found as that op's output, and the all-reduce's output as a reduction of it
+    recorders: dict = {}
+    with recording():
+        simdist.run(wrap(written_in_place, 0, recorders, dist.get_rank), simdist.Cluster.switch(2), compute=False)
+    for rank in (0, 1):
+        ops = recorders[rank].stream.ops
+        (scaled,) = [o for o in ops if o.op == "aten.mul_"]
+        (add,) = [o for o in ops if o.op == "aten.add"]
+        (mul,) = [o for o in ops if o.op == "aten.mul"]
+        assert isinstance(add.inputs[0][0], int), "the reader's input is a copy, not the in-place op's output"
+        assert add.inputs[0] == (scaled.index, 0)
+        value, source = mul.inputs[0]
+        assert source.collective is not None and source.collective.name == "all_reduce"
+        assert source.previous == (scaled.index, 0)
+        assert torch.equal(value, torch.full((4,), 4.0))
+
+
 def test_the_recorder_charges_no_simulated_time_and_trips_no_race_detector() -> None:
     cluster = simdist.Cluster.switch(2, device="H100")
     plain = simdist.run(data_parallel, cluster, races="error")
@@ -363,3 +393,89 @@ def test_optimizer_ops_align_by_parameter_and_stage_ranks_combine_among_themselv
     loc = run_localize(two_stages, reference, 4, kwargs={"synchronised": False}, reference_kwargs={"steps": 1})
     assert loc is not None and loc.op == "aten.add_" and line_of("stage step") in loc.site
     assert loc.ranks == (0, 1)
+
+
+def presummed(steps: int = 2, bug: str | None = None, scaled: tuple | None = None) -> None:
+    """Data parallelism as torch's DDP does it: every gradient divided by the world size, then all-reduced.
+
+    ``bug``: "divide twice" divides every gradient a second time before the all-reduce; "scale one rank" makes
+    rank 1 scale its gradients by 1e-3. ``scaled = (where, rank, parameter, factor, step)`` scales one gradient on
+    one rank at one step, before the division, between it and the all-reduce, or after the all-reduce.
+    """
+    model, x, y = data()
+    r, n = dist.get_rank(), dist.get_world_size()
+    b = BATCH // n
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(steps):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x[r * b : (r + 1) * b]), y[r * b : (r + 1) * b]).backward()
+        for i, p in enumerate(model.parameters()):
+            where, factor = None, 1.0
+            if scaled is not None and (scaled[1], scaled[2], scaled[4]) == (r, i, step):
+                where, factor = scaled[0], scaled[3]
+            if where == "before the division":
+                p.grad.mul_(factor)  # scaled before the division
+            p.grad.div_(n)  # divide
+            if bug == "divide twice":
+                p.grad.div_(n)  # divide again
+            if bug == "scale one rank" and r == 1:
+                p.grad.mul_(1e-3)  # scale one rank
+            if where == "before the all-reduce":
+                p.grad.mul_(factor)  # scaled before the all-reduce
+            dist.all_reduce(p.grad)  # presummed all-reduce
+            if where == "after the all-reduce":
+                p.grad.mul_(factor)  # scaled after the all-reduce
+        opt.step()
+
+
+def test_a_gradient_divided_twice_is_found_at_the_second_division() -> None:
+    # the first division makes each rank's gradient a part of the sum the all-reduce completes; the second
+    # leaves parts whose sum is 1/n of the reference's, and the all-reduce only carries that on
+    assert run_localize(presummed, reference, 2) is None
+    for world in (2, 4):
+        loc = run_localize(presummed, reference, world, kwargs={"bug": "divide twice"})
+        assert loc is not None, world
+        assert loc.op == "aten.div_" and line_of("divide again") in loc.site, str(loc)
+        assert loc.ranks == tuple(range(world)) and loc.inputs_matched and loc.phase == "other"
+        assert "ranks 0-" in loc.note and "summed" in loc.note, str(loc)  # how the value matched before it
+        # the parts after the second division sum to 1/n of the reference's gradient
+        assert loc.difference is not None and loc.difference.scale == pytest.approx(1 / world)
+
+
+def test_gradients_scaled_on_one_rank_are_found_at_the_scaling_on_that_rank() -> None:
+    loc = run_localize(presummed, reference, 2, kwargs={"bug": "scale one rank"})
+    assert loc is not None
+    assert loc.op == "aten.mul_" and line_of("scale one rank") in loc.site, str(loc)
+    assert loc.ranks == (1,) and loc.inputs_matched
+
+
+def test_the_all_reduce_is_named_only_when_its_output_is_the_first_to_differ() -> None:
+    # gradients summed and never divided: each rank's gradient matched (as a mean) until the all-reduce
+    loc = run_localize(data_parallel, reference, 4, kwargs={"bug": "sum"})
+    assert loc is not None and loc.op == "all_reduce" and line_of("all_reduce") in loc.site
+    assert "the value it reduces matched the reference's (ranks 0-3 averaged)" in loc.note, str(loc)
+    # divided before the all-reduce, as torch's DDP does: a correct program, nothing to localise
+    assert run_localize(presummed, reference, 4) is None
+
+
+SCALINGS = ("before the division", "before the all-reduce", "after the all-reduce")
+
+
+@given(
+    where=st.sampled_from(SCALINGS),
+    world=st.sampled_from([2, 4]),
+    rank=st.integers(0, 3),
+    parameter=st.integers(0, 3),
+    factor=st.sampled_from([1e-3, 0.25, 0.5, 2.0, 3.0, 1e3]),
+    step=st.integers(0, 1),
+)
+def test_a_gradient_scaled_anywhere_on_any_rank_is_found_at_that_scaling(
+    where: str, world: int, rank: int, parameter: int, factor: float, step: int
+) -> None:
+    rank %= world
+    scaled = (where, rank, parameter, factor, step)
+    loc = run_localize(presummed, reference, world, step=step, kwargs={"scaled": scaled})
+    assert loc is not None, scaled
+    assert loc.op == "aten.mul_" and line_of(f"scaled {where}") in loc.site, (scaled, str(loc))
+    assert loc.ranks == (rank,), (scaled, str(loc))
+    assert loc.inputs_matched

@@ -15,6 +15,9 @@ futures' callbacks. They act as that rank and take the baton like it, one at a t
 The watchdog: a thread that keeps the baton longer than ``watchdog`` wall-clock seconds (a ``while True:``
 loop, CPU work that never communicates) stops the run with a :class:`WatchdogError` naming the rank, its
 Python stack and its simulated time; the thread is interrupted with an asynchronous :class:`RankAbort`.
+
+Nothing of a run outlives it: when :meth:`Baton.run` returns every thread has ended, except threads stuck in
+C code, which are daemons that raise :class:`RankAbort` as soon as they return to Python (see ``_abandon``).
 """
 
 from __future__ import annotations
@@ -65,7 +68,8 @@ class RankState:
     #: simulated time (seconds) at which the rank's compute stream has run everything queued on it (ranks
     #: whose host runs ahead of the device; threads of a rank share their owner's)
     stream_end: float = 0.0
-    #: simulated time (seconds) at which the rank's function returned
+    #: simulated time (seconds) at which the thread was done: the rank's function returned, or the body of a
+    #: thread the rank started did (its pending compute and, for a host that runs ahead, its device included)
     finish_time: float = 0.0
     #: the rank this thread belongs to, for a thread the rank's code or its futures started; None for the rank's
     #: own thread. The two share torch's RNG as threads of one process do.
@@ -211,6 +215,11 @@ class Baton:
             thread.run = lambda: self._thread_main(child)  # type: ignore[method-assign]
         return child
 
+    def discard(self, child: RankState) -> None:
+        """Forget ``child``, a thread :meth:`spawn` prepared whose OS thread could not be started."""
+        child.finished = True
+        self.children.remove(child)
+
     def _leave_user_code(self, state: RankState) -> None:
         """Mark ``state`` as running simulator code: from here on the watchdog's interrupt cannot land.
 
@@ -299,14 +308,33 @@ class Baton:
         deadline = time.monotonic() + _UNWIND_GRACE
         while not self._main_sem.acquire(timeout=0.1):
             if time.monotonic() > deadline:
-                self.abandoned.append(state)
-                _async_raise(state.thread, None)
-                _reset_async_flag()
+                with self._watch_lock:
+                    if self._main_sem.acquire(blocking=False):
+                        return True  # it handed the baton back just now
+                    self.abandoned.append(state)
+                self._abandon(state)
                 return True
             with self._watch_lock:
                 if state.in_user:  # it caught the interrupt and went on: send another
                     _async_raise(state.thread, RankAbort)
         return True
+
+    def _abandon(self, state: RankState) -> None:
+        """Leave ``state``'s thread (in :attr:`abandoned`), stuck in C code with a :class:`RankAbort` pending:
+        the run goes on without it, and the thread can neither keep the process alive nor run on once its C
+        call returns.
+
+        The interrupt stays pending on that thread: CPython raises it at the thread's first Python instruction
+        after the call (re-taking the GIL re-arms it), so none of its code runs after the run but ``finally``
+        blocks and handlers of ``BaseException``. Only the interpreter-wide flag that asks every thread to
+        look for one is cleared (see :func:`_reset_async_flag`), and the thread is made a daemon. It no
+        longer hands the baton back when it ends: the baton has moved on.
+        """
+        _reset_async_flag()
+        if state.thread is not None:
+            # read by the interpreter only while starting a thread (threads of rank code start as daemons, see
+            # engine/threads.py); set here so that ``threading.enumerate()`` tells the truth about it
+            state.thread._daemonic = True  # type: ignore[attr-defined]
 
     def _thread_main(self, state: RankState) -> None:
         _current.state = state
@@ -341,9 +369,11 @@ class Baton:
                 state.done.succeed()
             state.owner.rng_state = torch.get_rng_state()
             state.owner.default_dtype = torch.get_default_dtype()
-            self.running = None
             _current.state = None
-            self._main_sem.release()
+            with self._watch_lock:
+                if not self.is_abandoned(state):
+                    self.running = None
+                    self._main_sem.release()
         exc = state.exc
         if state.parent is not None and exc is not None and not isinstance(exc, RankAbort):
             # As in a real process, an exception that ends a thread the rank started does not end the rank:
@@ -395,6 +425,16 @@ class Baton:
             threading.stack_size(old_stack)
             torch.set_grad_enabled(grad_was)
 
+    def process_threads(self, rank: int) -> list[RankState]:
+        """``rank``'s own thread and the non-daemon threads its code started: its process ends with the last.
+
+        Daemon threads are left out (a process exits without waiting for them), and so are the simulator's
+        own service threads.
+        """
+        owner = self.ranks[rank]
+        started = [c for c in self.children if c.parent is owner and not c.service]
+        return [owner, *(c for c in started if not c.thread.daemon)]
+
     def _foreground(self) -> list[RankState]:
         """Unfinished non-daemon threads the ranks started: a process waits for them before it exits."""
         return [c for c in self.children if not c.finished and not c.service and not c.thread.daemon]
@@ -405,17 +445,24 @@ class Baton:
         return bool(user) and all(c.thread.daemon for c in user)
 
     def _unwind(self) -> None:
-        """Resume every blocked thread with ``aborting`` set so it raises :class:`RankAbort` and exits."""
+        """Resume every blocked thread with ``aborting`` set so it raises :class:`RankAbort` and exits.
+
+        A thread that gets stuck in C code while it unwinds (a ``finally`` block waiting on a lock) is
+        abandoned by the watchdog like one that held the baton, and not waited for.
+        """
         self.aborting = True
-        abandoned = {id(s) for s in self.abandoned}
         threads = [*self.ranks, *self.children]
         for state in threads:
-            if state.started and not state.finished and id(state) not in abandoned:
+            if state.started and not state.finished and not self.is_abandoned(state):
                 state.sem.release()
                 self._wait_for(state)
         for state in threads:
-            if state.thread is not None and state.started and id(state) not in abandoned:
+            if state.thread is not None and state.started and not self.is_abandoned(state):
                 state.thread.join()
+
+    def is_abandoned(self, state: RankState) -> bool:
+        """Whether the watchdog left ``state``'s thread behind, stuck in C code (see :meth:`_abandon`)."""
+        return any(s is state for s in self.abandoned)
 
 
 #: frames of these files are the baton's and the run's own: a watchdog report starts below them
@@ -448,11 +495,13 @@ class _FlagReset(BaseException):
 
 
 def _reset_async_flag() -> None:
-    """Clear CPython's interpreter-wide "asynchronous exception pending" flag after a cancel.
+    """Clear CPython's interpreter-wide "asynchronous exception pending" flag.
 
-    ``PyThreadState_SetAsyncExc(id, NULL)`` sets that flag and only a thread taking an asynchronous exception
-    clears it; while it stays set, any call made under ``sys.settrace`` (hypothesis, coverage, debuggers) spins
-    forever in CPython 3.11. So a thread is started to take one.
+    ``PyThreadState_SetAsyncExc`` sets that flag and only a thread taking an asynchronous exception clears it;
+    while it stays set (the target is stuck in C code), any call made under ``sys.settrace`` (hypothesis,
+    coverage, debuggers) spins forever in CPython 3.11. So a thread is started to take one. Clearing
+    the flag leaves other threads' pending exceptions pending: each is raised when its thread returns to
+    Python, as re-taking the GIL sets the flag again for that thread.
     """
     ready = threading.Event()
 
@@ -471,12 +520,11 @@ def _reset_async_flag() -> None:
     sink.join()
 
 
-def _async_raise(thread: threading.Thread | None, exc: type[BaseException] | None) -> None:
-    """Raise ``exc`` in ``thread`` at its next Python instruction (None: cancel a pending one, which needs
-    :func:`_reset_async_flag` afterwards)."""
+def _async_raise(thread: threading.Thread | None, exc: type[BaseException]) -> None:
+    """Raise ``exc`` in ``thread`` at its next Python instruction."""
     if thread is None or thread.ident is None:
         return
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(exc) if exc else None)
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(exc))
 
 
 def _format_exception(e: BaseException) -> str:

@@ -90,8 +90,8 @@ class RankTime:
         return self.env.now + state.pending
 
     def finish_time(self, state: RankState) -> float:
-        """When rank ``state`` is done: its host time, or the end of its compute stream if that is later."""
-        return max(self.env.now + state.pending, state.stream_end if self.host_runs_ahead else 0.0)
+        """When thread ``state`` is done: its host time, or its rank's compute stream's end if later."""
+        return max(self.env.now + state.pending, state.owner.stream_end if self.host_runs_ahead else 0.0)
 
     def let_time_pass(self, event: Any, description: str) -> None:
         """A rank polled an operation that is not done: move it on to the next simulated time at which

@@ -20,7 +20,7 @@ import simpy
 import torch
 import torch.distributed as dist
 
-from simdist.clock.baton import Baton, current_rank_state
+from simdist.clock.baton import Baton, RankState, current_rank_state
 from simdist.comm import backend, thread_world
 from simdist.comm.context import RunContext
 from simdist.comm.races import Race, RaceCheckMode, checking_direct_reads
@@ -172,8 +172,9 @@ def run(
     ``math.inf`` turns it off). Runs from several Python threads execute one after another.
     Raises :class:`RankError` if a rank raised, or the diagnosis (mismatch, deadlock) that stopped the run.
     """
-    if current_rank_state() is not None:
-        raise SimdistError("simdist.run cannot be nested inside another simulated run (it was called by a rank)")
+    state = current_rank_state()
+    if state is not None:
+        raise SimdistError(_nested_run_message(state))
     _check_arguments(fn, args, kwargs, seed)
     limit = _watchdog_limit(watchdog)
     name = backend.check_backend_name(backend_name)
@@ -184,6 +185,21 @@ def run(
             memory,
             waivers,
         )
+
+
+def _nested_run_message(state: RankState) -> str:
+    """What a rank's call of :func:`run` is told: who called it, where, and what to do instead."""
+    who = f"rank {state.rank}"
+    if state.parent is not None and state.thread is not None:
+        who += f" (its thread {state.thread.name!r})"
+    ctx = backend.active()
+    site = ctx.call_site() if ctx is not None else "<unknown>"
+    return (
+        f"{who} called simdist.run at {site}, inside a simulated run: runs cannot be nested (a rank is one "
+        "process of the simulated job, and a Python process runs one simulation at a time); call simdist.run "
+        "from plain Python outside rank code, one run after the other, or, to simulate a program as part of "
+        "this run, call its function from the rank code instead"
+    )
 
 
 def _run(
@@ -267,14 +283,21 @@ def _run(
         finally:
             state = current_rank_state()
             state.finish_time = sim.time.finish_time(state)
-            thread_world.forget_thread()
+            # A thread left behind stuck in C code gets here only after the run, when torch's group registry
+            # is the process's own again: leave it alone.
+            if not baton.is_abandoned(state):
+                thread_world.forget_thread()
 
     def in_rank(rank: int, body: Callable[[], Any]) -> Callable[[], Any]:
         def run_as_rank() -> Any:
-            with acting_as(rank), rank_mode(rank):
-                result = body()
-            sim.settle()
-            return result
+            try:
+                with acting_as(rank), rank_mode(rank):
+                    result = body()
+                sim.settle()
+                return result
+            finally:
+                state = current_rank_state()
+                state.finish_time = sim.time.finish_time(state)
 
         return run_as_rank
 
@@ -297,7 +320,8 @@ def _run(
             ),
             stacklevel=3,
         )
-    finish = [s.finish_time for s in baton.ranks]
+    # a rank, like a process, ends when its last non-daemon thread does
+    finish = [max(s.finish_time for s in baton.process_threads(r)) for r in range(n)]
     return RunResult(
         returns=[s.result for s in baton.ranks],
         sim_time=max(finish, default=0.0),

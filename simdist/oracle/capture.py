@@ -1,7 +1,7 @@
 """Capture each rank's training state at every optimizer step, with no change to the program.
 
-Three process-wide hooks, installed around one run and removed after it, see every rank (each rank is a thread
-of this process under simdist, or the only rank of a real process):
+Three process-wide hooks, installed while some capture needs them and removed after, see every rank (each rank
+is a thread of this process under simdist, or the only rank of a real process):
 
 - torch's global optimizer step post-hook (``register_optimizer_step_post_hook``) snapshots, after each
   ``optimizer.step()``, the optimizer's parameters, their gradients (synchronised by then), its state, and the
@@ -15,6 +15,12 @@ of this process under simdist, or the only rank of a real process):
   of ones (``stage_backward_input``); other pipeline schedules call ``backward`` with ``grad_tensors=[None]``.
   The backward pass torch's pipelining runs once on placeholder inputs to infer gradient shapes is left out.
 
+Which capture an event belongs to is decided by the thread it happens in, so that captures in several
+Python threads at once (concurrent ``check_equivalence`` calls) and plain ``simdist.run`` calls beside them never
+see each other's ranks: a simulated rank running a function wrapped by :meth:`Capture.bind` (and every thread
+that rank starts) reports to that capture alone; any other thread reports to the captures installed with
+``everywhere=True`` (a real run's rank process, which holds one rank and nothing else).
+
 Snapshots are taken with the rank's dispatch modes disabled, so they cost no simulated time, allocate nothing
 the memory accounting sees and read nothing the race detector checks. A sharded tensor is captured as the
 rank's own piece with its layout (DTensor placements over its mesh, FSDP1's flat parameters, or a shard
@@ -25,9 +31,12 @@ run, from all ranks' pieces (:mod:`simdist.oracle.assemble`).
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import os
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -40,6 +49,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import _disable_current_modes
 
+from simdist.clock.baton import RankState, current_rank_state
 from simdist.errors import SimdistError
 from simdist.oracle.flat import (
     SHARD_ATTR,
@@ -51,6 +61,7 @@ from simdist.oracle.flat import (
     unpadded,
 )
 from simdist.oracle.names import named_tensors
+from simdist.oracle.shared import SharedHooks
 from simdist.oracle.tolerance import bitwise_equal
 
 
@@ -99,6 +110,16 @@ class RankStep:
     order: list[str] = field(default_factory=list)
 
 
+#: guards the routing tables below (read without it: each is replaced or updated in one step)
+_LOCK = threading.Lock()
+#: captures that every thread no :meth:`Capture.bind` wrapper claimed reports to
+_everywhere: tuple[Capture, ...] = ()
+#: id of a simulated rank's own :class:`RankState` -> (that state, the capture its threads report to)
+_bound: dict[int, tuple[RankState, Capture]] = {}
+#: ``capture``: the capture a thread outside simulated ranks reports to while a bound function runs in it
+_local = threading.local()
+
+
 class Capture:
     """Records every rank's :class:`RankStep` for its first ``steps`` optimizer steps (all if ``None``)."""
 
@@ -115,30 +136,54 @@ class Capture:
         self._copies: dict[tuple[int, str, str], torch.Tensor] = {}
 
     @contextlib.contextmanager
-    def installed(self) -> Iterator[Capture]:
-        """Install the process-wide hooks for the duration of the block."""
-        handles = [
-            register_optimizer_step_post_hook(self._after_step),
-            nn.modules.module.register_module_forward_pre_hook(self._before_forward),
-        ]
-        original, original_grad = torch.autograd.backward, torch.autograd.grad
+    def installed(self, everywhere: bool = True) -> Iterator[Capture]:
+        """Capture for the duration of the block.
+
+        With ``everywhere``, every thread that no :meth:`bind` wrapper has claimed for another capture reports to
+        this one (a real rank process); otherwise only the simulated ranks running functions :meth:`bind` wrapped.
+        """
+        global _everywhere
+        with _HOOKS.held():
+            if everywhere:
+                with _LOCK:
+                    _everywhere = (*_everywhere, self)
+            try:
+                yield self
+            finally:
+                with _LOCK:
+                    _everywhere = tuple(c for c in _everywhere if c is not self)
+                    for key in [k for k, (_, c) in _bound.items() if c is self]:
+                        del _bound[key]
+
+    def bind(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn``, reporting to this capture alone in every simulated rank that runs it (and the threads it starts).
+
+        Pass the result to :func:`simdist.run` inside :meth:`installed`. A coroutine or generator function is
+        returned as it is, for ``simdist.run`` to refuse with its own error.
+        """
+        if not callable(fn) or _not_plain(fn):
+            return fn
         capture = self
 
-        def backward(tensors: Any, grad_tensors: Any = None, *args: Any, **kwargs: Any) -> Any:
-            capture._root(tensors, grad_tensors)
-            return original(tensors, grad_tensors, *args, **kwargs)
+        @functools.wraps(fn)
+        def bound(*args: Any, **kwargs: Any) -> Any:
+            state = current_rank_state()
+            if state is None:  # not a simulated rank: the calling thread reports here while fn runs
+                previous = getattr(_local, "capture", None)
+                _local.capture = capture
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    _local.capture = previous
+            while state.parent is not None:
+                state = state.parent
+            # kept until the capture is uninstalled: the rank's threads may step after fn returns, and holding
+            # the state keeps its id from naming another run's rank meanwhile
+            with _LOCK:
+                _bound[id(state)] = (state, capture)
+            return fn(*args, **kwargs)
 
-        def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, *args: Any, **kwargs: Any) -> Any:
-            capture._root(outputs, grad_outputs)
-            return original_grad(outputs, inputs, grad_outputs, *args, **kwargs)
-
-        torch.autograd.backward, torch.autograd.grad = backward, grad
-        try:
-            yield self
-        finally:
-            torch.autograd.backward, torch.autograd.grad = original, original_grad
-            for h in handles:
-                h.remove()
+        return bound
 
     def _before_forward(self, module: nn.Module, args: Any) -> None:
         seen = self._modules.setdefault(_rank(), {})
@@ -248,6 +293,67 @@ class Capture:
         copy = value.clone()
         self._copies.setdefault(key, copy)
         return Piece(rank, copy)
+
+
+def _not_plain(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is a coroutine or generator function (calling it runs nothing)."""
+    return inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn)
+
+
+def _targets() -> tuple[Capture, ...]:
+    """The captures an event in the calling thread belongs to (see the module's text)."""
+    state = current_rank_state()
+    if state is not None:
+        while state.parent is not None:  # a thread the rank started acts as the rank
+            state = state.parent
+        entry = _bound.get(id(state))
+        if entry is not None and entry[0] is state:
+            return (entry[1],)
+    else:
+        mine = getattr(_local, "capture", None)
+        if mine is not None:
+            return (mine,)
+    return _everywhere
+
+
+def _install() -> Callable[[], None]:
+    """Install the hooks every capture shares; returns what removes them."""
+    original, original_grad = torch.autograd.backward, torch.autograd.grad
+
+    def backward(tensors: Any, grad_tensors: Any = None, *args: Any, **kwargs: Any) -> Any:
+        for capture in _targets():
+            capture._root(tensors, grad_tensors)
+        return original(tensors, grad_tensors, *args, **kwargs)
+
+    def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, *args: Any, **kwargs: Any) -> Any:
+        for capture in _targets():
+            capture._root(outputs, grad_outputs)
+        return original_grad(outputs, inputs, grad_outputs, *args, **kwargs)
+
+    def after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        for capture in _targets():
+            capture._after_step(optimizer, args, kwargs)
+
+    def before_forward(module: nn.Module, args: Any) -> None:
+        for capture in _targets():
+            capture._before_forward(module, args)
+
+    handles = [
+        register_optimizer_step_post_hook(after_step),
+        nn.modules.module.register_module_forward_pre_hook(before_forward),
+    ]
+    torch.autograd.backward, torch.autograd.grad = backward, grad
+
+    def remove() -> None:
+        torch.autograd.backward, torch.autograd.grad = original, original_grad
+        for h in handles:
+            h.remove()
+
+    return remove
+
+
+#: the process-wide hooks of every installed capture
+_HOOKS = SharedHooks(_install)
 
 
 def _flat_snapshot(

@@ -87,13 +87,14 @@ def check_equivalence(
     name_map = NameMap(names, ignore)
     shard_specs = shard_specs_of(shards)
     par_capture, ref_capture = Capture(steps), Capture(steps)
-    with par_capture.installed():
-        par = run(parallel, cluster, args=args, kwargs=kwargs, seed=seed, **run_options)
+    # each capture sees its own run's ranks alone: checks and plain runs in other threads stay out of it
+    with par_capture.installed(everywhere=False):
+        par = run(par_capture.bind(parallel), cluster, args=args, kwargs=kwargs, seed=seed, **run_options)
     # the reference's timing is of no interest: it runs without the cost model
     ref_run_options = {k: v for k, v in run_options.items() if k in ("watchdog", "copy_args")}
-    with ref_capture.installed():
+    with ref_capture.installed(everywhere=False):
         ref = run(
-            reference,
+            ref_capture.bind(reference),
             single_rank(cluster),
             args=args if reference_args is None else reference_args,
             kwargs=kwargs if reference_kwargs is None else reference_kwargs,

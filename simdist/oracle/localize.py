@@ -5,9 +5,12 @@ both with the same seed, each rank under a :class:`~simdist.oracle.record.Record
 reference's ops are aligned with every rank's (:mod:`simdist.oracle.align`) and visited in the reference's
 order; the first aligned op whose outputs no combination rule reconciles with the reference's is the
 divergence. If its inputs matched, that op is the answer. If they did not, the divergence entered before it
-through something no aligned op accounts for, and that is named instead: an op only the parallel program runs
-(a slice of the batch, a division after an all-reduce), a collective's output, a parameter as the step found
-it, or the data.
+through something no aligned op accounts for. First the writes on the input's way from the op that made it
+(ops only the parallel program runs, all-reduces) are replayed, and the one after which the value stopped
+matching is named (:mod:`simdist.oracle.lineage`: a second division by the world size, a scaling on one rank).
+Failing that, the input's origin is named: an op only the parallel program runs (a slice of the batch), a
+collective's output, a gradient as backward and its synchronisation left it, a parameter as the step found it,
+or the data.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from simdist.compute.devices import DeviceSpec
 from simdist.engine.runner import run
 from simdist.network.cluster import Cluster
 from simdist.oracle.align import Match, Verdict, align, combine
+from simdist.oracle.lineage import first_spoiling_write, lineage
 from simdist.oracle.names import NameMap
 from simdist.oracle.record import OpRecord, Recorder, Source, Stream, recording, wrap
 from simdist.oracle.tolerance import Difference, Tolerance
@@ -231,6 +235,9 @@ def _entry(
     exact: bool, tolerances: dict[torch.dtype, Tolerance] | None,
 ) -> Localization:
     """Where a divergence whose first aligned op already had differing inputs entered the parallel program."""
+    spoiled = _spoiled(m, position, ref, streams, aligned, exact, tolerances)
+    if spoiled is not None:
+        return spoiled
     bad = in_verdict.ranks or tuple(sorted({r for r, _, _ in m.pieces}))
     # explain through the rank whose input an op of its own (one the reference lacks) made, if any: under a
     # sum or mean rule every rank is suspect, while the odd rank out is the one that ran something extra
@@ -241,7 +248,11 @@ def _entry(
     reads = f"{consumer.op} at {consumer.site} reads it as input {position}"
     expected = f"compared as {in_verdict.closest or 'no rule fits its shapes'}"
     collective = str(consumer.collective) if consumer.collective else None
-    if item is not None and isinstance(item[0], int):
+    # a gradient the optimizer reads, last written by an op only the parallel program runs (an accumulation, a
+    # copy out of a bucket) that spoiled nothing by itself: explained below as a gradient, not by that op
+    gradient = consumer.gradients.get(position)
+    linked = item is not None and isinstance(item[0], int)
+    if linked and (gradient is None or id(stream.ops[item[0]]) in aligned):
         producer = stream.ops[item[0]]
         same = _same_producers(m, position, producer, streams, bad)
         if id(producer) not in aligned:
@@ -258,7 +269,7 @@ def _entry(
             f"but not as this op uses it ({expected}): the ranks' parts are combined differently between the two "
             "ops (a missing or wrong synchronisation)",
         )
-    source = item[1] if item is not None and isinstance(item[1], Source) else Source()
+    source = item[1] if item is not None and isinstance(item[1], Source) else Source(gradient=gradient)
     if source.collective is not None:
         c = source.collective
         return Localization(
@@ -274,6 +285,50 @@ def _entry(
         + (_gradient_hint(m, position, ref, streams, exact, tolerances, in_verdict.difference)
            if source.gradient else
            ": the divergence entered with it, not through an op of this step"),
+    )
+
+
+def _spoiled(
+    m: Match, position: int, ref: Stream, streams: dict[int, Stream], aligned: set[int], exact: bool,
+    tolerances: dict[torch.dtype, Tolerance] | None,
+) -> Localization | None:
+    """The op or collective after which the value of input ``position`` stopped matching the reference's on its way
+    from the op that made it (:mod:`simdist.oracle.lineage`), if the ranks wrote it on the way; else None."""
+    value, _ = _input_values(m, position, ref, streams)
+    if value is None:
+        return None
+    lineages = []
+    for r, j, op in m.pieces:
+        if position >= len(op.inputs):
+            return None
+        item = op.inputs[position]
+        if isinstance(item[0], int) and streams[r].ops[item[0]].op in UNINITIALISED:
+            return None
+        lineages.append(lineage(streams[r], item, aligned, r, j))
+    found = first_spoiling_write(value, lineages, exact, tolerances)
+    if found is None:
+        return None
+    reader = m.pieces[0][2]
+    closest = found.after.closest or "no rule fits its shapes"
+    reads = f"{reader.op} at {reader.site} reads it as input {position}"
+    w = found.write
+    if w.op is not None:
+        op = w.op
+        return Localization(
+            op.op, op.site, found.ranks, op.module, op.phase, found.after.difference, True,
+            str(op.collective) if op.collective else None,
+            "only the parallel program runs this op (no reference op aligns with it); the value it writes matched "
+            f"the reference's before it ({found.before}), not after it (closest: {closest}); {reads}",
+        )
+    c = w.collective
+    assert c is not None
+    previous = streams[found.rank].collectives[c.number - 2] if c.number > 1 else None
+    return Localization(
+        c.name, c.site, found.ranks, c.module, c.phase, found.after.difference, True,
+        str(previous) if previous else None,
+        f"the value it reduces matched the reference's ({found.before}), its result does not (closest: {closest}); "
+        f"{reads}",
+        c.label,
     )
 
 

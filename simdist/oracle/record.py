@@ -35,6 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from simdist.clock.sites import caller_site
 from simdist.comm import process_group
 from simdist.oracle.names import canonical_names, named_tensors
+from simdist.oracle.shared import SharedHooks
 
 #: frames in these directories are the simulator's or the oracle's own, never a call site
 _SIMDIST = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,6 +88,9 @@ class Source:
     parameter: str | None = None
     #: the parameter whose gradient (``.grad``) this is, as the optimizer's step found it
     gradient: str | None = None
+    #: for the output of an in-place reduction (an all-reduce): the recorded op whose output it reduced, as
+    #: (op index, output index), when the value read is that whole tensor
+    previous: tuple[int, int] | None = None
 
     def __str__(self) -> str:
         if self.collective is not None:
@@ -126,6 +130,8 @@ class OpRecord:
     seq: int = -1
     #: for an optimizer op: the first parameter among its inputs, or whose gradient is (by qualified name)
     parameter: str | None = None
+    #: for an optimizer op: input position -> the parameter whose gradient (``.grad``) that input is
+    gradients: dict[int, str] = field(default_factory=dict)
 
     @property
     def module(self) -> str | None:
@@ -153,9 +159,18 @@ class Stream:
         return a
 
 
-def _key(t: torch.Tensor) -> tuple:
-    """What identifies a tensor's current value: its storage, view geometry and version (metadata only)."""
-    return (t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride(), t.dtype, t._version)
+def _key(t: torch.Tensor, bump: int = 0) -> tuple:
+    """What identifies a tensor's current value (``bump`` versions on): its storage, view geometry and version."""
+    return (*_view(t), t._version + bump)
+
+
+def _view(t: torch.Tensor) -> tuple:
+    """What identifies a tensor apart from its version: its storage and view geometry (metadata only)."""
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride(), t.dtype)
+
+
+#: collectives that reduce a rank's tensor in place: their output is a function of the value they were given
+IN_PLACE_REDUCTIONS = frozenset({"all_reduce", "all_reduce_coalesced"})
 
 
 def _tensors(values: Any) -> list[torch.Tensor]:
@@ -229,6 +244,8 @@ class Recorder(TorchDispatchMode):
         self._alive: list[torch.UntypedStorage] = []
         #: storage address -> the collective that last wrote it
         self._writers: dict[int, Collective] = {}
+        #: :func:`_view` of a tensor an in-place reduction was issued on -> the recorded op whose output it reduced
+        self._reduced: dict[tuple, tuple[int, int]] = {}
         #: autograd sequence number -> the forward record that created that node
         self._node_ops: dict[int, int] = {}
 
@@ -324,7 +341,15 @@ class Recorder(TorchDispatchMode):
         self.stream.collectives.append(c)
         if self.active:
             for t in written:
+                key = _key(t)
+                # the collective writes t next: an in-place op's guessed next version (see _record) is stale
+                self._producers.pop(_key(t, 1), None)
                 self._writers[t.untyped_storage().data_ptr()] = c
+                made = self._producers.get(key)
+                if name in IN_PLACE_REDUCTIONS and made is not None:
+                    self._reduced[key[:-1]] = made
+                else:
+                    self._reduced.pop(key[:-1], None)
 
     # ------------------------------------------------------------------ the dispatch mode
     def _context(self, inputs: list[torch.Tensor]) -> tuple[str, tuple[str, int] | None]:
@@ -405,8 +430,10 @@ class Recorder(TorchDispatchMode):
             if value is None:
                 value = t.detach().clone()
             ptr = t.untyped_storage().data_ptr()
+            writer = self._writers.get(ptr)
             recorded_inputs.append((value, Source(
-                self._writers.get(ptr), self._params.get(ptr), self._grads.get((ptr, t.storage_offset(), tuple(t.shape)))
+                writer, self._params.get(ptr), self._grads.get((ptr, t.storage_offset(), tuple(t.shape))),
+                self._reduced.get(keys[i][:-1]) if writer is not None else None,
             )))
         results = _tensors(out if isinstance(out, (tuple, list)) else (out,))
         if not results and written:
@@ -415,12 +442,21 @@ class Recorder(TorchDispatchMode):
         for j, t in enumerate(results):
             outputs.append(t.detach().clone())
             self._producers[_key(t)] = (index, j)
+            if written and any(t is x for x in inputs):
+                # an in-place or out= op bumps the version of what it writes only on its way back through
+                # autograd's ADInplaceOrView kernel, after this mode has returned: the readers see one version
+                # on (a collective that writes the tensor next drops this guess before it can mislead)
+                self._producers[_key(t, 1)] = (index, j)
             self._alive.append(t.untyped_storage())
         seq = torch._C._autograd._get_sequence_nr()
         rec = OpRecord(index, name, phase, inv, "", stream.collectives[-1] if stream.collectives else None,
                        outputs, recorded_inputs, segment=self._roots - 1, seq=seq)
         if phase == "optimizer":
             rec.parameter = next((n for n in map(self._parameter_of, inputs) if n is not None), None)
+            for i, t in enumerate(inputs):
+                name = self._grads.get((t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)))
+                if name is not None:
+                    rec.gradients[i] = name
         if phase == "backward":
             node = torch._C._current_autograd_node()
             rec.forward = self._node_ops.get(node._sequence_nr()) if node is not None else None
@@ -500,37 +536,66 @@ def _unrecorded(method: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def _pipeline_patches() -> list[tuple[type, str, Any]]:
-    """(class, method name, original) of torch pipelining's shape inference, if the program imported it."""
+#: (class, method name, original) of torch pipelining's shape inference methods patched while recording
+_patched: list[tuple[type, str, Any]] = []
+_patch_lock = threading.Lock()
+
+
+def _patch_pipelining() -> None:
+    """Pause recording in torch pipelining's shape inference, if the program imported pipelining.
+
+    Checked at every :func:`recording`, not only the one that installed the hooks: pipelining may have been
+    imported since (it is not imported here: it costs half a second).
+    """
     module_name, classes, methods = _PIPELINE_INFERENCE
-    module = sys.modules.get(module_name)  # not imported here: pipelining costs half a second to import
-    out = []
-    for cls in (getattr(module, c, None) for c in classes):
-        for name in methods:
-            if isinstance(cls, type) and name in cls.__dict__:
-                out.append((cls, name, cls.__dict__[name]))
-    return out
+    module = sys.modules.get(module_name)
+    with _patch_lock:
+        for cls in (getattr(module, c, None) for c in classes):
+            for name in methods:
+                if not isinstance(cls, type) or name not in cls.__dict__:
+                    continue
+                if any(c is cls and n == name for c, n, _ in _patched):
+                    continue
+                original = cls.__dict__[name]
+                _patched.append((cls, name, original))
+                setattr(cls, name, _unrecorded(original))
 
 
-@contextlib.contextmanager
-def recording() -> Iterator[None]:
-    """Install the process-wide hooks the recorders need; remove them on the way out, whatever happens."""
-    handles = []
-    patched = _pipeline_patches()
-    try:
-        for cls, name, original in patched:
-            setattr(cls, name, _unrecorded(original))
-        handles.append(nn.modules.module.register_module_forward_pre_hook(_pre_forward))
+def _install() -> Callable[[], None]:
+    """Install the process-wide hooks every recorder shares; returns what removes them."""
+    handles = [
+        nn.modules.module.register_module_forward_pre_hook(_pre_forward),
         # always_call: a forward that raises still closes its invocation
-        handles.append(nn.modules.module.register_module_forward_hook(_post_forward, always_call=True))
-        handles.append(torch_optimizer.register_optimizer_step_pre_hook(_pre_step))
-        handles.append(torch_optimizer.register_optimizer_step_post_hook(_post_step))
-        process_group.ISSUE_OBSERVERS.append(_issued)
-        yield
-    finally:
-        for cls, name, original in patched:
-            setattr(cls, name, original)
+        nn.modules.module.register_module_forward_hook(_post_forward, always_call=True),
+        torch_optimizer.register_optimizer_step_pre_hook(_pre_step),
+        torch_optimizer.register_optimizer_step_post_hook(_post_step),
+    ]
+    process_group.ISSUE_OBSERVERS.append(_issued)
+
+    def remove() -> None:
+        with _patch_lock:
+            for cls, name, original in reversed(_patched):
+                setattr(cls, name, original)
+            _patched.clear()
         if _issued in process_group.ISSUE_OBSERVERS:
             process_group.ISSUE_OBSERVERS.remove(_issued)
         for h in handles:
             h.remove()
+
+    return remove
+
+
+#: the process-wide hooks of every recording in progress (concurrent localisations share one set)
+_HOOKS = SharedHooks(_install)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[None]:
+    """Hold the process-wide hooks the recorders need; the last holder removes them, whatever happens.
+
+    The hooks route every event to the recorder of the rank thread it happens in (:func:`wrap`), so recordings
+    in several Python threads at once, and plain runs beside them, never see each other's ranks.
+    """
+    with _HOOKS.held():
+        _patch_pipelining()
+        yield

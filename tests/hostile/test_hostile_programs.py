@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import torch.distributed as dist
 from hostile_cases import Case, check, params
 
 import simdist
+import simdist.clock.baton
 
 RING2 = simdist.Cluster.ring(2)
 
@@ -116,6 +118,69 @@ def _forgotten_thread() -> None:
     threading.Thread(target=dist.barrier).start()  # non-daemon, its barrier never matched by the other rank
 
 
+def _threads_deadlock_on_locks(locks: list, ran_on: list) -> None:
+    def take(first: threading.Lock, second: threading.Lock) -> None:
+        first.acquire()
+        time.sleep(0.1)  # simulated time: the other thread runs and takes its first lock
+        second.acquire()
+        ran_on.append(threading.current_thread().name)
+
+    if dist.get_rank() == 0:
+        a = threading.Thread(target=take, args=(locks[0], locks[1]), name="a-then-b")
+        b = threading.Thread(target=take, args=(locks[1], locks[0]), name="b-then-a")
+        a.start()
+        b.start()
+        a.join()
+        b.join()
+    dist.barrier()
+
+
+def _run_lock_deadlock_then_release() -> tuple:
+    """The run's error, the non-daemon threads it left, and what its stuck thread does once freed."""
+    locks, ran_on = [threading.Lock(), threading.Lock()], []
+    before = set(threading.enumerate())
+    grace, simdist.clock.baton._UNWIND_GRACE = simdist.clock.baton._UNWIND_GRACE, 0.5
+    try:
+        simdist.run(_threads_deadlock_on_locks, RING2, args=(locks, ran_on), copy_args=False, watchdog=1.0)
+    except simdist.WatchdogError as e:
+        error = str(e)
+    finally:
+        simdist.clock.baton._UNWIND_GRACE = grace
+    left = [t for t in threading.enumerate() if t not in before]
+    non_daemon = [t.name for t in left if not t.daemon]
+    for lock in locks:  # what a process's exit would do to the stuck thread: it must not run on
+        if lock.locked():
+            lock.release()
+    for t in left:
+        t.join(timeout=10)
+    return error, non_daemon, [t.name for t in left if t.is_alive()], ran_on
+
+
+def _check_lock_deadlock(result: tuple) -> None:
+    error, non_daemon, alive, ran_on = result
+    assert re.search(r"(?s)rank 0 \(its thread 'a-then-b'\) ran for .*second\.acquire\(\)", error), error
+    assert (non_daemon, alive, ran_on) == ([], [], []), result
+
+
+def _thread_start_refused() -> str:
+    # what Python raises when the OS has no thread left to give
+    name = "_start_new_thread" if hasattr(threading, "_start_new_thread") else "_start_joinable_thread"
+    start = getattr(threading, name)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("can't start new thread")
+
+    setattr(threading, name, refuse)
+    try:
+        threading.Thread(target=dist.barrier).start()
+    except RuntimeError as e:
+        refused = str(e)
+    finally:
+        setattr(threading, name, start)
+    dist.barrier()
+    return refused
+
+
 def _waits_for_own_thread_event() -> None:
     done = threading.Event()
     threading.Thread(target=done.set).start()
@@ -145,6 +210,20 @@ def _check_thread_result(result: simdist.RunResult) -> None:
     for rank, out in enumerate(result.returns):
         assert (out["rank"], out["world"], out["env"]) == (rank, 2, str(rank))
         assert torch.equal(out["t"], torch.full((3,), 3.0))
+
+
+def _thread_outlives_rank_function() -> None:
+    def late() -> None:
+        simdist.charge(1.0)
+        dist.all_reduce(torch.ones(4))
+
+    threading.Thread(target=late).start()  # non-daemon, never joined: the process exits when it ends
+
+
+def _check_finish_after_thread(result: simdist.RunResult) -> None:
+    ends = [result.trace.collectives(r)[0].end for r in range(2)]
+    assert min(ends) > 1.0, ends
+    assert result.finish_times == ends and result.sim_time == max(ends), (result.finish_times, ends)
 
 
 def _rng_shared_with_thread() -> list:
@@ -396,6 +475,19 @@ CASES: list[Case] = [
         match=r"rank 0, its thread 'Thread-\d+ \(barrier\)': .*barrier",
     ),
     Case(
+        "thread-lock-deadlock",
+        "two threads of a rank each hold a threading.Lock the other wants (taken without `with`, kept)",
+        _run_lock_deadlock_then_release,
+        check=_check_lock_deadlock,
+        slow=True,
+    ),
+    Case(
+        "thread-start-refused",
+        "Thread.start in rank code raises (the OS has no thread to give); the rank catches it and goes on",
+        lambda: simdist.run(_thread_start_refused, RING2, watchdog=5.0),
+        check=lambda r: r.returns == ["can't start new thread"] * 2 or pytest.fail(str(r.returns)),
+    ),
+    Case(
         "thread-event-of-same-rank",
         "a rank waits on a threading.Event its own thread would set",
         lambda: simdist.run(_waits_for_own_thread_event, RING2, watchdog=1.0),
@@ -415,6 +507,12 @@ CASES: list[Case] = [
         "a rank starts a threading.Thread that calls get_rank, reads RANK and all-reduces",
         lambda: simdist.run(_collective_in_thread, RING2),
         check=_check_thread_result,
+    ),
+    Case(
+        "thread-outlives-rank-function",
+        "a rank starts a non-daemon thread that all-reduces at 1 s of simulated time, and returns at once",
+        lambda: simdist.run(_thread_outlives_rank_function, RING2, compute=False),
+        check=_check_finish_after_thread,
     ),
     Case(
         "thread-rng",
@@ -594,7 +692,8 @@ CASES: list[Case] = [
         "rank code calls simdist.run",
         lambda: simdist.run(_nested_run, RING2),
         error=simdist.SimdistError,
-        match=r"cannot be nested inside another simulated run \(it was called by a rank\)",
+        match=r"^rank 0 called simdist.run at .*test_hostile_programs.py:\d+ in _nested_run, inside a "
+        r"simulated run: runs cannot be nested .*call simdist.run from plain Python outside rank code",
     ),
     Case(
         "concurrent-runs",
