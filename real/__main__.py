@@ -8,7 +8,7 @@ import sys
 from real.backend import BACKENDS
 from real.errors import RealConfigError, RealRunError
 from real.launcher import run_script
-from simdist.script import ScriptError
+from simdist_base.script import ScriptError
 
 
 def _parser() -> argparse.ArgumentParser:

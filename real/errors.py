@@ -1,8 +1,8 @@
-"""Errors raised by the real launcher, part of simdist's error hierarchy."""
+"""Errors raised by the real launcher, part of simdist's error hierarchy (whose root needs no simulator)."""
 
 from __future__ import annotations
 
-from simdist.errors import SimdistError
+from simdist_base.errors import SimdistError
 
 
 class RealError(SimdistError):

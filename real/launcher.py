@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import multiprocessing
@@ -15,7 +16,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +28,12 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from real import rank_process
 from real.backend import resolve_backend
 from real.errors import RealConfigError
+from real.exits import ExitWatch
 from real.report import failure_error
 from real.status import RETURNED, STARTED, StatusDir
 from real.target import CallableTarget, Job, ScriptTarget, dump_job, target_for
-from simdist.bench import available_memory
-from simdist.script import load_entry
-from simdist.units import format_size
+from simdist_base.host import available_memory
+from simdist_base.script import load_entry
 
 _HOST = "127.0.0.1"
 # Environment variables the launcher sets per rank process; letting `env` override them would break the run.
@@ -43,6 +43,7 @@ _RESERVED_ENV = frozenset(
 _LOGGER_PREFIXES = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
 _STACK_DUMP_WAIT = 2.0  # seconds the still-running rank processes get to write their stacks at a timeout
 _AGENT_EXIT_WAIT = 30.0  # seconds the agent gets to notice killed rank processes and return
+_WATCH_INTERVAL = 0.02  # seconds between checks of the agent's thread while waiting for rank processes to end
 _PORT_ATTEMPTS = 3  # launches tried with a fresh free port when the previous one was taken meanwhile
 #: the longest ``timeout`` accepted, seconds (30 days): the elastic launcher and thread waits need a finite,
 #: representable limit, and a run meant to be longer is not a test
@@ -52,7 +53,7 @@ MAX_TIMEOUT = 30 * 24 * 3600.0
 PROCESS_MEMORY = 256 << 20
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class RealResult:
     """The outcome of a real run: each rank's return value and the wall time of the whole launch."""
 
@@ -135,14 +136,15 @@ def _launch(
         for _attempt in range(_PORT_ATTEMPTS if master_port is None else 1):
             config = _launch_config(nproc, master_port or free_port(), timeout, root)
             start = time.perf_counter()
+            watch = ExitWatch(nproc)
             values, error, timed_out = _supervise(
-                config, (list(sys.path), root, main, blob), timeout, status, nproc
+                config, (list(sys.path), root, main, blob), timeout, status, watch
             )
             wall_time = time.perf_counter() - start
             if not _port_taken(error):
                 break
         if error is not None or timed_out or values is None:
-            failure = failure_error(status, nproc, resolved, error, timed_out, timeout)
+            failure = failure_error(status, nproc, resolved, error, timed_out, timeout, watch.exits())
             # Elastic's ChildFailedError is fully retold by the failure; any other error is the cause.
             raise failure from (None if isinstance(error, ChildFailedError) else error)
     return RealResult([values[rank] for rank in range(nproc)], wall_time, resolved, nproc)
@@ -164,8 +166,8 @@ def _check_arguments(nproc: int, timeout: float, master_port: int | None, env: d
     available = available_memory()
     if available is not None and nproc * PROCESS_MEMORY > available:
         raise RealConfigError(
-            f"nproc {nproc} would not fit: each rank process needs about {format_size(PROCESS_MEMORY)} once torch is "
-            f"imported, {format_size(nproc * PROCESS_MEMORY)} in all, but only {format_size(available)} of memory is "
+            f"nproc {nproc} would not fit: each rank process needs about {_mib(PROCESS_MEMORY)} once torch is "
+            f"imported, {_mib(nproc * PROCESS_MEMORY)} in all, but only {_mib(available)} of memory is "
             f"available; start at most {available // PROCESS_MEMORY} processes"
         )
     if master_port is not None and not (isinstance(master_port, int) and 0 < master_port < 65536):
@@ -180,6 +182,11 @@ def _check_arguments(nproc: int, timeout: float, master_port: int | None, env: d
                 f"env may not set {key}: the launcher sets it for each rank process "
                 f"(reserved: {', '.join(sorted(_RESERVED_ENV))})"
             )
+
+
+def _mib(n_bytes: int) -> str:
+    """A byte count in whole MiB (simdist's unit formatting lives with the simulator, which is not imported here)."""
+    return f"{n_bytes >> 20} MiB"
 
 
 def _launch_config(nproc: int, port: int, timeout: float, root: str) -> LaunchConfig:
@@ -198,22 +205,35 @@ def _launch_config(nproc: int, port: int, timeout: float, root: str) -> LaunchCo
         start_method="spawn",
         # Elastic's per-run log and error files go under our temporary directory, removed afterwards.
         logs_specs=DefaultLogsSpecs(log_dir=os.path.join(root, "elastic")),
-        # Skips a host-name lookup that can be slow on machines without DNS.
-        local_addr=_HOST,
-        shutdown_timeout=5,
+        **_optional_config(
+            # Skips a host-name lookup that can be slow on machines without DNS.
+            local_addr=_HOST,
+            # Seconds between SIGTERM and SIGKILL for the ranks still running after one failed.
+            shutdown_timeout=5,
+        ),
     )
 
 
+def _optional_config(**settings: Any) -> dict[str, Any]:
+    """The ``settings`` this torch's LaunchConfig has fields for: newer torch releases added some of them."""
+    known = {f.name for f in dataclasses.fields(LaunchConfig)}
+    return {name: value for name, value in settings.items() if name in known}
+
+
 def _supervise(
-    config: LaunchConfig, entry_args: tuple[Any, ...], timeout: float, status: StatusDir, nproc: int
+    config: LaunchConfig, entry_args: tuple[Any, ...], timeout: float, status: StatusDir, watch: ExitWatch
 ) -> tuple[dict[int, Any] | None, BaseException | None, bool]:
-    """Run the elastic agent on a thread; kill its processes at ``timeout``. (returns, error, timed out)"""
+    """Run the elastic agent on a thread; watch its processes end; kill them at ``timeout``.
+
+    Returns (the ranks' return values, the agent's error, whether the run timed out).
+    """
     outcome: dict[str, Any] = {}
     # An Event rather than Thread.join: after a KeyboardInterrupt, Thread.join can return at once on
     # Python < 3.13 even though the thread still runs.
     done = threading.Event()
 
     def agent() -> None:
+        """The elastic agent's thread: launch, then hand the outcome over."""
         try:
             outcome["values"] = elastic_launch(config, rank_process.entry)(*entry_args)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, which raises it
@@ -223,18 +243,20 @@ def _supervise(
 
     # The agent on a non-main thread installs no signal handlers, so the caller's Ctrl-C and SIGTERM
     # handling stays as it was; the rank processes are the only new children of this process.
-    before = set(multiprocessing.active_children())
+    before = watch.before
     thread = threading.Thread(target=agent, name="real-elastic-agent", daemon=True)
     with _quiet_launcher_logs(), _env_restored("TORCHELASTIC_SIGNALS_TO_HANDLE"):
         thread.start()
+        deadline = time.monotonic() + timeout
         try:
-            finished = done.wait(timeout)
+            while not (finished := done.is_set()) and (left := deadline - time.monotonic()) > 0:
+                watch.wait(min(left, _WATCH_INTERVAL))
         except BaseException:  # e.g. KeyboardInterrupt: take the rank processes down before propagating
             _kill_rank_processes(before)
             done.wait(_AGENT_EXIT_WAIT)
             raise
         if not finished:
-            _dump_stacks(before, status, nproc)
+            _dump_stacks(before, status, config.nproc_per_node)
             _kill_rank_processes(before)
             done.wait(_AGENT_EXIT_WAIT)
     return outcome.get("values"), outcome.get("error"), not finished

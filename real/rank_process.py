@@ -18,8 +18,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from real.liveness import ended
 from real.main_script import MainScript
-from real.status import RETURNED, STARTED, StatusDir
+from real.status import CRASH, RETURNED, StatusDir
 from real.target import load_job
 
 # Sent by the launcher at a timeout: each still-running rank process dumps its Python stacks to its
@@ -40,9 +41,12 @@ def entry(sys_path: list[str], status_root: str, main: MainScript | None, job_bl
     sys.path[:0] = [p for p in sys_path if p not in sys.path]
     rank = int(os.environ["RANK"])
     status = StatusDir(status_root)
-    status.mark(rank, STARTED)
+    status.mark_started(rank, os.getpid())
     stack_file = open(status.path(rank, "stack.txt"), "w")  # noqa: SIM115 - faulthandler keeps it open
     faulthandler.register(STACK_DUMP_SIGNAL, file=stack_file, all_threads=True)
+    # A fatal signal (a segfault in an extension) leaves its Python stacks here for the launcher's report.
+    crash_file = open(status.path(rank, CRASH), "w")  # noqa: SIM115 - faulthandler keeps it open
+    faulthandler.enable(file=crash_file, all_threads=True)
     try:
         job = load_job(job_blob, main)
         os.environ.update(job.env)
@@ -52,7 +56,7 @@ def entry(sys_path: list[str], status_root: str, main: MainScript | None, job_bl
         _check_picklable(result, rank)
     except Exception as exc:
         if status.error(rank) is None:
-            status.record_error(rank, exc, skip_file=__file__)
+            status.record_error(rank, exc, skip_file=__file__, gone=_ended_peers(status, rank))
         raise
     status.mark(rank, RETURNED)
     return result
@@ -72,12 +76,18 @@ def _run(
         # Recorded at once, while the peers are still waiting for this rank: its exit makes them fail
         # too, and the failure times must show this rank first. The group is left to die with the
         # process, since destroying it could block on peers that are still inside a collective.
-        status.record_error(rank, exc, skip_file=__file__)
+        status.record_error(rank, exc, skip_file=__file__, gone=_ended_peers(status, rank))
         raise
     # The user's code may already have destroyed the group.
     if dist.is_initialized():
         dist.destroy_process_group()
     return result
+
+
+def _ended_peers(status: StatusDir, rank: int) -> list[int]:
+    """The other ranks whose processes ended (or are ending) without returning: failures before this one."""
+    peers = [r for r in range(int(os.environ["WORLD_SIZE"])) if r != rank and not status.has(r, RETURNED)]
+    return [r for r in peers if (pid := status.pid(r)) is not None and ended(pid)]
 
 
 def _limit_threads() -> None:

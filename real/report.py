@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
-
-from real import rank_process
 from real.errors import RealRunError
+from real.exits import ProcessExit
+from real.failures import Failure, collect, first_failure, user_frames
 from real.status import RETURNED, STARTED, StatusDir
 
 _NO_ENTRY_HINT = (
@@ -25,21 +22,16 @@ def failure_error(
     error: BaseException | None,
     timed_out: bool,
     timeout: float,
+    exits: dict[int, ProcessExit] | None = None,
 ) -> RealRunError:
-    """The RealRunError describing a run that failed (``error``) or ran past ``timeout``."""
-    failures, summaries, times = _recorded_failures(status, nproc)
-    # After a timeout the agent reports the processes we killed; those are not failures of the rank code.
-    if isinstance(error, ChildFailedError) and not timed_out:
-        for rank, failure in error.failures.items():
-            if rank not in failures:
-                failures[rank] = _describe_process_failure(failure)
-                summaries[rank] = failures[rank].splitlines()[0]
-    if times:
-        first: int | None = min(times, key=lambda r: times[r])
-    elif isinstance(error, ChildFailedError) and error.failures and not timed_out:
-        first = error.get_first_failure()[0]
-    else:
-        first = min(failures) if failures else None
+    """The RealRunError describing a run that failed (``error``) or ran past ``timeout``.
+
+    ``exits`` maps the pid of each rank process the launcher saw end to how and when it ended.
+    """
+    found = collect(status, nproc, error, timed_out, exits or {})
+    first = first_failure(found)
+    failures = {rank: f.text for rank, f in found.items()}
+    summaries = {rank: f.summary for rank, f in found.items()}
 
     where = f"{nproc} real process{'es' if nproc != 1 else ''} (backend {backend})"
     if timed_out:
@@ -56,7 +48,7 @@ def failure_error(
     others = sorted(r for r in failures if r != first)
     if others:
         lines.append(f"other failing ranks (often a consequence of rank {first}'s failure):")
-        lines += [f"  rank {r}: {summaries[r]}" for r in others]
+        lines += [f"  rank {r}: {summaries[r]}{_after(found[r], found)}" for r in others]
     if not any(status.has(r, STARTED) for r in range(nproc)):
         lines.append(_NO_ENTRY_HINT)
     return RealRunError("\n".join(lines), failures=failures, first_rank=first)
@@ -75,7 +67,7 @@ def _timeout_error(
     returned = [r for r in range(nproc) if status.has(r, RETURNED)]
     unstarted = [r for r in range(nproc) if not status.has(r, STARTED)]
     running = [r for r in range(nproc) if r not in returned and r not in unstarted and r not in failures]
-    stacks = {r: _user_frames(text) for r in running if (text := status.stack(r)) is not None}
+    stacks = {r: user_frames(text) for r in running if (text := status.stack(r)) is not None}
     lines = [f"real run timed out after {timeout:g} s on {where}; its processes were killed."]
     if running:
         lines.append(f"still running: ranks {_ranks(running)} (a hang, e.g. mismatched collectives?)")
@@ -90,48 +82,13 @@ def _timeout_error(
     return RealRunError("\n".join(lines), failures=failures, first_rank=first, timed_out=True, stacks=stacks)
 
 
-def _recorded_failures(
-    status: StatusDir, nproc: int
-) -> tuple[dict[int, str], dict[int, str], dict[int, float]]:
-    """Tracebacks, one-line summaries and failure times the rank processes recorded themselves."""
-    failures: dict[int, str] = {}
-    summaries: dict[int, str] = {}
-    times: dict[int, float] = {}
-    for rank in range(nproc):
-        record = status.error(rank)
-        if record is not None:
-            failures[rank] = record["traceback"]
-            summaries[rank] = record["summary"].splitlines()[0]
-            times[rank] = record["time"]
-    return failures, summaries, times
-
-
-def _describe_process_failure(failure: ProcessFailure) -> str:
-    """A failure the rank process could not record itself: a signal, os._exit, a crash while starting."""
-    if failure.exitcode < 0:
-        text = f"killed by signal {failure.signal_name()} (exit code {failure.exitcode})"
-    else:
-        text = (
-            f"process exited with code {failure.exitcode} without a Python exception in the rank code "
-            f"(its stderr above may show why)"
-        )
-    message: Any = failure.message
-    if isinstance(message, dict):
-        message = message.get("extraInfo", {}).get("py_callstack") or message.get("message")
-    # Elastic fills in placeholders when it has no error file; those add nothing to the text above.
-    if message and "To enable traceback" not in str(message) and not str(message).startswith("Signal"):
-        text += f"\n{message}"
-    return text
-
-
-def _user_frames(stack: str) -> str:
-    """A faulthandler dump cut where the launcher's own frames begin (most recent call comes first)."""
-    kept = []
-    for line in stack.splitlines():
-        if rank_process.__file__ in line:
-            break
-        kept.append(line)
-    return "\n".join(kept)
+def _after(failure: Failure, failures: dict[int, Failure]) -> str:
+    """`` (after rank 1's process had ended)`` for a failure known to come after others, else nothing."""
+    before = [r for r in failure.after if r in failures]
+    if not before:
+        return ""
+    whose = " and ".join(f"rank {r}'s" for r in before)
+    return f" (after {whose} process had ended)"
 
 
 def _ranks(ranks: list[int]) -> str:

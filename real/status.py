@@ -11,6 +11,8 @@ from typing import Any
 
 STARTED = "started"
 RETURNED = "returned"
+#: what faulthandler writes when a rank process dies of a fatal signal (SIGSEGV, SIGFPE, SIGABRT, SIGBUS, SIGILL)
+CRASH = "crash.txt"
 
 
 class StatusDir:
@@ -27,14 +29,32 @@ class StatusDir:
         """Record that ``rank`` reached stage ``kind`` (STARTED, RETURNED)."""
         self.path(rank, kind).touch()
 
+    def mark_started(self, rank: int, pid: int) -> None:
+        """Record that ``rank`` started, in process ``pid`` (its peers and the launcher look it up)."""
+        tmp = self.path(rank, "started.tmp")
+        tmp.write_text(str(pid))
+        os.replace(tmp, self.path(rank, STARTED))
+
+    def pid(self, rank: int) -> int | None:
+        """The process ``rank`` runs in, once it started; None before (or if it recorded none)."""
+        try:
+            text = self.path(rank, STARTED).read_text()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() else None
+
     def has(self, rank: int, kind: str) -> bool:
         """Whether ``rank`` reached stage ``kind``."""
         return self.path(rank, kind).exists()
 
-    def record_error(self, rank: int, exc: BaseException, skip_file: str | None = None) -> None:
+    def record_error(
+        self, rank: int, exc: BaseException, skip_file: str | None = None, gone: list[int] | None = None
+    ) -> None:
         """Save ``exc`` raised on ``rank`` with the time it was caught (to order failures across ranks).
 
-        Leading traceback frames from ``skip_file`` (real's own rank-process code) are left out.
+        Leading traceback frames from ``skip_file`` (real's own rank-process code) are left out. ``gone``
+        lists the peers whose processes had already ended (or were ending) when it was caught: this rank's
+        failure came after theirs, whatever the clocks say.
         """
         tb = exc.__traceback__
         while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename == skip_file:
@@ -44,6 +64,7 @@ class StatusDir:
             "type": type(exc).__name__,
             "summary": "".join(traceback.format_exception_only(type(exc), exc)).strip(),
             "traceback": "".join(traceback.format_exception(type(exc), exc, tb)),
+            "gone": sorted(gone or []),
         }
         # Written then renamed so the launcher never reads half a file.
         tmp = self.path(rank, "error.tmp")
@@ -56,6 +77,15 @@ class StatusDir:
         if not path.exists():
             return None
         return json.loads(path.read_text())
+
+    def crash(self, rank: int) -> tuple[str, float] | None:
+        """What faulthandler wrote when ``rank`` died of a fatal signal, and when (the file's time); or None."""
+        path = self.path(rank, CRASH)
+        try:
+            text, when = path.read_text().strip(), path.stat().st_mtime
+        except OSError:
+            return None
+        return (text, when) if text else None
 
     def stack(self, rank: int) -> str | None:
         """The Python stacks ``rank`` dumped when asked at the timeout, or None if it dumped nothing."""

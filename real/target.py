@@ -16,7 +16,7 @@ from typing import Any
 
 from real.errors import RealConfigError
 from real.main_script import MainScript, calling_script, importable
-from simdist.script import SCRIPT_MODULE_PREFIX, load_entry, script_path_of
+from simdist_base.script import SCRIPT_MODULE_PREFIX, load_entry, script_path_of
 
 _MOVE_IT = (
     "spawned rank processes find it by module and qualified name, so it must be a top-level function of "

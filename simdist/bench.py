@@ -14,7 +14,6 @@ that says what would fit. Rows are handed to ``on_row`` as they finish, as nccl-
 from __future__ import annotations
 
 import numbers
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,6 +27,7 @@ from simdist.errors import SimdistError
 from simdist.network.cluster import Cluster
 from simdist.network.graph import validate_algorithms
 from simdist.units import format_size
+from simdist_base.host import available_memory
 
 #: what the bench sweeps: every collective of the registry except the barrier
 COLLECTIVES = tuple(c for c in algorithms.COLLECTIVES if c != "barrier")
@@ -148,37 +148,6 @@ def row_counts(collective: str, n: int, min_bytes: int, max_bytes: int, step_fac
         counts.append(count)
         size *= step_factor
     return counts
-
-
-def available_memory() -> int | None:
-    """Bytes this process can still allocate (MemAvailable, lowered by a cgroup limit); None if unknown."""
-    found: list[int] = []
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    found.append(int(line.split()[1]) * 1024)
-    except (OSError, ValueError, IndexError):
-        pass
-    if not found and hasattr(os, "sysconf"):
-        try:
-            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-        except (OSError, ValueError):
-            pass
-    # A container's limit (cgroup v2, then v1) can be far below the machine's free memory.
-    for limit_file, usage_file in (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
-    ):
-        try:
-            with open(limit_file) as f, open(usage_file) as g:
-                limit, usage = f.read().strip(), g.read().strip()
-            if limit.isdigit() and usage.isdigit():
-                found.append(max(0, int(limit) - int(usage)))
-                break
-        except OSError:
-            continue
-    return min(found) if found else None
 
 
 def check_memory(collective: str, n: int, count: int, itemsize: int, available: int | None) -> None:

@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 from simdist.ranks import format_ranks
+from simdist_base.errors import SimdistError
 
 
 def safe_str(exc: BaseException) -> str:
@@ -14,10 +15,6 @@ def safe_str(exc: BaseException) -> str:
         return str(exc)
     except Exception:  # noqa: BLE001 - a broken __str__ must not hide the report it appears in
         return f"<{type(exc).__name__}.__str__ raised>"
-
-
-class SimdistError(Exception):
-    """Base class of every error simdist raises on purpose."""
 
 
 class ClusterSpecError(SimdistError, ValueError):

@@ -1,6 +1,7 @@
 """simdist's modules form a one-way chain of layers, with no import cycle and no import inside a function.
 
-The chain: foundation (errors, units, trace records, device models, algorithm schedules) -> clock and rank
+The chain: the simulator-free base (``simdist_base``: the error root, the script convention, host memory) ->
+foundation (errors, units, trace records, device models, algorithm schedules) -> clock and rank
 threads -> network -> communication -> the run (``simdist.run``) -> the equivalence oracle -> HTML reports -> tools (CLI, bench, scripts, the package's
 public API). A module may import its own layer and the layers before it, never a later one. Imports inside
 functions count as edges too, so a cycle cannot hide behind a lazy import; and apart from optional heavy
@@ -16,10 +17,11 @@ import networkx as nx
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("simdist", "real")
+PACKAGES = ("simdist", "simdist_base", "real")
 
 #: layers in order; a module belongs to the last layer one of whose prefixes it starts with
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("base", ("simdist_base",)),
     ("foundation", ("simdist.errors", "simdist.ranks", "simdist.units", "simdist.trace", "simdist.compute", "simdist.algorithms")),
     ("clock", ("simdist.clock",)),
     ("network", ("simdist.network",)),
@@ -113,6 +115,23 @@ def test_the_scan_sees_the_packages() -> None:
         MODULES
     )
     assert ("simdist.clock.baton", False) in {(t, lazy) for t, lazy, _ in EDGES["simdist.engine.runner"]}
+
+
+#: what ``import real`` and ``python -m real`` load: the launcher, which must run where only torch is installed
+LAUNCHER_ENTRIES = ("real", "real.__main__")
+
+
+def test_the_launcher_imports_nothing_of_the_simulator() -> None:
+    # Any simdist module runs simdist/__init__.py, which imports simpy and patches torch privates for one
+    # torch range: the launcher reaches only simdist_base. (tests/test_real_import.py runs it without simpy.)
+    seen, todo = set(), list(LAUNCHER_ENTRIES)
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += [target for target, _, _ in EDGES[name]]
+    assert "real.launcher" in seen and "simdist_base.script" in seen
+    assert not sorted(m for m in seen if m == "simdist" or m.startswith("simdist.")), "the launcher imports the simulator"
 
 
 def test_no_import_cycle_between_modules_counting_function_level_imports() -> None:

@@ -1,0 +1,126 @@
+"""benchmarks/gpu: the prepared device run works the first time, checked here with ``--dry-run`` on the CPU.
+
+run_all.sh runs where only torch is installed, so its dry run here happens in an interpreter where simpy
+cannot be imported; compare.py then reads what it wrote, with simdist, as it will read a GPU's results.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from no_simpy import REPO, env_without_simpy
+
+from simdist.compute import get_device
+
+GPU = REPO / "benchmarks" / "gpu"
+sys.path.insert(0, str(GPU))
+
+import compare
+import ops
+import predict
+from model import Block, BlockShape
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The results folder of ``run_all.sh --dry-run``, run without simpy."""
+    out = tmp_path_factory.mktemp("gpu-results")
+    env = {**env_without_simpy(out.parent), "OUT": str(out)}
+    done = subprocess.run(
+        ["bash", str(GPU / "run_all.sh"), "--dry-run"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        cwd=out,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out
+
+
+def _json(folder: Path, name: str) -> dict:
+    return json.loads((folder / name).read_text())
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_every_section_ran_and_wrote_its_results(dry_run: Path) -> None:
+    log = (dry_run / "log.txt").read_text()
+    for section in ("real_nccl", "compute", "memory", "program"):
+        assert f"=== {section}: exit 0 after" in log, log[-3000:]
+        assert _json(dry_run, f"{section}.json")["errors"] == [], section
+    assert "=== summary ===" in log and "machine: device cpu" in log
+
+    nccl = _json(dry_run, "real_nccl.json")
+    assert nccl["failed"] == [] and nccl["passed"] == len(nccl["records"]) >= 20
+    checks = {r["check"] for r in nccl["records"]}
+    assert {"rank 0: all_to_all_single", "rank 0: returns on the CPU", "script entry fail: exit 1"} <= checks
+
+    compute_ids = [r["id"] for r in _json(dry_run, "compute.json")["records"]]
+    assert compute_ids == [c.id for c in ops.cases(dry_run=True)]
+
+    program = _json(dry_run, "program.json")["records"][0]
+    assert len(program["losses"]) == len(program["step_s"]) == 3
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_compare_reads_the_results_and_the_simulated_twin_trains_like_the_real_one(
+    dry_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert compare.main([str(dry_run)]) == 0
+    out = capsys.readouterr().out
+    assert "`real` on gloo: " in out and "checks passed" in out and "failed:" not in out
+    assert out.count("| mm ") == 4 and "| matmul bf16 | 1 |" in out
+    assert "| d64 h4 b2 s32 | fp32 | second step | not measured |" in out
+    # The same job on a real gloo process and simulated: the same losses (the oracle is the real run).
+    assert "equal within 0.001" in out
+
+
+def test_a_matmul_is_predicted_by_the_roofline_formula() -> None:
+    case = next(c for c in ops.cases(dry_run=False) if c.id == "mm bf16 4096x4096x4096")
+    h100 = get_device("H100")
+    flops, moved = 2 * 4096**3, 3 * 4096 * 4096 * 2
+    expected = (
+        max(flops / h100.flops_for(torch.bfloat16), moved / h100.memory_bandwidth) + h100.launch_overhead
+    )
+    seconds, kernels = predict.op_seconds(case, "H100")
+    assert kernels == 1 and seconds == pytest.approx(expected, rel=1e-12)
+
+
+def test_attention_is_priced_as_the_fused_kernel_a_simulated_run_uses() -> None:
+    # On meta tensors PyTorch would take the unfused math path (about ten kernels); a simulated run on CPU
+    # tensors takes the fused one, so the prediction must too.
+    case = next(c for c in ops.cases(dry_run=False) if c.id == "sdpa bf16 b4 h32 s2048 d128")
+    seconds, kernels = predict.op_seconds(case, "H100")
+    h100 = get_device("H100")
+    flops = 4 * 4 * 32 * 2048 * 2048 * 128
+    assert kernels == 1
+    assert seconds == pytest.approx(flops / h100.flops_for(torch.bfloat16) + h100.launch_overhead, rel=1e-9)
+
+
+def test_the_memory_peak_after_building_the_block_is_its_parameters() -> None:
+    shape = BlockShape(256, 4, 2, 64)
+    params = sum(p.numel() for p in Block(256, 4).parameters())
+    assert predict.memory_peak(shape, "fp32", "model", "H100") == params * 4
+    assert predict.memory_peak(shape, "bf16", "model", "H100") == params * 2
+
+
+@pytest.mark.parametrize(
+    "name, preset",
+    [
+        ("NVIDIA H100 80GB HBM3", "H100"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA A100-SXM4-80GB", "A100"),
+        ("cpu", "H100"),
+        (None, "H100"),
+    ],
+)
+def test_the_preset_follows_the_measured_device(name: str | None, preset: str) -> None:
+    assert predict.preset_for(name) == preset
