@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
+from torch.distributed.distributed_c10d import supports_complex
 
 from simdist import algorithms
 from simdist.algorithms import Problem
@@ -42,7 +43,7 @@ NUMPY_OPS = {
     "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor,
 }  # fmt: skip
 #: the element types the test draws (numpy has no complex32)
-DTYPES = sorted((d for d in SUPPORTED_DTYPES if d != torch.complex32 and not d.is_complex), key=str)
+DTYPES = sorted((d for d in SUPPORTED_DTYPES if d != torch.complex32), key=str)
 
 RECORDS = algorithms.COLLECTIVE_RECORDS
 
@@ -124,6 +125,8 @@ def _draw(rng: np.random.Generator, dtype: torch.dtype, size: int) -> torch.Tens
         return torch.from_numpy(rng.integers(0, 2, size).astype(bool))
     if dtype.is_floating_point:
         return torch.from_numpy(rng.integers(-64, 64, size) / 8).to(dtype)
+    if dtype.is_complex:
+        return torch.complex(*(torch.from_numpy(rng.integers(-64, 64, size) / 8) for _ in "ri")).to(dtype)
     lo = 0 if dtype == torch.uint8 else -8
     return torch.from_numpy(rng.integers(lo, 8, size)).to(dtype)
 
@@ -159,10 +162,15 @@ def test_each_reduce_op_reduces_as_numpy_on_every_type_it_accepts(record, dtype,
     try:
         record.check_dtype(dtype, "the test tensor")
     except InvalidArgumentError as e:
+        # refused as gloo refuses it: complex tensors where torch says the op has no complex form, bitwise ops
+        # on floating-point tensors, AVG on integers and bool
         assert str(dtype) in str(e) and f"ReduceOp.{record.torch_op.name}" in str(e)
+        if dtype.is_complex and not supports_complex(record.torch_op):
+            return
         floating = dtype.is_floating_point or dtype.is_complex
         assert record.dtypes == ("integral" if floating else "floating")
         return
+    assert not dtype.is_complex or supports_complex(record.torch_op)
     got = inputs[0].clone()
     combine = record.combiner(dtype)
     for t in inputs[1:]:

@@ -41,6 +41,9 @@ class Reduction:
     scalar: Callable[[Any, Any], Any]
     #: on bool tensors, where it differs from ``combine`` (SUM is logical or, PRODUCT logical and, as gloo)
     combine_bool: Combine | None = None
+    #: it reduces complex tensors (torch's ``supports_complex``: SUM and AVG add real and imaginary parts
+    #: apart; the others have no complex meaning gloo implements)
+    on_complex: bool = False
     #: the result is divided by the group size once every payload has been reduced (AVG)
     divides: bool = False
     #: what ``simdist bench --op`` calls it (nccl-tests' ``-o`` names); None where the bench does not offer
@@ -70,6 +73,13 @@ class Reduction:
                 f"Cannot use ReduceOp.{self.torch_op.name} with non-integral dtype: {what} has dtype {dtype}; "
                 f"bitwise reductions need an integer or bool tensor"
             )
+        if dtype.is_complex and not self.on_complex:
+            # torch's front end refuses all_reduce of complex tensors with these ops; reduce and
+            # reduce_scatter reach gloo, which refuses them ("reduce does not support on complex tensors")
+            raise InvalidArgumentError(
+                f"ReduceOp.{self.torch_op.name} on complex tensors is not supported (gloo refuses it): "
+                f"{what} has dtype {dtype}; complex tensors reduce with SUM and AVG only"
+            )
         if self.dtypes == "floating" and not floating:
             # gloo divides by the world size in floating point, then fails to write the float back
             raise InvalidArgumentError(
@@ -95,10 +105,11 @@ def _maximum(d: torch.Tensor, p: torch.Tensor) -> object:
 
 
 REDUCE_OPS: tuple[Reduction, ...] = (
-    Reduction("sum", _RED.SUM, "any", torch.Tensor.add_, operator.add, torch.Tensor.logical_or_, bench_name="sum"),
-    Reduction("avg", _RED.AVG, "floating", torch.Tensor.add_, operator.add, divides=True),
+    Reduction("sum", _RED.SUM, "any", torch.Tensor.add_, operator.add, torch.Tensor.logical_or_,
+              on_complex=True, bench_name="sum"),
+    Reduction("avg", _RED.AVG, "floating", torch.Tensor.add_, operator.add, on_complex=True, divides=True),
     Reduction("product", _RED.PRODUCT, "any", torch.Tensor.mul_, operator.mul, torch.Tensor.logical_and_,
-             bench_name="prod"),
+              bench_name="prod"),
     Reduction("min", _RED.MIN, "any", _minimum, min, bench_name="min"),
     Reduction("max", _RED.MAX, "any", _maximum, max, bench_name="max"),
     Reduction("band", _RED.BAND, "integral", torch.Tensor.bitwise_and_, operator.and_),

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from simdist.algorithms.collectives import COLLECTIVE_RECORDS
-from simdist.algorithms.reduce_ops import REDUCE_OPS
+from simdist.algorithms.reduce_ops import REDUCE_OPS, Reduction
 from simdist.algorithms.registry import ALGORITHMS, Problem, collective, get
 from simdist.algorithms.schedule import format_schedule
 
@@ -65,6 +65,12 @@ def markdown() -> str:
     return "\n".join(lines)
 
 
+def _dtypes_text(r: Reduction) -> str:
+    """The element types ``r`` accepts, as the page prints them."""
+    text = _DTYPES_TEXT[r.dtypes]
+    return f"{text} but complex" if r.dtypes == "any" and not r.on_complex else text
+
+
 def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
@@ -92,7 +98,7 @@ def records_markdown() -> str:
             notes.append("the result is divided by the group size")
         bench = f"`{r.bench_name}`" if r.bench_name else "-"
         lines.append(
-            f"| `{r.name}` | `ReduceOp.{r.torch_op.name}` | {_DTYPES_TEXT[r.dtypes]} | {'; '.join(notes) or '-'} "
+            f"| `{r.name}` | `ReduceOp.{r.torch_op.name}` | {_dtypes_text(r)} | {'; '.join(notes) or '-'} "
             f"| {bench} |"
         )
     return "\n".join(lines)
