@@ -1,10 +1,12 @@
 """``simdist bench``: the nccl-tests table for one collective over a range of sizes on a simulated cluster.
 
 Columns as nccl-tests prints them: size (B), count (elements), type, redop, root, time (us), algbw and busbw
-(GB/s), #wrong. busbw = algbw x factor: all-reduce 2(n-1)/n; reduce-scatter, all-gather, all-to-all, gather
-and scatter (n-1)/n; broadcast and reduce 1. Every run carries real data and #wrong counts the output
-elements that differ from the expected values. The collectives and their algorithms are the registry's
-(:mod:`simdist.algorithms`); the barrier has no size to sweep.
+(GB/s), #wrong. busbw = algbw x nccl-tests' factor: all-reduce 2(n-1)/n; reduce-scatter, all-gather,
+all-to-all, gather and scatter (n-1)/n; broadcast and reduce 1. Every run carries real data and #wrong counts
+the output elements that differ from the expected values. The collectives, their algorithms and reduce ops
+are the registry's (:mod:`simdist.algorithms`): each collective's record gives its bus factor, whether it has
+a root, a buffer of one chunk per rank or a reduce op, and the memory a row needs; the barrier has no size to
+sweep.
 
 Before anything runs the sweep is checked: every rank is a thread carrying real data, so a world above
 ``MAX_WORLD`` ranks or buffers that do not fit in the memory available are refused with a :class:`BenchError`
@@ -13,6 +15,7 @@ that says what would fit. Rows are handed to ``on_row`` as they finish, as nccl-
 
 from __future__ import annotations
 
+import functools
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from simdist import algorithms
-from simdist.algorithms.bandwidth import bus_factor
+from simdist.algorithms import Reduction
 from simdist.engine.runner import run
 from simdist.errors import SimdistError
 from simdist.network.cluster import Cluster
@@ -29,20 +32,14 @@ from simdist.network.graph import validate_algorithms
 from simdist.units import format_size
 from simdist_base.host import available_memory
 
-#: what the bench sweeps: every collective of the registry except the barrier
-COLLECTIVES = tuple(c for c in algorithms.COLLECTIVES if c != "barrier")
+#: what the bench sweeps: every collective of the registry with a buffer (all but the barrier)
+COLLECTIVES = tuple(c.name for c in algorithms.COLLECTIVE_RECORDS if c.memory_factor is not None)
 DTYPES = {"float": torch.float32, "double": torch.float64, "half": torch.float16, "bfloat16": torch.bfloat16, "int32": torch.int32, "int64": torch.int64}
-REDOPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+#: the reduce ops the bench offers, by their nccl-tests names
+REDOPS: dict[str, Reduction] = {r.bench_name: r for r in algorithms.REDUCE_OPS if r.bench_name is not None}
 #: the largest world the bench simulates: one row (one collective call) takes about 12 s of wall time at
 #: 4096 ranks and about a minute at 8192 on one core of a 2024 server, growing faster than the world
 MAX_WORLD = 4096
-#: peak resident bytes per byte of one rank's buffer, per collective: measured on 16 ranks x 16 MiB
-#: (all_to_all 6.5, reduce 3.3, reduce_scatter 2.6, broadcast 2.3, all_reduce and all_gather 1.6) and
-#: rounded up; the inputs, outputs, expected values and in-flight message copies all count
-MEMORY_FACTOR = {
-    "all_reduce": 3, "all_gather": 3, "reduce_scatter": 4, "broadcast": 4, "reduce": 5,
-    "gather": 2, "scatter": 2, "all_to_all": 8,
-}  # fmt: skip
 
 
 class BenchError(SimdistError, ValueError):
@@ -65,9 +62,9 @@ class Row:
     algorithm: str
 
 
-def _rank_value(rank: int, dtype: torch.dtype, op: str) -> float:
+def _rank_value(rank: int, dtype: torch.dtype, op: Reduction) -> float:
     """Each rank's input value: small, so sums stay exact in half precision and products never overflow."""
-    if op == "prod":
+    if op.torch_op == dist.ReduceOp.PRODUCT:
         return 2.0 if rank == 0 else 1.0
     return float(rank % 3 + 1)
 
@@ -75,9 +72,10 @@ def _rank_value(rank: int, dtype: torch.dtype, op: str) -> float:
 def _bench_rank(collective: str, count: int, dtype: torch.dtype, op_name: str, root: int) -> int:
     """Rank code: run the collective once on known data; return the number of wrong output elements."""
     n, rank = dist.get_world_size(), dist.get_rank()
-    vals = [_rank_value(r, dtype, op_name) for r in range(n)]
-    op = REDOPS[op_name]
-    red = {"sum": sum, "prod": _prod, "min": min, "max": max}[op_name]
+    reduction = REDOPS[op_name]
+    vals = [_rank_value(r, dtype, reduction) for r in range(n)]
+    op = reduction.torch_op
+    red = functools.partial(functools.reduce, reduction.scalar)  # the expected reduction of the ranks' values
     if collective in ("all_reduce", "reduce", "broadcast"):
         t = torch.full((count,), vals[rank], dtype=dtype)
         if collective == "all_reduce":
@@ -123,13 +121,6 @@ _all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_ten
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 
 
-def _prod(xs: list[float]) -> float:
-    out = 1.0
-    for x in xs:
-        out *= x
-    return out
-
-
 def _whole(value: object, what: str, least: int) -> int:
     """``value`` as an int after checking it is a whole number >= ``least``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
@@ -143,7 +134,7 @@ def row_counts(collective: str, n: int, min_bytes: int, max_bytes: int, step_fac
     size = min_bytes
     while size <= max_bytes:
         count = max(1, size // itemsize)
-        if collective in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
+        if algorithms.collective(collective).chunked:
             count = max(n, count - count % n)  # n equal chunks, at least one element each
         counts.append(count)
         size *= step_factor
@@ -155,12 +146,15 @@ def check_memory(collective: str, n: int, count: int, itemsize: int, available: 
     if available is None:
         return
     per_rank = count * itemsize
-    needed = MEMORY_FACTOR[collective] * per_rank * n
+    factor = algorithms.collective(collective).memory_factor
+    if factor is None:
+        raise BenchError(f"{collective} has no buffer for the bench to size; choose one of {', '.join(COLLECTIVES)}")
+    needed = factor * per_rank * n
     if needed > available:
-        fits = available // (MEMORY_FACTOR[collective] * n)
+        fits = available // (factor * n)
         raise BenchError(
             f"the largest row needs about {format_size(needed)} ({n} ranks x {format_size(per_rank)} buffers x "
-            f"{MEMORY_FACTOR[collective]} for inputs, outputs and messages of {collective}) but only "
+            f"{factor} for inputs, outputs and messages of {collective}) but only "
             f"{format_size(available)} of memory is available; use a largest size (-e/--maxbytes, max_bytes) of at "
             f"most {format_size(fits)} or fewer ranks"
         )
@@ -257,16 +251,16 @@ def _row(
     t = max(s.end for s in spans) - min(s.start for s in spans) if spans else 0.0
     nbytes = count * torch.empty((), dtype=tdt).element_size()
     algbw = nbytes / t / 1e9 if t > 0 else 0.0
-    shows_op = collective in ("all_reduce", "reduce", "reduce_scatter")
+    record = algorithms.collective(collective)
     row = Row(
         size=nbytes,
         count=count,
         dtype=dtype,
-        redop=redop if shows_op else "none",
-        root=root if collective in ("broadcast", "reduce", "gather", "scatter") else -1,
+        redop=redop if record.reduces else "none",
+        root=root if record.rooted else -1,
         time_us=t * 1e6,
         algbw=algbw,
-        busbw=algbw * bus_factor(collective, n),
+        busbw=algbw * record.bus_factor(n),
         wrong=sum(res.returns),
         algorithm=spans[0].args.get("algorithm", "") if spans else "",
     )

@@ -21,7 +21,6 @@ from simdist.algorithms import Problem, format_schedule, split_offsets, steps
 from simdist.algorithms.table import markdown, update
 
 ROOT = Path(__file__).resolve().parent.parent
-CHUNKED = {"reduce_scatter", "all_gather", "gather", "scatter"}
 
 
 def run_schedule(msgs: list, bufs: list[np.ndarray]) -> None:
@@ -91,7 +90,7 @@ CASES = [(a.collective, a.name) for a in algorithms.ALGORITHMS if a.collective !
 @pytest.mark.parametrize("collective, name", CASES)
 @given(n=st.integers(1, 12), numel=st.integers(1, 40), root=st.integers(0, 11), seed=st.integers(0, 2**16))
 def test_every_schedule_computes_its_collective(collective: str, name: str, n: int, numel: int, root: int, seed: int) -> None:
-    if collective in CHUNKED:
+    if algorithms.collective(collective).chunked:
         numel = max(numel, n)
     want, got, check = expected_and_run(collective, name, n, numel, root % n, seed)
     for r in check:

@@ -17,7 +17,7 @@ import pytest
 
 import simdist
 from simdist import algorithms
-from simdist.bench import bench, bus_factor
+from simdist.bench import bench
 from simdist.cli import main
 from simdist.report import ScenarioReport
 from simdist.units import format_size
@@ -127,7 +127,7 @@ def test_bench_rows_verify_data_and_match_closed_forms(collective):
     rows = bench(cluster, collective, min_bytes=64, max_bytes=1 << 20, step_factor=16)
     assert [r.wrong for r in rows] == [0] * len(rows)
     for r in rows:
-        assert r.busbw == pytest.approx(r.algbw * bus_factor(collective, n))
+        assert r.busbw == pytest.approx(r.algbw * algorithms.collective(collective).bus_factor(n))
         if collective != "all_to_all":
             want = algorithms.estimate(collective, "ring", n, r.size, lat, 1 / bw, numel=r.count)
             assert r.time_us == pytest.approx(want * 1e6, rel=0.01)

@@ -1,12 +1,17 @@
-"""Collective algorithms as message schedules, declared once in a registry.
+"""Collective algorithms as message schedules, declared once in a registry, beside one record per collective
+and per reduce op.
 
     from simdist import algorithms
     algorithms.names("all_reduce")                    # ('ring', 'tree', 'rhd', 'direct')
     algo = algorithms.get("all_reduce", "ring")
     algo.estimate(8, 1 << 20, alpha=5e-6, beta=1 / 100e9)
     print(algorithms.format_schedule(algo.schedule(algorithms.Problem(n=4, numel=8, itemsize=4)), 4))
+    algorithms.collective("all_gather").bus_factor(8)  # 0.875, as nccl-tests reports busbw
+    algorithms.reduce_op("avg").divides               # True
 """
 
+from simdist.algorithms.collectives import COLLECTIVE_RECORDS, Collective
+from simdist.algorithms.reduce_ops import REDUCE_OPS, Reduction, reduce_op, reduce_op_of
 from simdist.algorithms.registry import (
     ALGORITHMS,
     AUTO,
@@ -18,6 +23,7 @@ from simdist.algorithms.registry import (
     check_choice,
     check_collective,
     choose,
+    collective,
     estimate,
     get,
     names,
@@ -28,19 +34,26 @@ __all__ = [
     "ALGORITHMS",
     "AUTO",
     "COLLECTIVES",
+    "COLLECTIVE_RECORDS",
     "NAMES",
+    "REDUCE_OPS",
     "Algorithm",
+    "Collective",
     "Msg",
     "Problem",
+    "Reduction",
     "build",
     "check_choice",
     "check_collective",
     "choose",
+    "collective",
     "estimate",
     "format_schedule",
     "get",
     "names",
     "offsets_from_sizes",
+    "reduce_op",
+    "reduce_op_of",
     "split_offsets",
     "steps",
 ]

@@ -3,7 +3,8 @@
 An :class:`Algorithm` says how its schedule is built, its closed-form alpha-beta time on an uncontended
 network (Thakur, Rabenseifner & Gropp 2005), which pair of ranks' alpha-beta it is priced with, and its
 constraints. Cluster validation, :func:`simdist.set_algorithms`, ``"auto"`` selection, ``simdist bench`` and
-the documentation all read this one table.
+the documentation all read this one table. What each collective is, whatever algorithm runs it, is its
+:class:`~simdist.algorithms.collectives.Collective` record.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from simdist.algorithms import direct, halving_doubling, ring, tree
+from simdist.algorithms.collectives import COLLECTIVE_RECORDS, Collective
 from simdist.algorithms.schedule import Msg, pipeline_chunks, split_offsets
 
 
@@ -238,8 +240,9 @@ ALGORITHMS: tuple[Algorithm, ...] = (
 
 _BY_KEY: dict[tuple[str, str], Algorithm] = {(a.collective, a.name): a for a in ALGORITHMS}
 
-#: the collectives, in declaration order
-COLLECTIVES: tuple[str, ...] = tuple(dict.fromkeys(a.collective for a in ALGORITHMS))
+#: the collectives, in declaration order (each has its record and at least one algorithm)
+COLLECTIVES: tuple[str, ...] = tuple(c.name for c in COLLECTIVE_RECORDS)
+_RECORDS: dict[str, Collective] = {c.name: c for c in COLLECTIVE_RECORDS}
 #: every algorithm name, in declaration order
 NAMES: tuple[str, ...] = tuple(dict.fromkeys(a.name for a in ALGORITHMS))
 #: what a cluster or group may choose instead of a name: the cheapest algorithm by its closed form
@@ -250,6 +253,12 @@ def names(collective: str) -> tuple[str, ...]:
     """The algorithms of ``collective`` in order of preference."""
     check_collective(collective)
     return tuple(a.name for a in ALGORITHMS if a.collective == collective)
+
+
+def collective(name: str) -> Collective:
+    """The record of the collective ``name``; a ValueError naming the choices if there is none."""
+    check_collective(name)
+    return _RECORDS[name]
 
 
 def get(collective: str, name: str) -> Algorithm:

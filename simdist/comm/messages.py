@@ -12,31 +12,8 @@ from typing import Any
 
 import torch
 
-from simdist.algorithms import Msg, format_schedule
+from simdist.algorithms import Msg, format_schedule, reduce_ops
 from simdist.trace.trace import Message
-
-
-def _reduce_fn(op: str, dtype: torch.dtype) -> Callable[[torch.Tensor, torch.Tensor], None]:
-    """In-place ``dst = dst (op) payload``."""
-    if op in ("sum", "avg"):
-        if dtype == torch.bool:
-            return lambda d, p: d.logical_or_(p)
-        return lambda d, p: d.add_(p)
-    if op == "product":
-        if dtype == torch.bool:
-            return lambda d, p: d.logical_and_(p)
-        return lambda d, p: d.mul_(p)
-    if op == "min":
-        return lambda d, p: torch.minimum(d, p, out=d)
-    if op == "max":
-        return lambda d, p: torch.maximum(d, p, out=d)
-    if op == "band":
-        return lambda d, p: d.bitwise_and_(p)
-    if op == "bor":
-        return lambda d, p: d.bitwise_or_(p)
-    if op == "bxor":
-        return lambda d, p: d.bitwise_xor_(p)
-    raise ValueError(f"unsupported reduce op {op!r}")
 
 
 class ScheduleRun:
@@ -70,7 +47,7 @@ class ScheduleRun:
         self.name = name
         dtype = next((b.dtype for b in dst_bufs if b is not None), torch.float32)
         self.itemsize = torch.empty((), dtype=dtype).element_size()
-        self.reduce = _reduce_fn(reduce_op, dtype)
+        self.reduce = reduce_ops.reduce_op(reduce_op).combiner(dtype)
         nsteps = 1 + max((m.step for m in msgs), default=-1)
         self.nsteps = nsteps
         self.msgs = msgs

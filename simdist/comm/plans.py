@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from simdist.algorithms import Algorithm, Msg, Problem, offsets_from_sizes
+from simdist.algorithms import Algorithm, Msg, Problem, offsets_from_sizes, reduce_op
 
 
 @dataclass
@@ -51,19 +51,14 @@ def raw_flat(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided((n,), (1,), t.storage_offset())
 
 
-def _avg(buf: torch.Tensor, n: int) -> None:
-    if buf.dtype.is_floating_point or buf.dtype.is_complex:
-        buf.div_(n)
-    else:
-        buf.copy_(torch.div(buf, n, rounding_mode="trunc"))
-
-
-def _finisher(ws: torch.Tensor, avg_n: int | None) -> Callable[[], None]:
-    """Divide ``ws`` (the user's memory) by ``avg_n`` at the end for AVG; nothing otherwise."""
+def _finisher(ws: torch.Tensor, op: str | None = None, n: int = 1) -> Callable[[], None]:
+    """Finish reduce op ``op`` on ``ws`` (the user's memory) at the end: AVG divides by the group size ``n``;
+    nothing otherwise, nor without an op."""
+    reduction = reduce_op(op) if op is not None else None
 
     def finish() -> None:
-        if avg_n:
-            _avg(ws, avg_n)
+        if reduction is not None:
+            reduction.finish(ws, n)
 
     return finish
 
@@ -72,7 +67,7 @@ def plan_all_reduce(tensors: list[torch.Tensor], op: str, algo: Algorithm) -> Pl
     """In place on each rank's tensor (``tensors[r]``; a coalesced call passes one flat buffer per rank)."""
     n = len(tensors)
     bufs = [raw_flat(t) for t in tensors]
-    fins = [_finisher(ws, n if op == "avg" else None) for ws in bufs]
+    fins = [_finisher(ws, op, n) for ws in bufs]
     msgs = algo.schedule(Problem(n, bufs[0].numel(), bufs[0].element_size()))
     return Plan(msgs, bufs, bufs, op, fins)
 
@@ -133,7 +128,7 @@ def plan_broadcast(tensors: list[torch.Tensor], root: int, algo: Algorithm) -> P
     """Root's tensor is copied into every rank's tensor."""
     n = len(tensors)
     bufs = [raw_flat(t) for t in tensors]
-    fins = [_finisher(ws, None) for ws in bufs]
+    fins = [_finisher(ws) for ws in bufs]
     msgs = algo.schedule(Problem(n, bufs[0].numel(), bufs[0].element_size(), root))
     return Plan(msgs, bufs, bufs, "sum", fins)
 
@@ -145,7 +140,7 @@ def plan_reduce(tensors: list[torch.Tensor], root: int, op: str, algo: Algorithm
     for r, t in enumerate(tensors):
         if r == root:
             ws = raw_flat(t)
-            fins.append(_finisher(ws, n if op == "avg" else None))
+            fins.append(_finisher(ws, op, n))
         else:
             ws = raw_flat(t).clone()
             fins.append(lambda: None)
@@ -164,7 +159,7 @@ def plan_all_gather(
     for r, (inp, out) in enumerate(zip(inputs, outputs)):
         if isinstance(out, torch.Tensor):
             ws = raw_flat(out)
-            fin = _finisher(ws, None)
+            fin = _finisher(ws)
         else:
             ws = torch.empty(n * m, dtype=inp.dtype)
             fin = _copy_out_chunks(ws, out)
@@ -200,16 +195,20 @@ def plan_reduce_scatter(
         else:
             ws = torch.cat([t.reshape(-1) for t in inp]) if inp else torch.empty(0, dtype=out.dtype)
         bufs.append(ws)
-        fins.append(_chunk_to(ws, r * m, m, out, n if op == "avg" else None))
+        fins.append(_chunk_to(ws, r * m, m, out, op, n))
     msgs = algo.schedule(Problem(n, n * m, outputs[0].element_size()))
     return Plan(msgs, bufs, bufs, op, fins)
 
 
-def _chunk_to(ws: torch.Tensor, lo: int, m: int, out: torch.Tensor, avg_n: int | None) -> Callable[[], None]:
+def _chunk_to(
+    ws: torch.Tensor, lo: int, m: int, out: torch.Tensor, op: str | None = None, n: int = 1
+) -> Callable[[], None]:
+    reduction = reduce_op(op) if op is not None else None
+
     def finish() -> None:
         chunk = ws[lo : lo + m]
-        if avg_n:
-            _avg(chunk, avg_n)
+        if reduction is not None:
+            reduction.finish(chunk, n)
         out.copy_(chunk.view(out.shape))
 
     return finish
@@ -247,7 +246,7 @@ def plan_scatter(root_inputs: list[torch.Tensor], outputs: list[torch.Tensor], r
         else:
             ws = torch.empty(n * m, dtype=out.dtype)
         bufs.append(ws)
-        fins.append(_chunk_to(ws, v * m, m, raw_flat(out), None))  # gloo writes the output's raw memory
+        fins.append(_chunk_to(ws, v * m, m, raw_flat(out)))  # gloo writes the output's raw memory
     msgs = algo.schedule(Problem(n, n * m, outputs[0].element_size(), root))
     return Plan(msgs, bufs, bufs, "sum", fins)
 
@@ -272,7 +271,7 @@ def plan_all_to_all(
         d_ws = raw_flat(out)
         src.append(s_ws)
         dst.append(d_ws)
-        fins.append(_finisher(d_ws, None))
+        fins.append(_finisher(d_ws))
         i_off = offsets_from_sizes(in_el[r])
         o_off = offsets_from_sizes(out_el[r])
         d_ws[o_off[r] : o_off[r + 1]].copy_(s_ws[i_off[r] : i_off[r + 1]])

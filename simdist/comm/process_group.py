@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from simdist.algorithms import Reduction, reduce_op_of
 from simdist.comm import funcol, monitored, ops
 from simdist.comm.group import Call, GroupState, Instance
 from simdist.comm.internal import internal
@@ -29,54 +30,6 @@ from simdist.errors import InvalidArgumentError
 #: operation, before it runs (``written``: the user's buffers it will write); the equivalence oracle's
 #: localisation counts and names collectives with it. Empty unless a tool installs one around a run.
 ISSUE_OBSERVERS: list[Callable[[Any, str, list[torch.Tensor]], None]] = []
-
-_RED = dist.ReduceOp.RedOpType
-_REDUCE_NAMES = {
-    _RED.SUM: "sum",
-    _RED.AVG: "avg",
-    _RED.PRODUCT: "product",
-    _RED.MIN: "min",
-    _RED.MAX: "max",
-    _RED.BAND: "band",
-    _RED.BOR: "bor",
-    _RED.BXOR: "bxor",
-}
-
-
-def reduce_op_name(op: Any) -> str:
-    """``"sum"`` for ``ReduceOp.SUM``; gloo's error for ops it does not implement (PREMUL_SUM, UNUSED)."""
-    kind = getattr(op, "op", op)
-    name = _REDUCE_NAMES.get(kind)
-    if name is None:
-        label = str(kind).rsplit(".", 1)[-1]
-        raise InvalidArgumentError(
-            f"Cannot use ReduceOp.{label} with Gloo: simdist implements the reduce ops gloo does "
-            f"(SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR); scale the tensor yourself for PREMUL_SUM"
-        )
-    return name
-
-
-def _check_reduce(red: str, dtype: torch.dtype, what: str) -> None:
-    """Reject the (reduce op, dtype) pairs gloo rejects, with gloo's words first."""
-    if red in ("band", "bor", "bxor") and (dtype.is_floating_point or dtype.is_complex):
-        raise InvalidArgumentError(
-            f"Cannot use ReduceOp.{red.upper()} with non-integral dtype: {what} has dtype {dtype}; "
-            f"bitwise reductions need an integer or bool tensor"
-        )
-    if red == "avg" and not (dtype.is_floating_point or dtype.is_complex):
-        # gloo divides by the world size in floating point, then fails to write the float back
-        raise InvalidArgumentError(
-            f"result type Float can't be cast to the desired output type {_TORCH_TYPE_NAMES.get(dtype, dtype)}: "
-            f"ReduceOp.AVG on {what} of dtype {dtype}; use a floating-point tensor, or SUM and divide yourself"
-        )
-
-
-#: torch's C++ names of the integer types, as its casting error spells them
-_TORCH_TYPE_NAMES = {
-    torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
-    torch.bool: "Bool",
-}
-
 
 #: element types gloo can move (it answers "Invalid scalar type" for the others); complex tensors reach the
 #: backend as real views (torch's front end makes them) except in reduce, which passes them through
@@ -226,18 +179,18 @@ class SimProcessGroup(dist.ProcessGroup):
     # ------------------------------------------------------------------ collectives
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
         (t,) = tensors
-        red = reduce_op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        red = reduce_op_of(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         if t.layout == torch.sparse_coo:
             return self._allreduce_sparse(t, red)
         _check_tensor(t, "all_reduce tensor")
-        _check_reduce(red, t.dtype, "the all_reduce tensor")
-        return self._issue(ops.AllReduce(t, red), [t], writes=[t])
+        red.check_dtype(t.dtype, "the all_reduce tensor")
+        return self._issue(ops.AllReduce(t, red.name), [t], writes=[t])
 
-    def _allreduce_sparse(self, t: torch.Tensor, red: str) -> SimWork:
-        if red != "sum":
+    def _allreduce_sparse(self, t: torch.Tensor, red: Reduction) -> SimWork:
+        if red.torch_op != dist.ReduceOp.SUM:
             raise self._reject(
                 "allreduce", "ProcessGroupGloo::allreduce: unsupported reduction operation (allreduce of sparse "
-                "tensors only works with ReduceOp.SUM)", f"got ReduceOp.{red.upper()} on a sparse COO tensor",
+                "tensors only works with ReduceOp.SUM)", f"got ReduceOp.{red.torch_op.name} on a sparse COO tensor",
             )
         if t.dtype not in SUPPORTED_DTYPES or t.device.type != "cpu":
             _check_tensor(t.values(), "all_reduce sparse tensor values")
@@ -256,12 +209,12 @@ class SimProcessGroup(dist.ProcessGroup):
                 "allreduce_coalesced", "all_reduce_coalesced: tensors of different dtypes",
                 f"all tensors must have one dtype, got {sorted({str(t.dtype) for t in tensors})}",
             )
-        red = reduce_op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        _check_reduce(red, tensors[0].dtype, "the all_reduce_coalesced tensors")
+        red = reduce_op_of(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        red.check_dtype(tensors[0].dtype, "the all_reduce_coalesced tensors")
         with internal():
             flat = torch.cat([t.reshape(-1) for t in tensors])
         shapes = tuple(tuple(t.shape) for t in tensors)
-        work = self._issue(ops.AllReduceCoalesced(shapes, flat, red), list(tensors), writes=list(tensors))
+        work = self._issue(ops.AllReduceCoalesced(shapes, flat, red.name), list(tensors), writes=list(tensors))
         _scatter_back_on_completion(work, flat, tensors)
         return work
 
@@ -278,10 +231,10 @@ class SimProcessGroup(dist.ProcessGroup):
         root = opts.rootRank
         self._check_root("reduce", root, "dst")
         _check_tensor(t, "reduce tensor")
-        red = reduce_op_name(opts.reduceOp)
-        _check_reduce(red, t.dtype, "the reduce tensor")
+        red = reduce_op_of(opts.reduceOp)
+        red.check_dtype(t.dtype, "the reduce tensor")
         mine = self.grank == root
-        return self._issue(ops.Reduce(t, root, red), [t], reads=[] if mine else [t], writes=[t] if mine else [])
+        return self._issue(ops.Reduce(t, root, red.name), [t], reads=[] if mine else [t], writes=[t] if mine else [])
 
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None) -> SimWork:
         (outs,) = output_tensors
@@ -349,9 +302,9 @@ class SimProcessGroup(dist.ProcessGroup):
         (ins,) = input_tensors
         _check_tensor(out, "reduce_scatter output")
         self._check_list("reduce_scatter", ins, out, "input", "output")
-        red = reduce_op_name(opts.reduceOp)
-        _check_reduce(red, out.dtype, "the reduce_scatter output")
-        return self._issue(ops.ReduceScatter(tuple(ins), out, red), [out], reads=list(ins), writes=[out])
+        red = reduce_op_of(opts.reduceOp)
+        red.check_dtype(out.dtype, "the reduce_scatter output")
+        return self._issue(ops.ReduceScatter(tuple(ins), out, red.name), [out], reads=list(ins), writes=[out])
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> SimWork:
         _check_tensor(output, "reduce_scatter_tensor output")
@@ -363,9 +316,9 @@ class SimProcessGroup(dist.ProcessGroup):
                 f"the input must hold world_size ({n}) x output.numel() = {n * output.numel()} elements of "
                 f"{output.dtype}; got {input.numel()} of {input.dtype}",
             )
-        red = reduce_op_name(opts.reduceOp)
-        _check_reduce(red, output.dtype, "the reduce_scatter_tensor output")
-        return self._issue(ops.ReduceScatterTensor(input, output, red), [output], reads=[input], writes=[output])
+        red = reduce_op_of(opts.reduceOp)
+        red.check_dtype(output.dtype, "the reduce_scatter_tensor output")
+        return self._issue(ops.ReduceScatterTensor(input, output, red.name), [output], reads=[input], writes=[output])
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -422,14 +375,14 @@ class SimProcessGroup(dist.ProcessGroup):
                     f"{o.dtype}; got {t.numel()} of {t.dtype}",
                 )
         self._check_one_dtype("reduce_scatter_tensor_coalesced", outputs)
-        red = reduce_op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        _check_reduce(red, outputs[0].dtype, "the reduce_scatter_tensor_coalesced outputs")
+        red = reduce_op_of(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        red.check_dtype(outputs[0].dtype, "the reduce_scatter_tensor_coalesced outputs")
         with internal():
             # rank r's chunk of every input, one after another, for r = 0..n-1: the layout a flat
             # reduce-scatter hands out
             flat_in = torch.cat([t.reshape(n, -1) for t in inputs], dim=1).reshape(-1)
             flat_out = torch.empty(flat_in.numel() // n, dtype=flat_in.dtype)
-        spec = ops.ReduceScatterTensorCoalesced(flat_in, flat_out, tuple(tuple(o.shape) for o in outputs), red)
+        spec = ops.ReduceScatterTensorCoalesced(flat_in, flat_out, tuple(tuple(o.shape) for o in outputs), red.name)
         work = self._issue(spec, list(outputs), reads=list(inputs), writes=list(outputs))
         _scatter_back_on_completion(work, flat_out, list(outputs))
         return work

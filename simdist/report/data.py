@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from simdist.algorithms.bandwidth import bus_factor
+from simdist import algorithms
 from simdist.clock.sites import TORCH_DIR
 from simdist.trace.trace import Span, Trace
 
@@ -91,12 +91,15 @@ def collective_rows(trace: Trace) -> list[CollectiveRow]:
         n = int(first.args.get("Group size", len(spans)))
         start, end = min(s.start for s in spans), max(s.end for s in spans)
         nbytes = span_bytes(first)
+        base = base_op(op)
         # nccl-tests' algbw divides the buffer size by the time; all-gather's buffer is the output (n inputs)
-        size = nbytes * n if base_op(op) == "all_gather" else nbytes
+        size = nbytes * n if base == "all_gather" else nbytes
         algbw = size / (end - start) if end > start else 0.0
+        # an op that is no collective of the registry (its name unmapped by base_op) shows busbw = algbw
+        factor = algorithms.collective(base).bus_factor(n) if base in algorithms.COLLECTIVES else 1.0
         rows.append(
             CollectiveRow(op, group, seq, n, size, str(first.args.get("algorithm", "")), start, end - start, algbw,
-                          algbw * bus_factor(base_op(op), n))
+                          algbw * factor)
         )
     return sorted(rows, key=lambda r: (r.start, r.group, r.seq))
 

@@ -114,6 +114,16 @@ def _p2p(kind: str, peer: Callable[[int], int], tag: int = 0) -> Callable[[], No
     return fn
 
 
+def _complex(dtype: torch.dtype = torch.complex64) -> torch.Tensor:
+    return torch.tensor([1 + 2j, 3 - 1j], dtype=dtype)
+
+
+def _complex_reduce() -> torch.Tensor:
+    t = _complex() * (dist.get_rank() + 1)
+    dist.reduce(t, 0, op=R.SUM)
+    return t
+
+
 E = InvalidArgumentError
 CASES: list[Case] = [
     Case("broadcast-src-outside-world", "broadcast(src=7) in a world of 2",
@@ -141,6 +151,17 @@ CASES: list[Case] = [
          _run(lambda: dist.reduce_scatter_tensor(torch.zeros(2), torch.ones(4), op=R.BOR)), error=E, match=r"BOR with non-integral"),
     Case("premul-sum", "all_reduce with ReduceOp.PREMUL_SUM (an NCCL-only op)",
          _run(_all_reduce(lambda r: torch.ones(3), dist._make_nccl_premul_sum(2.0))), error=E, match=r"Cannot use ReduceOp.PREMUL_SUM with Gloo"),
+    Case("min-on-complex-reduce", "reduce(ReduceOp.MIN) of a complex64 tensor (gloo: reduce does not support it on complex)",
+         _run(lambda: dist.reduce(_complex(), 0, op=R.MIN)), error=E, match=r"ReduceOp.MIN on complex tensors.*the reduce tensor has dtype torch.complex64"),
+    Case("max-on-complex-reduce-scatter", "reduce_scatter(ReduceOp.MAX) of complex128 tensors",
+         _run(lambda: dist.reduce_scatter(_complex(torch.complex128), [_complex(torch.complex128)] * 2, op=R.MAX)),
+         error=E, match=r"ReduceOp.MAX on complex tensors.*complex128"),
+    Case("product-on-complex-reduce-scatter", "reduce_scatter_tensor(ReduceOp.PRODUCT) of complex tensors (gloo refuses; "
+         "a result would be silently not gloo's)",
+         _run(lambda: dist.reduce_scatter_tensor(_complex(), torch.cat([_complex()] * 2), op=R.PRODUCT)),
+         error=E, match=r"ReduceOp.PRODUCT on complex tensors.*SUM and AVG"),
+    Case("sum-on-complex-reduce-computes", "reduce(ReduceOp.SUM) of complex64 tensors (gloo computes it)",
+         _run(_complex_reduce), check=lambda res: torch.testing.assert_close(res.returns[0], _complex() * 3, rtol=0, atol=0)),
     Case("band-on-int-computes", "all_reduce(ReduceOp.BAND) of int64 tensors (gloo computes it)",
          _run(_all_reduce(lambda r: torch.tensor([3, 5, 7]) + r, R.BAND)),
          check=lambda res: [torch.testing.assert_close(t, torch.tensor([3, 5, 7]) & torch.tensor([4, 6, 8])) for t in res.returns]),
