@@ -17,9 +17,9 @@ import torch.distributed as dist
 from real.launcher import run as real_run
 from simdist.engine.runner import run as sim_run
 from simdist.network.cluster import Cluster
+from simdist.options import OracleOptions
 from simdist.oracle.capture import Capture, RankStep
-from simdist.oracle.check import Comparison, shard_specs_of
-from simdist.oracle.names import NameMap
+from simdist.oracle.check import Comparison
 from simdist.oracle.report import Divergence, EquivalenceReport
 from simdist.oracle.tolerance import Tolerance
 
@@ -59,17 +59,19 @@ def check_final_state(
     processes by reference, as :func:`real.run` requires (a top-level function). The report's ``steps`` is the
     number of steps taken; a divergence is reported at the last one.
     """
+    opts = OracleOptions(exact=exact, tolerances=tolerances, names=names, ignore=ignore, shards=shards, loss=loss)
     got = real_run(final_state, nproc, backend, args=(parallel, seed, args, kwargs or {}), timeout=timeout)
     capture = Capture()
-    with capture.installed():
+    # the capture sees the reference's rank alone: checks and plain runs in other threads stay out of it
+    with capture.installed(everywhere=False):
         ref = sim_run(
-            reference, Cluster.switch(1, device="cpu"), seed=seed, races="off", compute=False,
+            capture.bind(reference), Cluster.switch(1, device="cpu"), seed=seed, races="off", compute=False,
             args=args if reference_args is None else reference_args,
             kwargs=kwargs if reference_kwargs is None else reference_kwargs,
         )
     ref_steps = capture.ranks.get(0, [])
     counts = {rank: n for rank, (n, _) in enumerate(got.returns)}
-    comparison = Comparison(NameMap(names, ignore), shard_specs_of(shards), exact, dict(tolerances or {}), loss)
+    comparison = Comparison.of(opts)
     last = len(ref_steps) - 1
     if set(counts.values()) != {len(ref_steps)}:
         text = ", ".join(f"rank {r}: {n}" for r, n in counts.items())
@@ -79,7 +81,7 @@ def check_final_state(
         divergences = comparison.step(last, {r: s for r, (_, s) in enumerate(got.returns)}, ref_steps[last])
     return EquivalenceReport(
         steps=len(ref_steps), divergences=divergences, localization=None, parallel=None, reference=ref,
-        world_size=nproc, exact=exact, compared=comparison.counts,
+        world_size=nproc, exact=opts.exact, compared=comparison.counts,
         parallel_name=getattr(parallel, "__qualname__", "parallel"),
         reference_name=getattr(reference, "__qualname__", "reference"),
         localization_note="real runs are compared at their last step only; localise under simdist.check_equivalence",

@@ -37,6 +37,7 @@ from simdist.engine.runner import RunResult, run
 from simdist.errors import ClusterSpecError, RaceWarning, SimdistError
 from simdist.network import Cluster
 from simdist.network.presets import PRESETS
+from simdist.options import BACKEND_NAMES, LOSS_MODES, PROGRESS_MODES, RACE_MODES
 from simdist.oracle import check_equivalence
 from simdist.ranks import by_text, format_ranks
 from simdist.report import build_index, write_run_report
@@ -279,10 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--report", type=_output_file, default=None,
                    help="write a self-contained HTML report of the run here (also when a diagnosis stops the run)")
     r.add_argument("--entry", default="main", help="name of the entry function in SCRIPT (default: main)")
-    r.add_argument("--progress", default="nccl", choices=("nccl", "gloo"),
+    r.add_argument("--progress", default="nccl", choices=PROGRESS_MODES,
                    help="backend progress semantics: nccl (one stream per group) or gloo (a pool of threads per group; default: nccl)")
     r.add_argument("--gloo-threads", type=positive, default=2, help="threads per group with --progress gloo (default: 2)")
-    r.add_argument("--races", default="warn", choices=("error", "warn", "off"),
+    r.add_argument("--races", default="warn", choices=RACE_MODES,
                    help="race detector: error (stop at the first race), warn (report every race; exit status 3), off")
     r.add_argument("--waive-race", action="append", default=None, metavar="PATTERN",
                    help="a known race to waive, by call site: PATH[:LINE][:FUNCTION], e.g. "
@@ -290,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--watchdog", type=_seconds, default=None, metavar="SECONDS",
                    help="wall-clock seconds a rank may run without communicating before the run stops "
                         "(default: $SIMDIST_WATCHDOG, else 600; inf turns it off)")
-    r.add_argument("--backend-name", default="simdist", choices=("simdist", "gloo", "nccl"),
+    r.add_argument("--backend-name", default="simdist", choices=BACKEND_NAMES,
                    help="the backend name rank code sees in dist.get_backend() (default: simdist)")
     r.add_argument("--memory", action="store_true",
                    help="account each rank's live tensor bytes: print the peaks; a rank over its device's memory fails "
@@ -308,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--entry", default="main", help="entry function of SCRIPT (default: main)")
     k.add_argument("--reference-entry", default="main", help="entry function of REFERENCE (default: main)")
     k.add_argument("--exact", action="store_true", help="compare bitwise instead of within the per-dtype tolerances")
-    k.add_argument("--loss", default="mean", choices=("mean", "sum", "accumulated", "none"),
+    k.add_argument("--loss", default="mean", choices=[m or "none" for m in LOSS_MODES],
                    help="how the backward roots of all ranks combine into a step's loss: mean, sum, accumulated "
                         "(each rank's sum averaged over ranks, for gradient accumulation), none (default: mean)")
     k.add_argument("--name", action="append", metavar="PARALLEL=REFERENCE",
@@ -316,8 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--ignore", action="append", metavar="PATTERN", help="tensors to leave out (fnmatch; repeatable)")
     k.add_argument("--shard", action="append", metavar="PATTERN=DIM[:SIZE]",
                    help="plain tensors sharded by hand along DIM, over groups of SIZE ranks (default: all holders)")
-    k.add_argument("--progress", default="nccl", choices=("nccl", "gloo"), help="backend progress semantics")
-    k.add_argument("--races", default="warn", choices=("error", "warn", "off"), help="race detector (default: warn)")
+    k.add_argument("--progress", default="nccl", choices=PROGRESS_MODES, help="backend progress semantics")
+    k.add_argument("--races", default="warn", choices=RACE_MODES, help="race detector (default: warn)")
     k.add_argument("--watchdog", type=_seconds, default=None, metavar="SECONDS", help="as for simdist run")
     k.add_argument("--json", type=_output_file, default=None, help="also write the report as JSON here")
     k.set_defaults(func=cmd_check)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import simdist
 from simdist import RaceError, RaceWarning
-from simdist.engine.runner import default_race_mode
+from simdist.options import default_race_mode
 
 
 def switch(n: int) -> simdist.Cluster:

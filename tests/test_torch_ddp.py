@@ -10,6 +10,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import real
 import simdist
+from simdist.options import BACKEND_NAMES
 
 
 def make_model() -> torch.nn.Module:
@@ -105,3 +106,46 @@ def test_torch_powersgd_hook_matches_real_gloo():
         for got_step, want_step in zip(sim.returns[r], real_res.returns[r]):
             for got, w in zip(got_step, want_step):
                 torch.testing.assert_close(got, w, rtol=1e-5, atol=1e-6)
+
+
+def _fsdp2_grads() -> torch.Tensor:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = make_model()
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model(shard(dist.get_rank())).pow(2).mean().backward()
+    return model[0].weight.grad.full_tensor()
+
+
+def _mesh_sums() -> list[float]:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t, group=mesh["tp"].get_group())
+    u = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(u, group=mesh["dp"].get_group())
+    return [t.item(), u.item()]
+
+
+@pytest.mark.parametrize("name", BACKEND_NAMES)
+def test_every_presented_backend_name_runs_torch_ddp_fsdp2_and_device_mesh(name: str) -> None:
+    """Code written for a cluster of that backend runs unchanged: torch's DDP (whose C++ logger reads a group
+    named "gloo" as ProcessGroupGloo), FSDP2 and DeviceMesh give the single-process answers."""
+    model = make_model()
+    model(torch.cat([shard(r) for r in range(4)])).pow(2).mean().backward()
+    want = [p.grad for p in model.parameters()]
+    ddp = simdist.run(ddp_grads, simdist.Cluster.ring(4), args=(25.0,), backend_name=name).returns
+    for grads in ddp:
+        for got, w in zip(grads, want):
+            torch.testing.assert_close(got, w, rtol=1e-5, atol=1e-6)
+    fsdp = simdist.run(_fsdp2_grads, simdist.Cluster.ring(4), backend_name=name).returns
+    for got in fsdp:
+        torch.testing.assert_close(got, want[0], rtol=1e-5, atol=1e-6)
+    mesh = simdist.run(_mesh_sums, simdist.Cluster.ring(4), backend_name=name).returns
+    assert mesh == [[1.0, 2.0], [1.0, 4.0], [5.0, 2.0], [5.0, 4.0]]

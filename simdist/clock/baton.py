@@ -125,7 +125,7 @@ class Baton:
         world_size: int,
         target: Callable[[int], Any],
         *,
-        initial_rng_state: torch.Tensor,
+        initial_rng_state: Callable[[int], torch.Tensor],
         stack_size: int = 0,
         watchdog: float = float("inf"),
     ) -> None:
@@ -339,7 +339,7 @@ class Baton:
     def _thread_main(self, state: RankState) -> None:
         _current.state = state
         if state.parent is None:
-            torch.set_rng_state(self._initial_rng)
+            torch.set_rng_state(self._initial_rng(state.rank))
             torch.set_default_dtype(self._initial_dtype)
         else:
             state.sem.acquire()  # a rank's further thread starts at once but runs only with the baton

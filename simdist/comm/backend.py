@@ -23,16 +23,15 @@ from simdist.comm.context import RunContext
 from simdist.comm.process_group import SimProcessGroup
 from simdist.comm.thread_world import ThreadLocalWorld
 from simdist.comm.work import _ThenFuture, sim_roots
-from simdist.errors import InvalidArgumentError, RunArgumentError
+from simdist.errors import InvalidArgumentError
+from simdist.options import BACKEND_NAMES
 
 #: the backend name rank code passes to ``init_process_group``
 BACKEND = "simdist"
 
-#: the names a run may present to rank code (``simdist.run(..., backend_name=...)``)
-BACKEND_NAMES = ("simdist", "gloo", "nccl")
 
 #: the run in progress in this process (at most one) and what installing it replaced
-_active: dict[str, Any] = {"ctx": None, "identity": None, "name": BACKEND, "creating": None}
+_active: dict[str, Any] = {"ctx": None, "identity": None, "name": BACKEND, "creating": None, "gloo_stand_in": None}
 _orig: dict[str, Any] = {}
 
 
@@ -44,16 +43,6 @@ def active() -> RunContext | None:
 def installed() -> bool:
     """Whether a simulated run is in progress in this process."""
     return _active["ctx"] is not None
-
-
-def check_backend_name(name: Any) -> str:
-    """``name`` if rank code may be shown it as the backend's name; a clear error otherwise."""
-    if name not in BACKEND_NAMES:
-        raise RunArgumentError(
-            f"backend_name must be one of {BACKEND_NAMES} (the name dist.get_backend() answers in rank code), "
-            f"got {name!r}"
-        )
-    return name
 
 
 def _presented(requested: Any) -> str | None:
@@ -105,6 +94,30 @@ def _present(pg: dist.ProcessGroup, name: str) -> None:
     _, store = world.pg_map[pg]
     world.pg_map[pg] = (backend, store)
     world.pg_backend_config[pg] = str(c10d.BackendConfig(backend))
+    if "gloo" in [p.split(":")[-1] for p in name.lower().split(",")]:
+        pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, _gloo_stand_in())
+
+
+def _gloo_stand_in() -> Any:
+    """A one-member real gloo backend, shared by the run's groups presented as ``"gloo"``; it runs nothing.
+
+    torch's DDP reads the thread count of a group named "gloo" from the group's GLOO backend, cast in C++ to
+    ``ProcessGroupGloo`` (``Logger::set_env_variables``): without a genuine one it fails ("Could not find backend
+    type 1"), with another class in its place it would read foreign memory. Collectives never reach it: the
+    simulated group's own methods serve them. No worker threads; bound to loopback, so no name lookup.
+    """
+    stand_in = _active["gloo_stand_in"]
+    if stand_in is None:
+        if not dist.is_gloo_available():
+            raise InvalidArgumentError(
+                "this torch build has no gloo: a run cannot present groups as 'gloo' (torch's DDP needs a real gloo "
+                "backend behind that name); use backend_name='simdist' or 'nccl'"
+            )
+        opts = dist.ProcessGroupGloo._Options()
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+        opts._threads = 0
+        stand_in = _active["gloo_stand_in"] = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, opts)
+    return stand_in
 
 
 def _patched_new_process_group_helper(group_size: int, group_rank: int, global_ranks: Any, backend: Any, *args: Any, **kwargs: Any) -> Any:
@@ -218,7 +231,7 @@ def install(ctx: RunContext) -> None:
     if BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND, _create_backend, extended_api=True, devices=["cpu"])
     _active["ctx"] = ctx
-    _active["name"] = check_backend_name(ctx.backend_name)
+    _active["name"] = ctx.backend_name
     _orig["world"] = c10d._world
     c10d._world = ThreadLocalWorld()
     _set_thread_isolation_mode(True)
@@ -257,4 +270,5 @@ def uninstall() -> None:
     _active["ctx"] = None
     _active["name"] = BACKEND
     _active["identity"] = None
+    _active["gloo_stand_in"] = None
     thread_world.forget_all()

@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 import simpy
+import torch.distributed as dist
 import typing_extensions
 
 from simdist.clock.baton import Baton
@@ -17,9 +18,11 @@ from simdist.comm.group import GroupState
 from simdist.comm.p2p import P2P
 from simdist.comm.races import RaceDetector
 from simdist.comm.selection import AlgorithmSelector
-from simdist.errors import DeadlockError, RunArgumentError
+from simdist.comm.waivers import parse_waivers
+from simdist.errors import DeadlockError
 from simdist.network.cluster import Cluster
 from simdist.network.links import Network
+from simdist.options import RunOptions
 from simdist.ranks import by_text, format_ranks
 from simdist.trace.trace import Trace
 
@@ -34,11 +37,6 @@ _SKIP = tuple(
     os.path.abspath(typing_extensions.__file__).rsplit(".", 1)[0],
     os.path.dirname(os.path.abspath(os.__file__)) + os.sep + "contextlib",
 )
-
-#: backend progress semantics: "nccl" runs a group's collectives one after another on one stream per
-#: (rank, group); "gloo" runs them on a pool of threads per (rank, group), so independent async
-#: operations overlap (ProcessGroupGloo's default pool has 2 threads)
-PROGRESS_MODES = ("nccl", "gloo")
 
 #: ops that copy a value from the device to the host (``.item()``, ``bool(t)``, printing): the host waits for
 #: its compute stream there, as a CUDA host does
@@ -55,17 +53,12 @@ class RunContext:
         baton: Baton,
         cluster: Cluster,
         trace: Trace,
-        progress: str = "nccl",
-        gloo_threads: int = 2,
-        races: str = "off",
+        options: RunOptions,
         host_runs_ahead: bool = False,
     ) -> None:
-        if progress not in PROGRESS_MODES:
-            raise RunArgumentError(f"progress must be one of {PROGRESS_MODES}, got {progress!r}")
-        if isinstance(gloo_threads, bool) or not isinstance(gloo_threads, int) or not 1 <= gloo_threads <= 1024:
-            raise RunArgumentError(
-                f"gloo_threads must be an int from 1 to 1024 (gloo threads per process group), got {gloo_threads!r}"
-            )
+        progress = options.progress
+        #: the run's options (its defaults resolved by the runner)
+        self.options = options
         self.env = env
         self.baton = baton
         self.time = RankTime(env, baton, host_runs_ahead and progress == "nccl")
@@ -73,14 +66,15 @@ class RunContext:
         self.world_size = cluster.world_size
         self.progress = progress
         #: collectives that can run at once per (rank, group): one stream, or the gloo thread pool
-        self.slots = 1 if progress == "nccl" else gloo_threads
+        self.slots = 1 if progress == "nccl" else options.gloo_threads
         self.trace = trace
         #: (global rank, group name, sequence number) -> the call site of each collective, for reports; kept out
         #: of the trace so that a trace's hash does not depend on where the program's files live
         self.call_sites: dict[tuple[int, str, int], str] = {}
         #: (global rank, span name, start, end) -> the call site of each point-to-point send or receive span
         self.p2p_sites: dict[tuple[int, str, float, float], str] = {}
-        self.races = RaceDetector(races, progress, self.now)
+        self.races = RaceDetector(options.races or "off", progress, self.now)
+        self.races.waive(parse_waivers(options.race_waivers))
         self.network = Network(env, cluster)
         self.p2p = P2P(self)
         self.selector = AlgorithmSelector(cluster)
@@ -88,11 +82,11 @@ class RunContext:
         #: the default timeout (simulated seconds) of groups created without one; None: no timeout
         self.default_timeout: float | None = None
         #: the rendezvous store every rank's default group is created with
-        self.store: Any = None
+        self.store = dist.HashStore()
         #: where callbacks chained to the ranks' futures run
         self.callbacks = FutureCallbacks(env, baton)
         #: the backend name rank code sees (``dist.get_backend()``): "simdist", "gloo" or "nccl"
-        self.backend_name = "simdist"
+        self.backend_name = options.backend_name
 
     # ------------------------------------------------------------------ groups
     def group_state(self, key: object, name: str, global_ranks: list[int], timeout: float | None) -> GroupState:

@@ -37,9 +37,7 @@ from torch.utils._pytree import tree_leaves
 from simdist.clock.baton import current_rank_state
 from simdist.comm.waivers import RaceWaiver
 from simdist.errors import RaceError, RaceWarning, RunArgumentError
-
-#: what ``run(races=...)`` accepts
-RACE_MODES = ("error", "warn", "off")
+from simdist.options import RACE_MODES
 
 
 @dataclass

@@ -7,8 +7,6 @@ import copy
 import dataclasses
 import functools
 import inspect
-import math
-import os
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -17,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import simpy
-import torch
 import torch.distributed as dist
 
 from simdist.clock.baton import Baton, RankState, current_rank_state
@@ -25,11 +22,11 @@ from simdist.comm import backend, thread_world
 from simdist.comm.context import RunContext
 from simdist.comm.races import Race, RaceCheckMode, checking_direct_reads
 from simdist.comm.thread_world import acting_as
-from simdist.comm.waivers import RaceWaiver, parse_waivers
 from simdist.compute.cost import ComputeCostMode
 from simdist.compute.devices import CPU, DeviceSpec, get_device
 from simdist.compute.memory import CATEGORIES, MemoryStats, MemoryTracker, tracking_hooks
 from simdist.engine.process import run_context
+from simdist.engine.rng import RankGenerators, per_rank_generators
 from simdist.engine.threads import rank_threads
 from simdist.errors import (
     InvalidArgumentError,
@@ -41,16 +38,12 @@ from simdist.errors import (
     safe_str,
 )
 from simdist.network.cluster import Cluster
+from simdist.options import RunOptions
 from simdist.ranks import ranges
 from simdist.trace.trace import Trace
 
 #: rank threads run the user's code, torch's autograd and NumPy; 16 MiB covers deep recursion in them
 _STACK_BYTES = 16 * 1024 * 1024
-
-#: watchdog defaults (wall-clock seconds one rank may run without communicating): under pytest a stuck test
-#: should fail well before pytest-timeout's 300 s; interactively, long CPU work (loading data) is legitimate
-WATCHDOG_PYTEST = 60.0
-WATCHDOG_INTERACTIVE = 600.0
 
 #: one run at a time per process: torch.distributed's world and the "simdist" backend are process-wide
 _RUN_LOCK = threading.Lock()
@@ -175,16 +168,22 @@ def run(
     state = current_rank_state()
     if state is not None:
         raise SimdistError(_nested_run_message(state))
-    _check_arguments(fn, args, kwargs, seed)
-    limit = _watchdog_limit(watchdog)
-    name = backend.check_backend_name(backend_name)
-    waivers = parse_waivers(race_waivers)
+    _check_arguments(fn, args, kwargs)
+    options = RunOptions.from_keywords(
+        seed=seed,
+        progress=progress,
+        gloo_threads=gloo_threads,
+        races=races,
+        race_waivers=race_waivers,
+        trace=trace,
+        compute=compute,
+        copy_args=copy_args,
+        watchdog=watchdog,
+        backend_name=backend_name,
+        memory=memory,
+    ).resolved()
     with _RUN_LOCK:
-        return _run(
-            fn, cluster, args, kwargs or {}, seed, progress, gloo_threads, races, trace, compute, copy_args, limit, name,
-            memory,
-            waivers,
-        )
+        return _run(fn, cluster, args, kwargs or {}, options)
 
 
 def _nested_run_message(state: RankState) -> str:
@@ -202,23 +201,7 @@ def _nested_run_message(state: RankState) -> str:
     )
 
 
-def _run(
-    fn: Callable[..., Any],
-    cluster: Cluster | str,
-    args: tuple,
-    kwargs: dict[str, Any],
-    seed: int,
-    progress: str,
-    gloo_threads: int,
-    races: str | None,
-    trace: str,
-    compute: bool,
-    copy_args: bool,
-    watchdog: float,
-    backend_name: str,
-    memory: bool = False,
-    waivers: tuple[RaceWaiver, ...] = (),
-) -> RunResult:
+def _run(fn: Callable[..., Any], cluster: Cluster | str, args: tuple, kwargs: dict[str, Any], options: RunOptions) -> RunResult:
     """:func:`run` once the run lock is held."""
     if dist.is_initialized() and not backend.installed():
         raise RuntimeError(
@@ -234,25 +217,25 @@ def _run(
         )
     n = cluster.world_size
     device = cluster.device if isinstance(cluster.device, DeviceSpec) else get_device(cluster.device)
-    tr = Trace(trace)
-    initial_rng = torch.Generator().manual_seed(seed).get_state()
+    tr = Trace(options.trace)
+    generators = RankGenerators(options.seed)
     env = simpy.Environment()
     baton = Baton(
-        env, n, lambda rank: target(rank), initial_rng_state=initial_rng, stack_size=_STACK_BYTES, watchdog=watchdog
+        env,
+        n,
+        lambda rank: target(rank),
+        initial_rng_state=generators.torch_state,
+        stack_size=_STACK_BYTES,
+        watchdog=options.watchdog,
     )
     # GPU hosts run ahead of their devices under NCCL-like progress; CPU processes (a zero-cost device, or no
     # cost model) and gloo-like progress stay host-synchronous
-    ahead = compute and not device.is_zero_cost
-    sim = RunContext(
-        env, baton, cluster, tr, progress, gloo_threads, default_race_mode() if races is None else races, ahead
-    )
-    sim.backend_name = backend_name
-    sim.races.waive(waivers)
-    store = sim.store = dist.HashStore()
+    sim = RunContext(env, baton, cluster, tr, options, host_runs_ahead=options.compute and not device.is_zero_cost)
+    store = sim.store
     local_world = _local_world_size(cluster)
     trackers = (
         [MemoryTracker(r, device.memory_capacity, sim.time.device_now, sim.call_site, device.name) for r in range(n)]
-        if memory
+        if options.memory
         else []
     )
 
@@ -260,22 +243,22 @@ def _run(
         """The dispatch mode a thread of ``rank`` runs under: compute costs, with the race check and the memory
         accounting riding on it (one Python mode per op is what costs)."""
         races = RaceCheckMode(sim.races, rank, sim.call_site) if sim.races.enabled else None
-        if memory:
+        if options.memory:
             mode = ComputeCostMode(
-                device if compute else CPU,
+                device if options.compute else CPU,
                 sim.charge,
                 before=races.check if races is not None else None,
                 after=trackers[rank].after,
             )
             return _entered(trackers[rank].entered(), mode)
-        if compute and not device.is_zero_cost:
+        if options.compute and not device.is_zero_cost:
             return ComputeCostMode(device, sim.charge, before=races.check if races is not None else None)
         return races if races is not None else contextlib.nullcontext()
 
     def target(rank: int) -> Any:
         backend.init_default_group(rank, n, store)
         try:
-            a, kw = _copy_for_rank(args, kwargs, rank) if copy_args else (args, kwargs)
+            a, kw = _copy_for_rank(args, kwargs, rank) if options.copy_args else (args, kwargs)
             with rank_mode(rank):
                 result = fn(*a, **kw)
             sim.synchronize()
@@ -302,9 +285,9 @@ def _run(
         return run_as_rank
 
     baton.on_stall = sim.stall_report
-    with run_context(sim, n, local_world), (
+    with run_context(sim, n, local_world), per_rank_generators(generators), (
         checking_direct_reads(sim.races, sim.call_site) if sim.races.enabled else contextlib.nullcontext()
-    ), rank_threads(baton, in_rank), (tracking_hooks() if memory else contextlib.nullcontext()):
+    ), rank_threads(baton, in_rank), (tracking_hooks() if options.memory else contextlib.nullcontext()):
         baton.run()
     stats = [t.close() for t in trackers]
     _raise_failure(baton)
@@ -334,7 +317,7 @@ def _run(
         waived_races=sim.races.waived,
         unused_waivers=unused,
         cluster=cluster,
-        seed=seed,
+        seed=options.seed,
         program=getattr(fn, "__qualname__", type(fn).__name__),
         call_sites=sim.call_sites,
         p2p_sites=sim.p2p_sites,
@@ -348,11 +331,7 @@ def _entered(first: Any, second: Any) -> Any:
         yield
 
 
-#: the seeds torch.manual_seed accepts
-_SEEDS = range(-(2**63), 2**64)
-
-
-def _check_arguments(fn: Any, args: Any, kwargs: Any, seed: Any) -> None:
+def _check_arguments(fn: Any, args: Any, kwargs: Any) -> None:
     """Refuse what would fail inside every rank, or silently do something else than the caller meant."""
     if not callable(fn):
         raise RunArgumentError(f"simdist.run needs a function to run on every rank; got {type(fn).__name__} {fn!r:.60}")
@@ -368,28 +347,6 @@ def _check_arguments(fn: Any, args: Any, kwargs: Any, seed: Any) -> None:
         )
     if kwargs is not None and (not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs)):
         raise RunArgumentError(f"kwargs must be a dict of keyword arguments (str keys), got {type(kwargs).__name__}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed not in _SEEDS:
-        raise RunArgumentError(
-            f"seed must be an int from -2**63 to 2**64 - 1 (what torch.manual_seed accepts), got {seed!r:.40}"
-        )
-
-
-def _watchdog_limit(watchdog: float | None) -> float:
-    """The watchdog limit in wall-clock seconds: ``watchdog``, else ``$SIMDIST_WATCHDOG``, else the default."""
-    source = "watchdog"
-    if watchdog is None and os.environ.get("SIMDIST_WATCHDOG"):
-        watchdog, source = os.environ["SIMDIST_WATCHDOG"], "$SIMDIST_WATCHDOG"
-    if watchdog is None:
-        return WATCHDOG_PYTEST if "PYTEST_CURRENT_TEST" in os.environ else WATCHDOG_INTERACTIVE
-    try:
-        limit = float(watchdog)
-    except (TypeError, ValueError):
-        limit = math.nan
-    if isinstance(watchdog, bool) or not limit > 0:
-        raise RunArgumentError(
-            f"{source}={watchdog!r}: expected a positive number of wall-clock seconds (or inf to turn it off)"
-        )
-    return limit
 
 
 def _copy_for_rank(args: tuple, kwargs: dict[str, Any], rank: int) -> tuple[tuple, dict[str, Any]]:
@@ -402,14 +359,6 @@ def _copy_for_rank(args: tuple, kwargs: dict[str, Any], rank: int) -> tuple[tupl
             f"({type(e).__name__}: {safe_str(e)}). Each rank receives its own deep copy, as each process of a "
             f"real launch does; pass copy_args=False to share them (read-only inputs)"
         ) from e
-
-
-def default_race_mode() -> str:
-    """``$SIMDIST_RACES`` if set, else ``"error"`` inside a pytest test, else ``"warn"``."""
-    mode = os.environ.get("SIMDIST_RACES")
-    if mode:
-        return mode
-    return "error" if "PYTEST_CURRENT_TEST" in os.environ else "warn"
 
 
 def _local_world_size(cluster: Cluster) -> int:

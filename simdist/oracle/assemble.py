@@ -20,13 +20,11 @@ from torch.distributed.tensor import Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from simdist.errors import SimdistError
+from simdist.options import ShardSpec
 from simdist.oracle.capture import MeshLayout, Piece
 from simdist.oracle.flat import FlatAssemblyError, FlatLayout, assemble_flat
 from simdist.oracle.tolerance import bitwise_equal
 from simdist.ranks import ranges
-
-#: how hand-written shards of a plain tensor are laid out: (dim, holders per shard group or None for all)
-ShardSpec = tuple[int, int | None]
 
 
 class AssemblyError(SimdistError):

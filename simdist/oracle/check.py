@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from simdist.engine.runner import run
-from simdist.errors import RunArgumentError
 from simdist.network.cluster import Cluster, load_cluster
+from simdist.options import OracleOptions
 from simdist.oracle.assemble import AssemblyError, ShardSpec, assemble
 from simdist.oracle.capture import Capture, Piece, RankStep
 from simdist.oracle.localize import localize as localize_step
@@ -28,11 +28,6 @@ from simdist.oracle.report import (
 )
 from simdist.oracle.tolerance import Difference, Tolerance, difference, differing, tolerance_for
 from simdist.ranks import ranges
-
-#: how the losses of a step (every backward root of every rank) combine into the step's loss: their mean, their
-#: sum, or each rank's sum averaged over the ranks ("accumulated": gradient accumulation, where each micro-step
-#: backpropagates its loss divided by the number of micro-steps)
-LOSS_MODES = ("mean", "sum", "accumulated")
 
 
 def check_equivalence(
@@ -78,15 +73,14 @@ def check_equivalence(
     divergent step recorded on every rank, and the report names the first op whose output diverges while its
     inputs matched (:mod:`simdist.oracle.localize`).
     """
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-        raise RunArgumentError(f"steps must be a positive int (or None for every step), got {steps!r}")
-    if loss is not None and loss not in LOSS_MODES:
-        raise RunArgumentError(f"loss must be one of {LOSS_MODES} or None, got {loss!r}")
+    opts = OracleOptions(
+        steps=steps, exact=exact, tolerances=tolerances, names=names, ignore=ignore, shards=shards, loss=loss,
+        localize=localize,
+    )
     if isinstance(cluster, str):
         cluster = load_cluster(cluster)
-    name_map = NameMap(names, ignore)
-    shard_specs = shard_specs_of(shards)
-    par_capture, ref_capture = Capture(steps), Capture(steps)
+    name_map = NameMap(opts.names, opts.ignore)
+    par_capture, ref_capture = Capture(opts.steps), Capture(opts.steps)
     # each capture sees its own run's ranks alone: checks and plain runs in other threads stay out of it
     with par_capture.installed(everywhere=False):
         par = run(par_capture.bind(parallel), cluster, args=args, kwargs=kwargs, seed=seed, **run_options)
@@ -103,7 +97,7 @@ def check_equivalence(
             compute=False,
             **ref_run_options,
         )
-    comparison = Comparison(name_map, shard_specs, exact, dict(tolerances or {}), loss)
+    comparison = Comparison.of(opts, name_map)
     # many small element-wise passes: a thread pool costs more than it saves, and far more on a loaded machine
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -113,15 +107,15 @@ def check_equivalence(
         torch.set_num_threads(threads)
     found, note = None, ""
     first = divergences[0] if divergences else None
-    if first is not None and not localize:
+    if first is not None and not opts.localize:
         note = "localisation is off (localize=False)"
     elif first is not None and first.kind in ("steps", "structure"):
         note = "not localised: the programs differ in structure, not in values"
     elif first is not None:
         found = localize_step(
             parallel, reference, cluster, first.step, seed=seed, args=args, kwargs=kwargs,
-            reference_args=reference_args, reference_kwargs=reference_kwargs, names=name_map, exact=exact,
-            tolerances=dict(tolerances or {}), run_options=run_options,
+            reference_args=reference_args, reference_kwargs=reference_kwargs, names=name_map, exact=opts.exact,
+            tolerances=opts.tolerances, run_options=run_options,
         )
         if found is None:
             note = f"localisation found no op of step {first.step} whose output diverges"
@@ -134,7 +128,7 @@ def check_equivalence(
         parallel=par,
         reference=ref,
         world_size=cluster.world_size,
-        exact=exact,
+        exact=opts.exact,
         compared=comparison.counts,
         parallel_name=_name_of(parallel),
         reference_name=_name_of(reference),
@@ -143,26 +137,6 @@ def check_equivalence(
 
 def _name_of(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
-
-
-def shard_specs_of(shards: Mapping[str, int | tuple[int, int]] | None) -> dict[str, ShardSpec]:
-    """``shards`` as the comparison uses it: pattern -> (dim, group size or None), with an error for a bad entry."""
-    out: dict[str, ShardSpec] = {}
-    for pattern, spec in (shards or {}).items():
-        if isinstance(spec, int) and not isinstance(spec, bool):
-            out[pattern] = (spec, None)
-        elif (
-            isinstance(spec, tuple)
-            and len(spec) == 2
-            and all(isinstance(x, int) and not isinstance(x, bool) for x in spec)
-            and spec[1] >= 1
-        ):
-            out[pattern] = (spec[0], spec[1])
-        else:
-            raise RunArgumentError(
-                f"shards[{pattern!r}] must be a dim (int) or (dim, ranks per shard group), got {spec!r}"
-            )
-    return out
 
 
 class Comparison:
@@ -188,6 +162,12 @@ class Comparison:
         self._measuring = False
         # the difference :meth:`_note` measured last
         self._last = 0.0
+
+    @classmethod
+    def of(cls, options: OracleOptions, names: NameMap | None = None) -> Comparison:
+        """The comparison ``options`` describe (``names``: their name map, if already built)."""
+        names = names if names is not None else NameMap(options.names, options.ignore)
+        return cls(names, dict(options.shards), options.exact, dict(options.tolerances), options.loss)
 
     def run(self, parallel: dict[int, list[RankStep]], reference: list[RankStep]) -> tuple[list[Divergence], int]:
         """The divergences of the first divergent step, and the number of steps compared (up to and including it).
@@ -426,7 +406,7 @@ def max_abs_difference(value: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def _combine(per_rank: list[list[torch.Tensor]], how: str) -> torch.Tensor:
-    """One step's loss from each rank's backward roots (see :data:`LOSS_MODES`)."""
+    """One step's loss from each rank's backward roots (see :data:`simdist.options.LOSS_MODES`)."""
     dtype = per_rank[0][0].dtype
     if how == "accumulated":
         return torch.stack([torch.stack([v.to(dtype) for v in vs]).sum() for vs in per_rank]).mean()

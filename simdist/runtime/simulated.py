@@ -161,7 +161,8 @@ def simulate(
             client.close()
 
     env.process(worker_loop())
-    baton = Baton(env, 1, target, initial_rng_state=torch.get_rng_state())
+    start_rng = torch.get_rng_state()  # the client continues the caller's generator, as an in-process call would
+    baton = Baton(env, 1, target, initial_rng_state=lambda _rank: start_rng)
     baton.run()
     state = baton.ranks[0]
     if baton.failure is not None:

@@ -14,9 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from simdist.errors import RunArgumentError
-
-#: ``"messages"`` records every message; ``"collectives"`` only compute spans and collectives
-TRACE_LEVELS = ("messages", "collectives")
+from simdist.options import TRACE_LEVELS
 
 
 @dataclass

@@ -77,6 +77,24 @@ def _names() -> tuple:
     return (str(dist.get_backend()), dist.get_backend_config(), dist.group.WORLD._get_backend_name(), str(dist.get_backend(g)))
 
 
+
+def _ddp_step() -> torch.Tensor:
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(4, 2))
+    model(torch.full((3, 4), float(dist.get_rank()))).sum().backward()
+    return model.module.weight.grad
+
+
+def _expect_same_gradients(res: simdist.RunResult) -> None:
+    """Oracle: the single-process gradient of the mean of both ranks' losses (inputs 0 and 1)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    (model(torch.cat([torch.zeros(3, 4), torch.ones(3, 4)])).sum() / 2).backward()
+    for got in res.returns:
+        torch.testing.assert_close(got, model.weight.grad)
+
 def _expect_names(*want: str) -> Callable[[simdist.RunResult], None]:
     def check_(res: simdist.RunResult) -> None:
         assert all(tuple(r) == want for r in res.returns), res.returns
@@ -231,6 +249,8 @@ CASES: list[Case] = [
          _run(_names, backend_name="gloo"), check=_expect_names("gloo", "cpu:gloo,cuda:gloo", "gloo", "gloo")),
     Case("backend-name-nccl", "code that reads dist.get_backend() in a run presenting nccl (and makes a gloo group)",
          _run(_names, backend_name="nccl"), check=_expect_names("nccl", "cuda:nccl", "nccl", "gloo")),
+    Case("backend-name-gloo-ddp", "torch's DDP in a run presenting gloo (its C++ logger reads the group as ProcessGroupGloo)",
+         _run(_ddp_step, backend_name="gloo"), check=_expect_same_gradients),
     Case("backend-name-unknown", "simdist.run(..., backend_name='mpi')",
          _run(_names, backend_name="mpi"), error=simdist.RunArgumentError, match=r"backend_name must be one of \('simdist', 'gloo', 'nccl'\).*'mpi'"),
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import pathlib
+import random
 import re
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import threading
 import time
 import traceback
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -22,6 +24,7 @@ from hostile_cases import Case, check, params
 
 import simdist
 import simdist.clock.baton
+import simdist.options
 
 RING2 = simdist.Cluster.ring(2)
 
@@ -37,6 +40,16 @@ def _expect_all(value: float):
 
     return check_
 
+
+
+def _seeded_length_all_reduce() -> int:
+    """Correct on real processes: every rank draws the same length from identically seeded generators."""
+    random.seed(7)
+    np.random.seed(7)
+    dist.barrier()
+    t = torch.ones(random.randint(1, 9) + int(np.random.randint(0, 9)))
+    dist.all_reduce(t)
+    return t.numel()
 
 # --------------------------------------------------------------------------- arguments
 def _add_then_all_reduce(t: torch.Tensor) -> torch.Tensor:
@@ -654,10 +667,33 @@ CASES: list[Case] = [
     ),
     Case(
         "seed-negative",
-        "seed=-1 (torch.manual_seed accepts it: the same RNG stream as 2**64 - 1)",
-        lambda: simdist.run(lambda: torch.rand(2), RING2, seed=-1),
-        check=lambda r: torch.equal(r.returns[0], torch.rand(2, generator=torch.Generator().manual_seed(2**64 - 1)))
-        or pytest.fail(str(r.returns)),
+        "seed=-1 (torch.manual_seed accepts it: the same run as seed 2**64 - 1)",
+        lambda: (
+            simdist.run(lambda: torch.rand(2), RING2, seed=-1).returns,
+            simdist.run(lambda: torch.rand(2), RING2, seed=2**64 - 1).returns,
+        ),
+        check=lambda r: (
+            all(torch.equal(a, b) for a, b in zip(*r)) and not torch.equal(r[0][0], r[0][1])
+        ) or pytest.fail(str(r)),
+    ),
+    Case(
+        "memory-off-string",
+        "memory='off' (a truthy string)",
+        lambda: simdist.run(lambda: None, RING2, memory="off"),
+        error=simdist.RunArgumentError,
+        match=r"memory must be True or False, got str 'off'",
+    ),
+    Case(
+        "ranks-seed-random-alike",
+        "every rank seeds Python's random and NumPy alike, then draws a tensor length after a barrier",
+        lambda: simdist.run(_seeded_length_all_reduce, simdist.Cluster.ring(3)),
+        check=lambda r: r.returns == [r.returns[0]] * 3 or pytest.fail(str(r.returns)),
+    ),
+    Case(
+        "unseeded-ranks-differ",
+        "an unseeded program draws torch, random and NumPy numbers on every rank (processes start unseeded)",
+        lambda: simdist.run(lambda: (torch.rand(1).item(), random.random(), float(np.random.rand())), RING2),
+        check=lambda r: all(a != b for a, b in zip(*r.returns)) or pytest.fail(str(r.returns)),
     ),
     Case(
         "progress-typo",
@@ -685,7 +721,7 @@ CASES: list[Case] = [
         "trace='all'",
         lambda: simdist.run(lambda: None, RING2, trace="all"),
         error=simdist.RunArgumentError,
-        match=r"trace level must be one of",
+        match=r"trace must be one of \(.messages., .collectives.\), got .all.",
     ),
     Case(
         "nested-run",
@@ -728,7 +764,7 @@ def test_watchdog_default_and_environment(monkeypatch: pytest.MonkeyPatch) -> No
         simdist.run(lambda: None, RING2)
     monkeypatch.setenv("SIMDIST_WATCHDOG", "inf")
     assert simdist.run(_sleeps_briefly, RING2).returns == [None, None]
-    assert not math.isinf(simdist.engine.runner.WATCHDOG_PYTEST)
+    assert not math.isinf(simdist.options.WATCHDOG_PYTEST)
 
 
 def _sleeps_briefly() -> None:
