@@ -1,0 +1,58 @@
+"""Hostile uses of the strategies: unordered parameters for ZeRO-1, FSDP's sharded weights outside their module,
+odd pipeline settings.
+
+Each case runs the strategy inside ``simdist.run``: an error the strategy raises reaches the caller as a
+:class:`simdist.RankError` naming the rank, and the message must say what was wrong and what to pass instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from hostile_cases import Case, check, params
+from torch import nn
+
+import simdist
+from simdist.strategies import ShardedOptimizer
+
+RING2 = simdist.Cluster.ring(2, device="cpu")
+
+
+def _on_two_ranks(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` on two simulated ranks without compute time."""
+    return lambda: simdist.run(fn, RING2, args=args, compute=False)
+
+
+def _three_layers() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 3), nn.Linear(3, 2))
+
+
+# --------------------------------------------------------------------------- ZeRO-1
+def _zero_over_a_set() -> None:
+    ShardedOptimizer(set(_three_layers().parameters()), torch.optim.SGD, lr=0.1)
+
+
+def _zero_reversed_on_rank_1() -> None:
+    params = list(_three_layers().parameters())
+    ShardedOptimizer(params if dist.get_rank() == 0 else params[::-1], torch.optim.SGD, lr=0.1)
+
+
+_ZERO = [
+    Case("zero-set-of-parameters", "ShardedOptimizer(set(model.parameters()), ...): each rank orders the set its own way",
+         _on_two_ranks(_zero_over_a_set), error=simdist.RankError,
+         match=r"TypeError: optimizer parameters need to be organized in ordered collections"),
+    Case("zero-parameters-reversed-on-one-rank", "ShardedOptimizer over the parameters reversed on rank 1 only",
+         _on_two_ranks(_zero_reversed_on_rank_1), error=simdist.RankError,
+         match=r"at param group 0, position 0: rank 0 has \(4, 4\) float32 and rank 1 has \(2,\) float32"),
+]
+
+CASES: list[Case] = [*_ZERO]
+
+
+@pytest.mark.parametrize("case", params(CASES))
+def test_hostile(case: Case) -> None:
+    check(case)
