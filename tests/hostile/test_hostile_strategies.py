@@ -1,5 +1,4 @@
-"""Hostile uses of the strategies: unordered parameters for ZeRO-1, FSDP's sharded weights outside their module,
-odd pipeline settings.
+"""Hostile uses of the strategies: unordered parameters for ZeRO-1, odd pipeline settings.
 
 Each case runs the strategy inside ``simdist.run``: an error the strategy raises reaches the caller as a
 :class:`simdist.RankError` naming the rank, and the message must say what was wrong and what to pass instead.
@@ -16,7 +15,7 @@ from hostile_cases import Case, check, params
 from torch import nn
 
 import simdist
-from simdist.strategies import ShardedOptimizer
+from simdist.strategies import PipelineOptimizer, PipelineOptimizerConfig, ShardedOptimizer
 
 RING2 = simdist.Cluster.ring(2, device="cpu")
 
@@ -50,7 +49,27 @@ _ZERO = [
          match=r"at param group 0, position 0: rank 0 has \(4, 4\) float32 and rank 1 has \(2,\) float32"),
 ]
 
-CASES: list[Case] = [*_ZERO]
+# --------------------------------------------------------------------------- pipeline
+def _pipeline_with_timeout(timeout_ms: Any) -> None:
+    stage = nn.Linear(2, 2)
+    opt = PipelineOptimizer(torch.optim.SGD(stage.parameters(), lr=0.1), [stage],
+                            PipelineOptimizerConfig(communication_timeout_ms=timeout_ms))
+    stage(torch.ones(2)).sum().backward()
+    opt.step()
+
+
+_PIPELINE = [
+    Case("pipeline-timeout-1e30-ms", "PipelineOptimizerConfig(communication_timeout_ms=10**30), then step()",
+         _on_two_ranks(_pipeline_with_timeout, 10**30), error=simdist.RankError,
+         match=r"ValueError: PipelineOptimizerConfig.communication_timeout_ms must be at most 4611686018427 "
+               r"milliseconds .*; got 1000000000000000000000000000000"),
+    Case("pipeline-timeout-nan-ms", "PipelineOptimizerConfig(communication_timeout_ms=float('nan'))",
+         _on_two_ranks(_pipeline_with_timeout, float("nan")), error=simdist.RankError,
+         match=r"TypeError: PipelineOptimizerConfig.communication_timeout_ms must be an int of milliseconds; "
+               r"got nan"),
+]
+
+CASES: list[Case] = [*_ZERO, *_PIPELINE]
 
 
 @pytest.mark.parametrize("case", params(CASES))
