@@ -8,6 +8,7 @@ so they are compared within the equivalence oracle's float32 tolerance (observed
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 import warnings
@@ -585,6 +586,35 @@ def test_the_race_detector_names_an_optimizer_step_before_finish_gradient_synchr
     assert result.races
     text = "\n".join(str(r) for r in result.races)
     assert "reduce_scatter" in text and "_steps_early" in text
+
+
+def _gathers_another_unit() -> None:
+    torch.manual_seed(0)
+    model = FSDP(nn.Sequential(nn.Linear(4, 6), nn.Linear(6, 2)))
+    if dist.get_rank() == 0:
+        model(torch.ones(4))  # LINE whole model
+    else:
+        model.module[1](torch.ones(6))  # LINE second layer
+
+
+def _marked_line(fn: object, marker: str) -> int:
+    """The line of ``fn``'s source carrying ``# LINE marker``."""
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, text in enumerate(lines) if f"# LINE {marker}" in text)
+
+
+def test_a_mismatch_inside_fsdp_names_the_users_line_after_the_wrappers_on_every_rank() -> None:
+    with pytest.raises(CollectiveMismatchError) as info:
+        on_ranks(_gathers_another_unit, 2)
+    text = str(info.value)
+    wrapper = str(Path(FSDP.__module__.replace(".", "/") + ".py"))
+    for rank, marker in ((0, "whole model"), (1, "second layer")):
+        line = f"rank {rank}: all_gather_into_tensor("
+        site = text.split(line)[1].split("\n")[0]
+        # the wrapper's line that issued the all-gather, then the line of this program that called into FSDP
+        assert wrapper in site and "in _start_gather, called from " in site, site
+        assert site.endswith(f", called from {__file__}:{_marked_line(_gathers_another_unit, marker)} in "
+                             "_gathers_another_unit"), site
 
 
 # --------------------------------------------------------------------- simulator independence

@@ -1,4 +1,4 @@
-"""Hostile uses of the strategies: unordered parameters for ZeRO-1, odd pipeline settings.
+"""Hostile uses of the strategies: unordered parameters for ZeRO-1, FSDP misused, odd pipeline settings.
 
 Each case runs the strategy inside ``simdist.run``: an error the strategy raises reaches the caller as a
 :class:`simdist.RankError` naming the rank, and the message must say what was wrong and what to pass instead.
@@ -16,6 +16,7 @@ from torch import nn
 
 import simdist
 from simdist.strategies import PipelineOptimizer, PipelineOptimizerConfig, ShardedOptimizer
+from simdist.strategies.fsdp import FSDP
 
 RING2 = simdist.Cluster.ring(2, device="cpu")
 
@@ -49,6 +50,24 @@ _ZERO = [
          match=r"at param group 0, position 0: rank 0 has \(4, 4\) float32 and rank 1 has \(2,\) float32"),
 ]
 
+# --------------------------------------------------------------------------- FSDP
+def _fsdp_ranks_gather_different_units() -> None:
+    model = FSDP(nn.Sequential(nn.Linear(4, 6), nn.Linear(6, 2)))
+    if dist.get_rank() == 0:
+        model(torch.ones(4))
+    else:
+        model.module[1](torch.ones(6))
+
+
+_FSDP = [
+    Case("fsdp-mismatch-names-the-users-line", "rank 1 runs one FSDP layer alone: the mismatch's sites are FSDP's",
+         _on_two_ranks(_fsdp_ranks_gather_different_units), error=simdist.CollectiveMismatchError,
+         match=r"(?s)rank 0: .*wrapper\.py:\d+ in _start_gather, called from \S+test_hostile_strategies\.py:\d+ in "
+               r"_fsdp_ranks_gather_different_units.*rank 1: .*called from \S+test_hostile_strategies\.py:\d+ in "
+               r"_fsdp_ranks_gather_different_units"),
+]
+
+
 # --------------------------------------------------------------------------- pipeline
 def _pipeline_with_timeout(timeout_ms: Any) -> None:
     stage = nn.Linear(2, 2)
@@ -69,7 +88,7 @@ _PIPELINE = [
                r"got nan"),
 ]
 
-CASES: list[Case] = [*_ZERO, *_PIPELINE]
+CASES: list[Case] = [*_ZERO, *_FSDP, *_PIPELINE]
 
 
 @pytest.mark.parametrize("case", params(CASES))
