@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from hostile_cases import Case, check, params
 from torch import nn
 
@@ -59,7 +60,84 @@ def _fsdp_ranks_gather_different_units() -> None:
         model.module[1](torch.ones(6))
 
 
+def _fsdp_weight_read_after_the_step() -> None:
+    net = _three_layers()
+    model = FSDP(net)
+    model(torch.ones(2, 4)).sum().backward()
+    model.finish_gradient_synchronization()
+    net[0].weight.sum()  # only this rank's shard exists here; the full weight's memory is freed
+
+
+class _TiedByFunction(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(7, 5)
+        self.mid = nn.Linear(5, 5)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.mid(self.embed(tokens))) @ self.embed.weight.T  # the embedding's weight, outside it
+
+
+def _tied_batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(step * 101 + rank)
+    return torch.randint(0, 7, (3,), generator=g), torch.randint(0, 7, (3,), generator=g)
+
+
+def _tied_training(world: int) -> None:
+    """Two SGD steps, under FSDP on each rank's batch, or (``world`` given) in one process on every rank's."""
+    torch.manual_seed(0)
+    model = _TiedByFunction() if world else FSDP(_TiedByFunction())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(2):
+        parts = [_tied_batch(step, r) for r in range(world)] if world else [_tied_batch(step, dist.get_rank())]
+        F.cross_entropy(model(torch.cat([p[0] for p in parts])), torch.cat([p[1] for p in parts])).backward()
+        if not world:
+            model.finish_gradient_synchronization()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def _fsdp_functional_tie() -> simdist.EquivalenceReport:
+    cluster = simdist.Cluster.switch(2, device="cpu")
+    return simdist.check_equivalence(_tied_training, _tied_training, cluster, args=(0,), reference_args=(2,))
+
+
+def _oracle_agrees(rep: simdist.EquivalenceReport) -> None:
+    assert rep.ok, str(rep)
+
+
+class _Indexed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(7, 5))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.weight[tokens]
+
+
+def _fsdp_fp16_indexed_embedding() -> tuple[bool, torch.dtype]:
+    torch.manual_seed(0)
+    net = nn.Sequential(_Indexed(), nn.Linear(5, 3))
+    model = FSDP(net, compute_dtype=torch.float16)
+    model(torch.tensor([0, 3, 6])).float().sum().backward()
+    model.finish_gradient_synchronization()
+    master = dict(model.named_parameters())["0.weight"]
+    return net[0].weight.grad is master.grad, net[0].weight.grad.dtype
+
+
+def _module_holds_the_fp32_gradient(result: simdist.RunResult) -> None:
+    assert result.returns == [(True, torch.float32)] * 2, result.returns
+
+
 _FSDP = [
+    Case("fsdp-weight-read-outside-forward", "w.sum() of an FSDP-sharded weight after the step, outside forward",
+         _on_two_ranks(_fsdp_weight_read_after_the_step), error=simdist.RankError,
+         match=r"FSDP's sharded parameter '0.weight' was used by torch.Tensor.sum on rank \d outside the forward .*"
+               r"model.gather_full_params\(\)"),
+    Case("fsdp-weight-tied-by-function", "a head that reads the embedding's weight in the parent's forward",
+         _fsdp_functional_tie, check=_oracle_agrees),
+    Case("fsdp-fp16-hand-written-embedding-gradient", "compute_dtype=float16: the module's indexed weight's .grad",
+         _on_two_ranks(_fsdp_fp16_indexed_embedding), check=_module_holds_the_fp32_gradient),
     Case("fsdp-mismatch-names-the-users-line", "rank 1 runs one FSDP layer alone: the mismatch's sites are FSDP's",
          _on_two_ranks(_fsdp_ranks_gather_different_units), error=simdist.CollectiveMismatchError,
          match=r"(?s)rank 0: .*wrapper\.py:\d+ in _start_gather, called from \S+test_hostile_strategies\.py:\d+ in "
