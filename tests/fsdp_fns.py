@@ -238,3 +238,23 @@ def tied_reference_train(reshard: bool, steps: int = 2, world: int = 1) -> dict[
         optimizer.step()
         optimizer.zero_grad()
     return {n: p.detach().clone() for n, p in net.named_parameters()}
+
+
+def reference_by_rank(
+    spec: NetSpec, steps: int = 2, size: int = 3, seed: int = 0, world: int = 2
+) -> dict[str, torch.Tensor]:
+    """The single-process model with data parallelism's arithmetic: each rank's batch is its own backward of
+    ``loss / world``, so autograd adds the ranks' gradients, each summed over its own batch, as a reduction of
+    ``world`` partial gradients does. (One backward on the concatenated batch sums in another order.)"""
+    net = make_net(spec, seed)
+    optimizer = optimizer_for(spec, list(net.parameters()))
+    for step in range(steps):
+        for rank in range(world):
+            tokens, targets = batch(spec, seed, step, rank, 0, size)
+            (F.cross_entropy(net(tokens), targets) / world).backward()
+        for p in net.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+        optimizer.step()
+        optimizer.zero_grad()
+    return {n: p.detach().clone() for n, p in net.named_parameters()}

@@ -97,6 +97,33 @@ def _tied_training(world: int) -> None:
         optimizer.zero_grad()
 
 
+def _two_ranks_against_one_process() -> tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
+    """FSDP on two ranks, and one process adding the two ranks' gradients (a backward of loss / 2 per batch)."""
+
+    def train(world: int) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        net = _TiedByFunction()
+        model = net if world else FSDP(net)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        for step in range(3):
+            for rank in range(world) if world else [dist.get_rank()]:
+                tokens, targets = _tied_batch(step, rank)
+                (F.cross_entropy(model(tokens), targets) / (world or 1)).backward()
+            if not world:
+                model.finish_gradient_synchronization()
+            optimizer.step()
+            optimizer.zero_grad()
+        return model.gather_full_params() if not world else {n: p.detach() for n, p in net.named_parameters()}
+
+    return simdist.run(train, simdist.Cluster.switch(2, device="cpu"), args=(0,), compute=False).returns, train(2)
+
+
+def _bitwise_equal(result: tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor]]) -> None:
+    ranks, reference = result
+    for got in ranks:
+        assert all(torch.equal(got[n], reference[n]) for n in reference), "not bitwise equal"
+
+
 def _fsdp_functional_tie() -> simdist.EquivalenceReport:
     cluster = simdist.Cluster.switch(2, device="cpu")
     return simdist.check_equivalence(_tied_training, _tied_training, cluster, args=(0,), reference_args=(2,))
@@ -136,6 +163,8 @@ _FSDP = [
                r"model.gather_full_params\(\)"),
     Case("fsdp-weight-tied-by-function", "a head that reads the embedding's weight in the parent's forward",
          _fsdp_functional_tie, check=_oracle_agrees),
+    Case("fsdp-fp32-two-ranks-bitwise", "fp32 SGD steps on 2 ranks against one process adding both ranks' gradients",
+         _two_ranks_against_one_process, check=_bitwise_equal),
     Case("fsdp-fp16-hand-written-embedding-gradient", "compute_dtype=float16: the module's indexed weight's .grad",
          _on_two_ranks(_fsdp_fp16_indexed_embedding), check=_module_holds_the_fp32_gradient),
     Case("fsdp-mismatch-names-the-users-line", "rank 1 runs one FSDP layer alone: the mismatch's sites are FSDP's",
