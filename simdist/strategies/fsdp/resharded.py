@@ -103,7 +103,10 @@ class Resharded(nn.Parameter):
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        metadata = func in _METADATA
+        try:
+            metadata = func in _METADATA
+        except TypeError:  # an unhashable callable: not one of the metadata ops
+            metadata = False
         args, kwargs = tree_map_only(Resharded, lambda p: p._full(func, metadata), (args, kwargs or {}))
         return func(*args, **kwargs)
 
