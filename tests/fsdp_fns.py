@@ -191,3 +191,70 @@ def real_compare(spec: NetSpec, steps: int, size: int, seed: int) -> dict[str, f
     ours = fsdp_train(spec, steps, size, seed)
     ref = reference_train(spec, steps, size, seed, world=dist.get_world_size())
     return {n: float((ours[n] - ref[n]).abs().max()) for n in ref}
+
+
+class FunctionallyTied(nn.Module):
+    """An embedding whose weight the output projection reads directly (``h @ embed.weight.T``): a weight used
+    outside the module that owns it, as models that tie their head by function do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(7, 5)
+        self.mid = nn.Linear(5, 5)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.mid(self.embed(tokens))) @ self.embed.weight.T
+
+
+def tied_batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s (tokens, targets) of one step for :class:`FunctionallyTied`."""
+    g = torch.Generator().manual_seed(step * 101 + rank)
+    return torch.randint(0, 7, (3,), generator=g), torch.randint(0, 7, (3,), generator=g)
+
+
+def tied_fsdp_train(reshard: bool, steps: int = 2) -> dict[str, torch.Tensor]:
+    """:class:`FunctionallyTied` trained under FSDP; the final full parameters."""
+    torch.manual_seed(0)
+    model = FSDP(FunctionallyTied(), reshard_after_forward=reshard)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    for step in range(steps):
+        tokens, targets = tied_batch(step, dist.get_rank())
+        F.cross_entropy(model(tokens), targets).backward()
+        model.finish_gradient_synchronization()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model.gather_full_params()
+
+
+def tied_reference_train(reshard: bool, steps: int = 2, world: int = 1) -> dict[str, torch.Tensor]:
+    """:class:`FunctionallyTied` in one process on every rank's batch at once."""
+    torch.manual_seed(0)
+    net = FunctionallyTied()
+    optimizer = torch.optim.SGD(net.parameters(), lr=LR, momentum=0.9)
+    for step in range(steps):
+        parts = [tied_batch(step, r) for r in range(world)]
+        tokens, targets = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        F.cross_entropy(net(tokens), targets).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return {n: p.detach().clone() for n, p in net.named_parameters()}
+
+
+def reference_by_rank(
+    spec: NetSpec, steps: int = 2, size: int = 3, seed: int = 0, world: int = 2
+) -> dict[str, torch.Tensor]:
+    """The single-process model with data parallelism's arithmetic: each rank's batch is its own backward of
+    ``loss / world``, so autograd adds the ranks' gradients, each summed over its own batch, as a reduction of
+    ``world`` partial gradients does. (One backward on the concatenated batch sums in another order.)"""
+    net = make_net(spec, seed)
+    optimizer = optimizer_for(spec, list(net.parameters()))
+    for step in range(steps):
+        for rank in range(world):
+            tokens, targets = batch(spec, seed, step, rank, 0, size)
+            (F.cross_entropy(net(tokens), targets) / world).backward()
+        for p in net.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+        optimizer.step()
+        optimizer.zero_grad()
+    return {n: p.detach().clone() for n, p in net.named_parameters()}

@@ -271,3 +271,19 @@ def stalls(seconds: float) -> None:
         for param in module.parameters():
             param.grad = torch.ones_like(param)
         opt.step()
+
+
+def patient(timeout_ms: int, seconds: float) -> float:
+    """Rank 1 sleeps ``seconds`` before the step of a tied pair of stages whose collectives may take
+    ``timeout_ms``; the others wait for it. Returns the tied weight's sum after the step (equal on both ranks)."""
+    rank = dist.get_rank()
+    module = build(Layout(1))
+    config = PipelineOptimizerConfig(sync_mode="stage_wise", communication_timeout_ms=timeout_ms)
+    tie = {0: "layers.0.0.weight", 1: "layers.0.0.weight"}
+    opt = PipelineOptimizer(torch.optim.SGD(module.parameters(), lr=LR), [module], config, ties=[tie])
+    if rank == 1:
+        time.sleep(seconds)
+    for param in module.parameters():
+        param.grad = torch.ones_like(param)
+    opt.step()
+    return float(module.layers["0"][0].weight.detach().sum())

@@ -2,16 +2,20 @@
 
 The oracle for every training test is the single-process model (``tests/fsdp_fns.py``): the same network
 trained in one process on every rank's data at once, with the same mixed precision. fp32 runs on one rank are
-compared bitwise; on several ranks the data-parallel sum is added in another order than one process adds it,
-so they are compared within the equivalence oracle's float32 tolerance (observed differences ~1e-8).
+compared bitwise, and on two ranks bitwise with one process that adds the two ranks' gradients; otherwise the
+data-parallel sum is added in another order than one process adds it, so they are compared within the
+equivalence oracle's float32 tolerance (observed differences ~1e-8).
 """
 
 from __future__ import annotations
 
+import inspect
+import json
 import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import fsdp_fns as ff
 import pytest
@@ -325,6 +329,30 @@ def test_fsdp_equals_the_single_process_model_in_fp32(spec: ff.NetSpec, world: i
     assert rep.ok, rep
 
 
+@settings(max_examples=10)
+@given(
+    spec=st.builds(
+        ff.NetSpec, vocab=st.integers(2, 12), dim=st.integers(1, 9), layers=st.integers(0, 2),
+        tie_out=st.booleans(), adam=st.booleans(),
+    ),
+    size=st.integers(1, 4),
+)
+def test_on_two_ranks_fp32_training_is_bitwise_that_of_one_process_adding_the_two_ranks_gradients(
+    spec: ff.NetSpec, size: int
+) -> None:
+    # Two partial gradients add the same in any order, and halving is exact: no rounding step is left between
+    # the ranks' gradients and the optimizer but the one sum. The oracle adds the same two partial sums (one
+    # backward per rank's batch); one backward on the whole batch would sum its rows in another order. On more
+    # ranks the reduction's order of three or more terms differs from autograd's, and results agree within
+    # rounding only (the tests above).
+    ours = on_ranks(ff.fsdp_train, 2, spec, steps=2, size=size)
+    reference = ff.reference_by_rank(spec, steps=2, size=size, world=2)
+    for rank_params in ours:
+        assert rank_params.keys() == reference.keys()
+        differing = [n for n in reference if not torch.equal(rank_params[n], reference[n])]
+        assert not differing, differing
+
+
 @pytest.mark.parametrize("compute", ["bfloat16", "float16"])
 def test_a_16_bit_compute_dtype_stays_within_1e_4_of_the_single_process_model(compute: str) -> None:
     spec = ff.NetSpec(compute=compute)
@@ -585,6 +613,132 @@ def test_the_race_detector_names_an_optimizer_step_before_finish_gradient_synchr
     assert result.races
     text = "\n".join(str(r) for r in result.races)
     assert "reduce_scatter" in text and "_steps_early" in text
+
+
+def _gathers_another_unit() -> None:
+    torch.manual_seed(0)
+    model = FSDP(nn.Sequential(nn.Linear(4, 6), nn.Linear(6, 2)))
+    if dist.get_rank() == 0:
+        model(torch.ones(4))  # LINE whole model
+    else:
+        model.module[1](torch.ones(6))  # LINE second layer
+
+
+def _marked_line(fn: object, marker: str) -> int:
+    """The line of ``fn``'s source carrying ``# LINE marker``."""
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, text in enumerate(lines) if f"# LINE {marker}" in text)
+
+
+def test_a_mismatch_inside_fsdp_names_the_users_line_after_the_wrappers_on_every_rank() -> None:
+    with pytest.raises(CollectiveMismatchError) as info:
+        on_ranks(_gathers_another_unit, 2)
+    text = str(info.value)
+    wrapper = str(Path(FSDP.__module__.replace(".", "/") + ".py"))
+    for rank, marker in ((0, "whole model"), (1, "second layer")):
+        line = f"rank {rank}: all_gather_into_tensor("
+        site = text.split(line)[1].split("\n")[0]
+        # the wrapper's line that issued the all-gather, then the line of this program that called into FSDP
+        assert wrapper in site and "in _start_gather, called from " in site, site
+        assert site.endswith(f", called from {__file__}:{_marked_line(_gathers_another_unit, marker)} in "
+                             "_gathers_another_unit"), site
+
+
+# ------------------------------------------------------------ sharded parameters outside their module
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("reshard", [True, False])
+def test_a_weight_used_outside_its_module_in_forward_is_gathered_and_trains_as_one_process(
+    world: int, reshard: bool
+) -> None:
+    # the projection reads the embedding's weight outside the embedding; FSDP gathers it there (as FSDP2 does
+    # for every parameter of the module it wraps) and keeps it until its gradient is reduced
+    rep = simdist.check_equivalence(
+        ff.tied_fsdp_train, ff.tied_reference_train, cpu(world), args=(reshard,),
+        reference_kwargs={"world": world}, exact=world == 1,
+    )
+    assert rep.ok, rep
+    assert rep.steps == 2
+
+
+OUTSIDE_FORWARD = """
+import json, torch, simdist
+from torch import nn
+from simdist.strategies.fsdp import FSDP
+
+def rank():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    model = FSDP(net)
+    model(torch.ones(3, 4)).sum().backward()
+    model.finish_gradient_synchronization()
+    w = net[0].weight
+    errors = []
+    for use in (lambda: w.sum(), lambda: w.clone(), lambda: w + 1, lambda: w.T, lambda: w.data.tolist(),
+                lambda: torch.cat([w, w])):
+        try:
+            use()
+            errors.append(None)
+        except RuntimeError as e:
+            errors.append(str(e))
+    counted = sum(p.numel() for p in net.parameters())
+    return {"errors": errors, "numel": counted, "shape": list(w.shape), "repr": repr(w)}
+
+print(json.dumps(simdist.run(rank, simdist.Cluster.switch(2, device="cpu"), compute=False).returns))
+"""
+
+
+def test_a_sharded_weight_read_outside_forward_is_a_clear_error_not_a_crash() -> None:
+    # in a process of its own: a read of the freed memory used to end the process (SIGSEGV)
+    command = [sys.executable, "-c", OUTSIDE_FORWARD]
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"exit status {done.returncode}\n{done.stdout}{done.stderr[-2000:]}"
+    for rank, got in enumerate(json.loads(done.stdout.splitlines()[-1])):
+        # what needs no values still answers, as for the unwrapped model
+        assert got["numel"] == 4 * 4 + 4 + 4 * 2 + 2 and got["shape"] == [4, 4]
+        assert "'0.weight'" in got["repr"]
+        for error in got["errors"]:
+            assert error is not None and "FSDP's sharded parameter '0.weight' was used by " in error, error
+            assert f"on rank {rank} outside the forward" in error and "model.gather_full_params()" in error, error
+            assert f"elements [{8 * rank}, {8 * rank + 8}) of 16" in error, error
+
+
+class Indexed(nn.Module):
+    """An embedding written by hand: a plain module holding a weight and indexing it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(7, 5))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.weight[tokens]
+
+
+def _module_gradients(compute: str | None) -> dict[str, Any]:
+    torch.manual_seed(0)
+    net = nn.Sequential(Indexed(), nn.Linear(5, 3))  # Indexed is replicated: not Embedding-like
+    model = FSDP(net, compute_dtype=getattr(torch, compute) if compute else None)
+    tokens, targets = ff.tied_batch(0, dist.get_rank())
+    F.cross_entropy(model(tokens).float(), targets % 3).backward()
+    model.finish_gradient_synchronization()
+    masters = dict(model.named_parameters())
+    # a sharded unit's parameter in the module is its full parameter's placeholder, in the compute dtype
+    return {
+        name: {"grad": p.grad is not None, "master": p is masters[name]}
+        | ({"dtype": str(p.dtype)} if name not in model.units else {})
+        for name, p in net.named_parameters()
+    }
+
+
+@pytest.mark.parametrize("compute", ["float16", "bfloat16"])
+def test_with_a_16_bit_compute_dtype_the_modules_hold_the_masters_and_their_gradients_after_forward(
+    compute: str,
+) -> None:
+    # oracle: the same model without a compute dtype, where the replicated parameters are the masters anyway
+    for mixed, plain in zip(on_ranks(_module_gradients, 2, compute), on_ranks(_module_gradients, 2, None)):
+        assert mixed == plain
+        assert mixed["0.weight"] == mixed["1.bias"] == {"grad": True, "master": True, "dtype": "torch.float32"}
 
 
 # --------------------------------------------------------------------- simulator independence

@@ -7,6 +7,7 @@ STAGE_WISE is right for); tests/pipeline_fns.py trains partitioned stages with a
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 from collections.abc import Callable
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
@@ -30,6 +31,7 @@ from simdist.strategies import (
     PipelineShapeError,
     PipelineTimeoutError,
 )
+from simdist.strategies.pipeline import MAX_TIMEOUT_MS
 from tests import pipeline_fns as fns
 from tests.pipeline_fns import Layout
 
@@ -105,6 +107,94 @@ def test_validate_names_the_field_and_the_value(field: str, value: Any, error: t
     with pytest.raises(error) as info:
         config.validate()
     assert f"PipelineOptimizerConfig.{field}" in str(info.value) and words in str(info.value)
+
+
+#: values a careless or hostile caller puts in any field
+ODD_VALUES = st.one_of(
+    st.booleans(),
+    st.none(),
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([MAX_TIMEOUT_MS, MAX_TIMEOUT_MS + 1, 10**30]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.sampled_from(["average", "SUM", "Stage_Wise", "none", " average", "avg"]),
+    st.sampled_from(list(GradientSyncMode)),
+    st.builds(np.int64, st.integers(-5, 10**12)),
+    st.sampled_from([np.float64(30.0), np.bool_(True), b"sum", [1], {}]),
+)
+
+#: a valid value of each field, drawn beside the odd ones so that one bad field among good ones is common
+VALID_VALUES = {
+    "sync_mode": st.sampled_from([*GradientSyncMode, "average", "SUM", "Stage_Wise"]),
+    "synchronize_gradients": st.booleans(),
+    "broadcast_parameters": st.booleans(),
+    "communication_timeout_ms": st.one_of(
+        st.integers(1, MAX_TIMEOUT_MS), st.builds(np.int64, st.integers(1, 10**12))
+    ),
+}
+
+
+def valid(field: str, value: Any) -> bool:
+    """Oracle: whether ``value`` is a valid ``field`` (the rules docs/pipeline.md states)."""
+    if field == "sync_mode":
+        modes = [m.value for m in GradientSyncMode]
+        return isinstance(value, GradientSyncMode) or (isinstance(value, str) and value.lower() in modes)
+    if field in ("synchronize_gradients", "broadcast_parameters"):
+        return isinstance(value, bool)
+    integer = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    return integer and 0 < value <= MAX_TIMEOUT_MS
+
+
+FIELDS = [f.name for f in dataclasses.fields(PipelineOptimizerConfig)]
+
+
+@given(values=st.fixed_dictionaries({name: st.one_of(VALID_VALUES[name], ODD_VALUES) for name in FIELDS}))
+@example(values={"sync_mode": "sum", "synchronize_gradients": True, "broadcast_parameters": True,
+                 "communication_timeout_ms": 10**30})
+@example(values={"sync_mode": "none", "synchronize_gradients": False, "broadcast_parameters": True,
+                 "communication_timeout_ms": MAX_TIMEOUT_MS + 1})
+@example(values={"sync_mode": GradientSyncMode.SUM, "synchronize_gradients": True, "broadcast_parameters": False,
+                 "communication_timeout_ms": np.int64(500)})
+@example(values={"sync_mode": True, "synchronize_gradients": float("nan"), "broadcast_parameters": None,
+                 "communication_timeout_ms": float("inf")})
+def test_validate_refuses_every_invalid_field_by_name_and_normalises_the_valid_ones(values: dict[str, Any]) -> None:
+    config = PipelineOptimizerConfig(**values)
+    invalid = [name for name in FIELDS if not valid(name, values[name])]
+    if invalid:
+        with pytest.raises((TypeError, ValueError)) as info:
+            config.validate()
+        # the first invalid field in declaration order is named, with the value it got
+        assert f"PipelineOptimizerConfig.{invalid[0]} must be" in str(info.value), str(info.value)
+        assert not isinstance(info.value, OverflowError)
+        return
+    config.validate()
+    assert isinstance(config.sync_mode, GradientSyncMode)
+    timeout = config.communication_timeout_ms
+    assert type(timeout) is int and timeout == values["communication_timeout_ms"]
+
+
+def timeout_refused(timeout_ms: Any) -> None:
+    """Rank code: a PipelineOptimizer whose collectives may take ``timeout_ms``."""
+    module = nn.Linear(2, 2)
+    PipelineOptimizer(torch.optim.SGD(module.parameters(), lr=0.1), [module],
+                      PipelineOptimizerConfig(communication_timeout_ms=timeout_ms))
+
+
+@pytest.mark.parametrize("timeout_ms", [10**30, MAX_TIMEOUT_MS + 1, 2**63])
+def test_a_timeout_beyond_what_the_backends_can_count_is_refused_at_construction(timeout_ms: int) -> None:
+    exc = rank_error(timeout_refused, 2, timeout_ms)
+    assert isinstance(exc, ValueError) and f"must be at most {MAX_TIMEOUT_MS} milliseconds" in str(exc), str(exc)
+
+
+def test_the_longest_timeout_waits_and_steps_in_simulation() -> None:
+    assert run(fns.patient, 2, MAX_TIMEOUT_MS, 0.0) == run(fns.patient, 2, 30000, 0.0)
+
+
+@pytest.mark.real
+def test_the_longest_timeout_is_one_real_gloo_accepts_and_waits_out() -> None:
+    # gloo refuses 1e13 ms ("Invalid timeout") and times out at once at 9e12 ms (its deadline overflows)
+    result = real.run(fns.patient, 2, args=(MAX_TIMEOUT_MS, 1.0), timeout=120)
+    assert result.returns == run(fns.patient, 2, 30000, 0.0)
 
 
 def test_defaults_are_the_documented_ones() -> None:

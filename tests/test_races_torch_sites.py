@@ -387,3 +387,23 @@ def test_simdist_run_waives_races_by_site_and_reports_unused_and_bad_patterns(tm
     assert "on ranks 0-1 (2 findings)" in capsys.readouterr().out
     assert simdist.cli.main([*base, "--waive-race", "racy"]) == 2
     assert "simdist: error: race waiver 'racy': 'racy' does not name a Python file" in capsys.readouterr().err
+
+
+#: code compiled as if it were a library's that issues operations for the user (simdist's strategies), and a
+#: probe (standing for the simulator) that asks for the site with and without naming that library
+_LIBRARY_CODE = "def wrapper_step(probe, library):\n    return probe(library)\n"
+_LIBRARY_PROBE = "def probe(library):\n    return caller_site(('/simdist-probe/',), library)\n"
+
+
+def test_a_librarys_frame_comes_before_the_users_and_is_the_user_to_a_caller_that_names_no_library():
+    scope: dict = {"caller_site": caller_site}
+    exec(compile(_LIBRARY_CODE, "/lib-probe/strategy.py", "exec"), scope)  # noqa: S102
+    exec(compile(_LIBRARY_PROBE, "/simdist-probe/probe.py", "exec"), scope)  # noqa: S102
+    me = "test_a_librarys_frame_comes_before_the_users_and_is_the_user_to_a_caller_that_names_no_library"
+    line = marked_line(test_a_librarys_frame_comes_before_the_users_and_is_the_user_to_a_caller_that_names_no_library, "call")
+    for _ in range(2):  # the second round is answered from the table of sites: each caller keeps its own
+        named = scope["wrapper_step"](scope["probe"], ("/lib-probe/",))  # LINE call
+        unnamed = scope["wrapper_step"](scope["probe"], ())
+        assert named == f"/lib-probe/strategy.py:2 in wrapper_step, called from {__file__}:{line} in {me}"
+        assert named.user == (__file__, line, me) and named.frames[0] == ("/lib-probe/strategy.py", 2, "wrapper_step")
+        assert unnamed == "/lib-probe/strategy.py:2 in wrapper_step" and unnamed.user == named.frames[0]

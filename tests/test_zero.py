@@ -332,6 +332,83 @@ def test_bad_arguments_are_refused_with_what_to_pass(case: str, kind: type, text
     assert isinstance(exc, kind) and text in str(exc), str(exc)
 
 
+def unordered(case: str) -> None:
+    """Rank code: a ShardedOptimizer over an unordered collection of parameters (or a bare tensor)."""
+    net = nn.Linear(2, 2)
+    if case == "set":
+        ShardedOptimizer(set(net.parameters()), torch.optim.SGD, lr=0.1)
+    elif case == "frozenset":
+        ShardedOptimizer(frozenset(net.parameters()), torch.optim.SGD, lr=0.1)
+    elif case == "set in a group":
+        ShardedOptimizer([{"params": set(net.parameters())}], torch.optim.SGD, lr=0.1)
+    elif case == "set added":
+        ShardedOptimizer([net.weight], torch.optim.SGD, lr=0.1).add_param_group({"params": {net.bias}})
+    elif case == "tensor":
+        ShardedOptimizer(net.weight, torch.optim.SGD, lr=0.1)
+
+
+def torch_refusal(params: Any) -> str:
+    """What torch's own optimizer says when given ``params``."""
+    with pytest.raises(TypeError) as info:
+        torch.optim.SGD(params, lr=0.1)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("case", ["set", "frozenset", "set in a group", "set added", "tensor"])
+def test_unordered_parameters_are_refused_with_torchs_own_type_error(case: str) -> None:
+    exc = rank_error(unordered, 2, case)
+    p = nn.Parameter(torch.zeros(2))
+    # the oracle: torch's optimizer on a set inside a param group, and on a bare tensor (torch itself takes a
+    # bare set as a list, which every rank would order differently here)
+    expected = torch_refusal(p) if case == "tensor" else torch_refusal([{"params": {p}}])
+    assert isinstance(exc, TypeError) and str(exc) == expected, str(exc)
+
+
+#: shapes that tell every parameter apart: a rank that lists them in another order differs in some position
+SHAPES = [(4, 3), (3,), (3, 3), (5,), (2, 3), (2,)]
+
+
+def ordered_as(orders: list[list[int]], members: list[int] | None) -> None:
+    """Rank code: a ShardedOptimizer over the parameters in this rank's order (over a group of ``members``)."""
+    params = [nn.Parameter(torch.zeros(s)) for s in SHAPES]
+    group = None if members is None else dist.new_group(members)
+    if dist.get_rank() in (members or range(dist.get_world_size())):
+        ShardedOptimizer([params[i] for i in orders[dist.get_rank()]], torch.optim.SGD, group=group, lr=0.5)
+
+
+@given(orders=st.lists(st.permutations(range(len(SHAPES))), min_size=2, max_size=4), subgroup=st.booleans())
+def test_parameters_listed_in_another_order_on_some_rank_are_refused_naming_the_first_difference(
+    orders: list[list[int]], subgroup: bool
+) -> None:
+    world = len(orders)
+    members = list(range(1, world)) if subgroup and world > 2 else list(range(world))
+    first = members[0]
+    # oracle: the first position where a member's order differs from the group's first rank's, and that member
+    differing = [(i, r) for r in members[1:] for i in range(len(SHAPES)) if orders[r][i] != orders[first][i]]
+    if not differing:
+        assert run(ordered_as, world, orders, members) == [None] * world
+        return
+    position, rank = min(differing)
+    exc = rank_error(ordered_as, world, orders, members)
+    assert isinstance(exc, ValueError)
+    a, b = (f"{SHAPES[orders[r][position]]} float32" for r in (first, rank))
+    want = f"at param group 0, position {position}: rank {first} has {a} and rank {rank} has {b}"
+    assert want in str(exc) and "never a set" in str(exc), str(exc)
+
+
+def swapped_twins() -> None:
+    """Rank code: two named parameters of one shape, listed in swapped order on rank 1."""
+    params = {"a": nn.Parameter(torch.zeros(3)), "b": nn.Parameter(torch.ones(3))}
+    order = ["a", "b"] if dist.get_rank() == 0 else ["b", "a"]
+    ShardedOptimizer([(n, params[n]) for n in order], torch.optim.SGD, lr=1.0)
+
+
+def test_parameters_of_one_shape_in_swapped_order_are_told_apart_by_their_names() -> None:
+    exc = rank_error(swapped_twins, 2)
+    want = "at param group 0, position 0: rank 0 has (3,) float32 'a' and rank 1 has (3,) float32 'b'"
+    assert want in str(exc), str(exc)
+
+
 def test_outside_a_process_group_it_says_to_initialise_one() -> None:
     with pytest.raises(RuntimeError, match="init_process_group"):
         ShardedOptimizer(nn.Linear(2, 2).parameters(), torch.optim.SGD, lr=0.1)

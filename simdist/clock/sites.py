@@ -1,10 +1,12 @@
-"""Call sites of operations: the user's frame, and torch's own frame when torch's code issued the operation.
+"""Call sites of operations: the user's frame, and a library's own frame when library code issued the operation.
 
 An operation issued by torch's own code (a pipeline schedule's warm-up, FSDP's all-gather, an optimizer reading
 a gradient) is named by two frames: torch's line that issued it and the user's line that led there, as in
 ``torch/distributed/pipelining/schedules.py:648 in _batch_p2p, called from train.py:45 in main``. An operation
 the user called directly (``dist.all_reduce``) is named by the user's line alone: the frames of torch's public
-entry points (:data:`TORCH_ENTRY`) are looked through, never shown.
+entry points (:data:`TORCH_ENTRY`) are looked through, never shown. Other libraries the caller names
+(simdist's strategies: their FSDP's all-gather, their DDP's all-reduce) are named as torch is: their line,
+called from the user's.
 """
 
 from __future__ import annotations
@@ -119,13 +121,14 @@ def show(frame: Frame) -> str:
     return f"{path}:{line} in {func}"
 
 
-def caller_site(skip_prefixes: tuple[str, ...]) -> Site:
+def caller_site(skip_prefixes: tuple[str, ...], library: tuple[str, ...] = ()) -> Site:
     """The call site of the operation being issued, seen from the innermost frame outward.
 
     Frames under ``skip_prefixes`` (the simulator's own) and torch's entry points are passed over. torch's
-    other frames are collected; the innermost of them is shown before the user's frame, the innermost frame
-    that is neither the simulator's nor torch's. Cost: a string test or two per frame up to the user's and
-    one table look-up; a site seen for the first time is built (lines, text) and remembered.
+    other frames, and frames under ``library`` (code that, like torch's, issues operations for the user), are
+    collected; the innermost of them is shown before the user's frame, the innermost frame that is none of
+    these. Cost: a string test or two per frame up to the user's and one table look-up; a site seen for the
+    first time is built (lines, text) and remembered.
     """
     innermost = frame = sys._getframe(1)
     key: list[int] = []
@@ -133,7 +136,7 @@ def caller_site(skip_prefixes: tuple[str, ...]) -> Site:
     while frame is not None:
         code = frame.f_code
         fname = code.co_filename
-        if fname.startswith(TORCH_DIR):
+        if fname.startswith(TORCH_DIR) or fname.startswith(library):
             if not fname.startswith(TORCH_ENTRY):
                 key.append(id(code))
                 key.append(frame.f_lasti)
@@ -148,12 +151,14 @@ def caller_site(skip_prefixes: tuple[str, ...]) -> Site:
         frame = frame.f_back
     if not key:
         return Site("<unknown>", (), None)
-    k = tuple(key)
+    # has_user ends the key: a library's frame is the user's frame to a caller that names no library, and the
+    # short key of that caller's common case (one frame, no flag) is never the key of a longer walk
+    k = (*key, has_user)
     site = _SITES.get(k)
     if site is None:  # walk again for the code objects (rare: once per site)
         calls = []
         frame = innermost
-        while frame is not None and len(calls) * 2 < len(k):
+        while frame is not None and len(calls) < len(key) // 2:
             fname = frame.f_code.co_filename
             if not fname.startswith(TORCH_ENTRY) and (fname.startswith(TORCH_DIR) or not fname.startswith(skip_prefixes)):
                 calls.append((frame.f_code, frame.f_lasti))

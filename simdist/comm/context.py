@@ -38,6 +38,10 @@ _SKIP = tuple(
     os.path.dirname(os.path.abspath(os.__file__)) + os.sep + "contextlib",
 )
 
+#: frames in these directories issue operations for the user, as torch's own code does (simdist's strategies:
+#: their FSDP's all-gathers, their DDP's all-reduces): a site names their line, called from the user's
+_LIBRARY = (os.path.join(_SIMDIST, "strategies") + os.sep,)
+
 #: ops that copy a value from the device to the host (``.item()``, ``bool(t)``, printing): the host waits for
 #: its compute stream there, as a CUDA host does
 HOST_READS = frozenset({"aten::_local_scalar_dense"})
@@ -128,8 +132,9 @@ class RunContext:
 
     # ------------------------------------------------------------------ diagnosis
     def call_site(self) -> Site:
-        """The call site of the operation being issued: the user's line, after torch's when torch issued it."""
-        return caller_site(_SKIP)
+        """The call site of the operation being issued: the user's line, after torch's or a strategy's when one of
+        them issued it."""
+        return caller_site(_SKIP, _LIBRARY)
 
     def who_is_missing(self, work: Any) -> str:
         """Text naming the ranks that have not joined ``work``'s collective (and, once it runs, its progress)."""

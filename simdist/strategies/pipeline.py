@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import enum
 import json
+import operator
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
@@ -55,6 +56,13 @@ class GradientSyncMode(enum.Enum):
     AVERAGE = "average"  # all-reduce over the pipeline group, divided by its size
     SUM = "sum"  # all-reduce over the pipeline group
     STAGE_WISE = "stage_wise"  # no reduction across stages; averaged over dp_group (replicas of this stage)
+
+
+#: the longest communication timeout, in milliseconds (about 146 years). torch's C++ backends hold a deadline as
+#: a 64-bit count of nanoseconds: gloo refuses a longer timeout ("Invalid timeout") or overflows it into one that
+#: has already passed, and ``timedelta`` itself ends at 8.64e16 ms. Half the range leaves room for the clock's own
+#: reading, which is added to the timeout.
+MAX_TIMEOUT_MS = 2**62 // 10**6
 
 
 @dataclasses.dataclass
@@ -89,15 +97,28 @@ class PipelineOptimizerConfig:
             value = getattr(self, field)
             if not isinstance(value, bool):
                 raise TypeError(f"PipelineOptimizerConfig.{field} must be True or False; got {value!r}")
-        timeout = self.communication_timeout_ms
-        if isinstance(timeout, bool) or not isinstance(timeout, int):
-            raise TypeError(
-                f"PipelineOptimizerConfig.communication_timeout_ms must be an int of milliseconds; got {timeout!r}"
-            )
-        if timeout <= 0:
-            raise ValueError(
-                f"PipelineOptimizerConfig.communication_timeout_ms must be > 0 milliseconds; got {timeout}"
-            )
+        self.communication_timeout_ms = _milliseconds(self.communication_timeout_ms)
+
+
+def _milliseconds(timeout: object) -> int:
+    """``communication_timeout_ms`` as an int in ``1..MAX_TIMEOUT_MS``, or TypeError/ValueError naming it."""
+    field = "PipelineOptimizerConfig.communication_timeout_ms"
+    try:
+        if isinstance(timeout, bool):
+            raise TypeError
+        value = operator.index(timeout)  # int, or an integer type such as numpy.int64
+    except TypeError:
+        raise TypeError(
+            f"{field} must be an int of milliseconds; got {timeout!r} of type {type(timeout).__name__}"
+        ) from None
+    if value <= 0:
+        raise ValueError(f"{field} must be > 0 milliseconds; got {value}")
+    if value > MAX_TIMEOUT_MS:
+        raise ValueError(
+            f"{field} must be at most {MAX_TIMEOUT_MS} milliseconds (about 146 years: torch's backends count a "
+            f"deadline in 64-bit nanoseconds); got {value}"
+        )
+    return value
 
 
 @dataclasses.dataclass(frozen=True)

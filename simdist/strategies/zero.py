@@ -19,6 +19,7 @@ This module imports nothing from the simulator: the same code runs under simdist
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -56,6 +57,58 @@ def _hyperparameters(group: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in group.items() if k != "params"}
 
 
+#: what torch's optimizers say of a set of parameters (torch/optim/optimizer.py, ``add_param_group``)
+UNORDERED = (
+    "optimizer parameters need to be organized in ordered collections, but the ordering of tensors in sets will "
+    "change between runs. Please use a list instead."
+)
+
+
+def _refuse_unordered(params: object) -> None:
+    """Raise torch's TypeError for a set of parameters (a frozenset too: its order differs between processes).
+
+    torch refuses a set only inside a param group and takes a bare set as a list; here every rank must list
+    the parameters in one order, and a set of tensors is ordered by their ids, which differ on every rank.
+    """
+    if isinstance(params, (set, frozenset)):
+        raise TypeError(UNORDERED)
+
+
+def _describe(groups: list[dict[str, Any]], first: int = 0) -> list[tuple[str, str]]:
+    """Each parameter as (``param group g, position i``, ``(shape) dtype[, frozen][, 'name']``), in param-group
+    order (``groups`` numbered from ``first``)."""
+    out = []
+    for g, group in enumerate(groups, first):
+        names = group.get("param_names")
+        for i, p in enumerate(group["params"]):
+            frozen = "" if p.requires_grad else " frozen"
+            what = f"{tuple(p.shape)} {str(p.dtype).removeprefix('torch.')}{frozen}"
+            out.append((f"param group {g}, position {i}", what + (f" {names[i]!r}" if names else "")))
+    return out
+
+
+def _first_difference(everyone: list[list[tuple[str, str]]], ranks: list[int]) -> str:
+    """Where the first rank whose parameter list differs from the group's first rank's differs from it."""
+    first = everyone[0]
+    for index in range(max(len(d) for d in everyone)):
+        for r, theirs in enumerate(everyone[1:], 1):
+            where = (first if index < len(first) else theirs)[index][0]
+            a = first[index][1] if index < len(first) else "nothing"
+            b = theirs[index][1] if index < len(theirs) else "nothing"
+            if a != b:
+                return (
+                    f"at {where}: rank {ranks[0]} has {a} and rank {ranks[r]} has {b} "
+                    f"(rank {ranks[0]} lists {len(first)} parameters, rank {ranks[r]} {len(theirs)})"
+                )
+    return "the lists agree"  # not reached: equal lists have equal hashes
+
+
+def _digest(descriptions: list[tuple[str, str]]) -> int:
+    """A 63-bit hash of ``descriptions`` that is the same in every process (unlike ``hash()``)."""
+    data = "\n".join(f"{where}: {what}" for where, what in descriptions).encode()
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 1
+
+
 class ShardedOptimizer(torch.optim.Optimizer):
     """ZeRO-1: ``optimizer_cls`` stepped on this rank's share of ``params``, updates broadcast from the owners.
 
@@ -90,6 +143,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 f"rank {dist.get_rank()} is not a member of the group given to ShardedOptimizer; "
                 "build it only on the ranks passed to dist.new_group()"
             )
+        if isinstance(params, torch.Tensor):
+            raise TypeError(
+                "params argument given to the optimizer should be an iterable of Tensors or dicts, but got "
+                + torch.typename(params)
+            )
+        _refuse_unordered(params)
         params = list(params)
         empty = ValueError(
             "ShardedOptimizer got an empty parameter list; pass the model's parameters "
@@ -106,6 +165,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         super().__init__(params, dict(kwargs))  # calls add_param_group per group
         if not self._flat_params():
             raise empty
+        self._check_same_parameters(self.param_groups)
         self._build_inner(kwargs)
 
     # ------------------------------------------------------------------------------ the shares
@@ -135,14 +195,46 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.state = self.optim.state
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Add a group: its parameters are partitioned over the ranks on their own, by the same rule."""
+        """Add a group: its parameters are partitioned over the ranks on their own, by the same rule.
+
+        Once the optimizer is built this is a collective: every rank of the group adds the same parameters.
+        """
+        if isinstance(param_group, dict):
+            _refuse_unordered(param_group.get("params"))
         super().add_param_group(param_group)
         if self.optim is None:
             return  # still in __init__: the shares are built once every group is in
         added = self.param_groups[-1]
+        self._check_same_parameters([added], len(self.param_groups) - 1)
         owners = partition_parameters([p.numel() for p in added["params"]], self.world_size)
         self._owners += owners
         self.optim.add_param_group({**_hyperparameters(added), "params": self._owned(added, owners)})
+
+    def _check_same_parameters(self, groups: list[dict[str, Any]], first: int = 0) -> None:
+        """Raise ValueError on every rank unless every rank of the group lists the same parameters in one order.
+
+        The shares are cut by position, so a rank that orders its parameters differently would step and
+        broadcast the wrong tensors without a word. Compared by shape, dtype, ``requires_grad`` and name (where
+        given): one all-gather of a hash; the descriptions travel only when the hashes differ, to name the first
+        parameter that differs.
+        """
+        if self.world_size == 1:
+            return
+        mine = _describe(groups, first)
+        device = self._flat_params()[0].device
+        digest = torch.tensor([_digest(mine)], dtype=torch.int64, device=device)
+        hashes = [torch.zeros_like(digest) for _ in range(self.world_size)]
+        dist.all_gather(hashes, digest, group=self.group)
+        if all(int(h.item()) == int(hashes[0].item()) for h in hashes):
+            return
+        everyone: list[Any] = [None] * self.world_size
+        dist.all_gather_object(everyone, mine, group=self.group)
+        ranks = dist.get_process_group_ranks(self.group if self.group is not None else dist.group.WORLD)
+        raise ValueError(
+            f"ShardedOptimizer got different parameters on the ranks of its group: {_first_difference(everyone, ranks)}. "
+            "The shares are cut by position, so every rank must pass the same parameters in the same order: "
+            "model.parameters() or a list of them, never a set"
+        )
 
     def owned_parameters(self) -> list[torch.Tensor]:
         """The parameters whose optimizer state this rank keeps, in param-group order."""

@@ -2,6 +2,7 @@
 
 ``units``: sharding units and the chunk arithmetic; ``hooks``: the backward hooks that reduce-scatter full
 gradients into shards, with the helper surface and the :class:`Hazards` switches; ``wrapper``: the FSDP module;
+``resharded``: the placeholder a module holds for a sharded parameter while it is not gathered;
 ``accumulate``: a gradient accumulator for micro-batches. ``ShardedOptimizer`` (ZeRO-1) lives in
 :mod:`simdist.strategies.zero`. See docs/fsdp.md.
 """

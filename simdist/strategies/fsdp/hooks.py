@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from simdist.strategies.fsdp.resharded import full_parameter
 from simdist.strategies.fsdp.units import ShardingUnit, chunk_size, reduce_scatter_single
 
 _SCATTER_ORDERS = ("fixed", "per_rank")
@@ -113,7 +114,7 @@ class FSDPBackwardHook:
         owner = weakref.ref(self._fsdp)  # hooks must not keep a discarded wrapper alive
         for name, unit in units.items():
             try:
-                param = model.get_parameter(name)
+                param = full_parameter(model.get_parameter(name))  # the placeholder stands in while not gathered
             except AttributeError as e:
                 raise ValueError(
                     f"sharding unit {name!r} names no parameter of {type(model).__name__}: {e}; register the "

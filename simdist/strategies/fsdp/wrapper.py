@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from simdist.strategies.ddp import broadcast_from_first
 from simdist.strategies.fsdp.hooks import FSDPBackwardHook, Hazards
+from simdist.strategies.fsdp.resharded import Resharded, op_name
 from simdist.strategies.fsdp.units import SHARD_ATTR, ShardingUnit, all_gather_single
 
 #: which parameters become sharding units: ``shard(owner module, attribute name, parameter) -> bool``
@@ -79,7 +80,9 @@ class _Gathered:
     """A unit's full parameter as the module sees it, and the padded flat buffer its memory lives in."""
 
     flat: torch.Tensor  # (chunk * world,) in the compute dtype; storage freed while not gathered
-    param: nn.Parameter  # a view of flat[:numel] shaped as the parameter, installed in every owner module
+    param: nn.Parameter  # a view of flat[:numel] shaped as the parameter, in the owner modules while gathered
+    placeholder: Resharded  # in every owner module while not gathered
+    owners: list[tuple[nn.Module, str]]
     gathered: bool = False
     work: Any = None  # an all-gather in flight (prefetch)
     source: torch.Tensor | None = None  # its input, kept alive until it completes
@@ -88,11 +91,16 @@ class _Gathered:
 
 @dataclass(eq=False)
 class _Replica:
-    """A replicated parameter: its master, the parameter modules compute with (the master itself in fp32)."""
+    """A replicated parameter: its master, the parameter modules compute with (the master itself in fp32).
+
+    The owner modules hold the compute copy during FSDP's forward and the master otherwise, so that outside
+    forward a module's parameter is the master, with its gradient, as with the model's own dtype.
+    """
 
     name: str
     master: nn.Parameter
     compute: nn.Parameter
+    owners: list[tuple[nn.Module, str]]
     work: Any = None
     buffer: torch.Tensor | None = None
     add_into: torch.Tensor | None = None
@@ -132,6 +140,12 @@ def _free(flat: torch.Tensor) -> None:
 def _allocate(flat: torch.Tensor) -> None:
     """Give ``flat`` back its memory (contents undefined until written)."""
     flat.untyped_storage().resize_(flat.numel() * flat.element_size())
+
+
+def _install(owners: list[tuple[nn.Module, str]], param: nn.Parameter) -> None:
+    """Make ``param`` the parameter every owner module holds under its attribute name."""
+    for owner, attr in owners:
+        owner._parameters[attr] = param
 
 
 class FSDP(nn.Module):
@@ -185,6 +199,8 @@ class FSDP(nn.Module):
                 slot.replica = self._make_replica(slot, param)
         self._order = list(self.units)
 
+        self._forwarding = False  # inside forward(): a sharded parameter used outside its module is gathered
+        self._pinned: set[str] = set()  # units gathered that way: kept until their gradient is reduced
         self._require_sync = True  # False inside no_sync()
         self._sync_this_backward = True  # fixed by the forward that builds the graph, as in torch DDP
         self._backward_expected = False  # a synchronising forward ran and no finish since
@@ -208,23 +224,23 @@ class FSDP(nn.Module):
         dtype = self.compute_dtype or param.dtype
         flat = torch.empty(unit.chunk * self.world_size, dtype=dtype, device=param.device)
         full = nn.Parameter(flat[: unit.numel].view(param.shape), requires_grad=param.requires_grad)
+        placeholder = Resharded.of(flat[: unit.numel].view(param.shape), param.requires_grad, slot.name, self)
         _free(flat)
-        for owner, attr in slot.owners:
-            owner._parameters[attr] = full
+        _install(slot.owners, placeholder)
+        for owner, _ in slot.owners:
             self._units_of.setdefault(id(owner), []).append(slot.name)
         self.units[slot.name] = unit
-        self._gathered[slot.name] = _Gathered(flat, full)
+        self._gathered[slot.name] = _Gathered(flat, full, placeholder, slot.owners)
         return unit
 
     def _make_replica(self, slot: _Slot, param: nn.Parameter) -> _Replica:
         compute = param
         if self.compute_dtype is not None and param.is_floating_point() and param.dtype != self.compute_dtype:
             compute = nn.Parameter(param.detach().to(self.compute_dtype), requires_grad=param.requires_grad)
-            for owner, attr in slot.owners:
-                owner._parameters[attr] = compute
-            # The master left the module tree: tell the equivalence oracle its name (a replica on every rank).
+            # The master leaves the module tree during forward: tell the equivalence oracle its name (a replica
+            # on every rank).
             setattr(param, SHARD_ATTR, (slot.name, tuple(param.shape), 0, 1, param.numel(), (dist.get_rank(),)))
-        replica = _Replica(slot.name, param, compute)
+        replica = _Replica(slot.name, param, compute, slot.owners)
         self._replicas.append(replica)
         return replica
 
@@ -286,6 +302,7 @@ class FSDP(nn.Module):
         g.work.wait()
         torch._C._autograd._unsafe_set_version_counter((g.flat,), (g.version,))
         g.work, g.source, g.gathered = None, None, True
+        _install(g.owners, g.param)
 
     def _ensure_gathered(self, name: str) -> None:
         g = self._gathered[name]
@@ -298,11 +315,44 @@ class FSDP(nn.Module):
     def _reshard(self, name: str) -> None:
         """Free unit ``name``'s full parameter (after waiting for an all-gather still in flight)."""
         g = self._gathered[name]
+        self._pinned.discard(name)
         if g.work is not None:
             self._complete(g)
         if g.gathered:
             _free(g.flat)
             g.gathered = False
+            _install(g.owners, g.placeholder)
+
+    def _release(self, name: str) -> None:
+        """Reshard unit ``name`` after a use in forward, unless a use outside its module pinned it for backward."""
+        if name not in self._pinned:
+            self._reshard(name)
+
+    def _use_sharded(self, name: str, func: Any, metadata: bool) -> nn.Parameter:
+        """Unit ``name``'s full parameter for the op ``func``, which found its placeholder in a module.
+
+        Metadata needs no values. Inside forward the unit is gathered (every rank runs the same forward, so
+        every rank issues the same all-gather) and, when autograd records the op, kept gathered until its
+        gradient is reduced: backward may need its values before the owner module's backward regathers it.
+        """
+        g = self._gathered[name]
+        if metadata:
+            return g.param
+        if self._forwarding:
+            self._ensure_gathered(name)
+            if torch.is_grad_enabled():
+                self._pinned.add(name)
+            return g.param
+        if g.gathered:
+            return g.param
+        start, stop = self.units[name].real
+        raise RuntimeError(
+            f"FSDP's sharded parameter {name!r} was used by {op_name(func)} on rank {dist.get_rank()} outside the "
+            "forward of the FSDP module that shards it, where only this rank's shard exists (elements "
+            f"[{start}, {stop}) of {self.units[name].numel}, in model.units[{name!r}].local). Read full values with "
+            "model.gather_full_params() or model.state_dict() (collectives: call them on every rank), use the "
+            "parameter inside the wrapped model's forward, or keep it replicated with FSDP(..., shard=...)"
+        )
 
     def _before_use(self, names: list[str]) -> None:
         """Gather a module's units before it runs, then prefetch the next unit in order."""
@@ -319,7 +369,7 @@ class FSDP(nn.Module):
         if not self.reshard_after_forward:
             return
         for name in names:
-            self._reshard(name)
+            self._release(name)
         if not torch.is_grad_enabled():
             return
         me = weakref.ref(self)
@@ -363,17 +413,22 @@ class FSDP(nn.Module):
             for replica in self._replicas:
                 if replica.compute is not replica.master:
                     replica.compute.copy_(replica.master)
+                    _install(replica.owners, replica.compute)
         if self.compute_dtype is not None:
             args, kwargs = tree_map(self._cast, (args, kwargs))
+        self._forwarding = True
         try:
             return self.module(*args, **kwargs)
         finally:
+            self._forwarding = False
+            for replica in self._replicas:
+                _install(replica.owners, replica.master)
             for name in self._order:
                 g = self._gathered[name]
                 if g.work is not None:  # a prefetch no module used: complete it, every rank issued it
                     self._ensure_gathered(name)
                 if self.reshard_after_forward:
-                    self._reshard(name)
+                    self._release(name)
 
     def _cast(self, x: Any) -> Any:
         if isinstance(x, torch.Tensor) and x.is_floating_point():
