@@ -221,6 +221,30 @@ def check_golden(name: str, out: subprocess.CompletedProcess[str], out_dir: Path
         )
 
 
+#: a number below 1e-12 in e-notation, or a zero written so (``2.22e-16``, ``0.00e+00``): float64 round-off,
+#: whose digits depend on which SIMD kernels torch picks on the CPU at hand
+ROUND_OFF = re.compile(r"\b\d\.\d+e-(?:1[3-9]|[2-9]\d|\d{3,})\b|\b0\.0+e[+-]0+\b")
+
+
+def test_expected_outputs_hold_no_float_round_off():
+    # a scenario prints round-off as a bound (verdicts.difference), so its expected file holds on any CPU
+    found = [
+        f"{path.name}:{n}: {m.group()}"
+        for path in sorted(EXPECTED.glob("*.txt"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        for m in ROUND_OFF.finditer(line)
+    ]
+    assert sorted(EXPECTED.glob("*.txt")) and not found, "\n".join(found)
+
+
+def test_round_off_is_printed_as_a_bound():
+    difference = scenario_module("verdicts").difference
+    assert {difference(x) for x in (0.0, -0.0, 3.47e-18, 2.22e-16, -4.44e-16, 9.9e-13)} == {"below 1e-12"}
+    assert [difference(x) for x in (2.74e-2, -5.58e-1, float("nan"))] == ["2.74e-02", "-5.58e-01", "nan"]
+    assert not ROUND_OFF.search(" ".join(difference(x) for x in (1e-17, 0.0, 1e-3)))
+    assert ROUND_OFF.findall("2.22e-16, 0.00e+00, 1.00e-12, 3.4e-02") == ["2.22e-16", "0.00e+00"]
+
+
 def test_demo_scenario_passes_and_reports_each_finding(tmp_path, update_golden):
     out = run_scenario("demo", tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
