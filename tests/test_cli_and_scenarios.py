@@ -245,6 +245,7 @@ def test_round_off_is_printed_as_a_bound():
     assert ROUND_OFF.findall("2.22e-16, 0.00e+00, 1.00e-12, 3.4e-02") == ["2.22e-16", "0.00e+00"]
 
 
+@pytest.mark.cpu_kernels
 def test_demo_scenario_passes_and_reports_each_finding(tmp_path, update_golden):
     out = run_scenario("demo", tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -261,6 +262,7 @@ def ddp_tied_weights_steps() -> int:
     return scenario_module("ddp_tied_weights").STEPS
 
 
+@pytest.mark.cpu_kernels
 def test_ddp_tied_weights_scenario_passes_and_names_the_tie(tmp_path, update_golden):
     out = run_scenario("ddp_tied_weights", tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -303,6 +305,7 @@ def test_ddp_tied_weights_scenario_on_real_gloo(capsys):
     assert "(a) on real gloo the double reduction drifted in" in capsys.readouterr().out
 
 
+@pytest.mark.cpu_kernels
 def test_silent_bugs_scenario_finds_each_bug_where_it_is_and_passes_each_correction(tmp_path, update_golden):
     out = run_scenario("silent_bugs", tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -322,6 +325,7 @@ def test_silent_bugs_scenario_finds_each_bug_where_it_is_and_passes_each_correct
     check_golden("silent_bugs", out, tmp_path, update_golden)
 
 
+@pytest.mark.cpu_kernels
 def test_pipeline_sync_scenario_shows_which_synchronisation_fits_which_layout(tmp_path, update_golden):
     out = run_scenario("pipeline_sync", tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -344,6 +348,7 @@ def test_pipeline_sync_scenario_shows_which_synchronisation_fits_which_layout(tm
     check_golden("pipeline_sync", out, tmp_path, update_golden)
 
 
+@pytest.mark.cpu_kernels
 def test_fsdp_hazards_scenario_shows_each_hazard_and_its_fix(tmp_path, update_golden):
     out = run_scenario("fsdp_hazards", tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -406,6 +411,7 @@ def test_silent_bugs_on_real_gloo_agree_with_the_simulation(capsys):
     assert "(c) fc1.weight, fc1.bias, fc2.weight, fc2.bias" in out and "(g) " in out and out.count(" equal\n") == 2
 
 
+# not cpu_kernels: the runtime computes with NumPy, so torch's choice of SIMD kernels cannot change its output
 def test_hotpath_buffer_race_scenario_reproduces_each_race_and_no_fix_fails(tmp_path, update_golden):
     out = run_scenario("hotpath_buffer_race", tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
