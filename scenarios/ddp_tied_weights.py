@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from verdicts import drift_series, finish
+from verdicts import difference, drift_series, finish
 
 import simdist
 from simdist.oracle import Piece
@@ -159,7 +159,7 @@ class Case:
         oracle = "equal" if first is None else f"step {first.step} {first.kind} {first.name}"
         return (
             f"{self.label:3s} {'tied' if self.tied else 'untied':6s} {self.wrapper:11s} {opts:24s} {self.progress:5s} "
-            f"{self.drift:10.2e} {oracle[:26]:26s} {div[:28]:28s} {self.describe_races()}"
+            f"{difference(self.drift):>11s} {oracle[:26]:26s} {div[:28]:28s} {self.describe_races()}"
         )
 
 
@@ -178,7 +178,7 @@ def correctness(seed: int, verdicts: list[tuple[str, bool, str]], page: simdist.
     d_bucket = Case("d", True, "BucketedDDP", {"reduce_hook_tensor": True}, "gloo", seed)
     cases += [d, d_bucket]
 
-    print(f"{'':3s} {'model':6s} {'wrapper':11s} {'options':24s} {'prog.':5s} {'max |dw|':>10s} {'first divergence':26s} {'replicas differ at':28s} races")
+    print(f"{'':3s} {'model':6s} {'wrapper':11s} {'options':24s} {'prog.':5s} {'max |dw|':>11s} {'first divergence':26s} {'replicas differ at':28s} races")
     for case in cases:
         print(case.row())
     print()
@@ -203,15 +203,15 @@ def correctness(seed: int, verdicts: list[tuple[str, bool, str]], page: simdist.
     verdicts.append(
         ("(a) detector names both all-reduces of the tie", a.races_on("overlap") == {tied_name}, ", ".join(sorted(a.races_on("overlap"))))
     )
-    verdicts.append(("(b) nccl: numerically equal to the baseline", b.rep.ok, f"{b.rep.steps} steps, max |dw| {b.drift:.2e}"))
+    verdicts.append(("(b) nccl: numerically equal to the baseline", b.rep.ok, f"{b.rep.steps} steps, max |dw| {difference(b.drift)}"))
     verdicts.append(("(b) ... yet the detector flags it", b.races_on("overlap") == {tied_name}, ", ".join(sorted(b.races_on("overlap")))))
     worst = max(c.drift for c in c_cases)
     verdicts.append(
-        ("(c) de-duplicated: equal to the baseline", all(c.rep.ok for c in c_cases), f"4 wrappers x 2 modes, max |dw| {worst:.2e}")
+        ("(c) de-duplicated: equal to the baseline", all(c.rep.ok for c in c_cases), f"4 wrappers x 2 modes, max |dw| {difference(worst)}")
     )
     verdicts.append(("(c) de-duplicated: no race", not any(c.races for c in c_cases), "0 findings"))
     verdicts.append(
-        ("(c) no tie, no bug even without dedup", c_untied.rep.ok and not c_untied.races, f"max |dw| {c_untied.drift:.2e}")
+        ("(c) no tie, no bug even without dedup", c_untied.rep.ok and not c_untied.races, f"max |dw| {difference(c_untied.drift)}")
     )
     verdicts.append(
         ("(d) hook's tensor reduced: replicas diverge", bool(d.diverged) and bool(d_bucket.diverged), f"{len(d.diverged)} parameters differ")
@@ -394,14 +394,14 @@ def on_real_gloo(
             drifts.setdefault(label, []).append(drift)
             diverged.setdefault(label, []).append(unequal_replicas(out.returns))
         opts = ",".join(f"{k}={v}" for k, v in options.items()) or "-"
-        runs = ", ".join(f"{d:.2e}" for d in drifts[label])
+        runs = ", ".join(difference(d) for d in drifts[label])
         names = sorted({n for launch in diverged[label] for n, _ in launch})
         print(f"{label:3s} {wrapper:11s} {opts:24s} {runs:32s} {', '.join(names) or '-'}")
     print()
     if page is not None:
         page.table("Real gloo launches", ["case", "wrapper", "options", "max |dw| per launch", "replicas differ at"], [
         [label, wrapper, ",".join(f"{k}={v}" for k, v in options.items()) or "-",
-         ", ".join(f"{d:.2e}" for d in drifts[label]),
+         ", ".join(difference(d) for d in drifts[label]),
          ", ".join(sorted({n for launch in diverged[label] for n, _ in launch})) or "-"]
         for label, wrapper, options in REAL_CASES
     ], note=f"{WORLD} gloo processes on this machine, {repeats} launches per case: the simulation's verdicts on real "
@@ -410,7 +410,7 @@ def on_real_gloo(
     # Timing decides whether the two all-reduces overlap on a real machine: reported, not asserted.
     print(f"(a) on real gloo the double reduction drifted in {drifting} of {repeats} launches")
     print()
-    verdicts.append(("(c) real gloo: de-duplicated equals the baseline", max(drifts["c"]) < TOL, f"max |dw| {max(drifts['c']):.2e}"))
+    verdicts.append(("(c) real gloo: de-duplicated equals the baseline", max(drifts["c"]) < TOL, f"max |dw| {difference(max(drifts['c']))}"))
     every = all(diverged["d"])  # in every launch, not just one
     verdicts.append(("(d) real gloo: hook's tensor: replicas diverge", every, f"in {sum(map(bool, diverged['d']))} of {repeats} launches"))
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from verdicts import drift_series
+from verdicts import difference, drift_series
 
 import simdist
 import simdist.report
@@ -137,7 +137,7 @@ def show(v: Variant, o: Outcome, names: Mapping[str, str] | None = None) -> None
     if o.report is not None and not o.report.ok:
         print(f"  {'':30s} differing at step {o.report.first.step}: {differing(o.report)}")
     if o.report is not None:
-        print(f"  {'':30s} max |param - ref| {drift(o.report, names):.2e}; loss {losses(o.report)}")
+        print(f"  {'':30s} max |param - ref| {difference(drift(o.report, names))}; loss {losses(o.report)}")
 
 
 class CaseSections:

@@ -14,6 +14,15 @@ from simdist.report import ScenarioReport, build_index
 #: (expectation, whether it held, detail)
 Verdict = tuple[str, bool, str]
 
+#: differences smaller than this are float64 round-off: their digits depend on the order of each sum, which
+#: torch's SIMD kernels (ATEN_CPU_CAPABILITY, the CPU) choose, so printed output shows the bound instead
+ROUND_OFF = 1e-12
+
+
+def difference(value: float) -> str:
+    """A difference as printed output shows it on any CPU: "below 1e-12" for round-off, else three digits."""
+    return f"below {ROUND_OFF:g}" if abs(value) < ROUND_OFF else f"{value:.2e}"
+
 
 def report(verdicts: list[Verdict]) -> int:
     """Print one line per expectation (PASS/FAIL and detail); 0 if all held, else 1 (the script's exit status)."""

@@ -265,6 +265,10 @@ def stalls(seconds: float) -> None:
     module = build(Layout(1))
     opt = PipelineOptimizer(torch.optim.SGD(module.parameters(), lr=LR), [module],
                             PipelineOptimizerConfig(sync_mode="average", communication_timeout_ms=500))
+    # Both ranks enter the first step together (the barrier has the group's long default timeout): on a busy
+    # machine, building the model could otherwise keep one rank 500 ms behind and make step 0, not the stall,
+    # time out, on whichever rank arrived first.
+    dist.barrier()
     for step in range(2):
         if rank == 1 and step == 1:
             time.sleep(seconds)

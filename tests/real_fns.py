@@ -43,8 +43,10 @@ def fail_on_rank_1() -> float:
     return float(tensor.sum())
 
 
-def hang() -> None:
-    """Never returns: only the launcher's timeout ends it."""
+def hang(arrived: str | None = None) -> None:
+    """Never returns: only the launcher's timeout ends it. Creates the file ``arrived`` (if given) on entry."""
+    if arrived is not None:
+        open(arrived, "w").close()
     while True:
         time.sleep(0.1)
 

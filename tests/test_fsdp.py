@@ -766,10 +766,12 @@ def test_the_fsdp_package_loads_nothing_from_the_simulator() -> None:
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("nproc", [2, 4])
-def test_fsdp_on_real_gloo_processes_equals_the_single_process_model(nproc: int) -> None:
+def test_fsdp_on_real_gloo_processes_equals_the_single_process_model() -> None:
+    # One launch: the simulated tests above cover world sizes 1-8, this one the same code on real gloo. Three
+    # processes shard some parameters evenly (30 elements) and pad others' last shard (35, 25).
+    nproc = 3
     spec = ff.NetSpec(unused=True, frozen=0b100)
-    out = real.run(ff.real_compare, nproc, args=(spec, 2, 3, 0), timeout=180).returns
+    out = real.run(ff.real_compare, nproc, args=(spec, 2, 3, 0), timeout=240).returns
     assert len(out) == nproc
     for diffs in out:
         assert set(diffs) == {n for n, _ in ff.make_net(spec, 0).named_parameters()}

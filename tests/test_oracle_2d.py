@@ -99,13 +99,18 @@ def test_a_perturbed_gradient_element_names_its_step_parameter_and_rank(step: in
 
 @pytest.mark.real
 def test_fsdp2_over_tp_on_real_gloo_processes_is_checked_at_its_last_step() -> None:
-    # torch's FSDP2 and TP on real processes lay the pieces out; the oracle assembles them in this process
-    clean = Setup(widths=(5, 6, 3), optimizer="adam")
-    rep = check_final_state(fsdp_over_tp, reference, 4, args=(clean,), reference_args=(clean,))
-    assert rep.ok, str(rep)
+    # torch's FSDP2 and TP on real processes lay the pieces out; the oracle assembles them in this process.
+    # One launch (four processes) checks both sides: one element of rank 2's gradient piece is perturbed before
+    # the last step, so every other element of every tensor must match (the assembly puts each piece in its
+    # place) and that element, with what Adam's step derives from it, must be found on rank 2.
     bad = Setup(widths=(5, 6, 3), optimizer="adam", perturb=(2, 0, 3, 2), delta=0.5)
     rep = check_final_state(fsdp_over_tp, reference, 4, args=(bad,), reference_args=(bad,))
     assert (rep.first.step, rep.first.kind, rep.first.name, rep.first.ranks) == (2, "grad", "0.weight", (2,)), str(rep)
+    found = {(d.kind, d.name, d.ranks, d.difference.count, d.difference.numel) for d in rep.divergences}
+    derived = {("grad", "0.weight"), ("param", "0.weight"), ("optimizer", "0.weight:exp_avg"),
+               ("optimizer", "0.weight:exp_avg_sq")}
+    assert found == {(kind, name, (2,), 1, 30) for kind, name in derived}, str(rep)
+    assert rep.compared == {"loss": 1, "gradients": 4, "parameters": 4, "optimizer state tensors": 12, "buffers": 0}
 
 
 # ---- the assembly of a strided layout against the DTensor's own full tensor

@@ -90,14 +90,26 @@ def test_rank_exception_names_the_rank_and_carries_its_traceback() -> None:
     assert "fail_on_rank_1" in error.failures[1]  # the traceback reaches into the rank code
 
 
+#: timeouts of successive launches of a hung rank: the first is enough for an idle machine to start it
+HANG_TIMEOUTS = (10, 40, 160)
+
+
 @pytest.mark.real
-def test_timeout_kills_a_hung_run_and_shows_where_it_was_stuck() -> None:
-    # One process keeps this quick; the timeout covers starting it even on a busy machine.
-    with pytest.raises(RealRunError) as info:
-        real.run(real_fns.hang, 1, timeout=10)
-    error = info.value
-    assert error.timed_out
-    assert "timed out after 10 s" in str(error) and "still running: ranks 0" in str(error)
+@pytest.mark.timeout(sum(HANG_TIMEOUTS) + 120)
+def test_timeout_kills_a_hung_run_and_shows_where_it_was_stuck(tmp_path: Path) -> None:
+    # The timeout counts the process's start too: on a busy machine it can hit before the rank reaches hang(),
+    # a timeout all the same but not the one under test. Then the launch is repeated with a longer timeout.
+    arrived = tmp_path / "arrived"
+    for timeout in HANG_TIMEOUTS:
+        with pytest.raises(RealRunError) as info:
+            real.run(real_fns.hang, 1, args=(str(arrived),), timeout=timeout)
+        error = info.value
+        assert error.timed_out and f"timed out after {timeout} s" in str(error)
+        if arrived.exists():
+            break
+    else:
+        pytest.fail(f"the rank never reached hang() within {HANG_TIMEOUTS[-1]} s: {error}")
+    assert "still running: ranks 0" in str(error)
     assert set(error.stacks) == {0}
     assert "in hang" in error.stacks[0]
 
