@@ -22,7 +22,7 @@ PACKAGES = ("simdist", "simdist_base", "real")
 #: layers in order; a module belongs to the last layer one of whose prefixes it starts with
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("simdist_base",)),
-    ("foundation", ("simdist.errors", "simdist.options", "simdist.ranks", "simdist.units", "simdist.trace", "simdist.compute", "simdist.algorithms")),
+    ("foundation", ("simdist.errors", "simdist.options", "simdist.patching", "simdist.ranks", "simdist.units", "simdist.trace", "simdist.compute", "simdist.algorithms")),
     ("clock", ("simdist.clock",)),
     ("network", ("simdist.network",)),
     ("communication", ("simdist.comm",)),

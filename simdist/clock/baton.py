@@ -291,6 +291,16 @@ class Baton:
             if held >= self.watchdog and self._interrupt(state, held):
                 return
 
+    def _take_back(self, state: RankState) -> None:
+        """Take the baton back from ``state``'s thread now: the user interrupted the run (Ctrl-C) while it ran.
+
+        Waiting for it to hand over could take until the watchdog's limit, or forever without one: a rank
+        computing in a loop never hands over.
+        """
+        while not self._main_sem.acquire(timeout=0.05):
+            if self._interrupt(state, 0.0):
+                return
+
     def _interrupt(self, state: RankState, held: float) -> bool:
         """Stop the run: ``state``'s thread has kept the baton ``held`` seconds. True once the baton is back."""
         with self._watch_lock:
@@ -420,6 +430,9 @@ class Baton:
             if self.failure is None:
                 self.failure = e
             self.aborting = True
+            running = self.running
+            if isinstance(e, KeyboardInterrupt) and running is not None:
+                self._take_back(running)
         finally:
             self._unwind()
             threading.stack_size(old_stack)

@@ -8,7 +8,9 @@ keep working so that rank code written for torchrun (which calls them itself) ru
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -25,6 +27,7 @@ from simdist.comm.thread_world import ThreadLocalWorld
 from simdist.comm.work import _ThenFuture, sim_roots
 from simdist.errors import InvalidArgumentError
 from simdist.options import BACKEND_NAMES
+from simdist.patching import replaced
 
 #: the backend name rank code passes to ``init_process_group``
 BACKEND = "simdist"
@@ -226,49 +229,81 @@ def _patched_collect_all(futures: Any) -> Any:
     return _ThenFuture(roots, inner) if roots else inner
 
 
-def install(ctx: RunContext) -> None:
-    """Make torch.distributed's world per-thread and route the ``simdist`` backend to ``ctx``."""
-    if BACKEND.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(BACKEND, _create_backend, extended_api=True, devices=["cpu"])
+#: the patches of simdist.patching.INVENTORY this module makes
+_OWNER = "simdist.comm.backend"
+
+
+@contextlib.contextmanager
+def running(ctx: RunContext) -> Iterator[None]:
+    """During the block, torch.distributed's world is per thread and the ``simdist`` backend serves ``ctx``."""
+    _orig.update(
+        init_process_group=c10d.init_process_group,
+        wait_all=torch.futures.wait_all,
+        collect_all=torch.futures.collect_all,
+        new_process_group_helper=c10d._new_process_group_helper,
+        monitored_barrier=c10d.monitored_barrier,
+    )
+    patches = {
+        "torch.distributed.distributed_c10d._world": ThreadLocalWorld(),
+        "torch.distributed.distributed_c10d.init_process_group": _patched_init_process_group,
+        "torch.distributed.init_process_group": _patched_init_process_group,
+        # torch waits on these in C++, which a rank thread cannot do without stopping the simulation
+        "torch.futures.wait_all": _patched_wait_all,
+        "torch.futures.collect_all": _patched_collect_all,
+        "torch.distributed.distributed_c10d._new_process_group_helper": _patched_new_process_group_helper,
+        "torch.distributed.distributed_c10d.monitored_barrier": _patched_monitored_barrier,
+        "torch.distributed.monitored_barrier": _patched_monitored_barrier,
+        # CPU builds of torch have no NCCL timeout and warn on every new_group of a group named "nccl"
+        "torch.distributed.distributed_c10d.default_pg_nccl_timeout": c10d.default_pg_nccl_timeout
+        or c10d.default_pg_timeout,
+    }
     _active["ctx"] = ctx
     _active["name"] = ctx.backend_name
-    _orig["world"] = c10d._world
-    c10d._world = ThreadLocalWorld()
+    try:
+        with _registered(), replaced(_OWNER, patches), _thread_isolation(), funcol.installed():
+            multithreading = torch.autograd.set_multithreading_enabled(False)
+            with multithreading:
+                yield
+    finally:
+        _active["ctx"] = None
+        _active["name"] = BACKEND
+        _active["identity"] = None
+        _active["gloo_stand_in"] = None
+        _orig.clear()
+        thread_world.forget_all()
+
+
+@contextlib.contextmanager
+def _registered() -> Iterator[None]:
+    """The ``simdist`` backend registered in ``dist.Backend`` during the block, and what that changed undone."""
+    cls = dist.Backend
+    saved = (
+        list(cls.backend_list),
+        dict(cls.default_device_backend_map),
+        dict(cls.backend_type_map),
+        dict(cls.backend_capability),
+        dict(cls._plugins),
+        cls.__dict__.get(BACKEND.upper()),
+    )
+    cls.register_backend(BACKEND, _create_backend, extended_api=True, devices=["cpu"])
+    try:
+        yield
+    finally:
+        cls.backend_list[:] = saved[0]
+        for mapping, before in zip(
+            (cls.default_device_backend_map, cls.backend_type_map, cls.backend_capability, cls._plugins), saved[1:5]
+        ):
+            mapping.clear()
+            mapping.update(before)
+        if saved[5] is None and BACKEND.upper() in cls.__dict__:
+            delattr(cls, BACKEND.upper())
+
+
+@contextlib.contextmanager
+def _thread_isolation() -> Iterator[None]:
+    """torch's C++ process-group registry resolves names per thread during the block."""
     _set_thread_isolation_mode(True)
-    _orig["multithreading"] = torch.autograd.set_multithreading_enabled(False)
-    _orig["funcol"] = funcol.installed()
-    _orig["funcol"].__enter__()
-    _orig["init_process_group"] = c10d.init_process_group
-    c10d.init_process_group = _patched_init_process_group
-    dist.init_process_group = _patched_init_process_group
-    # torch waits on these in C++, which a rank thread cannot do without stopping the simulation
-    _orig["wait_all"], _orig["collect_all"] = torch.futures.wait_all, torch.futures.collect_all
-    torch.futures.wait_all, torch.futures.collect_all = _patched_wait_all, _patched_collect_all
-    _orig["new_process_group_helper"] = c10d._new_process_group_helper
-    c10d._new_process_group_helper = _patched_new_process_group_helper
-    _orig["monitored_barrier"] = c10d.monitored_barrier
-    c10d.monitored_barrier = dist.monitored_barrier = _patched_monitored_barrier
-    # CPU builds of torch have no NCCL timeout and warn on every new_group of a group named "nccl"
-    _orig["nccl_timeout"] = c10d.default_pg_nccl_timeout
-    if c10d.default_pg_nccl_timeout is None:
-        c10d.default_pg_nccl_timeout = c10d.default_pg_timeout
-
-
-def uninstall() -> None:
-    """Restore torch.distributed's process-wide world."""
-    c10d._world = _orig.pop("world")
-    _set_thread_isolation_mode(False)
-    _orig.pop("multithreading").__exit__(None, None, None)
-    _orig.pop("funcol").__exit__(None, None, None)
-    init = _orig.pop("init_process_group")
-    c10d.init_process_group = init
-    dist.init_process_group = init
-    torch.futures.wait_all, torch.futures.collect_all = _orig.pop("wait_all"), _orig.pop("collect_all")
-    c10d._new_process_group_helper = _orig.pop("new_process_group_helper")
-    c10d.monitored_barrier = dist.monitored_barrier = _orig.pop("monitored_barrier")
-    c10d.default_pg_nccl_timeout = _orig.pop("nccl_timeout")
-    _active["ctx"] = None
-    _active["name"] = BACKEND
-    _active["identity"] = None
-    _active["gloo_stand_in"] = None
-    thread_world.forget_all()
+    try:
+        yield
+    finally:
+        _set_thread_isolation_mode(False)

@@ -22,11 +22,10 @@ raises nor warns: it is kept apart, in ``RunResult.waived_races``.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -409,35 +408,18 @@ class RaceCheckMode(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-#: Tensor methods that read data without passing through the dispatcher (``tolist``, NumPy views) or with
-#: dispatch modes switched off (printing); while a run checks races they report a read first.
-_DIRECT_READS = ("tolist", "numpy", "__array__", "__repr__")
+def direct_read(detector: RaceDetector, site: Any, name: str, tensor: torch.Tensor, read: Callable[[], Any]) -> Any:
+    """``read()``, the calling rank's ``Tensor.name`` of ``tensor``, reported first as a read of ``tensor``.
 
-
-@contextlib.contextmanager
-def checking_direct_reads(detector: RaceDetector, site: Any) -> Iterator[None]:
-    """Patch :data:`_DIRECT_READS` so rank code calling them on an owned buffer is reported as a read."""
-    originals = {name: getattr(torch.Tensor, name) for name in _DIRECT_READS}
-
-    def wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def reading(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            state = current_rank_state()
-            if state is None or state.rank not in detector.inflight or state.rank in detector.suspended:
-                return original(self, *args, **kwargs)
-            detector.check_tensors(state.rank, f"Tensor.{name}", self, False, site)
-            detector.suspended.add(state.rank)  # printing reads through tolist and friends: report once
-            try:
-                return original(self, *args, **kwargs)
-            finally:
-                detector.suspended.discard(state.rank)
-
-        return reading
-
-    for name, original in originals.items():
-        setattr(torch.Tensor, name, wrap(name, original))
+    Tensor methods that read data without the dispatcher (``tolist``, NumPy views) or with dispatch modes off
+    (printing) are patched to come here during a run (:mod:`simdist.engine.process`).
+    """
+    state = current_rank_state()
+    if state is None or state.rank not in detector.inflight or state.rank in detector.suspended:
+        return read()
+    detector.check_tensors(state.rank, f"Tensor.{name}", tensor, False, site)
+    detector.suspended.add(state.rank)  # printing reads through tolist and friends: report once
     try:
-        yield
+        return read()
     finally:
-        for name, original in originals.items():
-            setattr(torch.Tensor, name, original)
+        detector.suspended.discard(state.rank)

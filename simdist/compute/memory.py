@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch.utils.weak import WeakIdKeyDictionary
 
 from simdist.errors import OutOfMemoryError
+from simdist.patching import replaced
 from simdist.units import format_size
 
 #: categories in rising precedence: a storage's category only ever moves right (a saved activation that is a
@@ -407,10 +408,9 @@ def tracking_hooks() -> Iterator[None]:
         register_optimizer_step_pre_hook(_step_starting),
         register_optimizer_step_post_hook(_step_done),
     ]
-    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
     try:
-        yield
+        with replaced("simdist.compute.memory", {"torch.UntypedStorage.resize_": resize_}):
+            yield
     finally:
-        torch.UntypedStorage.resize_ = original_resize  # type: ignore[method-assign]
         for h in handles:
             h.remove()

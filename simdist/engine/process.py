@@ -25,12 +25,17 @@ import torch
 from simdist.clock.baton import current_rank_state
 from simdist.comm import backend
 from simdist.comm.context import RunContext
+from simdist.comm.races import direct_read
 from simdist.errors import RankExit
+from simdist.patching import HOST_READS, replaced
+
+#: the patches of simdist.patching.INVENTORY this module makes
+_OWNER = "simdist.engine.process"
 
 
 @contextlib.contextmanager
 def run_context(ctx: RunContext, n: int, local_world: int) -> Iterator[None]:
-    """Process-wide state a run changes, all restored afterwards."""
+    """Process-wide state a run changes, all restored afterwards (see :mod:`simdist.patching`)."""
     rng = torch.get_rng_state()
     dtype = torch.get_default_dtype()
     threads = torch.get_num_threads()
@@ -38,39 +43,29 @@ def run_context(ctx: RunContext, n: int, local_world: int) -> Iterator[None]:
     gc_threshold = gc.get_threshold()
     affinity = _pin_to_one_cpu()
     torch.set_num_threads(1)
-    real_environ = os.environ
-    os.environ = RankEnviron(real_environ, n, local_world)  # type: ignore[assignment]  # noqa: B003
     # Thousands of live rank threads, groups and tensors make every full collection slow; freezing what
     # exists and collecting the young generation less often keeps collection off the hot path.
     gc.freeze()
     gc.set_threshold(50_000, 50, 1000)
-    # Simulated ranks hold CPU tensors only. torch.manual_seed also queues a lazy CUDA/XPU/MTIA seeding with
-    # a formatted stack trace per call (about a millisecond on a CPU-only build): seed the CPU generator only.
-    seed_fns = (torch.manual_seed, torch.random.manual_seed)
-    torch.manual_seed = torch.random.manual_seed = _seed_cpu_only
-    process_calls = (os._exit, signal.signal, signal.getsignal, time.sleep)
-    os._exit, signal.signal, signal.getsignal = _rank_exit, *_rank_signals()
-    time.sleep = _rank_sleep(ctx)
-    cuda_sync = torch.cuda.synchronize
-    torch.cuda.synchronize = _rank_cuda_synchronize(ctx)
-    host_reads = {name: torch.Tensor.__dict__.get(name) for name in _HOST_READS}
-    if ctx.time.host_runs_ahead:
-        for name in _HOST_READS:
-            setattr(torch.Tensor, name, _waiting_for_the_device(ctx, getattr(torch.Tensor, name)))
-    backend.install(ctx)
+    rank_signal, rank_getsignal = _rank_signals()
+    patches: dict[str, Any] = {
+        "os.environ": RankEnviron(os.environ, n, local_world),
+        # Simulated ranks hold CPU tensors only. torch.manual_seed also queues a lazy CUDA/XPU/MTIA seeding with
+        # a formatted stack trace per call (about a millisecond on a CPU-only build): seed the CPU generator only.
+        "torch.manual_seed": _seed_cpu_only,
+        "torch.random.manual_seed": _seed_cpu_only,
+        "os._exit": _rank_exit,
+        "signal.signal": rank_signal,
+        "signal.getsignal": rank_getsignal,
+        "time.sleep": _rank_sleep(ctx),
+        "torch.cuda.synchronize": _rank_cuda_synchronize(ctx),
+    }
+    if ctx.time.host_runs_ahead or ctx.races.enabled:
+        patches.update({f"torch.Tensor.{name}": _host_read(ctx, name) for name in HOST_READS})
     try:
-        yield
+        with replaced(_OWNER, patches), backend.running(ctx):
+            yield
     finally:
-        backend.uninstall()
-        os._exit, signal.signal, signal.getsignal, time.sleep = process_calls
-        torch.cuda.synchronize = cuda_sync
-        for name, method in host_reads.items():
-            if method is not None:
-                setattr(torch.Tensor, name, method)
-            elif name in torch.Tensor.__dict__:  # inherited from torch._C.TensorBase: drop the override
-                delattr(torch.Tensor, name)
-        torch.manual_seed, torch.random.manual_seed = seed_fns
-        os.environ = real_environ  # noqa: B003
         gc.unfreeze()
         gc.set_threshold(*gc_threshold)
         torch.set_rng_state(rng)
@@ -131,18 +126,22 @@ def _rank_cuda_synchronize(ctx: RunContext) -> Any:
     return synchronize
 
 
-#: Tensor methods that copy values to the host without passing through torch's dispatcher (``.item()`` does,
-#: and waits through the cost model): on a GPU each waits for the device
-_HOST_READS = ("tolist", "numpy", "__repr__", "__array__")
-
-
-def _waiting_for_the_device(ctx: RunContext, method: Any) -> Any:
-    """``method`` of a tensor that, in rank code whose host runs ahead, first waits until the device is idle."""
+def _host_read(ctx: RunContext, name: str) -> Any:
+    """Tensor method ``name`` as rank code calls it during a run: a read the race detector checks, then (on a
+    GPU host, which runs ahead of its device) a wait until the device is idle, then the read itself."""
+    method = getattr(torch.Tensor, name)
+    races, ahead = ctx.races if ctx.races.enabled else None, ctx.time.host_runs_ahead
 
     def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if current_rank_state() is not None:
-            ctx.synchronize()
-        return method(self, *args, **kwargs)
+        if current_rank_state() is None:
+            return method(self, *args, **kwargs)
+
+        def value() -> Any:
+            if ahead:
+                ctx.synchronize()
+            return method(self, *args, **kwargs)
+
+        return direct_read(races, ctx.call_site, name, self, value) if races is not None else value()
 
     read.__name__, read.__qualname__, read.__doc__ = method.__name__, method.__qualname__, method.__doc__
     return read

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from simdist.clock.baton import current_rank_state
+from simdist.patching import NUMPY_RANDOM_FUNCTIONS, PYTHON_RANDOM_FUNCTIONS, replaced
 
 #: the generators a rank has one of, in the order their seeds are derived
 STREAMS = ("torch", "python", "numpy")
@@ -89,17 +90,6 @@ _ORIGINAL_RANDOM_CLASS = random.Random
 _original_random_seed = random.Random.seed
 
 
-def _bound_to(module: Any, instance: object) -> list[str]:
-    """Names of ``module``'s attributes that are methods bound to ``instance`` (the module-level functions)."""
-    return sorted(n for n, v in vars(module).items() if getattr(v, "__self__", None) is instance and callable(v))
-
-
-#: ``random``'s module-level functions: methods of its hidden instance ``random._inst``
-PYTHON_FUNCTIONS = tuple(_bound_to(random, random._inst))  # type: ignore[attr-defined]
-#: ``numpy.random``'s legacy functions: methods of ``numpy.random.mtrand._rand`` (``seed`` is a plain function)
-NUMPY_FUNCTIONS = tuple(_bound_to(np.random, np.random.mtrand._rand))
-
-
 @contextlib.contextmanager
 def per_rank_generators(gens: RankGenerators) -> Iterator[None]:
     """During the block, rank code's ``random``, ``numpy.random`` and argument-less seeding use its rank's own."""
@@ -147,24 +137,16 @@ def per_rank_generators(gens: RankGenerators) -> Iterator[None]:
         torch.default_generator.manual_seed(value)
         return value
 
-    saved_python = {n: getattr(random, n) for n in PYTHON_FUNCTIONS}
-    saved_numpy = {n: getattr(np.random, n) for n in NUMPY_FUNCTIONS}
-    for n, f in saved_python.items():
-        setattr(random, n, on_rank(f, n, gens.python))
-    for n, f in saved_numpy.items():
-        setattr(np.random, n, on_rank(f, n, gens.numpy))
-    random.Random.seed = python_seed  # type: ignore[method-assign]
-    np.random.seed = rank_numpy_seed
-    np.random.default_rng = rank_default_rng
-    torch.seed = torch.random.seed = rank_torch_seed
-    try:
+    patches: dict[str, Any] = {f"random.{n}": on_rank(getattr(random, n), n, gens.python) for n in PYTHON_RANDOM_FUNCTIONS}
+    patches.update({f"numpy.random.{n}": on_rank(getattr(np.random, n), n, gens.numpy) for n in NUMPY_RANDOM_FUNCTIONS})
+    patches.update(
+        {
+            "random.Random.seed": python_seed,
+            "numpy.random.seed": rank_numpy_seed,
+            "numpy.random.default_rng": rank_default_rng,
+            "torch.seed": rank_torch_seed,
+            "torch.random.seed": rank_torch_seed,
+        }
+    )
+    with replaced("simdist.engine.rng", patches):
         yield
-    finally:
-        for n, f in saved_python.items():
-            setattr(random, n, f)
-        for n, f in saved_numpy.items():
-            setattr(np.random, n, f)
-        random.Random.seed = _original_random_seed  # type: ignore[method-assign]
-        np.random.seed = numpy_seed
-        np.random.default_rng = default_rng
-        torch.seed = torch.random.seed = torch_seed

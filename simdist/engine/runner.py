@@ -20,7 +20,7 @@ import torch.distributed as dist
 from simdist.clock.baton import Baton, RankState, current_rank_state
 from simdist.comm import backend, thread_world
 from simdist.comm.context import RunContext
-from simdist.comm.races import Race, RaceCheckMode, checking_direct_reads
+from simdist.comm.races import Race, RaceCheckMode
 from simdist.comm.thread_world import acting_as
 from simdist.compute.cost import ComputeCostMode
 from simdist.compute.devices import CPU, DeviceSpec, get_device
@@ -285,9 +285,9 @@ def _run(fn: Callable[..., Any], cluster: Cluster | str, args: tuple, kwargs: di
         return run_as_rank
 
     baton.on_stall = sim.stall_report
-    with run_context(sim, n, local_world), per_rank_generators(generators), (
-        checking_direct_reads(sim.races, sim.call_site) if sim.races.enabled else contextlib.nullcontext()
-    ), rank_threads(baton, in_rank), (tracking_hooks() if options.memory else contextlib.nullcontext()):
+    with run_context(sim, n, local_world), per_rank_generators(generators), rank_threads(baton, in_rank), (
+        tracking_hooks() if options.memory else contextlib.nullcontext()
+    ):
         baton.run()
     stats = [t.close() for t in trackers]
     _raise_failure(baton)

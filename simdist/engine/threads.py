@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from simdist.clock.baton import Baton, RankState, current_rank_state
+from simdist.patching import replaced
 
 _init = threading.Thread.__init__
 _start = threading.Thread.start
@@ -75,12 +76,8 @@ def rank_threads(baton: Baton, wrap: Callable[[int, Callable[[], Any]], Callable
         if child.finished:
             _join(self)  # the thread has handed the baton back; it is leaving threading's own bookkeeping
 
-    threading.Thread.__init__ = init  # type: ignore[method-assign]
-    threading.Thread.start = start  # type: ignore[method-assign]
-    threading.Thread.join = join  # type: ignore[method-assign]
-    try:
+    with replaced(
+        "simdist.engine.threads",
+        {"threading.Thread.__init__": init, "threading.Thread.start": start, "threading.Thread.join": join},
+    ):
         yield
-    finally:
-        threading.Thread.__init__ = _init  # type: ignore[method-assign]
-        threading.Thread.start = _start  # type: ignore[method-assign]
-        threading.Thread.join = _join  # type: ignore[method-assign]

@@ -63,6 +63,7 @@ from simdist.oracle.flat import (
 from simdist.oracle.names import named_tensors
 from simdist.oracle.shared import SharedHooks
 from simdist.oracle.tolerance import bitwise_equal
+from simdist.patching import replaced
 
 
 class UnsupportedLayoutError(SimdistError, NotImplementedError):
@@ -338,18 +339,16 @@ def _install() -> Callable[[], None]:
         for capture in _targets():
             capture._before_forward(module, args)
 
-    handles = [
+    stack = contextlib.ExitStack()
+    stack.enter_context(
+        replaced("simdist.oracle.capture", {"torch.autograd.backward": backward, "torch.autograd.grad": grad})
+    )
+    for handle in (
         register_optimizer_step_post_hook(after_step),
         nn.modules.module.register_module_forward_pre_hook(before_forward),
-    ]
-    torch.autograd.backward, torch.autograd.grad = backward, grad
-
-    def remove() -> None:
-        torch.autograd.backward, torch.autograd.grad = original, original_grad
-        for h in handles:
-            h.remove()
-
-    return remove
+    ):
+        stack.callback(handle.remove)
+    return stack.close
 
 
 #: the process-wide hooks of every installed capture

@@ -36,6 +36,7 @@ from simdist.clock.sites import caller_site
 from simdist.comm import process_group
 from simdist.oracle.names import canonical_names, named_tensors
 from simdist.oracle.shared import SharedHooks
+from simdist.patching import replaced
 
 #: frames in these directories are the simulator's or the oracle's own, never a call site
 _SIMDIST = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -536,8 +537,9 @@ def _unrecorded(method: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-#: (class, method name, original) of torch pipelining's shape inference methods patched while recording
-_patched: list[tuple[type, str, Any]] = []
+#: the targets of torch pipelining's shape inference methods patched while recording, and what restores them
+_patched: list[str] = []
+_unpatch = contextlib.ExitStack()
 _patch_lock = threading.Lock()
 
 
@@ -550,15 +552,18 @@ def _patch_pipelining() -> None:
     module_name, classes, methods = _PIPELINE_INFERENCE
     module = sys.modules.get(module_name)
     with _patch_lock:
-        for cls in (getattr(module, c, None) for c in classes):
+        for c in classes:
+            cls = getattr(module, c, None)
             for name in methods:
-                if not isinstance(cls, type) or name not in cls.__dict__:
+                target = f"{module_name}.{c}.{name}"
+                if not isinstance(cls, type) or name not in cls.__dict__ or target in _patched:
                     continue
-                if any(c is cls and n == name for c, n, _ in _patched):
-                    continue
-                original = cls.__dict__[name]
-                _patched.append((cls, name, original))
-                setattr(cls, name, _unrecorded(original))
+                _unpatch.enter_context(replaced(_OWNER, {target: _unrecorded(cls.__dict__[name])}))
+                _patched.append(target)
+
+
+#: the patches of simdist.patching.INVENTORY this module makes
+_OWNER = "simdist.oracle.record"
 
 
 def _install() -> Callable[[], None]:
@@ -574,8 +579,7 @@ def _install() -> Callable[[], None]:
 
     def remove() -> None:
         with _patch_lock:
-            for cls, name, original in reversed(_patched):
-                setattr(cls, name, original)
+            _unpatch.close()
             _patched.clear()
         if _issued in process_group.ISSUE_OBSERVERS:
             process_group.ISSUE_OBSERVERS.remove(_issued)

@@ -1,0 +1,252 @@
+"""Everything simdist changes in the process, declared in one inventory and changed through one function.
+
+A simulated run makes a process look like one of many: rank threads need their own ``os.environ``, their
+own generators, a ``time.sleep`` that waits in simulated time, torch.distributed's world per thread. The
+equivalence oracle and memory accounting hook into torch too. Each such change is a :class:`Patch` in
+:data:`INVENTORY`, made only through :func:`replaced` (which refuses an undeclared one) by the module the
+inventory names, for the duration of a ``with`` block, and undone when the block ends however it ends.
+Process-wide hook registrations (:data:`HOOKS`) and process settings (:data:`SETTINGS`) are listed beside
+them. :func:`process_state` reads all of it, for the test that a run leaves the process as it found it, and
+:func:`markdown` writes the inventory table of ``docs/simulator.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import os
+import random
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from simdist.errors import SimdistError
+
+
+def _bound_to(module: Any, instance: object) -> tuple[str, ...]:
+    """Names of ``module``'s attributes that are methods bound to ``instance`` (its module-level functions)."""
+    return tuple(sorted(n for n, v in vars(module).items() if getattr(v, "__self__", None) is instance and callable(v)))
+
+
+#: ``random``'s module-level functions: methods of its hidden instance ``random._inst``
+PYTHON_RANDOM_FUNCTIONS = _bound_to(random, random._inst)  # type: ignore[attr-defined]
+#: ``numpy.random``'s legacy functions: methods of ``numpy.random.mtrand._rand`` (``seed`` is a plain function)
+NUMPY_RANDOM_FUNCTIONS = _bound_to(np.random, np.random.mtrand._rand)
+
+#: Tensor methods that copy values to the host without passing through torch's dispatcher (``.item()`` does):
+#: a GPU host waits for its device there, and the race detector counts them as reads
+HOST_READS = ("tolist", "numpy", "__repr__", "__array__")
+
+
+@dataclass(frozen=True)
+class Patch:
+    """Attributes ``names`` of the object at ``path``, replaced by module ``owner`` for the reason ``why``."""
+
+    path: str
+    names: tuple[str, ...]
+    owner: str
+    why: str
+
+    def targets(self) -> list[str]:
+        """The dotted path of every attribute this patch replaces."""
+        return [f"{self.path}.{n}" for n in self.names]
+
+
+INVENTORY: tuple[Patch, ...] = (
+    Patch("os", ("environ",), "simdist.engine.process",
+          "each rank reads torchrun's variables (RANK, LOCAL_RANK, ...) with its own values; its writes stay its own"),
+    Patch("os", ("_exit",), "simdist.engine.process", "os._exit in rank code ends that rank, not the process"),
+    Patch("signal", ("signal", "getsignal"), "simdist.engine.process",
+          "rank code runs in a thread, where Python refuses handlers: one handler table per rank"),
+    Patch("time", ("sleep",), "simdist.engine.process", "a rank sleeps in simulated time and lets the others run"),
+    Patch("torch", ("manual_seed",), "simdist.engine.process",
+          "seeds the CPU generator only: torch's also queues CUDA seeding at a millisecond per call"),
+    Patch("torch.random", ("manual_seed",), "simdist.engine.process", "as torch.manual_seed"),
+    Patch("torch.cuda", ("synchronize",), "simdist.engine.process", "waits for the rank's simulated device"),
+    Patch("torch.Tensor", HOST_READS, "simdist.engine.process",
+          "reading values to the host waits for the simulated device and is checked by the race detector"),
+    Patch("threading.Thread", ("__init__", "start", "join"), "simdist.engine.threads",
+          "threads rank code starts act as their rank and take the baton; join waits in simulated time"),
+    Patch("random", PYTHON_RANDOM_FUNCTIONS, "simdist.engine.rng", "each rank draws from its own Python generator"),
+    Patch("random.Random", ("seed",), "simdist.engine.rng", "an argument-less seed() takes the run's seed stream"),
+    Patch("numpy.random", NUMPY_RANDOM_FUNCTIONS, "simdist.engine.rng", "each rank draws from its own NumPy generator"),
+    Patch("numpy.random", ("seed", "default_rng"), "simdist.engine.rng",
+          "the rank's generator; an argument-less seed takes the run's seed stream"),
+    Patch("torch", ("seed",), "simdist.engine.rng", "torch.seed() takes the run's seed stream, not the OS's"),
+    Patch("torch.random", ("seed",), "simdist.engine.rng", "as torch.seed"),
+    Patch("torch.distributed.distributed_c10d", ("_world",), "simdist.comm.backend",
+          "torch.distributed's world (default group, group maps) per rank thread"),
+    Patch("torch.distributed.distributed_c10d", ("init_process_group",), "simdist.comm.backend",
+          "rank code's own init_process_group finds its group already made"),
+    Patch("torch.distributed", ("init_process_group",), "simdist.comm.backend", "as c10d.init_process_group"),
+    Patch("torch.distributed.distributed_c10d", ("_new_process_group_helper",), "simdist.comm.backend",
+          "new_group(backend='gloo' or 'nccl') makes a simulated group presenting that name"),
+    Patch("torch.distributed.distributed_c10d", ("monitored_barrier",), "simdist.comm.backend",
+          "monitored_barrier on a group presented as 'simdist'"),
+    Patch("torch.distributed", ("monitored_barrier",), "simdist.comm.backend", "as c10d.monitored_barrier"),
+    Patch("torch.distributed.distributed_c10d", ("default_pg_nccl_timeout",), "simdist.comm.backend",
+          "CPU builds have none, and warn at every group named 'nccl'"),
+    Patch("torch.futures", ("wait_all", "collect_all"), "simdist.comm.backend",
+          "waiting on simulated futures in simulated time (torch waits in C++)"),
+    Patch("torch.UntypedStorage", ("resize_",), "simdist.compute.memory",
+          "storage resizes (FSDP's) change live bytes without an op the dispatcher sees"),
+    Patch("torch.autograd", ("backward", "grad"), "simdist.oracle.capture",
+          "the equivalence oracle records each step's loss roots"),
+    Patch("torch.distributed.pipelining.stage.PipelineStage", ("_prepare_forward_infra", "_prepare_backward_infra"),
+          "simdist.oracle.record", "localisation does not record torch pipelining's shape inference"),
+    Patch("torch.distributed.pipelining.stage._PipelineStage", ("_prepare_forward_infra", "_prepare_backward_infra"),
+          "simdist.oracle.record", "as PipelineStage's"),
+)
+
+#: process-wide hook registries simdist adds to while it runs (each removed by its owner afterwards)
+HOOKS: Mapping[str, tuple[str, ...]] = {
+    "torch.nn.modules.module._global_forward_pre_hooks": ("simdist.oracle.capture", "simdist.oracle.record"),
+    "torch.nn.modules.module._global_forward_hooks": ("simdist.oracle.record",),
+    "torch.nn.modules.module._global_module_parameter_registration_hooks": ("simdist.compute.memory",),
+    "torch.optim.optimizer._global_optimizer_pre_hooks": ("simdist.compute.memory", "simdist.oracle.record"),
+    "torch.optim.optimizer._global_optimizer_post_hooks": (
+        "simdist.compute.memory", "simdist.oracle.capture", "simdist.oracle.record",
+    ),
+}
+
+#: process settings a run changes and restores (simdist.engine.process, simdist.comm.backend), with the reason
+SETTINGS: Mapping[str, str] = {
+    "torch.get_num_threads()": "1 during a run: rank threads run one at a time",
+    "os.sched_getaffinity(0)": "pinned to one CPU where allowed: a baton hand-off is several times cheaper",
+    "gc.get_threshold(), gc.get_freeze_count()": "young objects collected less often among thousands of rank threads",
+    "torch.get_default_dtype()": "kept per rank, as per process",
+    "torch.get_rng_state()": "kept per rank, as per process",
+    "sys.excepthook": "restored after rank threads' unhandled exceptions",
+    "torch.autograd.is_multithreading_enabled()": "off: autograd's device threads would run outside the baton",
+    "C++ process-group registry": "thread isolation mode on: group names resolve per rank thread",
+    "torch.library: _c10d_functional CPU kernels": "wait_tensor and all_gather_into_tensor_out wait in simulated time",
+    "torch.distributed.Backend: the 'simdist' backend": "registered for a run's groups, unregistered after it",
+}
+
+_BY_TARGET: dict[str, Patch] = {t: p for p in INVENTORY for t in p.targets()}
+_MISSING = object()
+
+
+def _resolve(path: str) -> Any | None:
+    """The module or class at dotted ``path``, or None if its module is not imported (nothing to patch there)."""
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        module = sys.modules.get(".".join(parts[:i]))
+        if module is None and i == 1:
+            module = importlib.import_module(parts[0])
+        if module is not None:
+            obj: Any = module
+            for name in parts[i:]:
+                obj = getattr(obj, name, None)
+                if obj is None:
+                    return None
+            return obj
+    return None
+
+
+@contextlib.contextmanager
+def replaced(owner: str, values: Mapping[str, Any]) -> Iterator[None]:
+    """Set each dotted target of ``values`` (declared in :data:`INVENTORY` for ``owner``) during the block.
+
+    Whatever ends the block, each target gets back what it had: the same object, or no attribute of its own
+    (a class attribute that was inherited is deleted again), in the reverse order of setting.
+    """
+    done: list[tuple[Any, str, Any]] = []
+    try:
+        for target, value in values.items():
+            patch = _BY_TARGET.get(target)
+            if patch is None or patch.owner != owner:
+                raise SimdistError(
+                    f"{owner} replaces {target}, which simdist.patching.INVENTORY does not list for it: declare every "
+                    "process-wide change there"
+                )
+            path, _, name = target.rpartition(".")
+            obj = _resolve(path)
+            if obj is None:
+                continue  # the module is not imported: the program cannot reach it
+            previous = vars(obj).get(name, _MISSING) if isinstance(obj, type) else getattr(obj, name, _MISSING)
+            setattr(obj, name, value)
+            done.append((obj, name, previous))
+        yield
+    finally:
+        for obj, name, previous in reversed(done):
+            if previous is _MISSING:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, previous)
+
+
+def current(target: str) -> Any:
+    """What the declared ``target`` holds now (its own attribute, for a class), or a sentinel if nothing."""
+    path, _, name = target.rpartition(".")
+    obj = _resolve(path)
+    if obj is None:
+        return _MISSING
+    return vars(obj).get(name, _MISSING) if isinstance(obj, type) else getattr(obj, name, _MISSING)
+
+
+def process_state() -> dict[str, Any]:
+    """Everything in the inventory as it is now: each patched attribute, each hook registry's keys, each setting.
+
+    Equal before and after a run (``==``; attributes compare by identity) when the run restored the process.
+    """
+    state: dict[str, Any] = {t: _Identity(current(t)) for t in _BY_TARGET}
+    for path in HOOKS:
+        registry = _resolve(path)
+        state[path] = tuple(registry.keys()) if registry is not None else None
+    state["os.environ contents"] = dict(os.environ)
+    state["torch.get_num_threads()"] = torch.get_num_threads()
+    state["os.sched_getaffinity(0)"] = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    state["gc"] = (gc.get_threshold(), gc.get_freeze_count())
+    state["torch.get_default_dtype()"] = torch.get_default_dtype()
+    state["torch.get_rng_state()"] = bytes(torch.get_rng_state().numpy())
+    state["random.getstate()"] = random.getstate()
+    state["numpy.random.get_state()"] = bytes(np.random.get_state()[1].tobytes())
+    state["sys.excepthook"] = _Identity(sys.excepthook)
+    state["threading.excepthook"] = _Identity(threading.excepthook)
+    state["torch.autograd.is_multithreading_enabled()"] = torch.autograd.is_multithreading_enabled()
+    state["torch.distributed.Backend"] = (tuple(dist.Backend.backend_list), tuple(dist.Backend._plugins))
+    state["torch.distributed.is_initialized()"] = dist.is_initialized()
+    state["threads"] = tuple(sorted(t.name for t in threading.enumerate() if not t.daemon))
+    return state
+
+
+class _Identity:
+    """Compares equal to another holding the very same object."""
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Identity) and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __repr__(self) -> str:
+        return f"<{getattr(self.obj, '__qualname__', type(self.obj).__name__)} at {id(self.obj):#x}>"
+
+
+def markdown() -> str:
+    """The inventory as the Markdown table of ``docs/simulator.md``."""
+    rows = ["| what | changed by | why |", "|---|---|---|"]
+    for p in INVENTORY:
+        names = p.names if len(p.names) <= 4 else (*p.names[:3], f"... ({len(p.names)} functions)")
+        what = ", ".join(f"`{p.path}.{n}`" if not n.startswith("...") else n for n in names)
+        rows.append(f"| {what} | `{p.owner}` | {p.why} |")
+    for path, owners in HOOKS.items():
+        rows.append(f"| `{path}` (hooks added) | {', '.join(f'`{o}`' for o in owners)} | removed by the last user |")
+    for what, why in SETTINGS.items():
+        rows.append(f"| {what} | `simdist.engine.process`, `simdist.comm.backend` | {why} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown())

@@ -1,0 +1,142 @@
+"""A run leaves the process as it found it: every attribute of simdist.patching's inventory, every hook registry,
+every process setting, and no thread of its own, after a passing, a failing, an interrupted, a ``memory=True``
+and an oracle run."""
+
+from __future__ import annotations
+
+import _thread
+import os
+import random
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+import simdist
+from simdist import patching
+
+RING2 = simdist.Cluster.ring(2)
+
+
+def _busy_step() -> list[float]:
+    """Touches what the patches serve: environment, generators, sleep, threads, host reads, groups, DDP."""
+    os.environ["MINE"] = str(dist.get_rank())
+    random.seed(1)
+    np.random.seed(1)
+    torch.manual_seed(1)
+    t = torch.rand(4) + random.random() + float(np.random.rand())
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    time.sleep(0.001)
+    th = threading.Thread(target=lambda: dist.barrier())
+    th.start()
+    th.join()
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+    model(t.unsqueeze(0)).sum().backward()
+    return t.tolist()
+
+
+def _fails() -> None:
+    if dist.get_rank() == 1:
+        raise ValueError("rank 1 fails")
+    dist.barrier()
+
+
+def _spins() -> None:
+    dist.barrier()
+    while True:
+        pass
+
+
+def _train(world: int, scale: float) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(2):
+        x = torch.ones(8, 4) * (step + 1)
+        rank, n = (dist.get_rank(), dist.get_world_size()) if world > 1 else (0, 1)
+        model(x[rank::n]).pow(2).mean().backward()
+        if world > 1:
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+                p.grad.div_(n * scale)
+        opt.step()
+        opt.zero_grad()
+
+
+def _passing() -> None:
+    simdist.run(_busy_step, RING2, races="warn", backend_name="gloo")
+
+
+def _failing() -> None:
+    with pytest.raises(simdist.RankError):
+        simdist.run(_fails, RING2)
+
+
+def _stopped_by_the_watchdog() -> None:
+    with pytest.raises(simdist.WatchdogError):
+        simdist.run(_spins, RING2, watchdog=0.5)
+
+
+def _interrupted() -> None:
+    """Ctrl-C while a rank computes in a loop: the run stops at once, whatever the watchdog's limit."""
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    timer.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            simdist.run(_spins, RING2, watchdog=600)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - start < 30
+
+
+def _with_memory() -> None:
+    simdist.run(_busy_step, simdist.Cluster.switch(2, device="H100"), memory=True)
+
+
+def _oracle() -> None:
+    rep = simdist.check_equivalence(_train, _train, RING2, args=(2, 2.0), reference_args=(1, 1.0))
+    assert not rep.ok and rep.localization is not None
+
+
+@pytest.mark.parametrize(
+    "make_run", [_passing, _failing, _stopped_by_the_watchdog, _interrupted, _with_memory, _oracle], ids=lambda f: f.__name__
+)
+def test_a_run_leaves_the_process_as_it_found_it(make_run) -> None:
+    before = patching.process_state()
+    make_run()
+    after = patching.process_state()
+    changed = {k: (before[k], after.get(k)) for k in before if before[k] != after.get(k)}
+    assert not changed, changed
+
+
+def test_every_change_is_declared_and_the_inventory_reaches_real_attributes() -> None:
+    """Each target of the inventory exists (where its module is imported); an undeclared change is refused."""
+    for patch in patching.INVENTORY:
+        if "pipelining" not in patch.path:  # imported by programs that use it, not by simdist
+            owner = patching._resolve(patch.path)
+            assert all(hasattr(owner, name) for name in patch.names), patch
+    with pytest.raises(simdist.SimdistError, match="does not list"):
+        with patching.replaced("simdist.engine.process", {"torch.Tensor.add": None}):
+            pass
+    with pytest.raises(simdist.SimdistError, match="does not list"):
+        with patching.replaced("simdist.oracle.capture", {"time.sleep": None}):  # declared for another owner
+            pass
+
+
+def test_a_replaced_class_attribute_that_was_inherited_is_removed_again() -> None:
+    assert "tolist" not in torch.Tensor.__dict__
+    original = torch.Tensor.tolist
+    with patching.replaced("simdist.engine.process", {"torch.Tensor.tolist": lambda self: "patched"}):
+        assert torch.ones(1).tolist() == "patched"
+    assert "tolist" not in torch.Tensor.__dict__ and torch.Tensor.tolist is original
+
+
+def test_the_docs_inventory_table_is_generated_from_the_inventory() -> None:
+    text = (Path(__file__).parent.parent / "docs" / "simulator.md").read_text()
+    assert patching.markdown() in text
