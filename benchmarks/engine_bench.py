@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import simdist
-from simdist.comm import backend
+from simdist.c10d import backend
 
 HANDOFFS = 2000
 

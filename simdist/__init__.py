@@ -9,7 +9,7 @@
 from simdist import algorithms, report
 from simdist.compute.memory import MemoryStats
 from simdist.engine.api import charge, now, set_algorithms, synchronize
-from simdist.engine.runner import RunResult, run
+from simdist.engine.runner import RunResult, install_report_writer, run
 from simdist.errors import (
     ClusterSpecError,
     CollectiveMismatchError,
@@ -26,10 +26,17 @@ from simdist.errors import (
 )
 from simdist.network import Cluster, load_cluster
 from simdist.oracle import Divergence, EquivalenceReport, StepDifference, Tolerance, check_equivalence
+from simdist.oracle.report import install_report_writer as install_equivalence_writer
+from simdist.report.page import write_equivalence_report, write_run_report
 from simdist.script import ScriptError
 from simdist.trace.trace import Trace
 
 __version__ = "0.1.0"
+
+# The composition root fills the extension points lower layers declare (simdist.layers.EXTENSION_POINTS): any
+# import of a simdist module runs this file first, so every result can save its report.
+install_report_writer(write_run_report)
+install_equivalence_writer(write_equivalence_report)
 
 __all__ = [
     "Cluster",

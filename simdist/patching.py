@@ -81,19 +81,19 @@ INVENTORY: tuple[Patch, ...] = (
           "the rank's generator; an argument-less seed takes the run's seed stream"),
     Patch("torch", ("seed",), "simdist.engine.rng", "torch.seed() takes the run's seed stream, not the OS's"),
     Patch("torch.random", ("seed",), "simdist.engine.rng", "as torch.seed"),
-    Patch("torch.distributed.distributed_c10d", ("_world",), "simdist.comm.backend",
+    Patch("torch.distributed.distributed_c10d", ("_world",), "simdist.c10d.backend",
           "torch.distributed's world (default group, group maps) per rank thread"),
-    Patch("torch.distributed.distributed_c10d", ("init_process_group",), "simdist.comm.backend",
+    Patch("torch.distributed.distributed_c10d", ("init_process_group",), "simdist.c10d.backend",
           "rank code's own init_process_group finds its group already made"),
-    Patch("torch.distributed", ("init_process_group",), "simdist.comm.backend", "as c10d.init_process_group"),
-    Patch("torch.distributed.distributed_c10d", ("_new_process_group_helper",), "simdist.comm.backend",
+    Patch("torch.distributed", ("init_process_group",), "simdist.c10d.backend", "as c10d.init_process_group"),
+    Patch("torch.distributed.distributed_c10d", ("_new_process_group_helper",), "simdist.c10d.backend",
           "new_group(backend='gloo' or 'nccl') makes a simulated group presenting that name"),
-    Patch("torch.distributed.distributed_c10d", ("monitored_barrier",), "simdist.comm.backend",
+    Patch("torch.distributed.distributed_c10d", ("monitored_barrier",), "simdist.c10d.backend",
           "monitored_barrier on a group presented as 'simdist'"),
-    Patch("torch.distributed", ("monitored_barrier",), "simdist.comm.backend", "as c10d.monitored_barrier"),
-    Patch("torch.distributed.distributed_c10d", ("default_pg_nccl_timeout",), "simdist.comm.backend",
+    Patch("torch.distributed", ("monitored_barrier",), "simdist.c10d.backend", "as c10d.monitored_barrier"),
+    Patch("torch.distributed.distributed_c10d", ("default_pg_nccl_timeout",), "simdist.c10d.backend",
           "CPU builds have none, and warn at every group named 'nccl'"),
-    Patch("torch.futures", ("wait_all", "collect_all"), "simdist.comm.backend",
+    Patch("torch.futures", ("wait_all", "collect_all"), "simdist.c10d.backend",
           "waiting on simulated futures in simulated time (torch waits in C++)"),
     Patch("torch.UntypedStorage", ("resize_",), "simdist.compute.memory",
           "storage resizes (FSDP's) change live bytes without an op the dispatcher sees"),
@@ -116,7 +116,7 @@ HOOKS: Mapping[str, tuple[str, ...]] = {
     ),
 }
 
-#: process settings a run changes and restores (simdist.engine.process, simdist.comm.backend), with the reason
+#: process settings a run changes and restores (simdist.engine.process, simdist.c10d.backend), with the reason
 SETTINGS: Mapping[str, str] = {
     "torch.get_num_threads()": "1 during a run: rank threads run one at a time",
     "os.sched_getaffinity(0)": "pinned to one CPU where allowed: a baton hand-off is several times cheaper",
@@ -244,7 +244,7 @@ def markdown() -> str:
     for path, owners in HOOKS.items():
         rows.append(f"| `{path}` (hooks added) | {', '.join(f'`{o}`' for o in owners)} | removed by the last user |")
     for what, why in SETTINGS.items():
-        rows.append(f"| {what} | `simdist.engine.process`, `simdist.comm.backend` | {why} |")
+        rows.append(f"| {what} | `simdist.engine.process`, `simdist.c10d.backend` | {why} |")
     return "\n".join(rows)
 
 

@@ -2,7 +2,7 @@
 
 The chain: the simulator-free base (``simdist_base``: the error root, the script convention, host memory) ->
 foundation (errors, units, trace records, device models, algorithm schedules) -> clock and rank
-threads -> network -> communication -> the run (``simdist.run``) -> the equivalence oracle -> HTML reports -> tools (CLI, bench, scripts, the package's
+threads -> network -> communication -> torch.distributed's face -> the run (``simdist.run``) -> the equivalence oracle -> HTML reports -> tools (CLI, bench, scripts, the package's
 public API). A module may import its own layer and the layers before it, never a later one. Imports inside
 functions count as edges too, so a cycle cannot hide behind a lazy import; and apart from optional heavy
 dependencies there are none.
@@ -16,27 +16,15 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
+import simdist.layers
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("simdist", "simdist_base", "real")
 
-#: layers in order; a module belongs to the last layer one of whose prefixes it starts with
-LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("simdist_base",)),
-    ("foundation", ("simdist.errors", "simdist.options", "simdist.patching", "simdist.ranks", "simdist.units", "simdist.trace", "simdist.compute", "simdist.algorithms")),
-    ("clock", ("simdist.clock",)),
-    ("network", ("simdist.network",)),
-    ("communication", ("simdist.comm",)),
-    ("run", ("simdist.engine",)),
-    ("oracle", ("simdist.oracle",)),
-    ("report", ("simdist.report",)),
-    ("tools", ("simdist", "simdist.cli", "simdist.bench", "simdist.script")),
-]
+#: layers in order (simdist.layers.LAYERS); a module belongs to the last layer one of whose prefixes it starts with
+LAYERS: list[tuple[str, tuple[str, ...]]] = [(layer.name, layer.modules) for layer in simdist.layers.LAYERS]
 #: packages outside the chain and the simdist modules each may import (strategies: plain torch.distributed)
-OUTSIDE: dict[str, tuple[str, ...]] = {
-    "simdist.strategies": ("simdist.strategies",),
-    "simdist.autograd": ("simdist.autograd", "simdist.errors"),
-    "simdist.runtime": ("simdist.runtime", "simdist.autograd", "simdist.clock", "simdist.errors"),
-}
+OUTSIDE = dict(simdist.layers.OUTSIDE)
 #: function-level imports allowed: (module, imported module) for optional heavy dependencies only
 LAZY_ALLOWED: set[tuple[str, str]] = set()
 
@@ -111,7 +99,7 @@ EDGES = {name: imports(name, path, MODULES) for name, path in MODULES.items()}
 
 
 def test_the_scan_sees_the_packages() -> None:
-    assert {"simdist", "simdist.engine.runner", "simdist.comm.backend", "simdist.clock.baton", "real.launcher"} <= set(
+    assert {"simdist", "simdist.engine.runner", "simdist.c10d.backend", "simdist.clock.baton", "real.launcher"} <= set(
         MODULES
     )
     assert ("simdist.clock.baton", False) in {(t, lazy) for t, lazy, _ in EDGES["simdist.engine.runner"]}
@@ -180,7 +168,7 @@ def test_layers_only_import_downwards() -> None:
 
 @pytest.mark.parametrize("source, expected", [
     ("import simdist.engine.runner\n", [("simdist.engine.runner", False)]),
-    ("def f():\n    from simdist.comm import backend\n", [("simdist.comm.backend", True)]),
+    ("def f():\n    from simdist.c10d import backend\n", [("simdist.c10d.backend", True)]),
     ("from . import schedule\n", [("simdist.algorithms.schedule", False)]),
     ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from simdist.comm import ops\n", []),
 ])
@@ -199,3 +187,96 @@ def test_the_public_api_is_typed_not_lazy() -> None:
         assert getattr(simdist, name) is not None, name
     assert simdist.run.__module__ == "simdist.engine.runner"
     assert simdist.Cluster.__module__ == "simdist.network.cluster"
+
+
+#: methods that change a list, set or dict in place
+_MUTATORS = {"append", "extend", "insert", "remove", "clear", "add", "discard", "update", "pop", "setdefault"}
+
+
+def writes_into_other_modules(name: str, path: Path) -> list[tuple[str, str, int]]:
+    """(attribute, module written, line) for each write of ``name``'s code into another simdist module's state:
+    a call of its ``install_*`` function, an assignment to its attribute, an in-place change of one."""
+    tree = ast.parse(path.read_text(), str(path))
+    modules: dict[str, str] = {}  # local name -> simdist module
+    objects: dict[str, tuple[str, str]] = {}  # local name -> (simdist module, attribute)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                if full in MODULES:
+                    modules[a.asname or a.name] = full
+                else:
+                    objects[a.asname or a.name] = (node.module, a.name)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in MODULES and a.asname:
+                    modules[a.asname] = a.name
+
+    def owner(expr: ast.expr) -> tuple[str, str] | None:
+        """(module, attribute) if ``expr`` is another simdist module's attribute or an object imported from one."""
+        if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id in modules:
+            return modules[expr.value.id], expr.attr
+        if isinstance(expr, ast.Name) and expr.id in objects:
+            return objects[expr.id]
+        return None
+
+    out = []
+    for node in ast.walk(tree):
+        found = None
+        if isinstance(node, ast.Call):
+            func = node.func
+            target = owner(func)
+            if target is not None and target[1].startswith("install_"):
+                found = target
+            elif isinstance(func, ast.Attribute) and func.attr in _MUTATORS:
+                found = owner(func.value)
+        elif isinstance(node, (ast.Assign, ast.AugAssign)):
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(t, ast.Attribute):
+                    found = owner(t) or found
+        if found is not None and found[0] != name:
+            out.append((found[1], found[0], node.lineno))
+    return sorted(out, key=lambda w: w[2])
+
+
+def test_every_write_into_another_modules_state_is_a_declared_extension_point() -> None:
+    declared = {(p.name, p.declared_in): p.filled_by for p in simdist.layers.EXTENSION_POINTS}
+    used: set[tuple[str, str]] = set()
+    bad = []
+    for name, path in MODULES.items():
+        for attr, module, line in writes_into_other_modules(name, path):
+            fillers = declared.get((attr, module))
+            if fillers is None or name not in fillers:
+                bad.append(f"{path.relative_to(ROOT)}:{line}: {name} writes {module}.{attr}")
+            else:
+                used.add((attr, module))
+    assert not bad, "undeclared extension points (declare them in simdist.layers.EXTENSION_POINTS):\n" + "\n".join(bad)
+    assert set(declared) == used, f"declared but never filled: {sorted(set(declared) - used)}"
+    for point in simdist.layers.EXTENSION_POINTS:
+        assert layer_of(point.declared_in) < min(layer_of(m) for m in point.filled_by), point
+
+
+def test_the_scanner_sees_writes_into_other_modules(tmp_path: Path) -> None:
+    path = tmp_path / "mod.py"
+    path.write_text(
+        "from simdist.c10d import process_group\nfrom simdist.c10d.process_group import ISSUE_OBSERVERS as OBS\n"
+        "from simdist.engine.runner import install_report_writer\nimport simdist.engine.api as api\n"
+        "process_group.ISSUE_OBSERVERS.append(print)\nOBS.remove(print)\ninstall_report_writer(print)\n"
+        "api.now = None\nx = process_group.ISSUE_OBSERVERS[0]\n"
+    )
+    assert writes_into_other_modules("simdist.oracle.record", path) == [
+        ("ISSUE_OBSERVERS", "simdist.c10d.process_group", 5),
+        ("ISSUE_OBSERVERS", "simdist.c10d.process_group", 6),
+        ("install_report_writer", "simdist.engine.runner", 7),
+        ("now", "simdist.engine.api", 8),
+    ]
+
+
+def test_the_docs_layer_table_is_generated_from_simdist_layers() -> None:
+    assert simdist.layers.markdown() in (ROOT / "docs" / "README.md").read_text()
+
+
+def test_every_simdist_package_is_in_a_layer_or_outside_the_chain() -> None:
+    for name in MODULES:
+        if name.startswith("simdist"):
+            assert layer_of(name) is not None or outside_package(name) is not None, name

@@ -15,7 +15,7 @@ from torch import nn
 from torch.optim import optimizer as torch_optimizer
 
 import simdist
-from simdist.comm import process_group
+from simdist.c10d import process_group
 from simdist.oracle.localize import localize
 
 #: a correct program and a program whose gradient is perturbed on rank 1 at step 1 (found and localised)

@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import simdist
-from simdist.comm import process_group
+from simdist.c10d import process_group
 from simdist.oracle.localize import Localization, localize
 from simdist.oracle.names import NameMap
 from simdist.oracle.record import recording, wrap

@@ -121,12 +121,14 @@ def test_every_change_is_declared_and_the_inventory_reaches_real_attributes() ->
         if "pipelining" not in patch.path:  # imported by programs that use it, not by simdist
             owner = patching._resolve(patch.path)
             assert all(hasattr(owner, name) for name in patch.names), patch
-    with pytest.raises(simdist.SimdistError, match="does not list"):
-        with patching.replaced("simdist.engine.process", {"torch.Tensor.add": None}):
-            pass
-    with pytest.raises(simdist.SimdistError, match="does not list"):
-        with patching.replaced("simdist.oracle.capture", {"time.sleep": None}):  # declared for another owner
-            pass
+    with pytest.raises(simdist.SimdistError, match="does not list"), patching.replaced(
+        "simdist.engine.process", {"torch.Tensor.add": None}
+    ):
+        pass
+    with pytest.raises(simdist.SimdistError, match="does not list"), patching.replaced(
+        "simdist.oracle.capture", {"time.sleep": None}  # declared for another owner
+    ):
+        pass
 
 
 def test_a_replaced_class_attribute_that_was_inherited_is_removed_again() -> None:

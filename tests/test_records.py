@@ -19,7 +19,7 @@ from simdist.algorithms import Problem
 from simdist.algorithms.table import records_markdown
 from simdist.bench import COLLECTIVES as BENCHED
 from simdist.bench import REDOPS
-from simdist.comm.process_group import SUPPORTED_DTYPES
+from simdist.c10d.process_group import SUPPORTED_DTYPES
 from simdist.errors import InvalidArgumentError
 
 #: nccl-tests' busBw factors (src/*.cu, ``*GetBw``); it has no barrier, whose busbw simdist reports as algbw

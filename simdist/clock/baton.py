@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import _thread
 import ctypes
-import os
 import sys
 import threading
 import time
@@ -37,6 +36,7 @@ import simpy
 import torch
 
 from simdist.errors import WatchdogError
+from simdist.layers import is_simulator_frame
 
 
 class RankAbort(BaseException):
@@ -478,13 +478,9 @@ class Baton:
         return any(s is state for s in self.abandoned)
 
 
-#: frames of these files are the baton's and the run's own: a watchdog report starts below them
-_OWN = (threading.__file__, os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + "engine")
-
-
 def _is_own(filename: str) -> bool:
-    """Whether a frame of ``filename`` is the baton's, the run's or threading's own (not the user's)."""
-    return filename == __file__ or filename.startswith(_OWN)
+    """Whether a frame of ``filename`` is threading's or the simulator's own (how a rank thread runs)."""
+    return filename == threading.__file__ or is_simulator_frame(filename)
 
 
 def _user_stack(frame: Any) -> str:
@@ -492,11 +488,8 @@ def _user_stack(frame: Any) -> str:
     if frame is None:
         return "(no Python frame)\n"
     frames = traceback.extract_stack(frame)
-    start = 0
-    for i, f in enumerate(frames):
-        if _is_own(f.filename):
-            start = i + 1
-    return "".join(traceback.format_list(frames[start:] or frames))
+    start = next((i for i, f in enumerate(frames) if not _is_own(f.filename)), 0)
+    return "".join(traceback.format_list(frames[start:]))
 
 
 def _noop() -> None:

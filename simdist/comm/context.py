@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
 import simpy
 import torch.distributed as dist
-import typing_extensions
 
 from simdist.clock.baton import Baton
 from simdist.clock.ranktime import RankTime
@@ -20,27 +18,12 @@ from simdist.comm.races import RaceDetector
 from simdist.comm.selection import AlgorithmSelector
 from simdist.comm.waivers import parse_waivers
 from simdist.errors import DeadlockError
+from simdist.layers import LIBRARY_FILES, NOT_CALL_SITES
 from simdist.network.cluster import Cluster
 from simdist.network.links import Network
 from simdist.options import RunOptions
 from simdist.ranks import by_text, format_ranks
 from simdist.trace.trace import Trace
-
-#: frames in these directories are the simulator's own (or wrappers around any call), never a call site;
-#: torch's frames are sorted by ``caller_site`` itself
-_SIMDIST = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_SKIP = tuple(
-    os.path.join(_SIMDIST, d)
-    # the oracle wraps torch.autograd.backward to record losses: the line that called backward() is the site
-    for d in ("clock", "algorithms", "network", "compute", "trace", "comm", "engine", "oracle")
-) + (
-    os.path.abspath(typing_extensions.__file__).rsplit(".", 1)[0],
-    os.path.dirname(os.path.abspath(os.__file__)) + os.sep + "contextlib",
-)
-
-#: frames in these directories issue operations for the user, as torch's own code does (simdist's strategies:
-#: their FSDP's all-gathers, their DDP's all-reduces): a site names their line, called from the user's
-_LIBRARY = (os.path.join(_SIMDIST, "strategies") + os.sep,)
 
 #: ops that copy a value from the device to the host (``.item()``, ``bool(t)``, printing): the host waits for
 #: its compute stream there, as a CUDA host does
@@ -134,7 +117,7 @@ class RunContext:
     def call_site(self) -> Site:
         """The call site of the operation being issued: the user's line, after torch's or a strategy's when one of
         them issued it."""
-        return caller_site(_SKIP, _LIBRARY)
+        return caller_site(NOT_CALL_SITES, LIBRARY_FILES)
 
     def who_is_missing(self, work: Any) -> str:
         """Text naming the ranks that have not joined ``work``'s collective (and, once it runs, its progress)."""

@@ -5,14 +5,17 @@ Called once every rank of the group has joined the instance and has a free strea
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simdist.comm.group import Call, GroupState, Instance
 from simdist.comm.messages import ScheduleRun
 from simdist.trace.trace import Span
 
+if TYPE_CHECKING:  # annotations only: the run's context imports the machinery, not the other way
+    from simdist.comm.context import RunContext
 
-def launch(sim: Any, st: GroupState, inst: Instance) -> None:
+
+def launch(sim: RunContext, st: GroupState, inst: Instance) -> None:
     """Run instance ``inst`` of group ``st`` on ``sim`` (a :class:`~simdist.comm.context.RunContext`)."""
     n = st.size
     calls = [inst.calls[r] for r in range(n)]

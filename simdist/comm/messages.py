@@ -8,12 +8,15 @@ rank issues its sends of step ``k`` once every message addressed to it with a sm
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from simdist.algorithms import Msg, format_schedule, reduce_ops
 from simdist.trace.trace import Message
+
+if TYPE_CHECKING:  # annotations only: the run's context imports the machinery, not the other way
+    from simdist.comm.context import RunContext
 
 
 class ScheduleRun:
@@ -26,7 +29,7 @@ class ScheduleRun:
 
     def __init__(
         self,
-        sim: Any,
+        sim: RunContext,
         msgs: list[Msg],
         n: int,
         src_bufs: list[torch.Tensor | None],

@@ -10,11 +10,15 @@ raise too, as they do on real processes once rank 0 has failed, and their messag
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import simpy
 
 from simdist.errors import SimTimeoutError
+
+if TYPE_CHECKING:  # annotations only: the run's context imports the machinery, not the other way
+    from simdist.comm.context import RunContext
+    from simdist.comm.group import GroupState
 
 #: bytes of each message (gloo sends a one-element int64 tensor each way)
 MESSAGE_BYTES = 8
@@ -32,7 +36,7 @@ class Round:
     failure: str | None = None
 
 
-def _round(env: simpy.Environment, state: Any, grank: int) -> Round:
+def _round(env: simpy.Environment, state: GroupState, grank: int) -> Round:
     rounds: dict[int, Round] = state.monitored_rounds
     seqs: list[int] = state.monitored_seq
     seq = seqs[grank]
@@ -50,7 +54,7 @@ def _ms(seconds: float) -> int:
     return round(seconds * 1000)
 
 
-def barrier(sim: Any, state: Any, grank: int, timeout: float | None, wait_all_ranks: bool) -> None:
+def barrier(sim: RunContext, state: GroupState, grank: int, timeout: float | None, wait_all_ranks: bool) -> None:
     """Run group rank ``grank``'s part of one ``monitored_barrier`` on ``state`` (timeout in simulated seconds;
     None waits without limit)."""
     sim.settle()
@@ -88,7 +92,7 @@ def barrier(sim: Any, state: Any, grank: int, timeout: float | None, wait_all_ra
         sim.network.send(me, state.global_ranks[r], MESSAGE_BYTES, lambda ev, done=released: done.succeed(), None)
 
 
-def _follower(sim: Any, state: Any, rnd: Round, grank: int, me: int, group: str, site: str) -> None:
+def _follower(sim: RunContext, state: GroupState, rnd: Round, grank: int, me: int, group: str, site: str) -> None:
     env = sim.env
     prefix = (
         f"Rank {grank} successfully reached monitoredBarrier, but received errors while waiting for send/recv "
@@ -114,7 +118,7 @@ def _follower(sim: Any, state: Any, rnd: Round, grank: int, me: int, group: str,
     raise SimTimeoutError(f"{prefix} Rank 0 reported: {rnd.failure}")
 
 
-def _fail(rnd: Round, message: str, state: Any, missing: int | list[int], site: str) -> None:
+def _fail(rnd: Round, message: str, state: GroupState, missing: int | list[int], site: str) -> None:
     """Raise rank 0's error, and release the ranks waiting for its reply so that they raise too."""
     late = [missing] if isinstance(missing, int) else missing
     where = ", ".join(f"{r} (global rank {state.global_ranks[r]})" for r in late)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 #: the largest message (bytes) sent eagerly on a connected pair: NCCL's default staging buffer per
 #: connection, NCCL_BUFFSIZE = 4 MiB
@@ -27,6 +27,9 @@ from simdist.comm.plans import raw_flat
 from simdist.comm.work import SimWork
 from simdist.errors import CollectiveMismatchError
 from simdist.trace.trace import Message, Span
+
+if TYPE_CHECKING:  # annotations only: the run's context imports the machinery, not the other way
+    from simdist.comm.context import RunContext
 
 
 @dataclass
@@ -54,7 +57,7 @@ class Post:
 class P2P:
     """Matching queues for every (group, src, dst, tag)."""
 
-    def __init__(self, sim: Any) -> None:
+    def __init__(self, sim: RunContext) -> None:
         self.sim = sim
         self.sends: dict[tuple, deque[Post]] = {}
         self.recvs: dict[tuple, deque[Post]] = {}

@@ -36,7 +36,7 @@ def raw_flat(t: torch.Tensor) -> torch.Tensor:
     on the block of memory the view starts at, not on the elements the view shows (an all-reduce of a
     transposed tensor still comes out right; a broadcast of a column does not). The list-API inputs of
     all_gather, gather and reduce_scatter it copies as shown. simdist does the same, so simulated results
-    equal gloo's, and warns (see ``process_group._check_tensor``).
+    equal gloo's, and warns (see ``simdist.c10d.arguments.check_tensor``).
     """
     if t.is_contiguous():
         return t.view(-1)

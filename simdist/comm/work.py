@@ -6,7 +6,7 @@ import os
 import sys
 import weakref
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import simpy
 import torch
@@ -18,6 +18,9 @@ from simdist.comm.drain import drain_at_end_of_backward
 from simdist.comm.thread_world import acting_as
 from simdist.errors import SimTimeoutError
 
+if TYPE_CHECKING:  # annotations only: the run's context imports the machinery, not the other way
+    from simdist.comm.context import RunContext
+
 
 class SimFuture(Future):
     """A ``torch.futures.Future`` whose ``wait()`` blocks the calling rank in simulated time.
@@ -28,7 +31,7 @@ class SimFuture(Future):
     those callbacks may issue and wait on collectives.
     """
 
-    def __init__(self, sim: Any, event: simpy.Event, description: str, work: SimWork | None = None) -> None:
+    def __init__(self, sim: RunContext, event: simpy.Event, description: str, work: SimWork | None = None) -> None:
         super().__init__()
         self._sim = sim
         self._event = event
@@ -83,7 +86,7 @@ class SimFuture(Future):
         return _drained(_ThenFuture([self], inner))
 
 
-def _after_completion(sim: Any, callback: Any) -> Any:
+def _after_completion(sim: RunContext, callback: Any) -> Any:
     """``callback`` run with the race checks of its rank off: it runs once the operation has completed
     (in the simulator, or at once in the rank when the future is already done), so reading the
     operation's buffers there is not a race."""
@@ -182,7 +185,7 @@ class SimWork(dist.Work):
     tensors (what DDP's communication hooks read).
     """
 
-    def __init__(self, sim: Any, description: str, outputs: list[torch.Tensor], timeout: float | None) -> None:
+    def __init__(self, sim: RunContext, description: str, outputs: list[torch.Tensor], timeout: float | None) -> None:
         super().__init__()
         self.sim = sim
         self.description = description

@@ -7,7 +7,7 @@ import math
 import torch.distributed as dist
 
 from simdist import algorithms
-from simdist.comm import backend
+from simdist.c10d import backend
 from simdist.errors import ClusterSpecError
 from simdist.units import parse_time
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
+from simdist.c10d import backend
 from simdist.clock.baton import current_rank_state
-from simdist.comm import backend
 from simdist.comm.context import RunContext
 from simdist.comm.races import direct_read
 from simdist.errors import RankExit

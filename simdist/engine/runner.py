@@ -17,8 +17,9 @@ from typing import Any
 import simpy
 import torch.distributed as dist
 
+from simdist.c10d import backend
 from simdist.clock.baton import Baton, RankState, current_rank_state
-from simdist.comm import backend, thread_world
+from simdist.comm import thread_world
 from simdist.comm.context import RunContext
 from simdist.comm.races import Race, RaceCheckMode
 from simdist.comm.thread_world import acting_as

@@ -18,7 +18,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import functools
-import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -26,27 +25,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import typing_extensions
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim import optimizer as torch_optimizer
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from simdist.c10d import process_group
 from simdist.clock.sites import caller_site
-from simdist.comm import process_group
+from simdist.layers import NOT_CALL_SITES
 from simdist.oracle.names import canonical_names, named_tensors
 from simdist.oracle.shared import SharedHooks
 from simdist.patching import replaced
-
-#: frames in these directories are the simulator's or the oracle's own, never a call site
-_SIMDIST = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SKIP = tuple(
-    os.path.join(_SIMDIST, d)
-    for d in ("clock", "algorithms", "network", "compute", "trace", "comm", "engine", "oracle")
-) + (
-    os.path.abspath(typing_extensions.__file__).rsplit(".", 1)[0],
-    os.path.dirname(os.path.abspath(os.__file__)) + os.sep + "contextlib",
-)
 
 #: ops not recorded: they compute nothing (aliases autograd makes for itself)
 _SILENT = frozenset({"aten.detach", "aten.alias", "aten.lift_fresh", "aten._to_copy.out", "aten.set_"})
@@ -338,7 +327,7 @@ class Recorder(TorchDispatchMode):
     def collective(self, name: str, written: list[torch.Tensor], label: str = "") -> None:
         """This rank issues a collective (counted always; its buffers are marked only while recording)."""
         phase, inv = self._context(())
-        c = Collective(name, len(self.stream.collectives) + 1, caller_site(SKIP), phase, inv and inv[0], label)
+        c = Collective(name, len(self.stream.collectives) + 1, caller_site(NOT_CALL_SITES), phase, inv and inv[0], label)
         self.stream.collectives.append(c)
         if self.active:
             for t in written:
@@ -466,7 +455,7 @@ class Recorder(TorchDispatchMode):
         fwd = stream.ops[rec.forward] if rec.forward is not None else None
         if fwd is not None:
             rec.segment = fwd.segment
-        rec.site = f"backward of {fwd.op} at {fwd.site}" if fwd is not None else str(caller_site(SKIP))
+        rec.site = f"backward of {fwd.op} at {fwd.site}" if fwd is not None else str(caller_site(NOT_CALL_SITES))
         stream.ops.append(rec)
 
 

@@ -13,6 +13,7 @@ import torch
 
 from simdist import algorithms
 from simdist.clock.sites import TORCH_DIR
+from simdist.layers import is_simulator_frame
 from simdist.trace.trace import Span, Trace
 
 #: ranks drawn one row each on the timeline; larger runs show an evenly spaced sample of this many ranks
@@ -238,8 +239,6 @@ def memory_series(trace: Trace) -> dict[int, list[tuple[float, float]]]:
 
 #: call sites in a message: ``path.py:LINE`` (how simdist names sites) and ``File "path", line LINE`` (tracebacks)
 _SITE = re.compile(r'(?P<path>[^\s(),:\'"]+\.py):(?P<line>\d+)|File "(?P<tb_path>[^"]+)", line (?P<tb_line>\d+)')
-#: the simulator's own files: their frames in a rank's traceback are how the rank ran, not where it went wrong
-_SIMDIST_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 #: torch's files are named relative to torch's parent directory in sites (``torch/distributed/...``)
 _TORCH_PARENT = os.path.dirname(TORCH_DIR.rstrip(os.sep))
 #: call sites listed with their code per message, and the longest code line shown (characters)
@@ -259,7 +258,7 @@ def code_lines(text: str) -> list[tuple[str, str]]:
         if (path, line) in seen:
             continue
         seen.add((path, line))
-        if traceback_frame and os.path.abspath(path).startswith(_SIMDIST_DIR):
+        if traceback_frame and is_simulator_frame(os.path.abspath(path)):  # how the rank ran, not where it failed
             continue
         file = os.path.join(_TORCH_PARENT, path) if path.startswith("torch" + os.sep) else path
         code = linecache.getline(file, line).strip()

@@ -19,10 +19,11 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import _set_thread_isolation_mode
 
+from simdist.c10d import funcol
+from simdist.c10d.process_group import SimProcessGroup
 from simdist.clock.baton import current_rank_state
-from simdist.comm import funcol, thread_world
+from simdist.comm import thread_world
 from simdist.comm.context import RunContext
-from simdist.comm.process_group import SimProcessGroup
 from simdist.comm.thread_world import ThreadLocalWorld
 from simdist.comm.work import _ThenFuture, sim_roots
 from simdist.errors import InvalidArgumentError
@@ -230,7 +231,7 @@ def _patched_collect_all(futures: Any) -> Any:
 
 
 #: the patches of simdist.patching.INVENTORY this module makes
-_OWNER = "simdist.comm.backend"
+_OWNER = "simdist.c10d.backend"
 
 
 @contextlib.contextmanager

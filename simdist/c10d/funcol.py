@@ -1,6 +1,6 @@
 """torch's functional collectives (``torch.ops._c10d_functional``) inside a run: the two kernels simdist supplies.
 
-Most functional collectives reach a :class:`~simdist.comm.process_group.SimProcessGroup` through torch's C++
+Most functional collectives reach a :class:`~simdist.c10d.process_group.SimProcessGroup` through torch's C++
 trampoline, which forwards ``allreduce``, ``broadcast``, ``all_to_all_single`` and the ``*_single_coalesced``
 calls. Two pieces do not:
 
