@@ -131,6 +131,33 @@ _FLOP_FORMULAS: dict[str, _FlopFn] = {
     **{_aten(f"_scaled_dot_product_{kind}_backward"): _sdpa_backward for kind in _SDPA_KERNELS},
 }
 
+
+def _cublas_tf32() -> bool:
+    """Whether torch lets cuBLAS run float32 matmuls on TF32 tensor cores.
+
+    ``torch.backends.cuda.matmul.allow_tf32``, ``torch.set_float32_matmul_precision`` ("high" and "medium" allow
+    it) and ``torch.backends.cuda.matmul.fp32_precision`` all set the switch this reads; the legacy getters
+    raise once the newer API has been used, this one never does. Off by default, as in torch.
+    """
+    return torch.backends.cuda.matmul.fp32_precision == "tf32"
+
+
+def _cudnn_tf32() -> bool:
+    """Whether torch lets cuDNN run float32 convolutions on TF32 tensor cores (``torch.backends.cudnn.allow_tf32``
+    or ``torch.backends.cudnn.conv.fp32_precision``; on by default, as in torch)."""
+    return torch.backends.cudnn.conv.fp32_precision == "tf32"
+
+
+#: the torch switch under which each op's float32 kernel may use TF32 (read when the op is priced, since a
+#: program may flip it at any point). Attention is not here: the fused kernels ignore both switches.
+_TF32_SWITCHES: dict[str, Callable[[], bool]] = {
+    **{
+        _aten(name): _cublas_tf32 for name in ("mm", "addmm", "_addmm_activation", "bmm", "baddbmm", "addbmm")
+    },
+    _aten("convolution"): _cudnn_tf32,
+    _aten("convolution_backward"): _cudnn_tf32,
+}
+
 # Ops that run no kernel although their schema does not mark them as views: in-place metadata changes,
 # _unsafe_view (a view that autograd does not track), and allocation without initialisation.
 _NO_KERNEL: frozenset[str] = frozenset(
@@ -174,7 +201,7 @@ _NO_COMPUTE_NAMESPACES: frozenset[str] = frozenset(
 class _OpInfo:
     """What op_cost needs to know about one OpOverload, computed once per overload."""
 
-    __slots__ = ("flops", "free", "name", "out_args")
+    __slots__ = ("flops", "free", "name", "out_args", "tf32")
 
     def __init__(self, func: torch._ops.OpOverload) -> None:
         schema = func._schema
@@ -182,6 +209,7 @@ class _OpInfo:
         namespace = self.name.split("::", 1)[0]
         self.free: bool = bool(func.is_view) or self.name in _NO_KERNEL or namespace in _NO_COMPUTE_NAMESPACES
         self.flops: _FlopFn | None = _FLOP_FORMULAS.get(self.name)
+        self.tf32: Callable[[], bool] | None = _TF32_SWITCHES.get(self.name)
         # out= arguments are written, not read: they are counted once, through the returned value.
         self.out_args: frozenset[str] = frozenset(a.name for a in schema.arguments if a.is_out)
 
@@ -234,7 +262,11 @@ def _info_cost(
     seconds = moved / device.memory_bandwidth
     if info.flops is not None:
         flops, dtype = info.flops(args, out)
-        seconds = max(seconds, flops / device.flops_for(dtype))
+        # The switch is read only where it can matter: it costs about a microsecond.
+        tf32 = (
+            device.tf32_flops is not None and dtype == torch.float32 and info.tf32 is not None and info.tf32()
+        )
+        seconds = max(seconds, flops / device.flops_for(dtype, tf32=tf32))
     return seconds + device.launch_overhead
 
 
@@ -244,8 +276,9 @@ def op_cost(
     """Seconds one aten op takes on ``device``: max(flops / peak, bytes moved / bandwidth) + launch overhead.
 
     ``func`` is the OpOverload seen by a dispatch mode, ``args``/``kwargs`` its inputs and ``out`` its result.
-    FLOPs come from closed forms for the matmul, convolution and attention families; every other op is
-    memory-bound with bytes = tensor inputs + tensor outputs. Views and allocation-only ops cost 0.
+    FLOPs come from closed forms for the matmul, convolution and attention families (float32 matmuls and
+    convolutions at the device's TF32 rate where torch's switches allow TF32); every other op is memory-bound
+    with bytes = tensor inputs + tensor outputs. Views and allocation-only ops cost 0.
     """
     if device.is_zero_cost:
         return 0.0

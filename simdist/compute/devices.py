@@ -1,5 +1,5 @@
-"""Accelerator specifications: peak dense FLOP/s per dtype, memory bandwidth, per-kernel launch overhead and
-memory capacity."""
+"""Accelerator specifications: peak dense FLOP/s per dtype (and for TF32), memory bandwidth, per-kernel launch
+overhead and memory capacity."""
 
 from __future__ import annotations
 
@@ -20,10 +20,12 @@ DEFAULT_LAUNCH_OVERHEAD = 5e-6
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """One accelerator: dense peak FLOP/s per dtype, HBM bandwidth (bytes/s), launch overhead (seconds per kernel)
-    and memory capacity (bytes; ``math.inf`` for no limit).
+    """One accelerator: dense peak FLOP/s per dtype, HBM bandwidth (bytes/s), launch overhead (seconds per kernel),
+    memory capacity (bytes; ``math.inf`` for no limit) and the TF32 tensor-core rate (FLOP/s; None for none).
 
     ``peak_flops`` must contain ``torch.float32``; dtypes without an entry use that figure (see ``flops_for``).
+    ``tf32_flops`` is what float32 matmuls and convolutions run at where torch lets them use TF32 (cost.py reads
+    torch's switches when it prices an op); without it they run at the float32 figure.
     A device whose every peak and bandwidth is infinite and whose launch overhead is zero is *zero-cost*:
     every op takes 0 s, so only communication advances simulated time.
     """
@@ -35,6 +37,8 @@ class DeviceSpec:
     source: str = ""
     #: bytes of device memory tensors may occupy; a run with ``memory=True`` raises OutOfMemoryError above it
     memory_capacity: float = math.inf
+    #: FLOP/s of float32 matmuls and convolutions run on TF32 tensor cores; None: the device has none
+    tf32_flops: float | None = None
     _zero_cost: bool = field(init=False, repr=False, compare=False, hash=False, default=False)
 
     def __post_init__(self) -> None:
@@ -65,16 +69,29 @@ class DeviceSpec:
                 f"device {self.name!r}: memory_capacity must be a positive number of bytes (math.inf for no "
                 f"limit), found {capacity!r}"
             )
+        tf32 = self.tf32_flops
+        if tf32 is not None and (
+            isinstance(tf32, bool) or not isinstance(tf32, (int, float)) or not tf32 > 0
+        ):
+            raise ClusterSpecError(
+                f"device {self.name!r}: tf32_flops must be a positive FLOP/s figure or None (no TF32 tensor "
+                f"cores), found {tf32!r}"
+            )
         # Copy into a read-only view so the frozen spec cannot change under a running simulation.
         object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
         zero = (
             self.launch_overhead == 0
             and math.isinf(self.memory_bandwidth)
             and all(math.isinf(f) for f in self.peak_flops.values())
+            and (self.tf32_flops is None or math.isinf(self.tf32_flops))
         )
         object.__setattr__(self, "_zero_cost", zero)
 
-    def __reduce__(self) -> tuple[type[DeviceSpec], tuple[str, dict[torch.dtype, float], float, float, str, float]]:
+    def __reduce__(
+        self,
+    ) -> tuple[
+        type[DeviceSpec], tuple[str, dict[torch.dtype, float], float, float, str, float, float | None]
+    ]:
         # The read-only peak table is a mappingproxy, which pickle cannot handle; rebuild from a plain dict.
         return (
             DeviceSpec,
@@ -85,6 +102,7 @@ class DeviceSpec:
                 self.launch_overhead,
                 self.source,
                 self.memory_capacity,
+                self.tf32_flops,
             ),
         )
 
@@ -93,17 +111,21 @@ class DeviceSpec:
         """True when every op on this device takes 0 seconds."""
         return self._zero_cost
 
-    def flops_for(self, dtype: torch.dtype) -> float:
-        """Dense peak FLOP/s for ``dtype``; dtypes without an entry get the float32 figure."""
+    def flops_for(self, dtype: torch.dtype, *, tf32: bool = False) -> float:
+        """Dense peak FLOP/s for ``dtype``; dtypes without an entry get the float32 figure. ``tf32``: the op is a
+        float32 matmul or convolution that torch lets use TF32, which runs at ``tf32_flops`` where there is one."""
+        if tf32 and dtype == torch.float32 and self.tf32_flops is not None:
+            return self.tf32_flops
         flops = self.peak_flops.get(dtype)
         return self.peak_flops[torch.float32] if flops is None else flops
 
 
 # Figure choices, shared by every GPU below:
-# - float32 is the plain (non-tensor-core) FP32 rate. PyTorch's default for CUDA matmul is
-#   torch.backends.cuda.matmul.allow_tf32 = False, so FP32 matmuls do not use TF32 tensor cores by default.
-# - bfloat16/float16/float8/int8 are dense tensor-core rates. NVIDIA datasheets quote these "with sparsity"
-#   (2:4 structured); the dense rate is half that figure.
+# - float32 is the plain (non-tensor-core) FP32 rate. PyTorch's default for CUDA matmuls is
+#   torch.backends.cuda.matmul.allow_tf32 = False, so FP32 matmuls do not use TF32 tensor cores by default;
+#   where a program allows it they run at tf32_flops (cuDNN convolutions allow it by default).
+# - bfloat16/float16/float8/int8, and tf32_flops, are dense tensor-core rates. NVIDIA datasheets quote these
+#   "with sparsity" (2:4 structured); the dense rate is half that figure.
 # - float64 is the FP64 tensor-core rate (cuBLAS DGEMM uses it).
 # - memory_capacity reads the datasheet's "80 GB" as GiB, the HBM stacks' size (5 x 16 GiB on H100). The CUDA
 #   context and driver reserve take about 1 GiB of it on a real device (torch reports 79.1 GiB total on an
@@ -122,10 +144,12 @@ _HOPPER_SXM_FLOPS = {
     torch.float8_e5m2: 3958e12 / 2,
     torch.int8: 3958e12 / 2,
 }
+_HOPPER_SXM_TF32 = 989e12 / 2
 
 H100 = DeviceSpec(
     name="H100",
     peak_flops=_HOPPER_SXM_FLOPS,
+    tf32_flops=_HOPPER_SXM_TF32,
     memory_bandwidth=3.35e12,
     memory_capacity=80 * GIB,
     source="NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column (80 GB HBM3, 3.35 TB/s)",
@@ -134,6 +158,7 @@ H100 = DeviceSpec(
 H200 = DeviceSpec(
     name="H200",
     peak_flops=_HOPPER_SXM_FLOPS,
+    tf32_flops=_HOPPER_SXM_TF32,
     memory_bandwidth=4.8e12,
     memory_capacity=141 * GIB,
     source="NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column (141 GB HBM3e, 4.8 TB/s)",
@@ -146,10 +171,12 @@ _AMPERE_SXM_FLOPS = {
     torch.float16: 624e12 / 2,
     torch.int8: 1248e12 / 2,
 }
+_AMPERE_SXM_TF32 = 312e12 / 2
 
 A100 = DeviceSpec(
     name="A100",
     peak_flops=_AMPERE_SXM_FLOPS,
+    tf32_flops=_AMPERE_SXM_TF32,
     memory_bandwidth=2.039e12,
     memory_capacity=80 * GIB,
     source="NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM column (80 GB HBM2e, 2,039 GB/s)",
@@ -158,6 +185,7 @@ A100 = DeviceSpec(
 A100_40GB = DeviceSpec(
     name="A100-40GB",
     peak_flops=_AMPERE_SXM_FLOPS,
+    tf32_flops=_AMPERE_SXM_TF32,
     memory_bandwidth=1.555e12,
     memory_capacity=40 * GIB,
     source="NVIDIA A100 Tensor Core GPU datasheet, A100 40GB SXM column (40 GB HBM2, 1,555 GB/s)",
@@ -174,7 +202,12 @@ CPU = DeviceSpec(
 DEVICES: Mapping[str, DeviceSpec] = MappingProxyType({d.name: d for d in (H100, H200, A100, A100_40GB, CPU)})
 """Built-in devices by canonical name."""
 
-_ALIASES: Mapping[str, str] = {"h100-sxm": "H100", "h200-sxm": "H200", "a100-sxm": "A100", "a100-80gb": "A100"}
+_ALIASES: Mapping[str, str] = {
+    "h100-sxm": "H100",
+    "h200-sxm": "H200",
+    "a100-sxm": "A100",
+    "a100-80gb": "A100",
+}
 _BY_LOWER: Mapping[str, DeviceSpec] = {
     **{name.lower(): spec for name, spec in DEVICES.items()},
     **{alias: DEVICES[name] for alias, name in _ALIASES.items()},
