@@ -222,6 +222,35 @@ def test_in_place_op_reads_and_writes_self() -> None:
     assert charges == [("aten::add_", pytest.approx(3 * 4000 / 3.35e12 + H100.launch_overhead))]
 
 
+@given(
+    rows=st.integers(1, 5000),
+    width=st.integers(1, 64),
+    picks=st.integers(1, 5000),
+    op=st.sampled_from(["embedding", "index_select", "index", "gather", "take"]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+)
+def test_gathering_ops_read_only_what_they_gather(
+    rows: int, width: int, picks: int, op: str, dtype: torch.dtype
+) -> None:
+    # An embedding lookup reads the rows it returns, not the whole table: the source counts as the output's
+    # bytes, or the table's where indices repeat (it cannot read more than all of it from memory).
+    table = torch.empty(rows, width, dtype=dtype, device="meta")
+    idx = torch.empty(picks, dtype=torch.long, device="meta")
+    calls = {
+        "embedding": lambda: F.embedding(idx, table),
+        "index_select": lambda: table.index_select(0, idx),
+        "index": lambda: table[idx],
+        "gather": lambda: table.gather(0, idx.view(-1, 1).expand(picks, width)),
+        "take": lambda: table.take(idx),
+    }
+    _, charges = estimate(calls[op], device=H100)
+    out_elems = picks if op == "take" else picks * width
+    index_bytes = picks * width * 8 if op == "gather" else picks * 8
+    written = out_elems * table.element_size()
+    moved = index_bytes + min(nbytes(table), written) + written
+    assert charges == [(f"aten::{op}", pytest.approx(moved / H100.memory_bandwidth + H100.launch_overhead))]
+
+
 def test_collectives_are_left_to_the_network_model() -> None:
     t = torch.randn(1 << 16)
     assert op_cost(torch.ops._c10d_functional.all_reduce.default, (t, "sum", "0"), {}, t, H100) == 0.0

@@ -158,6 +158,12 @@ _TF32_SWITCHES: dict[str, Callable[[], bool]] = {
     _aten("convolution_backward"): _cudnn_tf32,
 }
 
+#: ops that read only the elements they gather from their first input (an embedding's rows, not its table):
+#: that input counts as at most the output's bytes
+_GATHERS: frozenset[str] = frozenset(
+    _aten(n) for n in ("embedding", "index_select", "gather", "index", "take")
+)
+
 # Ops that run no kernel although their schema does not mark them as views: in-place metadata changes,
 # _unsafe_view (a view that autograd does not track), and allocation without initialisation.
 _NO_KERNEL: frozenset[str] = frozenset(
@@ -201,7 +207,7 @@ _NO_COMPUTE_NAMESPACES: frozenset[str] = frozenset(
 class _OpInfo:
     """What op_cost needs to know about one OpOverload, computed once per overload."""
 
-    __slots__ = ("flops", "free", "name", "out_args", "tf32")
+    __slots__ = ("flops", "free", "gathers", "name", "out_args", "tf32")
 
     def __init__(self, func: torch._ops.OpOverload) -> None:
         schema = func._schema
@@ -210,6 +216,7 @@ class _OpInfo:
         self.free: bool = bool(func.is_view) or self.name in _NO_KERNEL or namespace in _NO_COMPUTE_NAMESPACES
         self.flops: _FlopFn | None = _FLOP_FORMULAS.get(self.name)
         self.tf32: Callable[[], bool] | None = _TF32_SWITCHES.get(self.name)
+        self.gathers: bool = self.name in _GATHERS
         # out= arguments are written, not read: they are counted once, through the returned value.
         self.out_args: frozenset[str] = frozenset(a.name for a in schema.arguments if a.is_out)
 
@@ -248,7 +255,9 @@ def _info_cost(
     # Runs once per op on every rank thread: plain tensors and flat lists are handled inline, without
     # a generic pytree walk, to keep the per-op cost to a microsecond or two.
     tensor = torch.Tensor
-    moved = _nbytes(out) if isinstance(out, tensor) else _tree_bytes(out)
+    moved = written = _nbytes(out) if isinstance(out, tensor) else _tree_bytes(out)
+    if info.gathers and args and isinstance(args[0], tensor):
+        moved -= max(0, _nbytes(args[0]) - written)  # the part of the source it never reads
     for a in args:
         if isinstance(a, tensor):
             moved += _nbytes(a)
@@ -278,7 +287,8 @@ def op_cost(
     ``func`` is the OpOverload seen by a dispatch mode, ``args``/``kwargs`` its inputs and ``out`` its result.
     FLOPs come from closed forms for the matmul, convolution and attention families (float32 matmuls and
     convolutions at the device's TF32 rate where torch's switches allow TF32); every other op is memory-bound
-    with bytes = tensor inputs + tensor outputs. Views and allocation-only ops cost 0.
+    with bytes = tensor inputs + tensor outputs, where a gathering op (embedding, index_select, gather, index,
+    take) reads at most as much of its source as it writes. Views and allocation-only ops cost 0.
     """
     if device.is_zero_cost:
         return 0.0
