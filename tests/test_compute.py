@@ -398,6 +398,67 @@ def test_attention_flops_match_torch_formulas() -> None:
     assert summer.total - forward == sdpa_backward_flop_count(out.shape, q.shape, k.shape, v.shape)
 
 
+@given(
+    sq=st.integers(1, 40),
+    sk=st.integers(1, 40),
+    d=st.sampled_from([4, 8]),
+    causal=st.booleans(),
+)
+def test_causal_attention_counts_the_pairs_the_mask_keeps(sq: int, sk: int, d: int, causal: bool) -> None:
+    # The oracle is the mask itself as torch's documentation builds it for is_causal: ones(L, S).tril(0).
+    # Values as wide as queries and keys: otherwise the CPU takes the unfused path, which computes every pair.
+    q = torch.randn(2, 3, sq, d, requires_grad=True)
+    k = torch.randn(2, 3, sk, d, requires_grad=True)
+    v = torch.randn(2, 3, sk, d, requires_grad=True)
+    pairs = int(torch.ones(sq, sk, dtype=torch.bool).tril().sum()) if causal else sq * sk
+    summer = FlopSummer()
+    with summer:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        forward = summer.total
+        out.sum().backward()
+    assert forward == 2 * 6 * pairs * (d + d)
+    assert summer.total - forward == 2 * 6 * pairs * (3 * d + 2 * d)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "forward", "backward"),
+    [
+        # the arguments up to is_causal, in each kernel's schema order (tensors as T, the rest as their defaults)
+        ("flash_attention", "T T T 0.0 C", "G T T T T L N N 8 8 0.0 C"),
+        ("flash_attention_for_cpu", "T T T 0.0 C", "G T T T T L 0.0 C"),
+        ("efficient_attention", "T T T N True 0.0 C", "G T T T N T L N N 0.0 M C"),
+        ("cudnn_attention", "T T T N True 0.0 C", "G T T T T L N N N N N 8 8 0.0 C"),
+        ("fused_attention_overrideable", "T T T N 0.0 C", "G T T T N M T L N N 8 8 0.0 C"),
+    ],
+)
+def test_every_attention_kernel_reads_its_own_causal_flag(kernel: str, forward: str, backward: str) -> None:
+    q = torch.empty(2, 4, 8, 16, device="meta")
+    full, causal = 2 * 8 * 8 * 8 * (16 + 16), 2 * 8 * (8 * 9 // 2) * (16 + 16)
+    values = {
+        "T": q,
+        "G": q,
+        "L": q,
+        "N": None,
+        "M": [True, True, True, False],
+        "True": True,
+        "0.0": 0.0,
+        "8": 8,
+    }
+
+    def args(spec: str, flag: bool) -> list[Any]:
+        return [flag if word == "C" else values[word] for word in spec.split()]
+
+    op = getattr(aten, f"_scaled_dot_product_{kernel}")
+    op_backward = getattr(aten, f"_scaled_dot_product_{kernel}_backward")
+    assert op_flops(op.default, args(forward, False), {}, None) == full
+    assert op_flops(op.default, args(forward, True), {}, None) == causal
+    assert (
+        op_flops(op.default, args(forward, True)[:-1], {}, None) == full
+    )  # the default, dropped: not causal
+    assert op_flops(op_backward.default, args(backward, False), {}, None) == full * 5 // 2
+    assert op_flops(op_backward.default, args(backward, True), {}, None) == causal * 5 // 2
+
+
 # --- the mode in training code ------------------------------------------------------------------------------
 
 

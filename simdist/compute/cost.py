@@ -81,23 +81,57 @@ def _attention_dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[
     return q.shape[0] * q.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3]
 
 
-def _sdpa(args: Sequence[Any], out: Any) -> tuple[float, torch.dtype]:
-    q, k, v = args[0], args[1], args[2]
-    if q.dim() != 4:
-        return 0.0, q.dtype  # nested/jagged layout: no closed form here, the memory term applies
-    bh, sq, sk, dq, dv = _attention_dims(q, k, v)
-    # scores = q @ k^T, out = softmax(scores) @ v; a causal mask is not discounted.
-    return 2.0 * bh * sq * sk * (dq + dv), q.dtype
+def _score_pairs(sq: int, sk: int, causal: bool) -> int:
+    """(query, key) pairs attention computes: all of them, or with ``is_causal`` the ones torch's mask keeps
+    (aligned top-left: query i sees keys 0..i), whose tiles the fused kernels compute while they skip the rest."""
+    if not causal:
+        return sq * sk
+    seen = min(sq, sk)  # queries before the sk-th see i + 1 keys; every later one sees all sk
+    return seen * (seen + 1) // 2 + (sq - seen) * sk
 
 
-def _sdpa_backward(args: Sequence[Any], out: Any) -> tuple[float, torch.dtype]:
-    q, k, v = args[1], args[2], args[3]  # every *_backward variant starts (grad_out, query, key, value, ...)
-    if q.dim() != 4:
-        return 0.0, q.dtype
-    bh, sq, sk, dq, dv = _attention_dims(q, k, v)
-    # Five matmuls: recompute q @ k^T (dq), grad_scores = grad_out @ v^T (dv), grad_v (dv), grad_q (dq),
-    # grad_k (dq). Same count as torch.utils.flop_counter.
-    return 2.0 * bh * sq * sk * (3 * dq + 2 * dv), q.dtype
+def _sdpa(causal_at: int | None) -> _FlopFn:
+    """The forward formula of a fused attention kernel whose ``is_causal`` is positional argument ``causal_at``."""
+
+    def flops(args: Sequence[Any], out: Any) -> tuple[float, torch.dtype]:
+        q, k, v = args[0], args[1], args[2]
+        if q.dim() != 4:
+            return 0.0, q.dtype  # nested/jagged layout: no closed form here, the memory term applies
+        bh, sq, sk, dq, dv = _attention_dims(q, k, v)
+        # scores = q @ k^T, out = softmax(scores) @ v, over the pairs the mask keeps
+        causal = causal_at is not None and len(args) > causal_at and bool(args[causal_at])
+        return 2.0 * bh * _score_pairs(sq, sk, causal) * (dq + dv), q.dtype
+
+    return flops
+
+
+def _sdpa_backward(causal_at: int | None) -> _FlopFn:
+    """The backward formula of a fused attention kernel whose ``is_causal`` is positional argument ``causal_at``."""
+
+    def flops(args: Sequence[Any], out: Any) -> tuple[float, torch.dtype]:
+        q, k, v = (
+            args[1],
+            args[2],
+            args[3],
+        )  # every *_backward variant starts (grad_out, query, key, value, ...)
+        if q.dim() != 4:
+            return 0.0, q.dtype
+        bh, sq, sk, dq, dv = _attention_dims(q, k, v)
+        # Five matmuls: recompute q @ k^T (dq), grad_scores = grad_out @ v^T (dv), grad_v (dv), grad_q (dq),
+        # grad_k (dq). Without a causal mask, the count of torch.utils.flop_counter (which ignores the mask).
+        causal = causal_at is not None and len(args) > causal_at and bool(args[causal_at])
+        return 2.0 * bh * _score_pairs(sq, sk, causal) * (3 * dq + 2 * dv), q.dtype
+
+    return flops
+
+
+def _causal_position(name: str) -> int | None:
+    """Where ``aten::<name>`` takes ``is_causal`` positionally (a dispatch mode sees it there; torch drops it
+    from the end when it is the default, False), or None."""
+    schema = getattr(torch.ops.aten, name).default._schema
+    return next(
+        (i for i, a in enumerate(schema.arguments) if a.name == "is_causal" and not a.kwarg_only), None
+    )
 
 
 def _aten(name: str) -> str:
@@ -127,8 +161,16 @@ _FLOP_FORMULAS: dict[str, _FlopFn] = {
     _aten("vdot"): _dot,
     _aten("convolution"): _convolution,
     _aten("convolution_backward"): _convolution_backward,
-    **{_aten(f"_scaled_dot_product_{kind}"): _sdpa for kind in _SDPA_KERNELS},
-    **{_aten(f"_scaled_dot_product_{kind}_backward"): _sdpa_backward for kind in _SDPA_KERNELS},
+    **{
+        _aten(f"_scaled_dot_product_{kind}"): _sdpa(_causal_position(f"_scaled_dot_product_{kind}"))
+        for kind in _SDPA_KERNELS
+    },
+    **{
+        _aten(f"_scaled_dot_product_{kind}_backward"): _sdpa_backward(
+            _causal_position(f"_scaled_dot_product_{kind}_backward")
+        )
+        for kind in _SDPA_KERNELS
+    },
 }
 
 
