@@ -1,9 +1,13 @@
-"""The H100 measurement kept in benchmarks/gpu/results: the H100 and H200 presets follow from it by the stated rule."""
+"""The H100 measurement kept in benchmarks/gpu/results: the H100 and H200 presets follow from it by the stated rule,
+and docs/gpu.md shows what compare.py prints for it."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +20,7 @@ RESULTS = GPU / "results" / "h100-2026-11-26"
 sys.path.insert(0, str(GPU))
 
 import calibrate
+import compare
 
 H100 = get_device("H100")
 H200 = get_device("H200")
@@ -68,3 +73,42 @@ def test_the_rule_takes_the_median_of_the_large_matmuls_and_of_the_largest_eleme
     ]
     assert calibrate.figures(records) == {"bf16": pytest.approx(650e12), "bandwidth": 2.5e12}
     assert calibrate.significant(3024.92e9) == 3.02e12 and calibrate.significant(51.2689e12) == 51.3e12
+
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "gpu.md"
+
+
+def printed(call: Callable[[], object]) -> list[str]:
+    """The non-empty lines ``call`` prints."""
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        call()
+    return [line for line in buffer.getvalue().splitlines() if line.strip()]
+
+
+def assert_shown_in_order(lines: list[str]) -> None:
+    """Every line appears in docs/gpu.md as a whole line, in the order printed (prose may come between)."""
+    doc = DOCS.read_text().splitlines()
+    at = 0
+    for line in lines:
+        assert line in doc[at:], (
+            f"docs/gpu.md does not show, after its line {at}, what compare.py prints:\n{line}"
+        )
+        at += doc[at:].index(line) + 1
+
+
+def section(name: str) -> dict:
+    """One JSON file of the kept measurement."""
+    return json.loads((RESULTS / f"{name}.json").read_text())
+
+
+def test_the_docs_show_the_compute_and_memory_tables_compare_prints() -> None:
+    # The op, class and memory tables as this version of simdist predicts them; the program's part, which
+    # simulates a training run, is the slow test below.
+    assert_shown_in_order(printed(lambda: compare.compare_compute(section("compute"), "H100")))
+    assert_shown_in_order(printed(lambda: compare.compare_memory(section("memory"), "H100")))
+
+
+@pytest.mark.slow
+def test_the_docs_show_everything_compare_prints() -> None:
+    assert_shown_in_order(printed(lambda: compare.main([str(RESULTS)])))
