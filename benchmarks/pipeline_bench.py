@@ -76,7 +76,7 @@ def compute_bound_device() -> DeviceSpec:
     h100 = get_device("H100")
     return dataclasses.replace(
         h100, name=f"H100/{DERATE}", peak_flops={k: v / DERATE for k, v in h100.peak_flops.items()},
-        launch_overhead=0.0, source=f"H100 datasheet FLOP rates / {DERATE}, no launch overhead",
+        launch_overhead=0.0, source=f"the H100 preset's FLOP rates / {DERATE}, no launch overhead",
     )
 
 

@@ -1,6 +1,7 @@
 """Measured on a GPU against simdist's predictions: ``python benchmarks/gpu/compare.py RESULTS_DIR [--device H100]``.
 
-Reads the JSON files run_all.sh wrote and prints Markdown tables (for docs/gpu.md):
+Reads the JSON files run_all.sh wrote and prints Markdown, the results section of docs/gpu.md shows it as printed
+(tests/test_gpu_results.py checks that for the kept H100 run):
 
 - compute: each op's measured time (CUDA events, the median) beside simdist's roofline time for the same op on
   the device preset, the error (simdist / measured - 1), and per op class the median and worst error;
@@ -59,7 +60,7 @@ def compare_compute(data: dict[str, Any], device: str) -> list[dict[str, Any]]:
     catalogue = by_id(bool(data["meta"].get("dry_run")))
     overhead = launch_overhead(device)
     rows = []
-    print(f"\n## Compute: measured vs simdist's roofline on the {device} preset\n")
+    print(f"\n#### Compute: measured vs simdist's roofline on the {device} preset\n")
     print("| op | measured (us) | back to back (us) | simdist (us) | kernels | error |")
     print("|---|---:|---:|---:|---:|---:|")
     for record in data["records"]:
@@ -92,7 +93,7 @@ def compare_compute(data: dict[str, Any], device: str) -> list[dict[str, Any]]:
 
 def compare_memory(data: dict[str, Any], device: str) -> None:
     """Print measured vs simulated peaks per configuration and phase."""
-    print(f"\n## Memory: max_memory_allocated vs simdist's peak (MiB), {device} preset\n")
+    print(f"\n#### Memory: max_memory_allocated vs simdist's peak (MiB), {device} preset\n")
     print("| block | dtype | phase | measured | simdist | error |")
     print("|---|---|---|---:|---:|---:|")
     for record in data["records"]:
@@ -113,7 +114,7 @@ def compare_program(data: dict[str, Any], device: str) -> None:
     sim = simulate_program(job, device)
     for real_run in data["records"]:
         print(
-            f"\n## Program: {real_run['program']} on {real_run['device']} vs simdist ({device} preset), world size 1\n"
+            f"\n#### Program: {real_run['program']} on {real_run['device']} vs simdist ({device} preset), world size 1\n"
         )
         print("| step | loss (measured) | loss (simdist) | step ms (measured) | step ms (simdist) |")
         print("|---:|---:|---:|---:|---:|")
@@ -155,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = next(d["meta"] for d in found.values() if d)
     device = options.device or preset_for(meta.get("device"))
     print(
-        f"# Measured on {meta.get('device')} (driver {meta.get('driver')}, torch {meta.get('torch')}, "
-        f"CUDA {meta.get('cuda')}) vs simdist's {device} preset"
+        f"Measured on {meta.get('device')} (driver {meta.get('driver')}, torch {meta.get('torch')}, "
+        f"CUDA {meta.get('cuda')}, NCCL {meta.get('nccl')}, Python {meta.get('python')}) vs simdist's {device} preset"
     )
     if found["real_nccl"]:
         nccl = found["real_nccl"]

@@ -9,15 +9,13 @@ its operands cached by the previous one. Records are saved as they are measured.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
 import time
-from collections.abc import Iterator
 
 import torch
 from common import Results, device, host_seconds, loop_seconds, machine, median_seconds, parser, summary
-from ops import OpCase, cases
+from ops import OpCase, cases, precision
 
 #: bytes of input copies to rotate over: twice the H100's 50 MB L2, so each call starts with a cold cache
 ROTATE_BYTES = 128 << 20
@@ -27,17 +25,6 @@ CASE_SECONDS = 0.15
 MAX_REPS = 100
 #: calls shorter than this (seconds) are timed with the device queue filled first (common.median_seconds)
 QUEUE_BELOW = 1e-3
-
-
-@contextlib.contextmanager
-def precision(dtype: str) -> Iterator[None]:
-    """TF32 tensor cores allowed for "tf32" cases only; float32 matmuls are exact float32 otherwise."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = dtype == "tf32"
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def _nbytes(inputs: tuple) -> int:

@@ -9,7 +9,8 @@ block forward, and forward with backward. ``dtype`` "tf32" is float32 run with T
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,21 @@ class OpCase:
     flops: float = 0.0
     #: bytes an ideal kernel reads and writes once, for the achieved-bandwidth column
     bytes: float = 0.0
+
+
+@contextlib.contextmanager
+def precision(dtype: str) -> Iterator[None]:
+    """TF32 allowed for "tf32" cases only (matmuls and convolutions): float32 is exact float32 otherwise.
+
+    compute.py measures each case inside it, and compare.py prices each case inside it, so simdist reads the
+    switches the measurement ran under.
+    """
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = dtype == "tf32"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def _rand(device: torch.device | str, dtype: torch.dtype, *shape: int, seed: int) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import twin_program
 from memory import training_step
 from model import BlockShape
-from ops import OpCase
+from ops import OpCase, precision
 from torch.overrides import TorchFunctionMode
 from training import Job
 
@@ -64,7 +64,7 @@ def preset_for(device_name: str | None) -> str:
 def op_seconds(case: OpCase, device: DeviceSpec | str) -> tuple[float, int]:
     """simdist's time for one call of ``case`` (seconds, launch overheads included) and its kernel count."""
     inputs = case.make("meta", 0)
-    with cpu_attention():
+    with cpu_attention(), precision(case.dtype):
         total, charges = estimate(case.run, inputs, device=device)
     return total, len(charges)
 

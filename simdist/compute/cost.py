@@ -81,23 +81,57 @@ def _attention_dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[
     return q.shape[0] * q.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3]
 
 
-def _sdpa(args: Sequence[Any], out: Any) -> tuple[float, torch.dtype]:
-    q, k, v = args[0], args[1], args[2]
-    if q.dim() != 4:
-        return 0.0, q.dtype  # nested/jagged layout: no closed form here, the memory term applies
-    bh, sq, sk, dq, dv = _attention_dims(q, k, v)
-    # scores = q @ k^T, out = softmax(scores) @ v; a causal mask is not discounted.
-    return 2.0 * bh * sq * sk * (dq + dv), q.dtype
+def _score_pairs(sq: int, sk: int, causal: bool) -> int:
+    """(query, key) pairs attention computes: all of them, or with ``is_causal`` the ones torch's mask keeps
+    (aligned top-left: query i sees keys 0..i), whose tiles the fused kernels compute while they skip the rest."""
+    if not causal:
+        return sq * sk
+    seen = min(sq, sk)  # queries before the sk-th see i + 1 keys; every later one sees all sk
+    return seen * (seen + 1) // 2 + (sq - seen) * sk
 
 
-def _sdpa_backward(args: Sequence[Any], out: Any) -> tuple[float, torch.dtype]:
-    q, k, v = args[1], args[2], args[3]  # every *_backward variant starts (grad_out, query, key, value, ...)
-    if q.dim() != 4:
-        return 0.0, q.dtype
-    bh, sq, sk, dq, dv = _attention_dims(q, k, v)
-    # Five matmuls: recompute q @ k^T (dq), grad_scores = grad_out @ v^T (dv), grad_v (dv), grad_q (dq),
-    # grad_k (dq). Same count as torch.utils.flop_counter.
-    return 2.0 * bh * sq * sk * (3 * dq + 2 * dv), q.dtype
+def _sdpa(causal_at: int | None) -> _FlopFn:
+    """The forward formula of a fused attention kernel whose ``is_causal`` is positional argument ``causal_at``."""
+
+    def flops(args: Sequence[Any], out: Any) -> tuple[float, torch.dtype]:
+        q, k, v = args[0], args[1], args[2]
+        if q.dim() != 4:
+            return 0.0, q.dtype  # nested/jagged layout: no closed form here, the memory term applies
+        bh, sq, sk, dq, dv = _attention_dims(q, k, v)
+        # scores = q @ k^T, out = softmax(scores) @ v, over the pairs the mask keeps
+        causal = causal_at is not None and len(args) > causal_at and bool(args[causal_at])
+        return 2.0 * bh * _score_pairs(sq, sk, causal) * (dq + dv), q.dtype
+
+    return flops
+
+
+def _sdpa_backward(causal_at: int | None) -> _FlopFn:
+    """The backward formula of a fused attention kernel whose ``is_causal`` is positional argument ``causal_at``."""
+
+    def flops(args: Sequence[Any], out: Any) -> tuple[float, torch.dtype]:
+        q, k, v = (
+            args[1],
+            args[2],
+            args[3],
+        )  # every *_backward variant starts (grad_out, query, key, value, ...)
+        if q.dim() != 4:
+            return 0.0, q.dtype
+        bh, sq, sk, dq, dv = _attention_dims(q, k, v)
+        # Five matmuls: recompute q @ k^T (dq), grad_scores = grad_out @ v^T (dv), grad_v (dv), grad_q (dq),
+        # grad_k (dq). Without a causal mask, the count of torch.utils.flop_counter (which ignores the mask).
+        causal = causal_at is not None and len(args) > causal_at and bool(args[causal_at])
+        return 2.0 * bh * _score_pairs(sq, sk, causal) * (3 * dq + 2 * dv), q.dtype
+
+    return flops
+
+
+def _causal_position(name: str) -> int | None:
+    """Where ``aten::<name>`` takes ``is_causal`` positionally (a dispatch mode sees it there; torch drops it
+    from the end when it is the default, False), or None."""
+    schema = getattr(torch.ops.aten, name).default._schema
+    return next(
+        (i for i, a in enumerate(schema.arguments) if a.name == "is_causal" and not a.kwarg_only), None
+    )
 
 
 def _aten(name: str) -> str:
@@ -127,9 +161,50 @@ _FLOP_FORMULAS: dict[str, _FlopFn] = {
     _aten("vdot"): _dot,
     _aten("convolution"): _convolution,
     _aten("convolution_backward"): _convolution_backward,
-    **{_aten(f"_scaled_dot_product_{kind}"): _sdpa for kind in _SDPA_KERNELS},
-    **{_aten(f"_scaled_dot_product_{kind}_backward"): _sdpa_backward for kind in _SDPA_KERNELS},
+    **{
+        _aten(f"_scaled_dot_product_{kind}"): _sdpa(_causal_position(f"_scaled_dot_product_{kind}"))
+        for kind in _SDPA_KERNELS
+    },
+    **{
+        _aten(f"_scaled_dot_product_{kind}_backward"): _sdpa_backward(
+            _causal_position(f"_scaled_dot_product_{kind}_backward")
+        )
+        for kind in _SDPA_KERNELS
+    },
 }
+
+
+def _cublas_tf32() -> bool:
+    """Whether torch lets cuBLAS run float32 matmuls on TF32 tensor cores.
+
+    ``torch.backends.cuda.matmul.allow_tf32``, ``torch.set_float32_matmul_precision`` ("high" and "medium" allow
+    it) and ``torch.backends.cuda.matmul.fp32_precision`` all set the switch this reads; the legacy getters
+    raise once the newer API has been used, this one never does. Off by default, as in torch.
+    """
+    return torch.backends.cuda.matmul.fp32_precision == "tf32"
+
+
+def _cudnn_tf32() -> bool:
+    """Whether torch lets cuDNN run float32 convolutions on TF32 tensor cores (``torch.backends.cudnn.allow_tf32``
+    or ``torch.backends.cudnn.conv.fp32_precision``; on by default, as in torch)."""
+    return torch.backends.cudnn.conv.fp32_precision == "tf32"
+
+
+#: the torch switch under which each op's float32 kernel may use TF32 (read when the op is priced, since a
+#: program may flip it at any point). Attention is not here: the fused kernels ignore both switches.
+_TF32_SWITCHES: dict[str, Callable[[], bool]] = {
+    **{
+        _aten(name): _cublas_tf32 for name in ("mm", "addmm", "_addmm_activation", "bmm", "baddbmm", "addbmm")
+    },
+    _aten("convolution"): _cudnn_tf32,
+    _aten("convolution_backward"): _cudnn_tf32,
+}
+
+#: ops that read only the elements they gather from their first input (an embedding's rows, not its table):
+#: that input counts as at most the output's bytes
+_GATHERS: frozenset[str] = frozenset(
+    _aten(n) for n in ("embedding", "index_select", "gather", "index", "take")
+)
 
 # Ops that run no kernel although their schema does not mark them as views: in-place metadata changes,
 # _unsafe_view (a view that autograd does not track), and allocation without initialisation.
@@ -174,7 +249,7 @@ _NO_COMPUTE_NAMESPACES: frozenset[str] = frozenset(
 class _OpInfo:
     """What op_cost needs to know about one OpOverload, computed once per overload."""
 
-    __slots__ = ("flops", "free", "name", "out_args")
+    __slots__ = ("flops", "free", "gathers", "name", "out_args", "tf32")
 
     def __init__(self, func: torch._ops.OpOverload) -> None:
         schema = func._schema
@@ -182,6 +257,8 @@ class _OpInfo:
         namespace = self.name.split("::", 1)[0]
         self.free: bool = bool(func.is_view) or self.name in _NO_KERNEL or namespace in _NO_COMPUTE_NAMESPACES
         self.flops: _FlopFn | None = _FLOP_FORMULAS.get(self.name)
+        self.tf32: Callable[[], bool] | None = _TF32_SWITCHES.get(self.name)
+        self.gathers: bool = self.name in _GATHERS
         # out= arguments are written, not read: they are counted once, through the returned value.
         self.out_args: frozenset[str] = frozenset(a.name for a in schema.arguments if a.is_out)
 
@@ -220,7 +297,9 @@ def _info_cost(
     # Runs once per op on every rank thread: plain tensors and flat lists are handled inline, without
     # a generic pytree walk, to keep the per-op cost to a microsecond or two.
     tensor = torch.Tensor
-    moved = _nbytes(out) if isinstance(out, tensor) else _tree_bytes(out)
+    moved = written = _nbytes(out) if isinstance(out, tensor) else _tree_bytes(out)
+    if info.gathers and args and isinstance(args[0], tensor):
+        moved -= max(0, _nbytes(args[0]) - written)  # the part of the source it never reads
     for a in args:
         if isinstance(a, tensor):
             moved += _nbytes(a)
@@ -234,7 +313,11 @@ def _info_cost(
     seconds = moved / device.memory_bandwidth
     if info.flops is not None:
         flops, dtype = info.flops(args, out)
-        seconds = max(seconds, flops / device.flops_for(dtype))
+        # The switch is read only where it can matter: it costs about a microsecond.
+        tf32 = (
+            device.tf32_flops is not None and dtype == torch.float32 and info.tf32 is not None and info.tf32()
+        )
+        seconds = max(seconds, flops / device.flops_for(dtype, tf32=tf32))
     return seconds + device.launch_overhead
 
 
@@ -244,8 +327,10 @@ def op_cost(
     """Seconds one aten op takes on ``device``: max(flops / peak, bytes moved / bandwidth) + launch overhead.
 
     ``func`` is the OpOverload seen by a dispatch mode, ``args``/``kwargs`` its inputs and ``out`` its result.
-    FLOPs come from closed forms for the matmul, convolution and attention families; every other op is
-    memory-bound with bytes = tensor inputs + tensor outputs. Views and allocation-only ops cost 0.
+    FLOPs come from closed forms for the matmul, convolution and attention families (float32 matmuls and
+    convolutions at the device's TF32 rate where torch's switches allow TF32); every other op is memory-bound
+    with bytes = tensor inputs + tensor outputs, where a gathering op (embedding, index_select, gather, index,
+    take) reads at most as much of its source as it writes. Views and allocation-only ops cost 0.
     """
     if device.is_zero_cost:
         return 0.0

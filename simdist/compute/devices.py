@@ -1,5 +1,5 @@
-"""Accelerator specifications: peak dense FLOP/s per dtype, memory bandwidth, per-kernel launch overhead and
-memory capacity."""
+"""Accelerator specifications: FLOP/s per dtype (and for TF32), memory bandwidth, per-kernel launch overhead and
+memory capacity; datasheet figures, or rates measured on the device where its source says so."""
 
 from __future__ import annotations
 
@@ -20,10 +20,13 @@ DEFAULT_LAUNCH_OVERHEAD = 5e-6
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """One accelerator: dense peak FLOP/s per dtype, HBM bandwidth (bytes/s), launch overhead (seconds per kernel)
-    and memory capacity (bytes; ``math.inf`` for no limit).
+    """One accelerator: FLOP/s per dtype (the rate a large matmul runs at), HBM bandwidth (bytes/s), launch
+    overhead (seconds per kernel), memory capacity (bytes; ``math.inf`` for no limit) and the TF32 tensor-core
+    rate (FLOP/s; None for none).
 
     ``peak_flops`` must contain ``torch.float32``; dtypes without an entry use that figure (see ``flops_for``).
+    ``tf32_flops`` is what float32 matmuls and convolutions run at where torch lets them use TF32 (cost.py reads
+    torch's switches when it prices an op); without it they run at the float32 figure.
     A device whose every peak and bandwidth is infinite and whose launch overhead is zero is *zero-cost*:
     every op takes 0 s, so only communication advances simulated time.
     """
@@ -35,6 +38,8 @@ class DeviceSpec:
     source: str = ""
     #: bytes of device memory tensors may occupy; a run with ``memory=True`` raises OutOfMemoryError above it
     memory_capacity: float = math.inf
+    #: FLOP/s of float32 matmuls and convolutions run on TF32 tensor cores; None: the device has none
+    tf32_flops: float | None = None
     _zero_cost: bool = field(init=False, repr=False, compare=False, hash=False, default=False)
 
     def __post_init__(self) -> None:
@@ -65,16 +70,29 @@ class DeviceSpec:
                 f"device {self.name!r}: memory_capacity must be a positive number of bytes (math.inf for no "
                 f"limit), found {capacity!r}"
             )
+        tf32 = self.tf32_flops
+        if tf32 is not None and (
+            isinstance(tf32, bool) or not isinstance(tf32, (int, float)) or not tf32 > 0
+        ):
+            raise ClusterSpecError(
+                f"device {self.name!r}: tf32_flops must be a positive FLOP/s figure or None (no TF32 tensor "
+                f"cores), found {tf32!r}"
+            )
         # Copy into a read-only view so the frozen spec cannot change under a running simulation.
         object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
         zero = (
             self.launch_overhead == 0
             and math.isinf(self.memory_bandwidth)
             and all(math.isinf(f) for f in self.peak_flops.values())
+            and (self.tf32_flops is None or math.isinf(self.tf32_flops))
         )
         object.__setattr__(self, "_zero_cost", zero)
 
-    def __reduce__(self) -> tuple[type[DeviceSpec], tuple[str, dict[torch.dtype, float], float, float, str, float]]:
+    def __reduce__(
+        self,
+    ) -> tuple[
+        type[DeviceSpec], tuple[str, dict[torch.dtype, float], float, float, str, float, float | None]
+    ]:
         # The read-only peak table is a mappingproxy, which pickle cannot handle; rebuild from a plain dict.
         return (
             DeviceSpec,
@@ -85,6 +103,7 @@ class DeviceSpec:
                 self.launch_overhead,
                 self.source,
                 self.memory_capacity,
+                self.tf32_flops,
             ),
         )
 
@@ -93,17 +112,21 @@ class DeviceSpec:
         """True when every op on this device takes 0 seconds."""
         return self._zero_cost
 
-    def flops_for(self, dtype: torch.dtype) -> float:
-        """Dense peak FLOP/s for ``dtype``; dtypes without an entry get the float32 figure."""
+    def flops_for(self, dtype: torch.dtype, *, tf32: bool = False) -> float:
+        """FLOP/s for ``dtype``; dtypes without an entry get the float32 figure. ``tf32``: the op is a
+        float32 matmul or convolution that torch lets use TF32, which runs at ``tf32_flops`` where there is one."""
+        if tf32 and dtype == torch.float32 and self.tf32_flops is not None:
+            return self.tf32_flops
         flops = self.peak_flops.get(dtype)
         return self.peak_flops[torch.float32] if flops is None else flops
 
 
-# Figure choices, shared by every GPU below:
-# - float32 is the plain (non-tensor-core) FP32 rate. PyTorch's default for CUDA matmul is
-#   torch.backends.cuda.matmul.allow_tf32 = False, so FP32 matmuls do not use TF32 tensor cores by default.
-# - bfloat16/float16/float8/int8 are dense tensor-core rates. NVIDIA datasheets quote these "with sparsity"
-#   (2:4 structured); the dense rate is half that figure.
+# Figure choices, shared by every GPU below (the datasheet's figures, where a device's figures were not measured):
+# - float32 is the plain (non-tensor-core) FP32 rate. PyTorch's default for CUDA matmuls is
+#   torch.backends.cuda.matmul.allow_tf32 = False, so FP32 matmuls do not use TF32 tensor cores by default;
+#   where a program allows it they run at tf32_flops (cuDNN convolutions allow it by default).
+# - bfloat16/float16/float8/int8, and tf32_flops, are dense tensor-core rates. NVIDIA datasheets quote these
+#   "with sparsity" (2:4 structured); the dense rate is half that figure.
 # - float64 is the FP64 tensor-core rate (cuBLAS DGEMM uses it).
 # - memory_capacity reads the datasheet's "80 GB" as GiB, the HBM stacks' size (5 x 16 GiB on H100). The CUDA
 #   context and driver reserve take about 1 GiB of it on a real device (torch reports 79.1 GiB total on an
@@ -112,31 +135,67 @@ class DeviceSpec:
 #: bytes in one GiB
 GIB = 2**30
 
-#: H100 SXM and H200 SXM share the GH100 compute die and clocks: same peaks, different memory
+# H100 and H200: corrected from a measurement (benchmarks/gpu/results/h100-2026-11-26, an H100 SXM 80GB HBM3,
+# driver 580.159.04, torch 2.11.0+cu130, CUDA 13.0). The datasheet's peaks are not reached: cuBLAS sustains
+# 65-78% of the dense bf16/fp16 peak on large GEMMs, and elementwise kernels 90% of the HBM bandwidth. The rule
+# (benchmarks/gpu/calibrate.py, which prints the figures from the results; tests/test_gpu_calibration.py checks
+# these equal its output): each matmul rate is the median achieved FLOP/s of the large matmuls (the `mm` cases
+# of at least 2 * 4096**3 FLOPs: 4096^3, 8192^3, 8192x11008x4096, 8192x4096x11008, 8192x50304x768), the
+# bandwidth the median achieved bandwidth of add, mul and gelu on 2**27 elements in bf16 and fp32; rounded to
+# three significant digits. FP64, FP8 and INT8 were not measured and keep the datasheet's dense rates.
+
+#: the H100 SXM datasheet's HBM bandwidth, bytes/s (the measured figure's reference)
+_H100_DATASHEET_BANDWIDTH = 3.35e12
+#: the H100's measured bandwidth, bytes/s: median of 3023, 3026, 3031, 3031, 2984 and 2819 GB/s
+_H100_MEASURED_BANDWIDTH = 3.02e12
+
+#: H100 SXM and H200 SXM share the GH100 compute die and clocks: same rates, different memory
 _HOPPER_SXM_FLOPS = {
-    torch.float64: 67e12,
-    torch.float32: 67e12,
-    torch.bfloat16: 1979e12 / 2,
-    torch.float16: 1979e12 / 2,
-    torch.float8_e4m3fn: 3958e12 / 2,
+    torch.float64: 67e12,  # datasheet (FP64 tensor core), not measured
+    torch.float32: 51.3e12,  # measured: median of 49.1, 49.6, 51.3, 52.1, 52.7 TFLOP/s (datasheet 67)
+    torch.bfloat16: 688e12,  # measured: median of 629.6, 651.6, 688.0, 768.2, 773.7 (datasheet dense 989.5)
+    torch.float16: 643e12,  # measured: median of 540.1, 633.6, 643.3, 652.5, 691.8 (datasheet dense 989.5)
+    torch.float8_e4m3fn: 3958e12 / 2,  # datasheet dense rate, not measured
     torch.float8_e5m2: 3958e12 / 2,
     torch.int8: 3958e12 / 2,
 }
+#: measured: median of 281.2, 299.0, 362.7, 379.3, 400.8 TFLOP/s (datasheet dense 494.5)
+_HOPPER_SXM_TF32 = 363e12
+
+_MEASURED_ON_H100 = (
+    "measured on an H100 SXM 80GB HBM3 (benchmarks/gpu/results/h100-2026-11-26: driver 580.159.04, "
+    "torch 2.11.0+cu130, CUDA 13.0): each matmul rate is the median achieved FLOP/s of the mm cases of at "
+    "least 2*4096^3 FLOPs (bf16 629.6/651.6/688.0/768.2/773.7 -> 688 TF, datasheet dense 989.5; fp16 "
+    "540.1/633.6/643.3/652.5/691.8 -> 643 TF; fp32 with TF32 off 49.1/49.6/51.3/52.1/52.7 -> 51.3 TF, "
+    "datasheet 67; TF32 281.2/299.0/362.7/379.3/400.8 -> 363 TF, datasheet dense 494.5), rounded to three "
+    "digits; FP64, FP8 and INT8 not measured: datasheet dense rates"
+)
 
 H100 = DeviceSpec(
     name="H100",
     peak_flops=_HOPPER_SXM_FLOPS,
-    memory_bandwidth=3.35e12,
+    tf32_flops=_HOPPER_SXM_TF32,
+    memory_bandwidth=_H100_MEASURED_BANDWIDTH,
     memory_capacity=80 * GIB,
-    source="NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column (80 GB HBM3, 3.35 TB/s)",
+    source=(
+        f"{_MEASURED_ON_H100}; HBM bandwidth measured: the median achieved bandwidth of add, mul and gelu on "
+        "2^27 elements in bf16 and fp32 (2819/2984/3023/3026/3031/3031 GB/s -> 3.02 TB/s; datasheet 3.35 TB/s); "
+        "memory 80 GB HBM3 as on the NVIDIA H100 datasheet, SXM column"
+    ),
 )
 
 H200 = DeviceSpec(
     name="H200",
     peak_flops=_HOPPER_SXM_FLOPS,
-    memory_bandwidth=4.8e12,
+    tf32_flops=_HOPPER_SXM_TF32,
+    # not measured on an H200: its datasheet figure, scaled by what the H100 reached of its own datasheet's
+    memory_bandwidth=4.8e12 * _H100_MEASURED_BANDWIDTH / _H100_DATASHEET_BANDWIDTH,
     memory_capacity=141 * GIB,
-    source="NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column (141 GB HBM3e, 4.8 TB/s)",
+    source=(
+        f"compute rates those of the H100 (the same GH100 die and clocks), {_MEASURED_ON_H100}; HBM bandwidth "
+        "not measured on an H200: the H200 SXM datasheet's 4.8 TB/s scaled by the H100's measured/datasheet "
+        "ratio 3.02/3.35 (4.33 TB/s); memory 141 GB HBM3e as on the NVIDIA H200 datasheet, SXM column"
+    ),
 )
 
 _AMPERE_SXM_FLOPS = {
@@ -146,21 +205,24 @@ _AMPERE_SXM_FLOPS = {
     torch.float16: 624e12 / 2,
     torch.int8: 1248e12 / 2,
 }
+_AMPERE_SXM_TF32 = 312e12 / 2
 
 A100 = DeviceSpec(
     name="A100",
     peak_flops=_AMPERE_SXM_FLOPS,
+    tf32_flops=_AMPERE_SXM_TF32,
     memory_bandwidth=2.039e12,
     memory_capacity=80 * GIB,
-    source="NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM column (80 GB HBM2e, 2,039 GB/s)",
+    source="NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM column (80 GB HBM2e, 2,039 GB/s); not measured",
 )
 
 A100_40GB = DeviceSpec(
     name="A100-40GB",
     peak_flops=_AMPERE_SXM_FLOPS,
+    tf32_flops=_AMPERE_SXM_TF32,
     memory_bandwidth=1.555e12,
     memory_capacity=40 * GIB,
-    source="NVIDIA A100 Tensor Core GPU datasheet, A100 40GB SXM column (40 GB HBM2, 1,555 GB/s)",
+    source="NVIDIA A100 Tensor Core GPU datasheet, A100 40GB SXM column (40 GB HBM2, 1,555 GB/s); not measured",
 )
 
 CPU = DeviceSpec(
@@ -174,7 +236,12 @@ CPU = DeviceSpec(
 DEVICES: Mapping[str, DeviceSpec] = MappingProxyType({d.name: d for d in (H100, H200, A100, A100_40GB, CPU)})
 """Built-in devices by canonical name."""
 
-_ALIASES: Mapping[str, str] = {"h100-sxm": "H100", "h200-sxm": "H200", "a100-sxm": "A100", "a100-80gb": "A100"}
+_ALIASES: Mapping[str, str] = {
+    "h100-sxm": "H100",
+    "h200-sxm": "H200",
+    "a100-sxm": "A100",
+    "a100-80gb": "A100",
+}
 _BY_LOWER: Mapping[str, DeviceSpec] = {
     **{name.lower(): spec for name, spec in DEVICES.items()},
     **{alias: DEVICES[name] for alias, name in _ALIASES.items()},
