@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from real.backend import BACKENDS
@@ -52,9 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     except RealRunError as exc:
         print(f"python -m real: run failed: {exc}", file=sys.stderr)
         return 1
-    for rank, value in enumerate(result.returns):
-        print(f"rank {rank}: {value!r}")
-    print(f"wall time: {result.wall_time:.3f} s ({result.nproc} processes, backend {result.backend})")
+    try:
+        for rank, value in enumerate(result.returns):
+            print(f"rank {rank}: {value!r}")
+        print(f"wall time: {result.wall_time:.3f} s ({result.nproc} processes, backend {result.backend})")
+    except BrokenPipeError:
+        # the reader went away (`python -m real ... | head`): stop quietly, as other command-line tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return 0
 
 

@@ -352,6 +352,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:
+        # the reader went away (`simdist run ... | head`): stop quietly, as other command-line tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except (ClusterSpecError, ScriptError, ValueError) as e:
         # the run could not start: bad arguments, cluster or script (as python -m real, exit status 2)
         print(f"simdist: error: {e}", file=sys.stderr)

@@ -283,3 +283,17 @@ def test_1024_ranks():
         grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
     torch.testing.assert_close(ref, torch.stack(grads).mean(0), rtol=1e-4, atol=1e-6)
     assert res.sim_time > 0
+
+
+def _fails_in_user_code() -> None:
+    raise ValueError("from the user's code")
+
+
+def test_a_ranks_traceback_starts_at_the_users_code() -> None:
+    """The traceback a RankError shows begins with the rank function's frame: none of simdist's own frames above."""
+    with pytest.raises(simdist.RankError) as info:
+        simdist.run(_fails_in_user_code, simdist.Cluster.ring(2))
+    text = info.value.traceback_text
+    frames = [line for line in text.splitlines() if line.lstrip().startswith('File "')]
+    assert frames and "_fails_in_user_code" in frames[0] and "test_engine.py" in frames[0], text
+    assert "simdist" + os.sep not in text.split("ValueError")[0], text

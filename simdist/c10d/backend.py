@@ -175,7 +175,8 @@ def _patched_init_process_group(backend: str | None = None, *args: Any, timeout:
         raise ValueError(
             f"init_process_group(backend={backend!r}) inside simdist.run: the default group already exists with "
             f"the '{name}' backend (the name this run presents). Pass backend={name!r} (or none), or run with "
-            f"simdist.run(..., backend_name=...) set to the backend this code asks for ({BACKEND_NAMES})."
+            f"simdist.run(..., backend_name=...) (simdist run --backend-name ...) set to the backend this code "
+            f"asks for ({BACKEND_NAMES})."
         )
     sim = _active["ctx"]
     if thread_world.current().default_pg is None:  # initialised again after destroy_process_group()

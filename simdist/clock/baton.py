@@ -534,9 +534,13 @@ def _async_raise(thread: threading.Thread | None, exc: type[BaseException]) -> N
 
 
 def _format_exception(e: BaseException) -> str:
-    """``e``'s traceback as text, even when its ``__str__`` raises."""
+    """``e``'s traceback as text from the user's first frame on (the thread's start-up and the run's own frames
+    above it left out), even when its ``__str__`` raises."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None and _is_own(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
     try:
-        return "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        return "".join(traceback.format_exception(type(e), e, tb))
     except Exception:  # noqa: BLE001 - a broken __str__ must not hide the traceback
-        frames = "".join(traceback.format_tb(e.__traceback__))
+        frames = "".join(traceback.format_tb(tb))
         return f"Traceback (most recent call last):\n{frames}{type(e).__name__}: <__str__ raised>\n"

@@ -12,6 +12,8 @@ import io
 import math
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from fractions import Fraction
@@ -315,7 +317,30 @@ def _trace_into_missing_directory() -> list[str]:
     return ["run", _OK, "--world-size", "2", "--trace", str(missing)]
 
 
+def _into_closed_pipe() -> tuple[int, str]:
+    """``simdist run`` of 256 ranks printing long values into a reader that stops after 100 bytes (``| head -c 100``)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "wide.py"
+        script.write_text("def main():\n    return 'x' * 2000\n")
+        command = [sys.executable, "-c", "import sys; from simdist.cli import main; sys.exit(main())", "run", str(script),
+                   "--world-size", "256"]
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp)
+        assert child.stdout is not None and child.stderr is not None
+        child.stdout.read(100)
+        child.stdout.close()  # the reader goes away
+        err = child.stderr.read().decode()
+        return child.wait(timeout=120), err
+
+
+def _quiet_exit(result: tuple[int, str]) -> None:
+    """Oracle: what Unix tools do when their reader goes away: stop, no traceback on stderr."""
+    status, err = result
+    assert status == 1 and "Traceback" not in err and "BrokenPipeError" not in err, (status, err)
+
+
 _RUN = [
+    Case("run-into-closed-pipe", "simdist run ... | head -c 100 (the reader stops reading)", _into_closed_pipe,
+         check=_quiet_exit),
     Case("seed-minus-one", "simdist run --seed -1 is torch's seed 2**64 - 1, as torch.manual_seed(-1) is",
          lambda: _same_run(["run", _OK, "--world-size", "2", "--seed", "-1"],
                            ["run", _OK, "--world-size", "2", "--seed", str(2**64 - 1)]),
