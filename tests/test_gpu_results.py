@@ -1,5 +1,5 @@
 """The H100 measurement kept in benchmarks/gpu/results: the H100 and H200 presets follow from it by the stated rule,
-and docs/gpu.md shows what compare.py prints for it."""
+and docs/gpu-measurements.md shows what compare.py prints for it."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_the_rule_takes_the_median_of_the_large_matmuls_and_of_the_largest_eleme
     assert calibrate.significant(3024.92e9) == 3.02e12 and calibrate.significant(51.2689e12) == 51.3e12
 
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "gpu.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "gpu-measurements.md"
 
 
 def printed(call: Callable[[], object]) -> list[str]:
@@ -87,12 +87,12 @@ def printed(call: Callable[[], object]) -> list[str]:
 
 
 def assert_shown_in_order(lines: list[str]) -> None:
-    """Every line appears in docs/gpu.md as a whole line, in the order printed (prose may come between)."""
+    """Every line appears in docs/gpu-measurements.md as a whole line, in the order printed (prose may come between)."""
     doc = DOCS.read_text().splitlines()
     at = 0
     for line in lines:
         assert line in doc[at:], (
-            f"docs/gpu.md does not show, after its line {at}, what compare.py prints:\n{line}"
+            f"docs/gpu-measurements.md does not show, after its line {at}, what compare.py prints:\n{line}"
         )
         at += doc[at:].index(line) + 1
 

@@ -1,6 +1,6 @@
 """Measured on a GPU against simdist's predictions: ``python benchmarks/gpu/compare.py RESULTS_DIR [--device H100]``.
 
-Reads the JSON files run_all.sh wrote and prints Markdown, the results section of docs/gpu.md shows it as printed
+Reads the JSON files run_all.sh wrote and prints Markdown, the results section of docs/gpu-measurements.md shows it as printed
 (tests/test_gpu_results.py checks that for the kept H100 run):
 
 - compute: each op's measured time (CUDA events, the median) beside simdist's roofline time for the same op on
