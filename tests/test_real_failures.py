@@ -133,7 +133,9 @@ def test_kills_at_a_timeout_are_not_failures_but_an_earlier_exit_is(tmp_path: Pa
 def test_a_returned_rank_is_no_failure_and_a_clean_exit_is_none(tmp_path: Path) -> None:
     status = _status(tmp_path)
     status.mark(0, RETURNED)
-    failures = collect(status, [0, 1], None, False, {PIDS[0]: ProcessExit(1, 1.0), PIDS[1]: ProcessExit(0, 2.0)})
+    failures = collect(
+        status, [0, 1], None, False, {PIDS[0]: ProcessExit(1, 1.0), PIDS[1]: ProcessExit(0, 2.0)}
+    )
     assert failures == {}
 
 
@@ -156,4 +158,6 @@ def test_a_fatal_signal_shows_the_stacks_faulthandler_wrote_without_the_launcher
 def test_without_an_exit_code_a_crash_dump_still_names_the_signal(tmp_path: Path) -> None:
     status = _status(tmp_path)
     status.path(1, CRASH).write_text("Fatal Python error: Floating point exception\n\nCurrent thread 0x1:\n")
-    assert collect(status, [0, 1], None, False, {})[1].summary == "Fatal Python error: Floating point exception"
+    assert (
+        collect(status, [0, 1], None, False, {})[1].summary == "Fatal Python error: Floating point exception"
+    )

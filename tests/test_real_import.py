@@ -113,4 +113,7 @@ def test_python_m_real_works_without_simpy(tmp_path: Path) -> None:
     (tmp_path / "script.py").write_text(SCRIPT)
     completed = _run(["-m", "real", "script.py", "--nproc", "2", "--", "2"], tmp_path)
     assert completed.returncode == 0, completed.stderr
-    assert sorted(completed.stdout.splitlines()) == ["[rank0]:[[6.0, 6.0], False]", "[rank1]:[[6.0, 6.0], False]"]
+    assert sorted(completed.stdout.splitlines()) == [
+        "[rank0]:[[6.0, 6.0], False]",
+        "[rank1]:[[6.0, 6.0], False]",
+    ]

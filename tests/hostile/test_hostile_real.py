@@ -181,7 +181,7 @@ def _unserved() -> object:
     """This node is node 1 of 2; nobody serves node 0's endpoint."""
     endpoint = f"127.0.0.1:{real.free_port()}"
     rendezvous = real.Rendezvous(nnodes=2, node_rank=1, endpoint=endpoint)
-    return real.run_script(_ARGPARSE, 1, entry=None, argv=["--lr", "1"], rendezvous=rendezvous, timeout=5)
+    return real.run_script(_ARGPARSE, 1, entry=None, argv=["--lr", "1"], rendezvous=rendezvous, timeout=3)
 
 
 def _kept_and_refused(result: real.RealResult) -> None:
