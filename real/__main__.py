@@ -13,6 +13,8 @@ import ast
 import os
 import sys
 
+import torch
+
 from real.backend import BACKENDS
 from real.errors import RealConfigError, RealRunError
 from real.launcher import NO_GROUP, RealResult, launch
@@ -41,10 +43,11 @@ def _parser() -> argparse.ArgumentParser:
         "--nproc-per-node",
         "--nproc_per_node",
         dest="nproc",
-        type=int,
+        type=nproc_per_node,
         required=True,
         metavar="N",
-        help="number of processes (ranks) on this node",
+        help="number of processes (ranks) on this node: a number, or as torchrun: gpu (one per visible GPU), "
+        "cpu (one per CPU this process may use), auto (gpu where there are GPUs, else cpu)",
     )
     parser.add_argument(
         "--entry",
@@ -76,6 +79,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     nodes = parser.add_argument_group("several nodes (one python -m real per node)")
     nodes.add_argument("--nnodes", type=int, default=1, metavar="N", help="number of nodes (default 1)")
+    nodes.add_argument(
+        "--standalone",
+        action="store_true",
+        help="one node meeting itself on a free local port, as torchrun's --standalone (the default here)",
+    )
     nodes.add_argument(
         "--node-rank",
         "--node_rank",
@@ -132,6 +140,28 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def nproc_per_node(text: str) -> int:
+    """``--nproc-per-node``'s value as torchrun reads it: a number, ``gpu``, ``cpu`` or ``auto``."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if text == "gpu":
+        if not gpus:
+            raise argparse.ArgumentTypeError(
+                f"'gpu' starts one process per visible CUDA GPU, but torch {torch.__version__} sees none on this "
+                f"machine: give a number of processes"
+            )
+        return gpus
+    if text == "cpu" or (text == "auto" and not gpus):
+        # the CPUs this process may run on, as torchrun counts them (cgroups and taskset respected)
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if text == "auto":
+        return gpus
+    raise argparse.ArgumentTypeError(f"expected a number of processes, gpu, cpu or auto; got {text!r}")
+
+
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     """(``python -m real``'s own arguments, the script's): the script's follow the first ``--``."""
     if "--" in argv:
@@ -144,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; 0 on success, 1 when a rank fails or the run times out, 2 when it cannot start."""
     own, script_args = split_argv(sys.argv[1:] if argv is None else list(argv))
     parser = _parser()
-    options = parser.parse_args(own)
+    options, extra = parser.parse_known_args(own)
+    if extra:
+        parser.error(_unrecognized(own, options.script, extra))
     if options.nproc < 1:
         parser.error(f"--nproc must be at least 1; got {options.nproc}")
     try:
@@ -163,6 +195,17 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     return 0
+
+
+def _unrecognized(own: list[str], script: str, extra: list[str]) -> str:
+    """argparse's complaint about ``extra``, and where the script's arguments go when they followed the script."""
+    message = f"unrecognized arguments: {' '.join(extra)}"
+    after_script = own.index(script) + 1 if script in own else len(own)
+    if all(arg in own[after_script:] for arg in extra):
+        # torchrun passes everything after the script to it; here options may follow the script, so `--` marks
+        # where the script's own arguments begin (as for simdist run)
+        message += f"; the script's own arguments follow `--`: {PROG} {script} [options] -- {' '.join(extra)}"
+    return message
 
 
 def _plan(
@@ -192,6 +235,25 @@ def _plan(
 def _rendezvous(options: argparse.Namespace) -> Rendezvous:
     """torchrun's rendezvous options as a Rendezvous: ``--master-addr/--master-port`` name the static endpoint."""
     endpoint = options.rdzv_endpoint
+    if options.standalone:
+        given = [
+            flag
+            for flag, value in (
+                ("--nnodes", options.nnodes != 1),
+                ("--node-rank", options.node_rank != 0),
+                ("--rdzv-endpoint", endpoint is not None),
+                ("--master-addr", options.master_addr is not None),
+                ("--master-port", options.master_port is not None),
+            )
+            if value
+        ]
+        if given:
+            raise RealConfigError(
+                f"--standalone runs one node meeting itself on a free local port, but {', '.join(given)} "
+                f"{'is' if len(given) == 1 else 'are'} given: drop --standalone to launch on several nodes, or "
+                f"drop {', '.join(given)}"
+            )
+        return Rendezvous()
     if options.master_port is not None or options.master_addr is not None:
         if options.rdzv_backend != "static" or endpoint is not None:
             which = "--rdzv-endpoint" if endpoint is not None else "--rdzv-backend c10d"

@@ -21,6 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.distributed import distributed_c10d as c10d
 from torch.distributed import init_process_group as bound_before  # as rank code binds it at its top
+from torch.distributed.run import determine_local_world_size
 
 import real
 import real.__main__ as cli
@@ -259,6 +260,11 @@ def test_an_entry_script_s_top_level_sees_its_own_arguments_when_checked(
         (["--nnodes", "2", "--rdzv-endpoint", "h"], "names no port"),
         (["--master-port", "1", "--rdzv-endpoint", "h:2"], "name the meeting point once"),
         (["--master-addr", "10.0.0.1"], "needs --master-port"),
+        (
+            ["--standalone", "--nnodes", "2", "--rdzv-endpoint", "h:1"],
+            r"--standalone runs one node .*, but --nnodes, --rdzv-endpoint are given",
+        ),
+        (["--standalone", "--master-port", "29500"], r"but --master-port is given: drop --standalone"),
     ],
 )
 def test_options_no_launch_could_use_exit_2(
@@ -270,6 +276,54 @@ def test_options_no_launch_could_use_exit_2(
     assert not planned
     err = capsys.readouterr().err
     assert err.startswith("python -m real: error: ") and re.search(message, err), err
+
+
+@pytest.mark.parametrize("text", ["1", "3", "cpu", "auto", "gpu", "two", "-1x"])
+def test_nproc_per_node_reads_as_torchrun_reads_it(
+    planned: list[tuple], tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    try:  # the oracle: torchrun's own reading of --nproc-per-node
+        expected: int | None = determine_local_world_size(text)
+    except ValueError:
+        expected = None
+    if expected is None:
+        with pytest.raises(SystemExit) as exited:
+            cli.main([str(script), "--nproc-per-node", text])
+        assert exited.value.code == 2 and "argument --nproc/--nproc-per-node" in capsys.readouterr().err
+        assert not planned
+    else:
+        assert cli.main([str(script), "--nproc-per-node", text]) == 1  # planned, not launched
+        assert planned[-1][2].nproc == expected
+
+
+def test_arguments_after_the_script_without_double_dash_are_refused_saying_where_they_go(
+    planned: list[tuple], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    # torchrun's habit: the script's arguments right after it; here they follow `--`, as for simdist run.
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--nproc-per-node", "2", str(script), "3", "--lr", "1e-3"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and not planned
+    assert (
+        f"unrecognized arguments: 3 --lr 1e-3; the script's own arguments follow `--`: python -m real {script} "
+        "[options] -- 3 --lr 1e-3" in err
+    ), err
+    # An option real does not have, before the script, is only that.
+    with pytest.raises(SystemExit):
+        cli.main(["--max-restarts=3", str(script), "--nproc", "2"])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --max-restarts=3\n" in err and "follow `--`" not in err, err
+
+
+def test_standalone_is_one_node_on_a_free_port(planned: list[tuple], tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    assert cli.main(["--standalone", "--nproc-per-node", "2", str(script)]) == 1
+    assert planned[-1][2].rendezvous == Rendezvous() and planned[-1][2].rendezvous.needs_port
 
 
 def test_a_torchrun_style_script_is_checked_before_launching(planned: list[tuple], tmp_path: Path) -> None:
