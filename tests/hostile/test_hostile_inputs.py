@@ -502,6 +502,14 @@ _REAL = [
          cli(real_main, [_OK, "--nproc", "2", "--nnodes", "2", "--node-rank", "1"]), error=SystemExit,
          match=r"a launch on 2 nodes needs the rendezvous endpoint every node meets at \(node 0's address and "
                r"port\): pass --rdzv-endpoint HOST:PORT"),
+    Case("real-script-args-without-dashes", "torchrun's habit: python -m real --nproc-per-node 2 allreduce.py --lr 1 "
+         "(the script's arguments right after it, no --)",
+         cli(real_main, ["--nproc-per-node", "2", _OK, "--lr", "1"]), error=SystemExit,
+         match=r"unrecognized arguments: --lr 1; the script's own arguments follow `--`: python -m real "
+               r".*allreduce\.py \[options\] -- --lr 1"),
+    Case("real-standalone-two-nodes", "python -m real --standalone --nnodes 2 (standalone is one node)",
+         cli(real_main, [_OK, "--nproc", "2", "--standalone", "--nnodes", "2"]), error=SystemExit,
+         match=r"--standalone runs one node meeting itself on a free local port, but --nnodes is given"),
 ]
 
 CASES: list[Case] = [*_NUMBERS, *_CLUSTERS, *_CONFIGS, *_RUN, *_BENCH, *_REAL]
