@@ -107,9 +107,8 @@ def _run(
 def _run_main(target: MainTarget, status: StatusDir, rank: int) -> None:
     """Run a script as ``__main__`` with its own command line, as ``python -u script.py ARGS`` under torchrun."""
     sys.argv = [target.path, *target.argv]
-    sys.path.insert(
-        0, os.path.dirname(target.path)
-    )  # as `python script.py` puts the script's directory first
+    # as `python script.py` puts the script's directory first
+    sys.path.insert(0, os.path.dirname(target.path))
     noted = init_guard.observer(lambda backend: status.record_group(rank, backend))
     with init_guard.intercepted(noted):
         _call(lambda: runpy.run_path(target.path, run_name="__main__"), status, rank)
