@@ -18,7 +18,7 @@ import torch
 from real.backend import BACKENDS
 from real.errors import RealConfigError, RealRunError
 from real.launcher import NO_GROUP, RealResult, launch
-from real.options import Console, LaunchOptions
+from real.options import DEFAULT_TIMEOUT, MAX_TIMEOUT, Console, LaunchOptions
 from real.rendezvous import RDZV_BACKENDS, Rendezvous
 from real.target import Target, checked_entry, main_target
 from simdist_base.script import ScriptError
@@ -63,7 +63,11 @@ def _parser() -> argparse.ArgumentParser:
         help="with --entry: the backend of the group real creates (default gloo)",
     )
     parser.add_argument(
-        "--timeout", type=float, default=300.0, help="seconds before the run is killed (default 300)"
+        "--timeout",
+        type=float,
+        default=None,
+        help=f"seconds before the run is killed (default: none for a script run as torchrun runs it, as under "
+        f"torchrun; {DEFAULT_TIMEOUT:g} with --entry)",
     )
     parser.add_argument(
         "--local-ranks-filter",
@@ -222,9 +226,13 @@ def _plan(
         target: Target = main_target(options.script, script_args)
     else:
         target = checked_entry(options.script, options.entry, script_args)
+    if options.timeout is not None:
+        timeout = options.timeout
+    else:  # torchrun bounds no run; an entry function is bounded as real.run bounds it
+        timeout = DEFAULT_TIMEOUT if options.entry is not None else MAX_TIMEOUT
     launch_options = LaunchOptions(
         options.nproc,
-        options.timeout,
+        timeout,
         env={},
         rendezvous=_rendezvous(options),
         console=Console(prefix=not options.no_prefix, local_ranks=_local_ranks(options.local_ranks_filter)),

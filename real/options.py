@@ -11,6 +11,9 @@ from simdist_base.host import available_memory
 #: the longest ``timeout`` accepted, seconds (30 days): the elastic launcher and thread waits need a finite,
 #: representable limit, and a run meant to be longer is not a test
 MAX_TIMEOUT = 30 * 24 * 3600.0
+#: seconds a run may take by default where real bounds it (functions and entry functions): long enough for
+#: the start-up of every process and a test's rank code, short enough that a hang ends with its stacks
+DEFAULT_TIMEOUT = 300.0
 #: resident memory of one rank process once torch and torch.distributed are imported (about 220 MB
 #: measured), before the rank code allocates anything: ``nproc`` of them must fit in the memory available
 PROCESS_MEMORY = 256 << 20
@@ -36,7 +39,7 @@ class LaunchOptions:
     """Everything about a launch besides what each rank runs: checked here, so a bad one never starts."""
 
     nproc: int
-    timeout: float = 300.0
+    timeout: float = DEFAULT_TIMEOUT
     master_port: int | None = None
     env: dict[str, str] = field(default_factory=dict)
     rendezvous: Rendezvous = field(default_factory=Rendezvous)

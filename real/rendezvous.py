@@ -20,6 +20,9 @@ from real.errors import RealConfigError
 RDZV_BACKENDS = ("static", "c10d")
 #: the port of a c10d endpoint that names none, as torchrun's
 C10D_PORT = 29400
+#: the longest a node waits for the others, seconds: torchrun's default rendezvous timeout (a launch's own
+#: shorter timeout shortens it)
+RDZV_TIMEOUT = 600
 #: the address a single node meets itself on, which needs no host-name lookup
 LOOPBACK = "127.0.0.1"
 
@@ -94,8 +97,9 @@ class Rendezvous:
         return range(nproc) if self.nnodes == 1 else None
 
     def settings(self, endpoint: str, timeout: float) -> dict[str, Any]:
-        """The LaunchConfig fields of this rendezvous at ``endpoint``, giving up after ``timeout`` seconds."""
-        seconds = max(1, math.ceil(timeout))
+        """The LaunchConfig fields of this rendezvous at ``endpoint``, giving up after ``timeout`` seconds (at
+        most RDZV_TIMEOUT)."""
+        seconds = max(1, math.ceil(min(timeout, RDZV_TIMEOUT)))
         if self.backend == "static":
             configs: dict[str, Any] = {"rank": self.node_rank, "timeout": seconds}
         else:

@@ -27,8 +27,9 @@ import real
 import real.__main__ as cli
 from real import RealConfigError, Rendezvous
 from real.init_guard import backends_named, conflict, intercepted
+from real.options import MAX_TIMEOUT
 from real.rank_process import exit_status
-from real.rendezvous import C10D_PORT
+from real.rendezvous import C10D_PORT, RDZV_TIMEOUT
 from real.target import MainTarget, ScriptTarget
 from simdist_base.script import ScriptError
 
@@ -317,6 +318,20 @@ def test_arguments_after_the_script_without_double_dash_are_refused_saying_where
         cli.main(["--max-restarts=3", str(script), "--nproc", "2"])
     err = capsys.readouterr().err
     assert "unrecognized arguments: --max-restarts=3\n" in err and "follow `--`" not in err, err
+
+
+def test_only_an_entry_function_is_bounded_in_time_by_default(planned: list[tuple], tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("def main():\n    return 1\n")
+    # torchrun kills no run for its length: a training script may run for days.
+    assert cli.main([str(script), "--nproc", "2"]) == 1
+    assert planned[-1][2].timeout == MAX_TIMEOUT
+    meeting = planned[-1][2].rendezvous.settings("127.0.0.1:1", planned[-1][2].timeout)
+    assert meeting["rdzv_configs"]["timeout"] == RDZV_TIMEOUT == 600  # torchrun's rendezvous default
+    assert cli.main([str(script), "--nproc", "2", "--entry", "main"]) == 1
+    assert planned[-1][2].timeout == 300.0  # as real.run's
+    assert cli.main([str(script), "--nproc", "2", "--timeout", "7.5"]) == 1
+    assert planned[-1][2].timeout == 7.5
 
 
 def test_standalone_is_one_node_on_a_free_port(planned: list[tuple], tmp_path: Path) -> None:
