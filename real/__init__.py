@@ -1,6 +1,17 @@
 """Run the rank functions simdist simulates on real processes, through torch's elastic launcher."""
 
-from real.errors import RealConfigError, RealError, RealRunError
+from real.errors import RealConfigError, RealError, RealGroupError, RealRunError
 from real.launcher import RealResult, free_port, run, run_script
+from real.rendezvous import Rendezvous
 
-__all__ = ["RealConfigError", "RealError", "RealResult", "RealRunError", "free_port", "run", "run_script"]
+__all__ = [
+    "RealConfigError",
+    "RealError",
+    "RealGroupError",
+    "RealResult",
+    "RealRunError",
+    "Rendezvous",
+    "free_port",
+    "run",
+    "run_script",
+]

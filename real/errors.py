@@ -33,3 +33,7 @@ class RealRunError(RealError, RuntimeError):
         self.timed_out = timed_out
         # rank -> Python stacks of a rank that was still running when the timeout hit
         self.stacks: dict[int, str] = dict(stacks or {})
+
+
+class RealGroupError(RealError, ValueError):
+    """Rank code's ``init_process_group`` asks for another group than the one real created for its entry function."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,15 +41,15 @@ class Failure:
 
 def collect(
     status: StatusDir,
-    nproc: int,
+    ranks: Sequence[int],
     error: BaseException | None,
     timed_out: bool,
     exits: dict[int, ProcessExit],
 ) -> dict[int, Failure]:
-    """rank -> how it failed, from every witness; the launcher's own kills are left out."""
+    """rank -> how it failed, from every witness, for this node's ``ranks``; the launcher's own kills are left out."""
     failures: dict[int, Failure] = {}
-    by_rank = {rank: exits[pid] for rank in range(nproc) if (pid := status.pid(rank)) in exits}
-    for rank in range(nproc):
+    by_rank = {rank: exits[pid] for rank in ranks if (pid := status.pid(rank)) in exits}
+    for rank in ranks:
         record = status.error(rank)
         if record is not None:
             summary = record["summary"].splitlines()[0]

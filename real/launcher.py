@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import multiprocessing
 import os
 import signal
@@ -14,14 +13,14 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 # Imported up front so every logger the launch uses already exists when `_quiet_launcher_logs` runs.
+import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend
 import torch.distributed.elastic.rendezvous.static_tcp_rendezvous  # noqa: F401
-from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -29,38 +28,38 @@ from real import rank_process
 from real.backend import resolve_backend
 from real.errors import RealConfigError
 from real.exits import ExitWatch
+from real.options import LINE_PREFIX, MAX_TIMEOUT, PROCESS_MEMORY, LaunchOptions
+from real.rendezvous import LOOPBACK, Rendezvous
 from real.report import failure_error
-from real.status import RETURNED, STARTED, StatusDir
-from real.target import CallableTarget, Job, ScriptTarget, dump_job, target_for
-from simdist_base.host import available_memory
-from simdist_base.script import load_entry
+from real.status import RETURNED, StatusDir
+from real.target import Job, MainTarget, Target, checked_entry, dump_job, main_target, target_for
 
-_HOST = "127.0.0.1"
-# Environment variables the launcher sets per rank process; letting `env` override them would break the run.
-_RESERVED_ENV = frozenset(
-    {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
-)
+__all__ = ["MAX_TIMEOUT", "PROCESS_MEMORY", "RealResult", "free_port", "launch", "run", "run_script"]
+
 _LOGGER_PREFIXES = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
 _STACK_DUMP_WAIT = 2.0  # seconds the still-running rank processes get to write their stacks at a timeout
 _AGENT_EXIT_WAIT = 30.0  # seconds the agent gets to notice killed rank processes and return
 _WATCH_INTERVAL = 0.02  # seconds between checks of the agent's thread while waiting for rank processes to end
 _PORT_ATTEMPTS = 3  # launches tried with a fresh free port when the previous one was taken meanwhile
-#: the longest ``timeout`` accepted, seconds (30 days): the elastic launcher and thread waits need a finite,
-#: representable limit, and a run meant to be longer is not a test
-MAX_TIMEOUT = 30 * 24 * 3600.0
-#: resident memory of one rank process once torch and torch.distributed are imported (about 220 MB
-#: measured), before the rank code allocates anything: ``nproc`` of them must fit in the memory available
-PROCESS_MEMORY = 256 << 20
+#: the backend a torchrun-style run reports when no rank created a process group
+NO_GROUP = "none"
 
 
 @dataclasses.dataclass(frozen=True)
 class RealResult:
-    """The outcome of a real run: each rank's return value and the wall time of the whole launch."""
+    """The outcome of a real run: each rank's return value and the wall time of the whole launch.
+
+    ``returns[i]`` is the value of rank ``ranks[i]``: on one node every rank, in order (``returns[r]`` is rank
+    ``r``'s); on one node of several, that node's ranks. ``backend`` is the default group's: the one real
+    created around a function, or the one a torchrun-style script's ranks created (``"none"`` if none did).
+    ``nproc`` counts this node's processes.
+    """
 
     returns: list[Any]
     wall_time: float
     backend: str
     nproc: int
+    ranks: tuple[int, ...] = ()
 
 
 def run(
@@ -73,81 +72,147 @@ def run(
     master_port: int | None = None,
     timeout: float = 300.0,
     env: dict[str, str] | None = None,
+    rendezvous: Rendezvous | None = None,
 ) -> RealResult:
     """Run ``fn(*args, **kwargs)`` as every rank of ``nproc`` real processes and collect the returns.
 
-    Functions and classes reach the spawned processes by reference (module and qualified name), as
-    ``torch.multiprocessing.spawn`` sends them: ``fn`` may be a top-level function of an importable
-    module or of the script that calls ``run``, whose call then sits under
-    ``if __name__ == "__main__":``. Each process loads that script under another module name
-    (``__mp_main__``, or ``pkg.mod`` for ``python -m pkg.mod``), so the guarded block does not run
-    there while the rest of its top level does, once per process. Functions and classes of the script
-    passed inside ``args``/``kwargs`` travel the same way. Rejected before any process starts, with a
-    RealConfigError that says what to do: lambdas, functions nested in other functions, anything
-    defined inside the script's ``if __name__ == "__main__":`` block, functions of an interactive
-    ``__main__`` with no file (``python -c``, the REPL, notebooks), and arguments that cannot be pickled.
+    Each process creates its default group with ``backend`` before calling ``fn`` (a call of
+    ``init_process_group`` in ``fn`` that asks for the same is accepted). Functions and classes reach the
+    spawned processes by reference (module and qualified name), as ``torch.multiprocessing.spawn`` sends them:
+    ``fn`` may be a top-level function of an importable module or of the script that calls ``run``, whose call
+    then sits under ``if __name__ == "__main__":``. Each process loads that script under another module name
+    (``__mp_main__``, or ``pkg.mod`` for ``python -m pkg.mod``), so the guarded block does not run there while
+    the rest of its top level does, once per process. Functions and classes of the script passed inside
+    ``args``/``kwargs`` travel the same way. Rejected before any process starts, with a RealConfigError that
+    says what to do: lambdas, functions nested in other functions, anything defined inside the script's
+    ``if __name__ == "__main__":`` block, functions of an interactive ``__main__`` with no file (``python -c``,
+    the REPL, notebooks), and arguments that cannot be pickled. ``rendezvous`` runs this node's part of a
+    launch on several nodes.
     """
-    return _launch(target_for(fn), nproc, backend, args, kwargs, master_port, timeout, env)
+    options = _options(nproc, timeout, master_port, env, rendezvous)
+    return launch(target_for(fn), backend, options, args, kwargs)
 
 
 def run_script(
     path: str | Path,
     nproc: int,
     backend: str | None = "gloo",
-    entry: str = "main",
+    entry: str | None = "main",
     args: tuple[Any, ...] = (),
     kwargs: dict[str, Any] | None = None,
     *,
+    argv: Sequence[str] = (),
     master_port: int | None = None,
     timeout: float = 300.0,
     env: dict[str, str] | None = None,
+    rendezvous: Rendezvous | None = None,
 ) -> RealResult:
-    """Run the entry function of the script at ``path`` as every rank of ``nproc`` real processes."""
-    # Loaded once here so a missing file or entry fails before any process starts, not once per rank.
-    load_entry(path, entry)
-    target = ScriptTarget(str(Path(path).expanduser().resolve()), entry)
-    return _launch(target, nproc, backend, args, kwargs, master_port, timeout, env)
+    """Run the script at ``path`` as every rank of ``nproc`` real processes.
+
+    With ``entry`` (default ``"main"``) each process creates its group with ``backend`` and calls the script's
+    function ``entry(*args, **kwargs)``, the script loaded under a module name of its own. With
+    ``entry=None`` each process runs the script as torchrun does: as ``__main__``, with
+    ``sys.argv == [path, *argv]``, creating its own group; every return is then None. Either way ``argv`` is
+    the command line the script sees.
+    """
+    options = _options(nproc, timeout, master_port, env, rendezvous)
+    argv = _checked_argv(argv)
+    if entry is None:
+        if args or kwargs:
+            raise RealConfigError(
+                "args and kwargs are passed to an entry function; a script run torchrun-style (entry=None) "
+                "reads its command line instead: pass argv=[...]"
+            )
+        if backend not in ("gloo", None):
+            raise RealConfigError(
+                f"backend {backend!r} chooses the group real creates around an entry function; a script run "
+                f"torchrun-style (entry=None) creates its own with init_process_group(backend=...): leave "
+                f"backend out, or name the entry function"
+            )
+        return launch(main_target(path, argv), None, options)
+    return launch(checked_entry(path, entry, argv), backend, options, args, kwargs)
 
 
-def free_port(host: str = _HOST) -> int:
+def free_port(host: str = LOOPBACK) -> int:
     """A TCP port that was free on ``host`` a moment ago (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
 
 
-def _launch(
-    target: CallableTarget | ScriptTarget,
-    nproc: int,
+def launch(
+    target: Target,
     backend: str | None,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any] | None,
-    master_port: int | None,
-    timeout: float,
-    env: dict[str, str] | None,
+    options: LaunchOptions,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
 ) -> RealResult:
-    """Check everything, start the rank processes, wait for them (at most ``timeout``), collect or explain."""
-    _check_arguments(nproc, timeout, master_port, env)
-    resolved = resolve_backend(backend, nproc)
-    blob, main = dump_job(Job(target, resolved, tuple(args), dict(kwargs or {}), dict(env or {})))
+    """Start the rank processes of ``target`` (with ``backend``'s group unless it is a torchrun-style script),
+    wait for them (at most ``options.timeout``), collect their returns or explain their failure."""
+    resolved = None if isinstance(target, MainTarget) else resolve_backend(backend, options.nproc)
+    blob, main = dump_job(Job(target, resolved, tuple(args), dict(kwargs or {}), dict(options.env)))
+    rdzv, nproc = options.rendezvous, options.nproc
     with tempfile.TemporaryDirectory(prefix="real-run-") as root:
         status = StatusDir(root)
         # A port found free can be taken before the launcher binds it; then try another one.
-        for _attempt in range(_PORT_ATTEMPTS if master_port is None else 1):
-            config = _launch_config(nproc, master_port or free_port(), timeout, root)
+        for _attempt in range(_PORT_ATTEMPTS if rdzv.needs_port and options.master_port is None else 1):
+            endpoint = rdzv.endpoint_with(options.master_port or free_port())
+            config = _launch_config(options, endpoint, root)
             start = time.perf_counter()
             watch = ExitWatch(nproc)
             values, error, timed_out = _supervise(
-                config, (list(sys.path), root, main, blob), timeout, status, watch
+                config, (list(sys.path), root, main, blob), options.timeout, status, watch
             )
             wall_time = time.perf_counter() - start
             if not _port_taken(error):
                 break
         if error is not None or timed_out or values is None:
-            failure = failure_error(status, nproc, resolved, error, timed_out, timeout, watch.exits())
+            known = rdzv.local_ranks(nproc)
+            failed = error.failures if isinstance(error, ChildFailedError) else {}
+            ranks = list(known) if known is not None else sorted({*status.started_ranks(), *failed})
+            place = None if rdzv.nnodes == 1 else rdzv.describe(endpoint)
+            failure = failure_error(
+                status,
+                nproc,
+                resolved,
+                error,
+                timed_out,
+                options.timeout,
+                watch.exits(),
+                ranks=ranks,
+                place=place,
+            )
             # Elastic's ChildFailedError is fully retold by the failure; any other error is the cause.
             raise failure from (None if isinstance(error, ChildFailedError) else error)
-    return RealResult([values[rank] for rank in range(nproc)], wall_time, resolved, nproc)
+        used = resolved if resolved is not None else _script_backend(status, sorted(values))
+    ranks = tuple(sorted(values))
+    return RealResult([values[rank] for rank in ranks], wall_time, used, nproc, ranks)
+
+
+def _options(
+    nproc: int,
+    timeout: float,
+    master_port: int | None,
+    env: dict[str, str] | None,
+    rendezvous: Rendezvous | None,
+) -> LaunchOptions:
+    """The public functions' keywords as one checked LaunchOptions."""
+    if env is not None and not isinstance(env, dict):
+        raise RealConfigError(f"env must be a dict of str to str; got {type(env).__name__}")
+    return LaunchOptions(nproc, timeout, master_port, dict(env or {}), rendezvous or Rendezvous())
+
+
+def _checked_argv(argv: Sequence[str]) -> tuple[str, ...]:
+    """``argv`` as a tuple of strings; RealConfigError for anything else (a lone string most of all)."""
+    if isinstance(argv, (str, bytes)) or not all(isinstance(a, str) for a in argv):
+        raise RealConfigError(f"argv must be a list of strings (the script's arguments); got {argv!r}")
+    return tuple(argv)
+
+
+def _script_backend(status: StatusDir, ranks: list[int]) -> str:
+    """The backend the ranks of a torchrun-style script created their group with, ``"none"`` if none did."""
+    found = sorted({backend for rank in ranks if (backend := status.group(rank)) is not None})
+    return ", ".join(found) if found else NO_GROUP
 
 
 @contextlib.contextmanager
@@ -176,59 +241,29 @@ def _port_taken(error: BaseException | None) -> bool:
     return error is not None and not isinstance(error, ChildFailedError) and "EADDRINUSE" in str(error)
 
 
-def _check_arguments(nproc: int, timeout: float, master_port: int | None, env: dict[str, str] | None) -> None:
-    """Raise RealConfigError for arguments no launch could use."""
-    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
-        raise RealConfigError(f"nproc must be a positive int (processes to start); got {nproc!r}")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT:
-        raise RealConfigError(
-            f"timeout must be a positive number of seconds, at most {MAX_TIMEOUT:.0f} (30 days); got {timeout!r}"
-        )
-    available = available_memory()
-    if available is not None and nproc * PROCESS_MEMORY > available:
-        raise RealConfigError(
-            f"nproc {nproc} would not fit: each rank process needs about {_mib(PROCESS_MEMORY)} once torch is "
-            f"imported, {_mib(nproc * PROCESS_MEMORY)} in all, but only {_mib(available)} of memory is "
-            f"available; start at most {available // PROCESS_MEMORY} processes"
-        )
-    if master_port is not None and not (isinstance(master_port, int) and 0 < master_port < 65536):
-        raise RealConfigError(
-            f"master_port must be a TCP port in 1..65535, or None to pick a free one; got {master_port!r}"
-        )
-    for key, value in (env or {}).items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise RealConfigError(f"env must map str to str; got {key!r}: {value!r}")
-        if key in _RESERVED_ENV:
-            raise RealConfigError(
-                f"env may not set {key}: the launcher sets it for each rank process "
-                f"(reserved: {', '.join(sorted(_RESERVED_ENV))})"
-            )
-
-
-def _mib(n_bytes: int) -> str:
-    """A byte count in whole MiB (simdist's unit formatting lives with the simulator, which is not imported here)."""
-    return f"{n_bytes >> 20} MiB"
-
-
-def _launch_config(nproc: int, port: int, timeout: float, root: str) -> LaunchConfig:
-    """A single-node elastic launch of ``nproc`` spawned rank processes, static rendezvous on localhost."""
+def _launch_config(options: LaunchOptions, endpoint: str, root: str) -> LaunchConfig:
+    """The elastic launch of this node's ``nproc`` spawned rank processes, meeting the others at ``endpoint``."""
+    console = options.console
+    meeting = options.rendezvous.settings(endpoint, options.timeout)
     return LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=f"real-{uuid.uuid4().hex[:12]}",
-        # Static rendezvous: one node needs no negotiation, and it starts measurably faster than c10d.
-        rdzv_backend="static",
-        rdzv_endpoint=f"{_HOST}:{port}",
-        rdzv_configs={"rank": 0, "timeout": max(1, math.ceil(timeout))},
+        nproc_per_node=options.nproc,
+        role="default",  # torchrun's: rank processes see it as ROLE_NAME
         max_restarts=0,
         monitor_interval=0.05,
         start_method="spawn",
-        # Elastic's per-run log and error files go under our temporary directory, removed afterwards.
-        logs_specs=DefaultLogsSpecs(log_dir=os.path.join(root, "elastic")),
+        # Elastic's per-run log and error files go under our temporary directory, removed afterwards; with a
+        # prefix, each rank's output is written there and copied to this terminal line by line.
+        logs_specs=DefaultLogsSpecs(
+            log_dir=os.path.join(root, "elastic"),
+            tee=Std.ALL if console.prefix else Std.NONE,
+            local_ranks_filter=set(console.local_ranks) if console.local_ranks is not None else None,
+        ),
+        log_line_prefix_template=LINE_PREFIX if console.prefix else None,
+        **{k: v for k, v in meeting.items() if k != "local_addr"},
         **_optional_config(
-            # Skips a host-name lookup that can be slow on machines without DNS.
-            local_addr=_HOST,
+            # The address other nodes reach this one at (on one machine the loopback address, which skips a
+            # host-name lookup that can be slow on machines without DNS).
+            local_addr=meeting["local_addr"],
             # Seconds between SIGTERM and SIGKILL for the ranks still running after one failed.
             shutdown_timeout=5,
         ),
@@ -277,7 +312,7 @@ def _supervise(
             done.wait(_AGENT_EXIT_WAIT)
             raise
         if not finished:
-            _dump_stacks(before, status, config.nproc_per_node)
+            _dump_stacks(before, status)
             _kill_rank_processes(before)
             done.wait(_AGENT_EXIT_WAIT)
     return outcome.get("values"), outcome.get("error"), not finished
@@ -290,12 +325,12 @@ def _rank_processes(
     return [p for p in multiprocessing.active_children() if p not in before]
 
 
-def _dump_stacks(before: set[multiprocessing.process.BaseProcess], status: StatusDir, nproc: int) -> None:
+def _dump_stacks(before: set[multiprocessing.process.BaseProcess], status: StatusDir) -> None:
     """Ask the still-running rank processes for their Python stacks and give them a moment to write them."""
     for process in _rank_processes(before):
         with contextlib.suppress(ProcessLookupError):
             os.kill(process.pid, rank_process.STACK_DUMP_SIGNAL)  # type: ignore[arg-type]
-    running = [r for r in range(nproc) if status.has(r, STARTED) and not status.has(r, RETURNED)]
+    running = [r for r in status.started_ranks() if not status.has(r, RETURNED)]
     deadline = time.monotonic() + _STACK_DUMP_WAIT
     while time.monotonic() < deadline and any(status.stack(r) is None for r in running):
         time.sleep(0.05)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from real.errors import RealRunError
 from real.exits import ProcessExit
 from real.failures import Failure, collect, first_failure, user_frames
@@ -15,31 +17,52 @@ _NO_ENTRY_HINT = (
 )
 
 
+_RDZV_HINT = (
+    "No rank process started: the nodes never all met. Start one python -m real per node, each with the same "
+    "--nnodes and rendezvous endpoint (--rdzv-endpoint, or --master-addr and --master-port), and for the static "
+    "rendezvous node ranks 0 to nnodes-1 (node 0 serves the endpoint), or for c10d the same --rdzv-id."
+)
+
+
 def failure_error(
     status: StatusDir,
     nproc: int,
-    backend: str,
+    backend: str | None,
     error: BaseException | None,
     timed_out: bool,
     timeout: float,
     exits: dict[int, ProcessExit] | None = None,
+    *,
+    ranks: Sequence[int] | None = None,
+    place: str | None = None,
 ) -> RealRunError:
     """The RealRunError describing a run that failed (``error``) or ran past ``timeout``.
 
-    ``exits`` maps the pid of each rank process the launcher saw end to how and when it ended.
+    ``exits`` maps the pid of each rank process the launcher saw end to how and when it ended. ``ranks`` are
+    this node's ranks as far as known (default ``0..nproc-1``); ``place`` says which node this is of several.
+    ``backend`` is None for a torchrun-style script, which chose its own.
     """
-    found = collect(status, nproc, error, timed_out, exits or {})
+    ranks = list(range(nproc)) if ranks is None else list(ranks)
+    found = collect(status, ranks, error, timed_out, exits or {})
     first = first_failure(found)
     failures = {rank: f.text for rank, f in found.items()}
     summaries = {rank: f.summary for rank, f in found.items()}
 
-    where = f"{nproc} real process{'es' if nproc != 1 else ''} (backend {backend})"
+    where = f"{nproc} real process{'es' if nproc != 1 else ''}"
+    if backend is not None:
+        where += f" (backend {backend})"
+    if place is not None:
+        where += f" on {place}"
     if timed_out:
-        return _timeout_error(status, nproc, where, timeout, failures, summaries, first)
+        return _timeout_error(status, nproc, ranks, where, timeout, failures, summaries, first)
     if first is None:
         detail = f"{type(error).__name__}: {error}" if error is not None else "no result and no error"
         if "EADDRINUSE" in detail:
             detail += "\nThe rendezvous port is in use: pass another master_port, or None to pick a free one."
+        if place is not None and not status.started_ranks():
+            return RealRunError(
+                f"the rendezvous failed before any rank process started, {where}: {detail}\n{_RDZV_HINT}"
+            )
         return RealRunError(
             f"the elastic launcher failed before the rank processes finished on {where}: {detail}"
         )
@@ -49,7 +72,7 @@ def failure_error(
     if others:
         lines.append(f"other failing ranks (often a consequence of rank {first}'s failure):")
         lines += [f"  rank {r}: {summaries[r]}{_after(found[r], found)}" for r in others]
-    if not any(status.has(r, STARTED) for r in range(nproc)):
+    if not status.started_ranks():
         lines.append(_NO_ENTRY_HINT)
     return RealRunError("\n".join(lines), failures=failures, first_rank=first)
 
@@ -57,6 +80,7 @@ def failure_error(
 def _timeout_error(
     status: StatusDir,
     nproc: int,
+    ranks: list[int],
     where: str,
     timeout: float,
     failures: dict[int, str],
@@ -64,9 +88,9 @@ def _timeout_error(
     first: int | None,
 ) -> RealRunError:
     """The RealRunError for a run killed at its timeout, with the stacks of the ranks still running."""
-    returned = [r for r in range(nproc) if status.has(r, RETURNED)]
-    unstarted = [r for r in range(nproc) if not status.has(r, STARTED)]
-    running = [r for r in range(nproc) if r not in returned and r not in unstarted and r not in failures]
+    returned = [r for r in ranks if status.has(r, RETURNED)]
+    unstarted = [r for r in ranks if not status.has(r, STARTED)]
+    running = [r for r in ranks if r not in returned and r not in unstarted and r not in failures]
     stacks = {r: user_frames(text) for r in running if (text := status.stack(r)) is not None}
     lines = [f"real run timed out after {timeout:g} s on {where}; its processes were killed."]
     if running:
@@ -75,6 +99,10 @@ def _timeout_error(
         lines.append(f"returned: ranks {_ranks(returned)}")
     if unstarted:
         lines.append(f"never reached the rank code: ranks {_ranks(unstarted)}")
+    elif len(ranks) < nproc:  # ranks given out by a c10d rendezvous that never completed
+        lines.append(f"never reached the rank code: {nproc - len(ranks)} of this node's {nproc} processes")
+    if not status.started_ranks() and "rendezvous at" in where:
+        lines.append(_RDZV_HINT)
     for rank in sorted(failures):
         lines.append(f"failed: rank {rank}: {summaries[rank]}")
     for rank, text in stacks.items():

@@ -11,6 +11,8 @@ from typing import Any
 
 STARTED = "started"
 RETURNED = "returned"
+#: a rank's script created its default process group; the file holds the backend's name
+GROUP = "group"
 #: what faulthandler writes when a rank process dies of a fatal signal (SIGSEGV, SIGFPE, SIGABRT, SIGBUS, SIGILL)
 CRASH = "crash.txt"
 
@@ -47,25 +49,56 @@ class StatusDir:
         """Whether ``rank`` reached stage ``kind``."""
         return self.path(rank, kind).exists()
 
+    def started_ranks(self) -> list[int]:
+        """The ranks whose processes started here, in order (on one node of several: that node's ranks)."""
+        found = (
+            p.name.removeprefix("rank").removesuffix(f".{STARTED}")
+            for p in self.root.glob(f"rank*.{STARTED}")
+        )
+        return sorted(int(r) for r in found if r.isdigit())
+
+    def record_group(self, rank: int, backend: str) -> None:
+        """Record that ``rank``'s own code created its default process group, with ``backend``."""
+        self.path(rank, GROUP).write_text(backend)
+
+    def group(self, rank: int) -> str | None:
+        """The backend of the default group ``rank``'s own code created, or None if it created none."""
+        try:
+            return self.path(rank, GROUP).read_text()
+        except OSError:
+            return None
+
     def record_error(
-        self, rank: int, exc: BaseException, skip_file: str | None = None, gone: list[int] | None = None
+        self,
+        rank: int,
+        exc: BaseException,
+        skip_files: tuple[str, ...] = (),
+        gone: list[int] | None = None,
+        summary: str | None = None,
+        note: str = "",
+        chain: bool = True,
     ) -> None:
         """Save ``exc`` raised on ``rank`` with the time it was caught (to order failures across ranks).
 
-        Leading traceback frames from ``skip_file`` (real's own rank-process code) are left out. ``gone``
-        lists the peers whose processes had already ended (or were ending) when it was caught: this rank's
-        failure came after theirs, whatever the clocks say.
+        Leading traceback frames from ``skip_files`` (real's own rank-process code, runpy) are left out.
+        ``gone`` lists the peers whose processes had already ended (or were ending) when it was caught: this
+        rank's failure came after theirs, whatever the clocks say. ``summary`` replaces the exception's own
+        one-line description, and ``note`` is added after the traceback; ``chain=False`` leaves out the
+        exceptions ``exc`` was raised while handling.
         """
         tb = exc.__traceback__
-        while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename == skip_file:
+        while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename in skip_files:
             tb = tb.tb_next
+        text = "".join(traceback.format_exception(type(exc), exc, tb, chain=chain))
         data = {
             "time": time.time(),
             "type": type(exc).__name__,
-            "summary": "".join(traceback.format_exception_only(type(exc), exc)).strip(),
-            "traceback": "".join(traceback.format_exception(type(exc), exc, tb)),
+            "summary": summary or "".join(traceback.format_exception_only(type(exc), exc)).strip(),
+            "traceback": f"{summary}\n{text}" if summary else text,
             "gone": sorted(gone or []),
         }
+        if note:
+            data["traceback"] = data["traceback"].rstrip("\n") + "\n" + note
         # Written then renamed so the launcher never reads half a file.
         tmp = self.path(rank, "error.tmp")
         tmp.write_text(json.dumps(data))

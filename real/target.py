@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import io
 import pickle
+import sys
+import traceback
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from real.errors import RealConfigError
 from real.main_script import MainScript, calling_script, importable
-from simdist_base.script import SCRIPT_MODULE_PREFIX, load_entry, script_path_of
+from simdist_base.script import SCRIPT_MODULE_PREFIX, ScriptError, load_entry, script_path_of
 
 _MOVE_IT = (
     "spawned rank processes find it by module and qualified name, so it must be a top-level function of "
-    "the script being run (above its `if __name__ == \"__main__\":` block) or of an importable module; "
+    'the script being run (above its `if __name__ == "__main__":` block) or of an importable module; '
     "or put the rank code in a script and use real.run_script(path, nproc) / python -m real SCRIPT"
 )
 
@@ -38,10 +41,11 @@ class CallableTarget:
 
 @dataclass(frozen=True)
 class ScriptTarget:
-    """A script's entry function, loaded by path in each rank process."""
+    """A script's entry function, loaded by path in each rank process; ``argv`` is the ``sys.argv[1:]`` it sees."""
 
     path: str
     entry: str = "main"
+    argv: tuple[str, ...] = ()
 
     def resolve(self) -> Callable[..., Any]:
         """The script's entry function, freshly loaded."""
@@ -49,14 +53,67 @@ class ScriptTarget:
 
 
 @dataclass(frozen=True)
-class Job:
-    """Everything a rank process needs besides the launcher's environment variables."""
+class MainTarget:
+    """A script run as ``__main__`` with its own command line, as torchrun runs it: it creates its own group."""
 
-    target: CallableTarget | ScriptTarget
-    backend: str
+    path: str
+    argv: tuple[str, ...] = ()
+
+
+#: what a rank process can run: a function (real creates the group around it) or a torchrun-style script
+Target = CallableTarget | ScriptTarget | MainTarget
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything a rank process needs besides the launcher's environment variables.
+
+    ``backend`` is the group real creates around a function; None for a script that creates its own.
+    """
+
+    target: Target
+    backend: str | None
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+
+
+def checked_entry(path: str | Path, entry: str, argv: tuple[str, ...]) -> ScriptTarget:
+    """A script's entry function, loaded here once so that a missing file or entry fails before any process starts.
+
+    The script's top level runs during that load; it sees the command line the rank processes will give it.
+    """
+    resolved = str(Path(path).expanduser().resolve())
+    saved = sys.argv
+    sys.argv = [resolved, *argv]
+    try:
+        load_entry(resolved, entry)
+    finally:
+        sys.argv = saved
+    return ScriptTarget(resolved, entry, argv)
+
+
+def main_target(path: str | Path, argv: tuple[str, ...]) -> MainTarget:
+    """A torchrun-style script, checked here: a missing file or a syntax error fails before any process starts.
+
+    Only compiled, not run: its top level is the rank code, which runs in the rank processes alone.
+    """
+    resolved = Path(path).expanduser().resolve()
+    if not resolved.is_file():
+        raise ScriptError(
+            f"script {str(path)!r} not found (looked for {resolved}); pass the path of a Python file"
+        )
+    try:
+        source = resolved.read_bytes()
+    except OSError as exc:
+        raise ScriptError(f"script {resolved} cannot be read ({exc}); the rank processes run it") from exc
+    try:
+        compile(source, str(resolved), "exec")
+    except (SyntaxError, ValueError) as exc:
+        # As Python shows it: the file, line, source and caret (nothing of real's own frames).
+        shown = "".join(traceback.format_exception_only(type(exc), exc)).rstrip("\n")
+        raise ScriptError(f"script {resolved} is not valid Python:\n{shown}") from exc
+    return MainTarget(str(resolved), argv)
 
 
 def target_for(fn: Callable[..., Any]) -> CallableTarget | ScriptTarget:

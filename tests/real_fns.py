@@ -1,7 +1,7 @@
 """Rank functions for tests/test_real.py, importable by the spawned rank processes.
 
 Also a script in the shared convention, with ``main()`` as its entry:
-``python -m real tests/real_fns.py --nproc 2``.
+``python -m real tests/real_fns.py --nproc 2 --entry main``.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def main(scale: int = 1) -> int:
 
 
 if __name__ == "__main__":
-    print("run me with: python -m real tests/real_fns.py --nproc 2")
+    print("run me with: python -m real tests/real_fns.py --nproc 2 --entry main")
 
 
 def powersgd_grads(steps: int = 3) -> list:

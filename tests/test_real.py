@@ -123,7 +123,7 @@ def test_run_script_loads_the_script_in_each_rank_process() -> None:
 @pytest.mark.real
 def test_cli_prints_each_ranks_return_value() -> None:
     completed = subprocess.run(
-        [sys.executable, "-m", "real", "tests/real_fns.py", "--nproc", "2"],
+        [sys.executable, "-m", "real", "tests/real_fns.py", "--nproc", "2", "--entry", "main"],
         cwd=REPO,
         capture_output=True,
         check=False,

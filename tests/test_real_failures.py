@@ -83,7 +83,7 @@ def test_a_rank_whose_process_ended_before_a_peer_failed_is_first_whatever_the_c
     # saw rank 1 end at exit_time, rank 0 stamped its error at error_time: either may be the smaller.
     status = _status(tmp_path_factory.mktemp("status"))  # type: ignore[attr-defined]
     _record(status, 0, "Connection closed by peer", gone=[1])
-    failures = collect(status, 2, None, False, {PIDS[1]: ProcessExit(7, exit_time)})
+    failures = collect(status, [0, 1], None, False, {PIDS[1]: ProcessExit(7, exit_time)})
     failures[0] = dataclasses.replace(failures[0], time=error_time)
     assert first_failure(failures) == 1
     assert failures[1].summary.startswith("process exited with code 7 without a Python exception")
@@ -107,7 +107,7 @@ def test_the_launchers_sigterm_after_a_failure_is_not_a_failure(tmp_path: Path) 
         PIDS[0]: ProcessExit(-signal.SIGTERM, when + 0.1),
         PIDS[1]: ProcessExit(-signal.SIGKILL, when + 5),
     }
-    failures = collect(status, 3, None, False, exits)
+    failures = collect(status, [0, 1, 2], None, False, exits)
     assert sorted(failures) == [2] and first_failure(failures) == 2
 
 
@@ -117,7 +117,7 @@ def test_a_sigkill_before_any_failure_is_the_failure(tmp_path: Path) -> None:
     status = _status(tmp_path)
     _record(status, 0, "Connection reset by peer")
     when = status.error(0)["time"]  # type: ignore[index]
-    failures = collect(status, 2, None, False, {PIDS[1]: ProcessExit(-signal.SIGKILL, when - 0.5)})
+    failures = collect(status, [0, 1], None, False, {PIDS[1]: ProcessExit(-signal.SIGKILL, when - 0.5)})
     assert failures[1].summary == "killed by signal SIGKILL (exit code -9)"
     assert first_failure(failures) == 1
 
@@ -133,7 +133,9 @@ def test_kills_at_a_timeout_are_not_failures_but_an_earlier_exit_is(tmp_path: Pa
 def test_a_returned_rank_is_no_failure_and_a_clean_exit_is_none(tmp_path: Path) -> None:
     status = _status(tmp_path)
     status.mark(0, RETURNED)
-    failures = collect(status, 2, None, False, {PIDS[0]: ProcessExit(1, 1.0), PIDS[1]: ProcessExit(0, 2.0)})
+    failures = collect(
+        status, [0, 1], None, False, {PIDS[0]: ProcessExit(1, 1.0), PIDS[1]: ProcessExit(0, 2.0)}
+    )
     assert failures == {}
 
 
@@ -147,7 +149,7 @@ def test_a_fatal_signal_shows_the_stacks_faulthandler_wrote_without_the_launcher
         '  File "/home/u/train.py", line 14 in step\n'
         f'  File "{rank_process.__file__}", line 70 in _run\n'
     )
-    failures = collect(status, 2, None, False, {PIDS[1]: ProcessExit(-signal.SIGSEGV, None)})
+    failures = collect(status, [0, 1], None, False, {PIDS[1]: ProcessExit(-signal.SIGSEGV, None)})
     assert failures[1].summary == "killed by signal SIGSEGV (exit code -11)"
     assert failures[1].text.endswith('  File "/home/u/train.py", line 14 in step')
     assert failures[1].time is not None  # the dump's own time orders it
@@ -156,4 +158,6 @@ def test_a_fatal_signal_shows_the_stacks_faulthandler_wrote_without_the_launcher
 def test_without_an_exit_code_a_crash_dump_still_names_the_signal(tmp_path: Path) -> None:
     status = _status(tmp_path)
     status.path(1, CRASH).write_text("Fatal Python error: Floating point exception\n\nCurrent thread 0x1:\n")
-    assert collect(status, 2, None, False, {})[1].summary == "Fatal Python error: Floating point exception"
+    assert (
+        collect(status, [0, 1], None, False, {})[1].summary == "Fatal Python error: Floating point exception"
+    )

@@ -59,6 +59,7 @@ PROGRAM = textwrap.dedent(
     """
 )
 
+# Run as torchrun runs it (python -m real's default): it creates its own group and prints what it found.
 SCRIPT = textwrap.dedent(
     """
     import sys
@@ -66,11 +67,11 @@ SCRIPT = textwrap.dedent(
     import torch
     import torch.distributed as dist
 
-
-    def main():
-        t = torch.ones(2) * (dist.get_rank() + 1)
-        dist.all_reduce(t)
-        return [t.tolist(), "simdist" in sys.modules]
+    dist.init_process_group("gloo")
+    t = torch.ones(2) * (dist.get_rank() + 1) * float(sys.argv[1])
+    dist.all_reduce(t)
+    print([t.tolist(), "simdist" in sys.modules])
+    dist.destroy_process_group()
     """
 )
 
@@ -110,7 +111,9 @@ def test_real_run_works_without_simpy(tmp_path: Path) -> None:
 @pytest.mark.real
 def test_python_m_real_works_without_simpy(tmp_path: Path) -> None:
     (tmp_path / "script.py").write_text(SCRIPT)
-    completed = _run(["-m", "real", "script.py", "--nproc", "2"], tmp_path)
+    completed = _run(["-m", "real", "script.py", "--nproc", "2", "--", "2"], tmp_path)
     assert completed.returncode == 0, completed.stderr
-    assert "rank 0: [[3.0, 3.0], False]" in completed.stdout
-    assert "rank 1: [[3.0, 3.0], False]" in completed.stdout
+    assert sorted(completed.stdout.splitlines()) == [
+        "[rank0]:[[6.0, 6.0], False]",
+        "[rank1]:[[6.0, 6.0], False]",
+    ]

@@ -1,6 +1,6 @@
 """A training program written for GPUs, as users write them: one CUDA device per rank, DDP over NCCL.
 
-``python -m real benchmarks/gpu/gpu_program.py --nproc 1 --backend nccl`` (program.py runs it through
+``python -m real benchmarks/gpu/gpu_program.py --nproc 1 --entry main --backend nccl`` (program.py runs it through
 ``real.run``). It sets its device, moves the model and each batch with ``.to("cuda")``, times every step
 between two ``torch.cuda.Event``s and reads ``torch.cuda.max_memory_allocated()`` at the end. twin_program.py
 is the same job with the device a parameter, for simdist.

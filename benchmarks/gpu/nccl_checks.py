@@ -1,7 +1,7 @@
 """Rank code for real_nccl.py: every collective checked against what it must compute, on the launcher's backend.
 
 Top-level functions, so the spawned rank processes find them by module name. Also a script in the shared
-convention (``python -m real nccl_checks.py --nproc 1 --backend nccl``, entry ``main``; ``--entry fail``
+convention (``python -m real nccl_checks.py --nproc 1 --entry main --backend nccl``; ``--entry fail``
 raises). The expected values hold at any world size; on one GPU NCCL runs them at world size 1.
 """
 

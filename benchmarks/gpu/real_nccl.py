@@ -93,7 +93,7 @@ def check_failures(results: Results, backend: str, nproc: int, env: dict[str, st
 
 
 def check_cli(results: Results, backend: str, nproc: int, env: dict[str, str]) -> None:
-    """``python -m real nccl_checks.py``: rank values printed, exit 0; ``--entry fail``: exit 1 naming rank 0."""
+    """``python -m real nccl_checks.py --entry main``: rank values printed, exit 0; ``--entry fail``: exit 1 naming rank 0."""
     script = str(HERE / "nccl_checks.py")
     child_env = {
         **os.environ,
@@ -107,6 +107,8 @@ def check_cli(results: Results, backend: str, nproc: int, env: dict[str, str]) -
         script,
         "--nproc",
         str(nproc),
+        "--entry",
+        "main",
         "--backend",
         backend,
         "--timeout",

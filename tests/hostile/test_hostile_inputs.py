@@ -475,13 +475,14 @@ _REAL = [
          match=r'python -m real: error: script .*real-syntax\.py is not valid Python:\n  File ".*real-syntax\.py", '
                r"line 1\n    def main\(:\n +\^\nSyntaxError"),
     Case("real-import-raises", "python -m real on a script whose import fails",
-         cli(real_main, [_script("real-missing-import.py", "import no_such_module_for_real\n"), "--nproc", "2"]),
+         cli(real_main, [_script("real-missing-import.py", "import no_such_module_for_real\n"), "--nproc", "2",
+                         "--entry", "main"]),
          error=SystemExit, match=r"raised ModuleNotFoundError while being imported.*\n.*line 1, in <module>"),
     Case("real-missing-script", "python -m real on a script that does not exist",
          cli(real_main, [str(_TMP / "absent.py"), "--nproc", "2"]), error=SystemExit,
          match=r"script '.*absent\.py' not found"),
-    Case("real-no-entry", "python -m real on a script without main()",
-         cli(real_main, [_script("real-noentry.py", "x = 1\n"), "--nproc", "2"]), error=SystemExit,
+    Case("real-no-entry", "python -m real --entry main on a script without main()",
+         cli(real_main, [_script("real-noentry.py", "x = 1\n"), "--nproc", "2", "--entry", "main"]), error=SystemExit,
          match="defines no 'main'"),
     Case("real-timeout-infinite", "python -m real --timeout inf",
          cli(real_main, [_OK, "--nproc", "2", "--timeout", "inf"]), error=SystemExit,
@@ -493,6 +494,22 @@ _REAL = [
          match=r"nproc 100000 would not fit: each rank process needs about 256 MiB"),
     Case("real-nproc-zero", "python -m real --nproc 0", cli(real_main, [_OK, "--nproc", "0"]), error=SystemExit,
          match="--nproc must be at least 1; got 0"),
+    Case("real-backend-without-entry", "python -m real --backend nccl on a script run as torchrun runs it",
+         cli(real_main, [_OK, "--nproc", "2", "--backend", "nccl"]), error=SystemExit,
+         match=r"--backend nccl chooses the group real creates around an entry function; without --entry the "
+               r"script runs as torchrun runs it and creates its own group"),
+    Case("real-nodes-without-endpoint", "python -m real --nnodes 2 with no rendezvous endpoint",
+         cli(real_main, [_OK, "--nproc", "2", "--nnodes", "2", "--node-rank", "1"]), error=SystemExit,
+         match=r"a launch on 2 nodes needs the rendezvous endpoint every node meets at \(node 0's address and "
+               r"port\): pass --rdzv-endpoint HOST:PORT"),
+    Case("real-script-args-without-dashes", "torchrun's habit: python -m real --nproc-per-node 2 allreduce.py --lr 1 "
+         "(the script's arguments right after it, no --)",
+         cli(real_main, ["--nproc-per-node", "2", _OK, "--lr", "1"]), error=SystemExit,
+         match=r"unrecognized arguments: --lr 1; the script's own arguments follow `--`: python -m real "
+               r".*allreduce\.py \[options\] -- --lr 1"),
+    Case("real-standalone-two-nodes", "python -m real --standalone --nnodes 2 (standalone is one node)",
+         cli(real_main, [_OK, "--nproc", "2", "--standalone", "--nnodes", "2"]), error=SystemExit,
+         match=r"--standalone runs one node meeting itself on a free local port, but --nnodes is given"),
 ]
 
 CASES: list[Case] = [*_NUMBERS, *_CLUSTERS, *_CONFIGS, *_RUN, *_BENCH, *_REAL]

@@ -2,14 +2,20 @@
 
 A rank ended by ``os._exit``, a segfault or the OOM killer records nothing; its peers then fail in their next
 collective and do record an error. The report must name the rank that died first, with its cause, and call
-the peers' errors what they are: consequences.
+the peers' errors what they are: consequences. Scripts run as torchrun runs them fail as torchrun's do (a
+non-zero exit, an argparse error) and are named the same way; a script that never creates a group, a rendezvous
+nobody serves and rank code that creates the group real already made get a clear word instead of silence or a
+hang.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import io
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -21,6 +27,7 @@ import torch.distributed as dist
 from hostile_cases import Case, check, params
 
 import real
+from real.__main__ import main as real_main
 
 
 def exit_on_rank_1() -> None:
@@ -78,6 +85,122 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
 
 
+_TMP = pathlib.Path(tempfile.mkdtemp(prefix="simdist-hostile-real-"))
+
+
+def _script(name: str, source: str) -> pathlib.Path:
+    path = _TMP / name
+    path.write_text(source)
+    return path
+
+
+# A torchrun-style script: rank 1 leaves with sys.exit(3) while rank 0 waits in a barrier.
+_EXIT_3 = _script(
+    "exit3.py",
+    "import sys\nimport torch.distributed as dist\n\ndist.init_process_group('gloo')\nif dist.get_rank() == 1:\n"
+    "    sys.exit(3)\ndist.barrier()\n",
+)
+_ARGPARSE = _script(
+    "train.py",
+    "import argparse\n\nparser = argparse.ArgumentParser()\nparser.add_argument('--lr', type=float, required=True)\n"
+    "args = parser.parse_args()\n",
+)
+# An entry-style script launched without --entry: its GPU check exits early, its main() never runs.
+_NO_GROUP = _script(
+    "no_group.py",
+    "import sys\n\n\ndef main():\n    return 1\n\n\nif __name__ == '__main__':\n    print('no GPU, exiting')\n"
+    "    sys.exit()\n",
+)
+# An entry function that calls init_process_group itself, as torchrun code does, by a name bound at import.
+_OWN_INIT = _script(
+    "own_init.py",
+    """
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed import init_process_group
+
+
+def main():
+    world = dist.group.WORLD
+    init_process_group("gloo")
+    dist.init_process_group(backend=None, rank=dist.get_rank(), world_size=2, timeout=timedelta(seconds=99))
+    kept = dist.group.WORLD is world
+    refused = []
+    for kwargs in ({"backend": "nccl"}, {"world_size": 3}):
+        try:
+            init_process_group(**kwargs)
+        except ValueError as exc:
+            refused.append(f"{type(exc).__name__}: {exc}")
+    total = torch.ones(1) * (dist.get_rank() + 1)
+    dist.all_reduce(total)
+    return {"kept": kept, "sum": total.item(), "refused": refused}
+""",
+)
+
+
+def _cli(argv: list[str]) -> Callable[[], tuple[int, str, str]]:
+    """A case's ``run``: ``python -m real ARGV`` in this process; (status, stdout, stderr), the ranks' lines included."""
+
+    def run() -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = real_main(argv)
+        return status, out.getvalue(), err.getvalue()
+
+    return run
+
+
+def _argparse_reported(got: tuple[int, str, str]) -> None:
+    """Oracle: torchrun's status for a failed rank (1), argparse's own words, the rank and its exit status."""
+    status, _out, err = got
+    assert status == 1, err
+    assert "[rank0]:train.py: error: the following arguments are required: --lr" in err, err
+    assert re.search(
+        r"python -m real: run failed: rank 0 failed on 1 real process:\nexited with status 2: SystemExit\(2\)\n"
+        r"(.|\n)*train\.py\", line 5, in <module>\n(.|\n)*its stderr ended with:\n  usage: train\.py \[-h\] --lr LR\n"
+        r"  train\.py: error: the following arguments are required: --lr",
+        err,
+    ), err
+
+
+def _noted(got: tuple[int, str, str]) -> None:
+    """Oracle: the script's own result (status 0, its line) and a note saying that no rank created a group."""
+    status, out, err = got
+    assert status == 0 and out == "[rank0]:no GPU, exiting\n", (out, err)
+    assert "note: no rank of " in err and "(it defines main), name it with --entry NAME" in err, err
+
+
+def _missing(got: tuple[int, str, str]) -> None:
+    status, out, err = got
+    assert status == 2 and not out and re.match(r"python -m real: error: script '.*absent\.py' not found", err), err
+
+
+def _unserved() -> object:
+    """This node is node 1 of 2; nobody serves node 0's endpoint."""
+    endpoint = f"127.0.0.1:{real.free_port()}"
+    rendezvous = real.Rendezvous(nnodes=2, node_rank=1, endpoint=endpoint)
+    return real.run_script(_ARGPARSE, 1, entry=None, argv=["--lr", "1"], rendezvous=rendezvous, timeout=3)
+
+
+def _kept_and_refused(result: real.RealResult) -> None:
+    """Oracle: the group real made is kept, the sum is 1 + 2, and the two other calls are refused naming why."""
+    line = _OWN_INIT.read_text().splitlines().index("            init_process_group(**kwargs)") + 1
+    for rank, value in enumerate(result.returns):
+        assert value["kept"] and value["sum"] == 3.0, value
+        nccl, world = value["refused"]
+        assert re.match(
+            rf"RealGroupError: rank {rank}: init_process_group\(backend='nccl'\) at .*own_init\.py:{line}: real "
+            rf"already created this process's default group with backend 'gloo'",
+            nccl,
+        ), nccl
+        assert world.startswith(
+            f"RealGroupError: rank {rank}: init_process_group(world_size=3) at {_OWN_INIT}:{line}: world_size=3, but "
+            f"the group real created has 2 processes (RANK={rank}, WORLD_SIZE=2 from the launcher)"
+        ), world
+
+
 CASES: list[Case] = [
     Case("real-os-exit", "rank 1 calls os._exit(7) while rank 0 waits in a barrier", _launch(exit_on_rank_1),
          error=real.RealRunError,
@@ -93,6 +216,24 @@ CASES: list[Case] = [
          _launch(sigkill_on_rank_1), error=real.RealRunError,
          match=r"^rank 1 failed on 2 real processes \(backend gloo\):\nkilled by signal SIGKILL \(exit code -9\)"
                + _PEER, slow=True),
+    Case("real-script-exit-3", "a torchrun-style script calls sys.exit(3) on rank 1 while rank 0 waits in a barrier",
+         lambda: real.run_script(_EXIT_3, 2, entry=None, timeout=120), error=real.RealRunError,
+         match=r"^rank 1 failed on 2 real processes:\nexited with status 3: SystemExit\(3\)\n(.|\n)*exit3\.py\", "
+               r"line 6, in <module>\n    sys\.exit\(3\)\nSystemExit: 3(\nother failing ranks .*\n  rank 0: .*)?$",
+         slow=True),
+    Case("real-script-argparse-error", "python -m real train.py without the argument its argparse requires",
+         _cli([str(_ARGPARSE), "--nproc", "1"]), check=_argparse_reported, slow=True),
+    Case("real-script-missing", "python -m real on a script that does not exist",
+         _cli([str(_TMP / "absent.py"), "--nproc", "2", "--", "--lr", "1"]), check=_missing),
+    Case("real-script-never-inits", "python -m real on an entry-style script without --entry: it exits before main()",
+         _cli([str(_NO_GROUP), "--nproc", "1"]), check=_noted, slow=True),
+    Case("real-rendezvous-unserved", "node 1 of 2 meets at an endpoint nobody serves (node 0 never started)",
+         _unserved, error=real.RealRunError,
+         match=r"node 1 of 2 \(static rendezvous at 127\.0\.0\.1:\d+\)(.|\n)*No rank process started: the nodes "
+               r"never all met\. Start one python -m real per node", slow=True),
+    Case("real-entry-calls-init", "an entry function calls init_process_group itself: compatibly, then with nccl "
+         "and world_size=3 (real made a gloo group of 2)",
+         lambda: real.run_script(_OWN_INIT, 2, timeout=120), check=_kept_and_refused, slow=True),
 ]
 
 
