@@ -1,0 +1,104 @@
+"""Rank functions whose reductions depend on the order of their additions, run by simdist and by real gloo
+processes (tests/test_gloo_numerics.py), with the inputs each rank draws."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import _coalescing_manager
+
+#: the reducing collectives, as the cases name them
+COLLECTIVES = (
+    "all_reduce", "reduce", "reduce_scatter_tensor", "reduce_scatter", "all_reduce_coalesced",
+    "reduce_scatter_tensor_coalesced",
+)  # fmt: skip
+OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "product": dist.ReduceOp.PRODUCT,
+       "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}  # fmt: skip
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+          "bfloat16": torch.bfloat16, "complex64": torch.complex64}  # fmt: skip
+
+
+def values(seed: int, rank: int, numel: int, dtype: str, op: str) -> torch.Tensor:
+    """Rank ``rank``'s input: magnitudes spread over decades, so that every order of the additions rounds
+    differently; near 1 for PRODUCT (no overflow); with NaNs and signed zeros for MIN and MAX."""
+    g = torch.Generator().manual_seed(seed * 1009 + rank)
+    t = DTYPES[dtype]
+    if t.is_complex:
+        x = torch.randn(numel, 2, generator=g, dtype=torch.float64)
+        x = x * torch.pow(10.0, torch.randint(-3, 3, (numel, 1), generator=g).double())
+        return torch.view_as_complex(x.float().contiguous())
+    x = torch.randn(numel, generator=g, dtype=torch.float64)
+    if op == "product":
+        return (1 + x / 8).to(t)
+    low, high = (-2, 2) if t == torch.float16 else (-4, 4)
+    x = x * torch.pow(10.0, torch.randint(low, high, (numel,), generator=g).double())
+    if op in ("min", "max"):
+        kind = torch.randint(0, 8, (numel,), generator=g)
+        x = torch.where(kind == 0, float("nan"), x)
+        x = torch.where(kind == 1, -0.0, torch.where(kind == 2, 0.0, x))
+    return x.to(t)
+
+
+def inputs(case: tuple, rank: int, n: int) -> list[torch.Tensor]:
+    """The tensors rank ``rank`` of ``n`` passes in ``case`` = (collective, dtype, numel, op, seed)."""
+    coll, dtype, numel, op, seed = case
+    if coll in ("all_reduce", "reduce"):
+        return [values(seed, rank, numel, dtype, op)]
+    if coll in ("reduce_scatter_tensor", "reduce_scatter"):
+        return [values(seed, rank, numel * n, dtype, op)]
+    second = numel // 2 + 1
+    if coll == "all_reduce_coalesced":
+        return [values(seed, rank, numel, dtype, op), values(seed + 1, rank, second, dtype, op)]
+    return [values(seed, rank, numel * n, dtype, op), values(seed + 1, rank, second * n, dtype, op)]
+
+
+def reductions(cases: list[tuple]) -> list:
+    """Run every case; return what each leaves this rank (the reduce's root: its tensor; others: None)."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = []
+    for case in cases:
+        coll, op = case[0], OPS[case[3]]
+        ts = inputs(case, rank, n)
+        if coll == "all_reduce":
+            dist.all_reduce(ts[0], op=op)
+            out.append(ts[0])
+        elif coll == "reduce":
+            root = case[4] % n
+            dist.reduce(ts[0], dst=root, op=op)
+            out.append(ts[0] if rank == root else None)
+        elif coll == "reduce_scatter_tensor":
+            o = torch.empty(ts[0].numel() // n, dtype=ts[0].dtype)
+            dist.reduce_scatter_tensor(o, ts[0], op=op)
+            out.append(o)
+        elif coll == "reduce_scatter":
+            o = torch.empty(ts[0].numel() // n, dtype=ts[0].dtype)
+            dist.reduce_scatter(o, list(ts[0].chunk(n)), op=op)
+            out.append(o)
+        elif coll == "all_reduce_coalesced":
+            dist.all_reduce_coalesced(ts, op=op)
+            out.append(ts)
+        else:
+            outs = [torch.empty(t.numel() // n, dtype=t.dtype) for t in ts]
+            with _coalescing_manager(async_ops=False):
+                for o, t in zip(outs, ts):
+                    dist.reduce_scatter_tensor(o, t, op=op)
+            out.append(outs)
+    return out
+
+
+def sparse_values(seed: int, rank: int) -> torch.Tensor:
+    """An uncoalesced sparse COO vector of 12 elements, 40 nonzeros with repeated indices."""
+    g = torch.Generator().manual_seed(seed * 1009 + rank)
+    idx = torch.randint(0, 12, (1, 40), generator=g)
+    val = torch.randn(40, generator=g) * torch.pow(10.0, torch.randint(-3, 3, (40,), generator=g).float())
+    return torch.sparse_coo_tensor(idx, val, (12,), check_invariants=True)
+
+
+def sparse_sums(seeds: list[int]) -> list[torch.Tensor]:
+    """The sparse all-reduce (SUM) of each seed's vectors, as dense tensors."""
+    out = []
+    for seed in seeds:
+        t = sparse_values(seed, dist.get_rank())
+        dist.all_reduce(t)
+        out.append(t.to_dense())
+    return out
