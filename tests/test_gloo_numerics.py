@@ -218,7 +218,8 @@ def test_whose_order_a_presented_name_follows(name: str, device: str, gloo: bool
 
 # ------------------------------------------------------------------ real gloo processes
 def _real_cases(n: int) -> list[tuple]:
-    """A few of every collective, type and op; sizes around gloo's segment boundaries and one of 70,000."""
+    """A few of every collective, type and op; sizes around gloo's segment boundaries, one of 70,000 and, on
+    3 ranks, buffers of more than 1 MiB per segment."""
     cases, seed = [], 100 * n
     for k, coll in enumerate(fns.COLLECTIVES):
         for dtype, op, numel in (
@@ -233,6 +234,9 @@ def _real_cases(n: int) -> list[tuple]:
             seed += 2
     cases.append(("all_reduce", "float32", 70_000, "sum", seed))
     cases.append(("reduce", "float32", 70_000, "sum", seed + 2))
+    if n == 3:  # past gloo's 1 MiB segments: more segments than two per rank, the reduce's capped at 1 MiB
+        cases.append(("all_reduce", "float32", 1_600_003, "sum", seed + 4))
+        cases.append(("reduce", "float32", 1_600_003, "sum", seed + 6))
     return cases
 
 
