@@ -102,3 +102,46 @@ def sparse_sums(seeds: list[int]) -> list[torch.Tensor]:
         dist.all_reduce(t)
         out.append(t.to_dense())
     return out
+
+
+def _mlp() -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 256),
+        torch.nn.GELU(),
+        torch.nn.Linear(256, 256),
+        torch.nn.GELU(),
+        torch.nn.Linear(256, 10),
+    )
+
+
+def _train(wrap: str) -> dict[str, torch.Tensor]:
+    """Three SGD steps of an MLP (float32, each rank its own batches) under torch's DDP or FSDP2; the full
+    parameters afterwards."""
+    model = _mlp()
+    if wrap == "ddp":
+        wrapped: torch.nn.Module = torch.nn.parallel.DistributedDataParallel(model)
+    else:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        wrapped = fully_shard(model)
+    opt = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(100 + dist.get_rank())
+    for _ in range(3):
+        x, y = torch.randn(16, 64, generator=g), torch.randint(0, 10, (16,), generator=g)
+        loss = torch.nn.functional.cross_entropy(wrapped(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    state = model.state_dict()
+    return {
+        k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in state.items()
+    }
+
+
+def training() -> dict[str, dict[str, torch.Tensor]]:
+    """The parameters torch's DDP and FSDP2 train (gradients averaged by all-reduce and reduce-scatter)."""
+    return {"ddp": _train("ddp"), "fsdp2": _train("fsdp2")}

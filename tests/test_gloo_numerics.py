@@ -240,24 +240,31 @@ def _real_cases(n: int) -> list[tuple]:
     return cases
 
 
-def _gloo_numerics(cases: list[tuple], seeds: list[int]) -> tuple:
-    return fns.reductions(cases), fns.sparse_sums(seeds)
+def _gloo_numerics(cases: list[tuple], seeds: list[int], train: bool) -> tuple:
+    return fns.reductions(cases), fns.sparse_sums(seeds), fns.training() if train else None
 
 
 @pytest.mark.real
 @pytest.mark.parametrize("n", [3, 4, 5, 8])
 def test_simulated_reductions_equal_real_gloo_bit_for_bit(n: int) -> None:
-    cases, seeds = _real_cases(n), list(range(6))
-    got = real.run(_gloo_numerics, nproc=n, backend="gloo", args=(cases, seeds)).returns
+    cases, seeds, train = _real_cases(n), list(range(6)), n == 8  # training rides on the 8-rank launch
+    got = real.run(_gloo_numerics, nproc=n, backend="gloo", args=(cases, seeds, train)).returns
     for name in ("gloo", "simdist"):
         sim = simdist.run(
-            _gloo_numerics, simdist.Cluster.switch(n, device="cpu"), args=(cases, seeds), backend_name=name
+            _gloo_numerics,
+            simdist.Cluster.switch(n, device="cpu"),
+            args=(cases, seeds, train),
+            backend_name=name,
         )
         for r in range(n):
             for i, case in enumerate(cases):
                 assert same_all(sim.returns[r][0][i], got[r][0][i]), f"{name}: {case} on rank {r} of {n}"
             for i in range(len(seeds)):
                 assert same(sim.returns[r][1][i], got[r][1][i]), f"{name}: sparse all_reduce {i} on rank {r}"
+            if train:  # torch's DDP and FSDP2 train the same parameters, bit for bit
+                for wrap, params in got[r][2].items():
+                    for k, v in params.items():
+                        assert same(sim.returns[r][2][wrap][k], v), f"{name}: {wrap} {k} on rank {r}"
     # the oracle the simulated tests use is what gloo computes
     for i, case in enumerate(cases):
         want = expected(case, n)
