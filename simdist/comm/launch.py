@@ -60,15 +60,15 @@ def launch(sim: RunContext, st: GroupState, inst: Instance) -> None:
 def _gloo_result(plan: Plan, st: GroupState, device_type: str) -> GlooResult | None:
     """What puts the results of ``plan`` in gloo's order, or None where its schedule's order stands: a
     collective that reduces nothing, a group presented as NCCL, types and sizes on which the orders agree."""
-    bufs = plan.dst
     if plan.gloo_spans is None or not reduces_as_gloo(st.backend_name, device_type):
         return None
-    if any(b is None or b.is_meta for b in bufs):  # no values to order
+    bufs = [b for b in plan.dst if b is not None and not b.is_meta]
+    if len(bufs) < len(plan.dst):  # no values to order
         return None
     reduction = reduce_op(plan.reduce_op)
-    if not order_matters(reduction, bufs[0].dtype, st.size):  # type: ignore[union-attr]
+    if not order_matters(reduction, bufs[0].dtype, st.size):
         return None
-    return GlooResult(plan.gloo_spans, bufs, reduction.gloo_step)  # type: ignore[arg-type]
+    return GlooResult(plan.gloo_spans, bufs, reduction.gloo_step)
 
 
 def _span_args(call: Call, st: GroupState, inst: Instance, algorithm: str) -> dict[str, Any]:

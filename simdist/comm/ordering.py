@@ -17,7 +17,7 @@ import bisect
 import torch
 
 from simdist.algorithms import Reduction
-from simdist.algorithms.gloo_order import Span, ring_reduce
+from simdist.algorithms.gloo_order import Span, Step, ring_reduce
 
 
 def reduces_as_gloo(backend_name: str, device_type: str) -> bool:
@@ -86,7 +86,7 @@ class GlooResult:
     reduce op (``Reduction.gloo_step``).
     """
 
-    def __init__(self, spans: list[list[Span]], bufs: list[torch.Tensor], step: object) -> None:
+    def __init__(self, spans: list[list[Span]], bufs: list[torch.Tensor], step: Step) -> None:
         self.spans = spans
         self.step = step
         self.n = len(bufs)
@@ -119,7 +119,7 @@ class GlooResult:
                 assert not missing, (
                     f"ranks {missing} never contributed elements [{span.lo}, {span.hi}) to rank {r}"
                 )
-                out = self.results[span] = ring_reduce(rows, span, self.step)  # type: ignore[arg-type]
+                out = self.results[span] = ring_reduce(rows, span, self.step)
             self.real[r][span.lo : span.hi].copy_(out)
         self.pending -= 1
         if self.pending == 0:  # the work may outlive the collective: free the copies now
