@@ -115,33 +115,67 @@ def _mlp() -> torch.nn.Sequential:
     )
 
 
-def _train(wrap: str) -> dict[str, torch.Tensor]:
-    """Three SGD steps of an MLP (float32, each rank its own batches) under torch's DDP or FSDP2; the full
-    parameters afterwards."""
-    model = _mlp()
-    if wrap == "ddp":
-        wrapped: torch.nn.Module = torch.nn.parallel.DistributedDataParallel(model)
-    else:
-        from torch.distributed.fsdp import fully_shard
+class _TwoMLPs(torch.nn.Module):
+    """Two column-then-row parallel pairs of linear layers, as tensor parallelism splits them."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.up, self.down = torch.nn.Linear(64, 256), torch.nn.Linear(256, 64)
+        self.up2, self.down2 = torch.nn.Linear(64, 256), torch.nn.Linear(256, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.down(torch.relu(self.up(x)))
+        return self.down2(torch.relu(self.up2(x)))
+
+
+def _wrap(wrap: str) -> tuple[torch.nn.Module, int]:
+    """The model under ``wrap`` (torch's DDP, FSDP2, or FSDP2 over TP on a 2 x 4 mesh) and the index of this
+    rank's batches (its data-parallel rank)."""
+    from torch.distributed.fsdp import fully_shard
+
+    if wrap == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(_mlp()), dist.get_rank()
+    if wrap == "fsdp2":
+        model = _mlp()
         for layer in model:
             if isinstance(layer, torch.nn.Linear):
                 fully_shard(layer)
-        wrapped = fully_shard(model)
-    opt = torch.optim.SGD(wrapped.parameters(), lr=0.1)
-    g = torch.Generator().manual_seed(100 + dist.get_rank())
+        return fully_shard(model), dist.get_rank()
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+    tp = {
+        "up": ColwiseParallel(),
+        "down": RowwiseParallel(),
+        "up2": ColwiseParallel(),
+        "down2": RowwiseParallel(),
+    }
+    model = parallelize_module(_TwoMLPs(), mesh["tp"], tp)
+    return fully_shard(model, mesh=mesh["dp"]), mesh["dp"].get_local_rank()
+
+
+def _train(wrap: str) -> dict[str, torch.Tensor]:
+    """Three SGD steps (float32, each data-parallel rank its own batches) of a model under ``wrap``; the full
+    parameters afterwards."""
+    model, data_rank = _wrap(wrap)
+    inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(100 + data_rank)
     for _ in range(3):
         x, y = torch.randn(16, 64, generator=g), torch.randint(0, 10, (16,), generator=g)
-        loss = torch.nn.functional.cross_entropy(wrapped(x), y)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
-    state = model.state_dict()
+    state = inner.state_dict()
     return {
         k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in state.items()
     }
 
 
 def training() -> dict[str, dict[str, torch.Tensor]]:
-    """The parameters torch's DDP and FSDP2 train (gradients averaged by all-reduce and reduce-scatter)."""
-    return {"ddp": _train("ddp"), "fsdp2": _train("fsdp2")}
+    """The parameters torch's DDP, FSDP2 and FSDP2 over TP train on 8 ranks (gradients averaged by all-reduce
+    and reduce-scatter, tensor-parallel activations summed by all-reduce)."""
+    return {wrap: _train(wrap) for wrap in ("ddp", "fsdp2", "fsdp2_tp")}
