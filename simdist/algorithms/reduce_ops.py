@@ -39,6 +39,11 @@ class Reduction:
     combine: Combine
     #: the same op of two Python numbers (the value a reduction of scalars must give)
     scalar: Callable[[Any, Any], Any]
+    #: gloo's step of its ring, ``fn(own, arrived)``, done in place on the arrived partial result ``acc``:
+    #: ``gloo_step(acc, own)``. It is ``combine`` but for MIN and MAX, where gloo's ``std::min``/``std::max``
+    #: keep the arrived value only when it compares smaller (larger), so a NaN or a signed zero comes out as
+    #: gloo's does, while ``combine`` propagates NaN (see :mod:`simdist.algorithms.gloo_order`)
+    gloo_step: Combine
     #: on bool tensors, where it differs from ``combine`` (SUM is logical or, PRODUCT logical and, as gloo)
     combine_bool: Combine | None = None
     #: it reduces complex tensors (torch's ``supports_complex``: SUM and AVG add real and imaginary parts
@@ -104,17 +109,28 @@ def _maximum(d: torch.Tensor, p: torch.Tensor) -> object:
     return torch.maximum(d, p, out=d)
 
 
+def _gloo_min(acc: torch.Tensor, own: torch.Tensor) -> object:
+    # std::min(own, acc) is (acc < own) ? acc : own
+    return torch.where(acc < own, acc, own, out=acc)
+
+
+def _gloo_max(acc: torch.Tensor, own: torch.Tensor) -> object:
+    # std::max(own, acc) is (own < acc) ? acc : own
+    return torch.where(own < acc, acc, own, out=acc)
+
+
 REDUCE_OPS: tuple[Reduction, ...] = (
-    Reduction("sum", _RED.SUM, "any", torch.Tensor.add_, operator.add, torch.Tensor.logical_or_,
+    Reduction("sum", _RED.SUM, "any", torch.Tensor.add_, operator.add, torch.Tensor.add_, torch.Tensor.logical_or_,
               on_complex=True, bench_name="sum"),
-    Reduction("avg", _RED.AVG, "floating", torch.Tensor.add_, operator.add, on_complex=True, divides=True),
-    Reduction("product", _RED.PRODUCT, "any", torch.Tensor.mul_, operator.mul, torch.Tensor.logical_and_,
-              bench_name="prod"),
-    Reduction("min", _RED.MIN, "any", _minimum, min, bench_name="min"),
-    Reduction("max", _RED.MAX, "any", _maximum, max, bench_name="max"),
-    Reduction("band", _RED.BAND, "integral", torch.Tensor.bitwise_and_, operator.and_),
-    Reduction("bor", _RED.BOR, "integral", torch.Tensor.bitwise_or_, operator.or_),
-    Reduction("bxor", _RED.BXOR, "integral", torch.Tensor.bitwise_xor_, operator.xor),
+    Reduction("avg", _RED.AVG, "floating", torch.Tensor.add_, operator.add, torch.Tensor.add_, on_complex=True,
+              divides=True),
+    Reduction("product", _RED.PRODUCT, "any", torch.Tensor.mul_, operator.mul, torch.Tensor.mul_,
+              torch.Tensor.logical_and_, bench_name="prod"),
+    Reduction("min", _RED.MIN, "any", _minimum, min, _gloo_min, bench_name="min"),
+    Reduction("max", _RED.MAX, "any", _maximum, max, _gloo_max, bench_name="max"),
+    Reduction("band", _RED.BAND, "integral", torch.Tensor.bitwise_and_, operator.and_, torch.Tensor.bitwise_and_),
+    Reduction("bor", _RED.BOR, "integral", torch.Tensor.bitwise_or_, operator.or_, torch.Tensor.bitwise_or_),
+    Reduction("bxor", _RED.BXOR, "integral", torch.Tensor.bitwise_xor_, operator.xor, torch.Tensor.bitwise_xor_),
 )  # fmt: skip
 """Every reduce op simdist implements: the ones gloo implements, in torch's order."""
 

@@ -42,6 +42,7 @@ class SimProcessGroup(dist.ProcessGroup):
         self.grank = group_rank
         #: the backend name rank code sees (``pg.name()``, ``pg._get_backend_name()``)
         self.backend_name = backend_name
+        state.backend_name = backend_name  # the same on every member: results follow its reduction order
         #: the works issued inside a ``_coalescing_manager(device=...)`` block (None outside one)
         self._coalesced: list[SimWork] | None = None
         #: what this group refuses, as gloo refuses it

@@ -72,6 +72,9 @@ class GroupState:
         self.size = len(global_ranks)
         self.index = index
         self.stream = f"comm:{name}" if name else "comm"
+        #: the backend name the group presents (``"simdist"``, ``"gloo"``, ``"nccl"``, ``"cpu:gloo,cuda:nccl"``):
+        #: it decides whose reduction order results follow (:mod:`simdist.comm.ordering`)
+        self.backend_name = "simdist"
         self.algorithms: dict[str, str] = {}
         self.timeout: float | None = None
         self._seq = [0] * self.size

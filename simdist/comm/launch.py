@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from simdist.algorithms import reduce_op
 from simdist.comm.group import Call, GroupState, Instance
 from simdist.comm.messages import ScheduleRun
+from simdist.comm.ordering import GlooResult, order_matters, reduces_as_gloo
+from simdist.comm.plans import Plan
 from simdist.trace.trace import Span
 
 if TYPE_CHECKING:  # annotations only: the run's context imports the machinery, not the other way
@@ -30,7 +33,11 @@ def launch(sim: RunContext, st: GroupState, inst: Instance) -> None:
     start_time = max(sim.env.now, *(c.ready_at for c in calls))
     streams = [st.stream_of(inst, r) for r in range(n)]
 
+    order = _gloo_result(plan, st, first.device_type())
+
     def rank_done(r: int) -> None:
+        if order is not None:
+            order.write(r)
         plan.finish[r]()
         c = calls[r]
         sim.trace.add(
@@ -39,13 +46,29 @@ def launch(sim: RunContext, st: GroupState, inst: Instance) -> None:
         c.work.complete()
         st.rank_done(inst, r)
 
-    run = ScheduleRun(sim, plan.msgs, n, plan.src, plan.dst, plan.reduce_op, st.global_ranks, rank_done, streams, name)
+    run = ScheduleRun(
+        sim, plan.msgs, n, plan.src, plan.dst, plan.reduce_op, st.global_ranks, rank_done, streams, name, order
+    )
     for c in calls:
         c.work.messages = run
     if start_time > sim.env.now:
         sim.env.timeout(start_time - sim.env.now).callbacks.append(lambda _ev: run.start())
     else:
         run.start()
+
+
+def _gloo_result(plan: Plan, st: GroupState, device_type: str) -> GlooResult | None:
+    """What puts the results of ``plan`` in gloo's order, or None where its schedule's order stands: a
+    collective that reduces nothing, a group presented as NCCL, types and sizes on which the orders agree."""
+    if plan.gloo_spans is None or not reduces_as_gloo(st.backend_name, device_type):
+        return None
+    bufs = [b for b in plan.dst if b is not None and not b.is_meta]
+    if len(bufs) < len(plan.dst):  # no values to order
+        return None
+    reduction = reduce_op(plan.reduce_op)
+    if not order_matters(reduction, bufs[0].dtype, st.size):
+        return None
+    return GlooResult(plan.gloo_spans, bufs, reduction.gloo_step)
 
 
 def _span_args(call: Call, st: GroupState, inst: Instance, algorithm: str) -> dict[str, Any]:

@@ -3,6 +3,8 @@
 Each message's payload is a snapshot of the sender's buffer taken when the message leaves, and it is reduced
 into or copied to the receiver's buffer when it arrives, at the simulated times the network computes. A
 rank issues its sends of step ``k`` once every message addressed to it with a smaller step has arrived.
+When the result is to be in gloo's order, each reduce message also hands the elements it reads to a
+:class:`~simdist.comm.ordering.GlooResult` (the sender's when it leaves, the receiver's as it arrives).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from simdist.algorithms import Msg, format_schedule, reduce_ops
+from simdist.comm.ordering import GlooResult
 from simdist.trace.trace import Message
 
 if TYPE_CHECKING:  # annotations only: the run's context imports the machinery, not the other way
@@ -24,7 +27,7 @@ class ScheduleRun:
 
     ``src_bufs[r]``/``dst_bufs[r]`` are flat 1-D tensors of group rank ``r``; ``global_ranks[r]`` its global
     rank for routing; ``streams[r]`` the trace stream rank ``r`` runs it on. ``on_rank_done(r)`` is called (in simulated time) once rank ``r`` has issued all its
-    sends and received all its messages.
+    sends and received all its messages. ``order``, when given, is shown every element a reduce message reads.
     """
 
     def __init__(
@@ -39,8 +42,10 @@ class ScheduleRun:
         on_rank_done: Callable[[int], None],
         streams: list[str],
         name: str,
+        order: GlooResult | None = None,
     ) -> None:
         self.sim = sim
+        self.order = order
         self.n = n
         self.src_bufs = src_bufs
         self.dst_bufs = dst_bufs
@@ -99,6 +104,8 @@ class ScheduleRun:
     def _send(self, m: Msg) -> None:
         count = m.shi - m.slo
         buf = self.src_bufs[m.src]
+        if self.order is not None and m.kind == "reduce":
+            self.order.capture(m.src, m.slo, m.shi)
         payload = buf[m.slo : m.shi].clone() if count and buf is not None else None
         self.sim.network.send(
             self.global_ranks[m.src], self.global_ranks[m.dst], count * self.itemsize, self._arrive, (m, payload)
@@ -109,6 +116,8 @@ class ScheduleRun:
         if payload is not None:
             dst = self.dst_bufs[m.dst][m.dlo : m.dhi]
             if m.kind == "reduce":
+                if self.order is not None:
+                    self.order.capture(m.dst, m.dlo, m.dhi)
                 self.reduce(dst, payload)
             else:
                 dst.copy_(payload)

@@ -8,6 +8,8 @@ it, and the planner that turns the matched descriptions of every rank into buffe
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
@@ -82,6 +84,15 @@ class OpSpec(ABC):
     @abstractmethod
     def plan(cls, ops: list, algo: Algorithm) -> plans.Plan:
         """Buffers and schedule for the matched calls ``ops`` (indexed by group rank)."""
+
+    def device_type(self) -> str:
+        """The device type of the tensors it works on (``"cpu"``, or ``"cuda"`` for CUDA tensors)."""
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            first = value[0] if isinstance(value, tuple) and value else value
+            if isinstance(first, torch.Tensor):
+                return first.device.type
+        return "cpu"
 
     def describe(self) -> str:
         """``all_reduce(shape=(4,), dtype=float32, op=sum)`` style text."""
@@ -334,7 +345,10 @@ class ReduceScatterTensorCoalesced(OpSpec):
 
     @classmethod
     def plan(cls, ops: list[ReduceScatterTensorCoalesced], algo: Algorithm) -> plans.Plan:
-        return plans.plan_reduce_scatter([o.input for o in ops], [o.output for o in ops], ops[0].reduce_op, algo)
+        parts = [math.prod(shape) for shape in ops[0].shapes]
+        return plans.plan_reduce_scatter(
+            [o.input for o in ops], [o.output for o in ops], ops[0].reduce_op, algo, parts
+        )
 
 
 @dataclass(frozen=True, eq=False)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from simdist.algorithms import Algorithm, Msg, Problem, offsets_from_sizes, reduce_op
+from simdist.algorithms.gloo_order import Span, all_reduce_block, reduce_block
 
 
 @dataclass
@@ -25,6 +26,24 @@ class Plan:
     dst: list[torch.Tensor | None]
     reduce_op: str = "sum"
     finish: list[Callable[[], None]] = field(default_factory=list)
+    #: for a reducing collective, per rank: the elements of its ``dst`` buffer that hold its result, and
+    #: where gloo's ring reduces them (an empty list for a rank without a result); None for the others
+    gloo_spans: list[list[Span]] | None = None
+
+
+def _gloo_span(
+    t: torch.Tensor,
+    n: int,
+    lo: int,
+    hi: int,
+    base: int,
+    ring: int,
+    block: Callable[[int, int, int], int] = all_reduce_block,
+) -> Span:
+    """Elements ``[lo, hi)`` of a flat buffer of ``t``'s type as elements ``[base, ...)`` of a gloo ring of
+    ``ring`` elements on ``n`` ranks, counted as gloo counts them: a complex tensor's real view."""
+    f = 2 if t.is_complex() else 1
+    return Span(lo * f, hi * f, base * f, block(n, ring * f, t.element_size() // f))
 
 
 def raw_flat(t: torch.Tensor) -> torch.Tensor:
@@ -69,7 +88,10 @@ def plan_all_reduce(tensors: list[torch.Tensor], op: str, algo: Algorithm) -> Pl
     bufs = [raw_flat(t) for t in tensors]
     fins = [_finisher(ws, op, n) for ws in bufs]
     msgs = algo.schedule(Problem(n, bufs[0].numel(), bufs[0].element_size()))
-    return Plan(msgs, bufs, bufs, op, fins)
+    # gloo: one ring all-reduce of the whole buffer (all_reduce_coalesced: of the tensors flattened into one)
+    numel = bufs[0].numel()
+    spans = [[_gloo_span(bufs[0], n, 0, numel, 0, numel)] for _ in range(n)]
+    return Plan(msgs, bufs, bufs, op, fins, spans)
 
 
 def _sparse_parts(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,7 +109,7 @@ def plan_all_reduce_sparse(tensors: list[torch.Tensor], algo: Algorithm) -> Plan
     """Each rank's sparse COO tensor becomes the coalesced sum of every rank's.
 
     Like gloo, the ranks all-gather their indices and values (serialised as bytes, each rank's chunk padded
-    to the largest), and each rank sums what it received.
+    to the largest), and each rank sums what it received, in gloo's order.
     """
     n = len(tensors)
     parts = [_sparse_parts(t) for t in tensors]
@@ -117,9 +139,13 @@ def _sparse_sum_into(ws: torch.Tensor, m: int, parts: list, out: torch.Tensor) -
             idxs.append(chunk[:ni].clone().view(torch.int64).view(idx.shape))
             nv = val.numel() * val.element_size()
             vals.append(chunk[ni : ni + nv].clone().view(val.dtype).view(val.shape))
-        total = torch.sparse_coo_tensor(torch.cat(idxs, 1), torch.cat(vals), out.shape).coalesce()
+        # gloo adds the ranks' tensors one after another, in rank order, then coalesces: the order in which
+        # values at one index are summed is that one (the indices come from coalesced tensors: valid)
+        total = torch.sparse_coo_tensor(idxs[0], vals[0], out.shape, check_invariants=False)
+        for idx, val in zip(idxs[1:], vals[1:]):
+            total = total + torch.sparse_coo_tensor(idx, val, out.shape, check_invariants=False)
         with torch.no_grad():
-            out.copy_(total)
+            out.copy_(total.coalesce())
 
     return finish
 
@@ -146,7 +172,11 @@ def plan_reduce(tensors: list[torch.Tensor], root: int, op: str, algo: Algorithm
             fins.append(lambda: None)
         bufs.append(ws)
     msgs = algo.schedule(Problem(n, bufs[0].numel(), bufs[0].element_size(), root))
-    return Plan(msgs, bufs, bufs, op, fins)
+    numel = bufs[0].numel()
+    spans = [
+        [_gloo_span(bufs[0], n, 0, numel, 0, numel, reduce_block)] if r == root else [] for r in range(n)
+    ]
+    return Plan(msgs, bufs, bufs, op, fins, spans)
 
 
 def plan_all_gather(
@@ -183,9 +213,17 @@ def _copy_out_chunks(ws: torch.Tensor, outs: list[torch.Tensor], order: list[int
 
 
 def plan_reduce_scatter(
-    inputs: list[list[torch.Tensor] | torch.Tensor], outputs: list[torch.Tensor], op: str, algo: Algorithm
+    inputs: list[list[torch.Tensor] | torch.Tensor],
+    outputs: list[torch.Tensor],
+    op: str,
+    algo: Algorithm,
+    parts: list[int] | None = None,
 ) -> Plan:
-    """Chunk r of the element-wise reduction of every rank's input lands in rank r's output."""
+    """Chunk r of the element-wise reduction of every rank's input lands in rank r's output.
+
+    ``parts``, for a coalesced call, are the element counts of each tensor's chunk in a rank's chunk (rank r's
+    chunk is chunk r of every tensor, one after another).
+    """
     n = len(outputs)
     m = outputs[0].numel()
     bufs, fins = [], []
@@ -197,7 +235,27 @@ def plan_reduce_scatter(
         bufs.append(ws)
         fins.append(_chunk_to(ws, r * m, m, out, op, n))
     msgs = algo.schedule(Problem(n, n * m, outputs[0].element_size()))
-    return Plan(msgs, bufs, bufs, op, fins)
+    spans = _reduce_scatter_spans(isinstance(inputs[0], torch.Tensor), outputs[0], n, parts)
+    return Plan(msgs, bufs, bufs, op, fins, spans)
+
+
+def _reduce_scatter_spans(flat: bool, out: torch.Tensor, n: int, parts: list[int] | None) -> list[list[Span]]:
+    """Where gloo reduces each rank's chunk: ``reduce_scatter_tensor`` all-reduces the whole input (rank r
+    keeps chunk r), ``reduce_scatter`` all-reduces each input of the list apart (rank r keeps input r's), and
+    a coalesced call all-reduces each tensor apart."""
+    m = out.numel()
+    if parts is None:
+        parts = [m]
+    assert sum(parts) == m, f"chunk parts {parts} do not make a chunk of {m} elements"
+    spans = []
+    for r in range(n):
+        mine, lo = [], r * m
+        for part in parts:
+            base, ring = (r * part, n * part) if flat else (0, part)
+            mine.append(_gloo_span(out, n, lo, lo + part, base, ring))
+            lo += part
+        spans.append(mine)
+    return spans
 
 
 def _chunk_to(

@@ -142,6 +142,24 @@ def _complex_reduce() -> torch.Tensor:
     return t
 
 
+def _each(values: list[float]) -> Callable[[int], torch.Tensor]:
+    """Rank r's one-element float32 tensor ``values[r]``."""
+    return lambda r: torch.tensor([values[r]], dtype=torch.float32)
+
+
+def _gloo_gives(value: float) -> Callable[[simdist.RunResult], None]:
+    """Oracle: what gloo's ring gives every rank, worked out by hand in the case's line (checked against real
+    gloo processes). On n ranks a one-element buffer is block 0, which starts at rank n-1 and ends at rank 0,
+    each rank applying ``fn(own, arrived)``: ``fn(x0, fn(x1, ... fn(x[n-2], x[n-1])))``."""
+
+    def check_(res: simdist.RunResult) -> None:
+        want = torch.tensor([value], dtype=torch.float32)
+        for t in res.returns:
+            assert torch.equal(t.view(torch.int32), want.view(torch.int32)), (t, want)  # bit for bit: -0.0 too
+
+    return check_
+
+
 E = InvalidArgumentError
 CASES: list[Case] = [
     Case("broadcast-src-outside-world", "broadcast(src=7) in a world of 2",
@@ -236,6 +254,18 @@ CASES: list[Case] = [
          _run(_all_reduce(lambda r: torch.eye(2).to_sparse(), R.MAX)), error=E, match=r"allreduce of sparse tensors only works with ReduceOp.SUM.*MAX"),
     Case("sparse-all-reduce-sum", "all_reduce (SUM) of uncoalesced sparse COO tensors with different nonzeros per rank",
          _run(_sparse_sum, 3), check=_check_sparse),
+    Case("float-sum-in-gloos-order", "all_reduce of float32 1, 1e8, -1e8, 1 on 4 ranks, whose sum depends on the "
+         "order: gloo's ring gives 1 + (1e8 + (-1e8 + 1)) = 1",
+         _run(_all_reduce(_each([1.0, 1e8, -1e8, 1.0])), 4, backend_name="gloo"), check=_gloo_gives(1.0)),
+    Case("min-drops-nan-as-gloo", "all_reduce(ReduceOp.MIN) of 1, 2, NaN on 3 ranks: gloo's std::min(2, NaN) keeps "
+         "2, so min(1, 2) = 1, not NaN",
+         _run(_all_reduce(_each([1.0, 2.0, float("nan")]), R.MIN), 3, backend_name="gloo"), check=_gloo_gives(1.0)),
+    Case("max-drops-nan-as-gloo", "all_reduce(ReduceOp.MAX) of -0.0, 1, NaN on 3 ranks: gloo's std::max(1, NaN) "
+         "keeps 1, so max(-0.0, 1) = 1, not NaN",
+         _run(_all_reduce(_each([-0.0, 1.0, float("nan")]), R.MAX), 3, backend_name="gloo"), check=_gloo_gives(1.0)),
+    Case("min-signed-zero-as-gloo", "all_reduce(ReduceOp.MIN) of 1, -0.0, 0.0 on 3 ranks: std::min keeps its first "
+         "operand on a tie, min(1, min(-0.0, 0.0)) = -0.0",
+         _run(_all_reduce(_each([1.0, -0.0, 0.0]), R.MIN), 3, backend_name="gloo"), check=_gloo_gives(-0.0)),
     Case("zero-element-all-reduce", "all_reduce of an empty tensor",
          _run(_all_reduce(lambda r: torch.ones(0))), check=lambda res: [torch.testing.assert_close(t, torch.ones(0)) for t in res.returns]),
     Case("monitored-barrier-passes", "monitored_barrier on every rank",
