@@ -93,6 +93,8 @@ INVENTORY: tuple[Patch, ...] = (
     Patch("torch.random", ("seed",), "simdist.engine.rng", "as torch.seed"),
     Patch("torch.distributed.distributed_c10d", ("_world",), "simdist.c10d.backend",
           "torch.distributed's world (default group, group maps) per rank thread"),
+    Patch("torch.distributed.distributed_c10d", ("_backend", "_default_pg_init_method"), "simdist.c10d.backend",
+          "torch's own init_process_group in rank code sets them: the process's values come back after the run"),
     Patch("torch.distributed.distributed_c10d", ("init_process_group",), "simdist.c10d.backend",
           "rank code's own init_process_group is checked as a real launch checks it, and finds its group made"),
     Patch("torch.distributed", ("init_process_group",), "simdist.c10d.backend", "as c10d.init_process_group"),

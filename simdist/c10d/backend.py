@@ -309,6 +309,9 @@ def running(ctx: RunContext) -> Iterator[None]:
         "torch.futures.wait_all": _patched_wait_all,
         "torch.futures.collect_all": _patched_collect_all,
         "torch.distributed.distributed_c10d._new_process_group_helper": _patched_new_process_group_helper,
+        # what torch's own init_process_group sets in rank code (scripts run as torchrun runs them)
+        "torch.distributed.distributed_c10d._backend": c10d._backend,
+        "torch.distributed.distributed_c10d._default_pg_init_method": c10d._default_pg_init_method,
         "torch.distributed.distributed_c10d.rendezvous": rendezvous.rendezvous(
             c10d.rendezvous, _rank_or_none, ctx.world_size, ctx.store, lambda: str(ctx.call_site())
         ),
