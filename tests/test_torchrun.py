@@ -215,6 +215,38 @@ def test_a_script_initialises_its_group_however_it_imported_init_process_group(t
     simdist.run_script(_script(tmp_path, ARGPARSE), RING2, argv=[str(tmp_path)])
 
 
+#: an entry-function script that binds torch's own init_process_group when it is imported, before the run
+ENTRY_BOUND_EARLY = """
+import os, sys
+import torch, torch.distributed as dist
+from torch.distributed import init_process_group
+
+
+def main():
+    if os.environ["RANK"] in sys.argv[1].split(","):  # the ranks that call it
+        init_process_group(backend="gloo")
+        if sys.argv[2:] == ["twice"]:
+            init_process_group(backend="gloo")
+    pair = dist.new_group([0, 1])  # the group names stay in step whichever ranks called it
+    t = torch.ones(1) * (dist.get_rank() + 1)
+    dist.all_reduce(t, group=pair)
+    return t.item(), dist.get_backend()
+"""
+
+
+@pytest.mark.parametrize("who", ["0,1", "1"])
+def test_an_entry_function_initialises_with_a_name_bound_before_the_run(tmp_path, who):
+    """The entry-function convention makes the group before main() runs; torch's own init_process_group, bound at
+    import, finds it (on every rank, or on some) instead of refusing to make it twice."""
+    script = _script(tmp_path, ENTRY_BOUND_EARLY, "entry_bound.py")
+    res = simdist.run_script(script, RING2, argv=[who], entry="main", backend_name="gloo")
+    assert res.returns == [(3.0, "gloo")] * 2
+    with pytest.raises(simdist.RankError, match="trying to initialize the default process group twice"):
+        simdist.run_script(script, RING2, argv=[who, "twice"], entry="main", backend_name="gloo")
+    with pytest.raises(simdist.RankError, match=r"init_process_group\(backend='gloo'\) inside simdist\.run"):
+        simdist.run_script(script, RING2, argv=[who], entry="main")  # the run presents 'simdist'
+
+
 def test_a_second_init_process_group_in_a_script_is_refused_as_torch_refuses_it(tmp_path):
     script = _script(
         tmp_path, "import torch.distributed as dist\ndist.init_process_group()\ndist.init_process_group()\n"

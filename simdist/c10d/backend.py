@@ -148,6 +148,13 @@ def _patched_new_process_group_helper(group_size: int, group_rank: int, global_r
             rendezvous.check_world(group_rank, group_size, state.rank, sim.world_size, site, "with a store")
             store = args[0] if args else kwargs.get("store")
             rendezvous.check_store(store, state.rank, site)
+        world = thread_world.current()
+        if world.premade:
+            # torch's own init_process_group, bound before the run, in a function whose group simdist made
+            world.premade = False
+            world.group_count -= 1  # the name torch's function drew: the group has its name already
+            _keep_default_group(backend, kwargs.get("timeout"))
+            return world.default_pg, None
         if not _active["pre_creating"]:
             timeout = kwargs.get("timeout")
             seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else None
@@ -210,14 +217,8 @@ def _patched_init_process_group(
     if state is None:
         return _orig["init_process_group"](*arguments)
     sim = _active["ctx"]
-    name = _active["name"]
-    if _active["default_group"] and backend not in (None, BACKEND, "cpu:" + BACKEND) and str(backend).lower() != name:
-        raise ValueError(
-            f"init_process_group(backend={backend!r}) inside simdist.run: the default group already exists with "
-            f"the '{name}' backend (the name this run presents). Pass backend={name!r} (or none), or run with "
-            f"simdist.run(..., backend_name=...) (simdist run --backend-name ...) set to the backend this code "
-            f"asks for ({BACKEND_NAMES})."
-        )
+    if _active["default_group"]:
+        _check_backend_of_made_group(backend)
     if thread_world.current().default_pg is None or not _active["default_group"]:
         # A script run as torchrun runs it, or a group initialised again after destroy_process_group(): torch's own
         # function, whose rendezvous and group helper are simdist's, so its checks come in its order (and a second
@@ -226,13 +227,33 @@ def _patched_init_process_group(
     rendezvous.check_arguments(
         init_method, timeout, world_size, rank, store, device_id, state.rank, sim.world_size, str(sim.call_site())
     )
+    thread_world.current().premade = False
+    _keep_default_group(backend, timeout)
+    return None
+
+
+def _check_backend_of_made_group(backend: Any) -> None:
+    """The backend an ``init_process_group`` asks for is the one the group simdist made presents."""
+    name = _active["name"]
+    text = str(backend).lower() if backend else ""
+    if text not in ("", "undefined", BACKEND, "cpu:" + BACKEND) and text != name:
+        raise ValueError(
+            f"init_process_group(backend={str(backend)!r}) inside simdist.run: the default group already exists "
+            f"with the '{name}' backend (the name this run presents). Pass backend={name!r} (or none), or run with "
+            f"simdist.run(..., backend_name=...) (simdist run --backend-name ...) set to the backend this code "
+            f"asks for ({BACKEND_NAMES})."
+        )
+
+
+def _keep_default_group(backend: Any, timeout: timedelta | None) -> None:
+    """The rank's ``init_process_group`` finds the group simdist made: checked, its timeout applied to every group."""
+    _check_backend_of_made_group(backend)
     if timeout is not None:
         seconds = timeout.total_seconds()
-        sim.default_timeout = seconds
+        _active["ctx"].default_timeout = seconds
         for pg in thread_world.current().pg_map:
             if hasattr(pg, "state"):
                 pg.state.timeout = seconds
-    return None
 
 
 def init_default_group(rank: int, world_size: int, store: Any) -> None:
@@ -263,7 +284,9 @@ def init_default_group(rank: int, world_size: int, store: Any) -> None:
     identity = _active["identity"]
     if identity is None or len(identity) != world_size:
         identity = _active["identity"] = {i: i for i in range(world_size)}
-    thread_world.current().pg_group_ranks[pg] = identity
+    world = thread_world.current()
+    world.pg_group_ranks[pg] = identity
+    world.premade = True
 
 
 def _patched_wait_all(futures: Any) -> Any:
