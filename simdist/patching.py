@@ -138,6 +138,7 @@ SETTINGS: Mapping[str, str] = {
     "torch.get_default_dtype()": "kept per rank, as per process",
     "torch.get_rng_state()": "kept per rank, as per process",
     "sys.excepthook": "restored after rank threads' unhandled exceptions",
+    "sys.modules['__main__']": "a rank running a script as torchrun runs it has a __main__ module of its own",
     "torch.autograd.is_multithreading_enabled()": "off: autograd's device threads would run outside the baton",
     "C++ process-group registry": "thread isolation mode on: group names resolve per rank thread",
     "torch.library: _c10d_functional CPU kernels": "wait_tensor and all_gather_into_tensor_out wait in simulated time",
@@ -224,6 +225,7 @@ def process_state() -> dict[str, Any]:
     state["random.getstate()"] = random.getstate()
     state["numpy.random.get_state()"] = bytes(np.random.get_state()[1].tobytes())
     state["sys.excepthook"] = _Identity(sys.excepthook)
+    state["sys.modules['__main__']"] = _Identity(sys.modules.get("__main__"))
     state["threading.excepthook"] = _Identity(threading.excepthook)
     state["torch.autograd.is_multithreading_enabled()"] = torch.autograd.is_multithreading_enabled()
     state["torch.distributed.Backend"] = (tuple(dist.Backend.backend_list), tuple(dist.Backend._plugins))

@@ -92,6 +92,47 @@ def test_nothing_of_the_script_runs_when_it_cannot_be_compiled(tmp_path, monkeyp
     assert not (tmp_path / "ran.txt").exists()
 
 
+PICKLES = """
+from __future__ import annotations
+
+import dataclasses, io, sys, typing
+import torch, torch.distributed as dist
+
+
+@dataclasses.dataclass
+class Config:
+    width: int = 2
+    shared: typing.ClassVar[int] = 0  # a class variable, not a field, read from the module's own namespace
+
+
+class Net(torch.nn.Module):
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(config.width, config.width)
+
+
+dist.init_process_group()
+buf = io.BytesIO()
+torch.save(Net(Config()), buf)  # pickles __main__.Net, as a script's own process does
+buf.seek(0)
+loaded = torch.load(buf, weights_only=False)
+rank = dist.get_rank()
+dist.barrier()  # the other rank has run its own copy of the module meanwhile
+print(type(loaded) is Net, [f.name for f in dataclasses.fields(Config)], sys.modules["__main__"].rank == rank)
+"""
+
+
+def test_a_script_is_its_ranks_main_module(tmp_path, capsys):
+    """Each rank's sys.modules['__main__'] is its own run of the script: pickle and torch.save find the script's
+    classes there, and dataclasses read its annotations from it, as in a process torchrun started."""
+    main_before = sys.modules["__main__"]
+    simdist.run_script(_script(tmp_path, PICKLES), RING2)
+    assert sorted(capsys.readouterr().out.splitlines()) == [
+        f"[rank{r}]:True ['width'] True" for r in range(2)
+    ]
+    assert sys.modules["__main__"] is main_before
+
+
 ARGPARSE = """
 import argparse, json, os, sys
 import torch, torch.distributed as dist

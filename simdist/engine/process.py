@@ -30,7 +30,7 @@ from simdist.clock.baton import current_rank_state
 from simdist.comm.context import RunContext
 from simdist.comm.races import direct_read
 from simdist.engine.rank_output import RankStream
-from simdist.engine.rank_process import RankArgv, rank_clocks, rank_getpid
+from simdist.engine.rank_process import RankArgv, rank_clocks, rank_getpid, rank_mains
 from simdist.errors import RankExit
 from simdist.patching import HOST_READS, replaced
 
@@ -101,7 +101,8 @@ def run_context(ctx: RunContext, n: int, local_world: int) -> Iterator[RankProce
         patches.update({"sys.stdout": streams[0], "sys.stderr": streams[1]})
     processes = RankProcesses(streams)
     try:
-        with replaced(_OWNER, patches), backend.running(ctx):
+        with replaced(_OWNER, patches), backend.running(ctx), rank_mains() as mains:
+            ctx.baton.per_rank.append(mains)
             try:
                 yield processes
             finally:

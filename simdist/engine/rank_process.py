@@ -10,16 +10,21 @@ process id and the command line.
   rather than signal the simulator or another program.
 - The command line: each rank has a ``sys.argv`` list of its own (:class:`RankArgv`), put in place at every
   hand-off of the baton.
+- The ``__main__`` module: a rank that runs a script as torchrun runs it has one of its own
+  (:class:`RankMains`), so ``pickle`` and ``torch.save`` find the script's classes as ``__main__.Name`` (as in
+  the rank's own process) and ``sys.modules["__main__"]`` is the script's module there.
 
 Outside rank threads each of them answers as before the run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from types import ModuleType
 
 from simdist.clock.baton import current_rank_state
 from simdist.patching import RANK_CLOCKS
@@ -87,3 +92,51 @@ class RankArgv:
     def leave(self, rank: int) -> None:
         """Keep what ``sys.argv`` is now as ``rank``'s (it may have replaced the list)."""
         self._lists[rank] = sys.argv
+
+
+class RankMains:
+    """Each rank's ``sys.modules["__main__"]``: the module a rank made its own (:func:`own_main_module`), else the
+    process's, put in place whenever a rank's thread takes the baton (a :class:`simdist.clock.baton.PerRankState`)."""
+
+    def __init__(self) -> None:
+        self.process = sys.modules.get("__main__")
+        self._modules: dict[int, ModuleType] = {}
+
+    def enter(self, rank: int) -> None:
+        """Put ``rank``'s ``__main__`` in place."""
+        mine = self._modules.get(rank, self.process)
+        if mine is not None:
+            sys.modules["__main__"] = mine
+
+    def leave(self, rank: int) -> None:
+        """Nothing to keep: a rank's module is recorded when it is made."""
+
+    def own(self, rank: int, module: ModuleType) -> None:
+        """From now on ``module`` is ``rank``'s ``__main__``."""
+        self._modules[rank] = module
+        sys.modules["__main__"] = module
+
+
+#: the run in progress's :class:`RankMains` (at most one run at a time)
+_mains: list[RankMains] = []
+
+
+@contextlib.contextmanager
+def rank_mains() -> Iterator[RankMains]:
+    """During the block ranks may have ``__main__`` modules of their own; the process's comes back after it."""
+    mains = RankMains()
+    _mains.append(mains)
+    try:
+        yield mains
+    finally:
+        _mains.remove(mains)
+        if mains.process is not None:
+            sys.modules["__main__"] = mains.process
+
+
+def own_main_module(module: ModuleType) -> None:
+    """Make ``module`` the calling rank's ``sys.modules["__main__"]`` for the rest of the run."""
+    state = current_rank_state()
+    if state is None or not _mains:
+        raise RuntimeError("own_main_module is for rank code inside a run")
+    _mains[-1].own(state.owner.rank, module)

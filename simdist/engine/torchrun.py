@@ -1,7 +1,7 @@
 """Run a script as torchrun would, once per rank: ``simdist run train.py -- ARGS`` and :func:`run_script`.
 
 Each rank executes the script's module code as ``__main__`` (its ``if __name__ == "__main__":`` block included)
-in its own module namespace, with ``sys.argv`` ``[script, *args]``, torchrun's environment and no process group:
+in a module of its own (the rank's ``sys.modules["__main__"]``), with ``sys.argv`` ``[script, *args]``, torchrun's environment and no process group:
 the script makes it with ``init_process_group``, however it imported that function. ``sys.exit(0)`` (or falling
 off the end) ends a rank normally; a non-zero exit or an uncaught exception is that rank's failure. Nothing of
 the script runs in the calling process: it is only read and compiled there, so a syntax error is reported
@@ -21,8 +21,10 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+from simdist.engine.rank_process import own_main_module
 from simdist.engine.runner import RunResult, run
 from simdist.errors import RankExit, RunArgumentError
 from simdist.network.cluster import Cluster
@@ -104,18 +106,14 @@ class ScriptProgram:
         code, path = self.code, str(self.path)
 
         def main() -> None:
-            namespace = {
-                "__name__": "__main__",
-                "__file__": path,
-                "__builtins__": builtins,
-                "__doc__": None,
-                "__spec__": None,
-                "__loader__": None,
-                "__package__": None,
-                "__cached__": None,
-            }
+            module = ModuleType("__main__")
+            module.__dict__.update(
+                {"__file__": path, "__builtins__": builtins, "__loader__": None, "__cached__": None}
+            )
+            # pickle finds the script's classes as __main__.Name, as in the rank's own process
+            own_main_module(module)
             try:
-                exec(code, namespace)  # noqa: S102 - running the user's script is what this is for
+                exec(code, module.__dict__)  # noqa: S102 - running the user's script is what this is for
             except SystemExit as e:
                 if e.code not in (None, 0):
                     raise  # a non-zero exit is the rank's failure, as torchrun reports it
