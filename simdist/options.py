@@ -81,7 +81,7 @@ class RunOptions:
     #: each rank starts with the default process group made (False: rank code makes it with
     #: ``init_process_group``, as a process torchrun starts does)
     default_group: bool = True
-    #: each line rank code writes to ``sys.stdout`` or ``sys.stderr`` starts with ``[rankN]:``, as torchrun shows it
+    #: each line rank code writes to ``sys.stdout`` or ``sys.stderr`` starts with ``[rankN]:``, as torch prefixes a rank's traceback
     prefix_output: bool = False
     #: the local ranks whose ``sys.stdout`` and ``sys.stderr`` are shown (torchrun's ``--local-ranks-filter``;
     #: None: every rank's)

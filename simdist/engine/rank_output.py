@@ -1,4 +1,4 @@
-"""Each rank's ``sys.stdout`` and ``sys.stderr`` as torchrun shows them: line by line, each line prefixed with
+"""Each rank's ``sys.stdout`` and ``sys.stderr`` told apart: line by line, each line prefixed with
 ``[rankN]:`` and only for the local ranks chosen (torchrun's ``--local-ranks-filter``).
 
 A rank's text is kept until it ends a line, so the lines of ranks never mix; what a rank leaves unfinished is
