@@ -199,6 +199,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     hint = None if args.entry else ScriptProgram.load(args.script).entry_hint()
     if hint:
         print(f"simdist: note: {hint}", file=sys.stderr)
+    elif not args.entry and res.messages == 0 and res.world_size > 1:
+        # a script that stops before training (a GPU check, a missing dataset) still ends with status 0
+        print(
+            f"simdist: note: no rank of {res.world_size} communicated (0 messages): if the script was to train, it "
+            "stopped before its first collective; its output above may say why",
+            file=sys.stderr,
+        )
     return 3 if res.races else 0
 
 

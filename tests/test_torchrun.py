@@ -502,6 +502,24 @@ def test_an_entry_script_that_the_torchrun_mode_would_not_run_gets_a_note(tmp_pa
     assert "rank 1: 1" in captured.out and "note" not in captured.err
 
 
+def test_a_script_that_stops_before_communicating_gets_a_note(tmp_path, capsys):
+    """As the public examples do without a GPU: print why, exit with status 0, having run no step."""
+    script = _script(
+        tmp_path, "import sys\nprint('Unable to locate sufficient 2 gpus. Exiting.')\nsys.exit()\n"
+    )
+    assert cli_main(["run", str(script), "--world-size", "2"]) == 0
+    captured = capsys.readouterr()
+    assert "[rank1]:Unable to locate sufficient 2 gpus. Exiting." in captured.out
+    assert "no rank of 2 communicated (0 messages)" in captured.err
+    assert (
+        cli_main(
+            ["run", str(_script(tmp_path, ARGPARSE, "reduce.py")), "--world-size", "2", "--", str(tmp_path)]
+        )
+        == 0
+    )
+    assert "communicated" not in capsys.readouterr().err  # it all-reduced
+
+
 def test_an_entry_function_reads_the_script_arguments_too(tmp_path):
     script = _script(tmp_path, "import sys\n\ndef main():\n    return list(sys.argv)\n")
     res = simdist.run_script(script, RING2, argv=["--x", "1"], entry="main")
