@@ -159,7 +159,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         warnings.simplefilter("ignore", RaceWarning)
         try:
             res = run_script(
-                args.script, cluster, argv=args.script_args, entry=args.entry, prefix_output=True,
+                args.script, cluster, argv=args.script_args, entry=args.entry, prefix_output=not args.no_prefix,
                 local_ranks_filter=args.local_ranks_filter, seed=args.seed, progress=args.progress,
                 gloo_threads=args.gloo_threads, races=args.races, race_waivers=args.waive_race, watchdog=args.watchdog,
                 backend_name=args.backend_name, memory=args.memory,
@@ -317,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "instead of running SCRIPT as torchrun would")
     r.add_argument("--local-ranks-filter", "--local_ranks_filter", type=_local_ranks, default=None, metavar="RANKS",
                    help="show the output of these local ranks only, e.g. 0 or 0,1 (as torchrun's option)")
+    r.add_argument("--no-prefix", action="store_true",
+                   help="leave the ranks' output lines unprefixed (torchrun's default) instead of starting each with [rankN]:")
     r.add_argument("--progress", default="nccl", choices=PROGRESS_MODES,
                    help="backend progress semantics: nccl (one stream per group) or gloo (a pool of threads per group; default: nccl)")
     r.add_argument("--gloo-threads", type=positive, default=2, help="threads per group with --progress gloo (default: 2)")

@@ -481,6 +481,10 @@ def test_the_command_line_prefixes_and_filters_like_torchrun(tmp_path, capsys):
     assert cli_main(["run", str(script), "--world-size", "3", "--local-ranks-filter", "0,2"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert {line.split(":")[0] for line in out if line.startswith("[")} == {"[rank0]", "[rank2]"}
+    assert (
+        cli_main(["run", str(script), "--world-size", "2", "--no-prefix", "--local-ranks-filter", "1"]) == 0
+    )
+    assert [line for line in capsys.readouterr().out.splitlines() if "1" in line][:2] == ["out 1", "two 1"]
     assert _usage_error(["run", str(script), "--local-ranks-filter", "0,x"])
     assert (
         "argument --local-ranks-filter/--local_ranks_filter: expected local ranks separated by commas"
