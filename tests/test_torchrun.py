@@ -268,6 +268,9 @@ def main():
         init_process_group(backend="gloo")
         if sys.argv[2:] == ["twice"]:
             init_process_group(backend="gloo")
+    if sys.argv[2:] == ["again"]:  # a group of the function's own after the one simdist made
+        dist.destroy_process_group()
+        init_process_group(backend="gloo")
     pair = dist.new_group([0, 1])  # the group names stay in step whichever ranks called it
     t = torch.ones(1) * (dist.get_rank() + 1)
     dist.all_reduce(t, group=pair)
@@ -282,6 +285,8 @@ def test_an_entry_function_initialises_with_a_name_bound_before_the_run(tmp_path
     script = _script(tmp_path, ENTRY_BOUND_EARLY, "entry_bound.py")
     res = simdist.run_script(script, RING2, argv=[who], entry="main", backend_name="gloo")
     assert res.returns == [(3.0, "gloo")] * 2
+    again = simdist.run_script(script, RING2, argv=[who, "again"], entry="main", backend_name="gloo")
+    assert again.returns == [(3.0, "gloo")] * 2
     with pytest.raises(simdist.RankError, match="trying to initialize the default process group twice"):
         simdist.run_script(script, RING2, argv=[who, "twice"], entry="main", backend_name="gloo")
     with pytest.raises(simdist.RankError, match=r"init_process_group\(backend='gloo'\) inside simdist\.run"):

@@ -68,7 +68,10 @@ def _default_pg() -> property:
         return world.default_pg
 
     def put(self: object, value: object) -> None:
-        current().default_pg = value
+        world = current()
+        world.default_pg = value
+        if value is None:  # destroyed: the next group is the program's own
+            world.premade = False
 
     return property(get, put)
 
