@@ -10,6 +10,7 @@ from simdist import algorithms, report
 from simdist.compute.memory import MemoryStats
 from simdist.engine.api import charge, now, set_algorithms, synchronize
 from simdist.engine.runner import RunResult, install_report_writer, run
+from simdist.engine.torchrun import run_script
 from simdist.errors import (
     ClusterSpecError,
     CollectiveMismatchError,
@@ -67,6 +68,7 @@ __all__ = [
     "now",
     "report",
     "run",
+    "run_script",
     "set_algorithms",
     "synchronize",
 ]

@@ -1,6 +1,9 @@
 """The ``simdist`` command line: ``simdist run``, ``simdist check``, ``simdist bench``, ``simdist report``,
 ``simdist clusters``.
 
+``simdist run SCRIPT [options] -- ARGS`` runs SCRIPT as torchrun would (its module code as ``__main__`` on every
+rank, ``sys.argv`` ``[SCRIPT, *ARGS]``); with ``--entry NAME`` it calls SCRIPT's function NAME on every rank instead.
+
 Exit statuses: 0 success; 1 a diagnosed run (deadlock, mismatch, a rank's exception, a race under
 ``--races error``) or a bench row with wrong values; 2 the run could not start (bad arguments, cluster or
 script; argparse's usage errors too); 3 races found under ``--races warn``. Every error is one message on
@@ -33,8 +36,9 @@ from simdist.bench import (
     table_row,
     too_many_ranks,
 )
-from simdist.engine.runner import RunResult, run
-from simdist.errors import ClusterSpecError, RaceWarning, SimdistError
+from simdist.engine.runner import RunResult
+from simdist.engine.torchrun import ScriptProgram, run_script
+from simdist.errors import ClusterSpecError, RaceWarning, RankError, SimdistError
 from simdist.network import Cluster
 from simdist.network.presets import PRESETS
 from simdist.options import BACKEND_NAMES, LOSS_MODES, PROGRESS_MODES, RACE_MODES
@@ -130,30 +134,47 @@ def _size(text: str) -> int:
 _size.__name__ = "size"
 
 
+def _local_ranks(text: str) -> tuple[int, ...]:
+    """An argparse type: torchrun's ``--local-ranks-filter``, local ranks separated by commas ("0,1,2")."""
+    try:
+        ranks = tuple(int(part, 10) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected local ranks separated by commas, such as 0 or 0,1,2; found {text!r}"
+        ) from None
+    if any(r < 0 for r in ranks):
+        raise argparse.ArgumentTypeError(f"local ranks are whole numbers >= 0; found {text!r}")
+    return ranks
+
+
+_local_ranks.__name__ = "local ranks"
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    """Run a script's entry function on every rank of a simulated cluster."""
-    fn = load_entry(args.script, args.entry)
+    """Run a script on every rank of a simulated cluster: as torchrun would, or its entry function (``--entry``)."""
     cluster = _cluster(args.cluster, args.world_size)
+    program = f"{args.script}:{args.entry}" if args.entry else args.script
     t0 = time.perf_counter()
     with warnings.catch_warnings():  # races are summarised once below rather than warned per site
         warnings.simplefilter("ignore", RaceWarning)
         try:
-            res = run(
-                fn, cluster, seed=args.seed, progress=args.progress, gloo_threads=args.gloo_threads, races=args.races,
-                race_waivers=args.waive_race, watchdog=args.watchdog, backend_name=args.backend_name,
-                memory=args.memory,
+            res = run_script(
+                args.script, cluster, argv=args.script_args, entry=args.entry, prefix_output=not args.no_prefix,
+                local_ranks_filter=args.local_ranks_filter, seed=args.seed, progress=args.progress,
+                gloo_threads=args.gloo_threads, races=args.races, race_waivers=args.waive_race, watchdog=args.watchdog,
+                backend_name=args.backend_name, memory=args.memory,
             )
         except SimdistError as e:
             # a diagnosed run is what a report is most often shared for: write it, then report as usual
-            if args.report:
+            if args.report and not isinstance(e, ScriptError):
                 title = f"simdist run: {Path(args.script).name}"
                 path = write_run_report(None, args.report, error=e, cluster=cluster, seed=args.seed,
-                                        program=f"{args.script}:{args.entry}", title=title)
+                                        program=program, title=title)
                 print(f"report written to {path}", file=sys.stderr)
             raise
     wall = time.perf_counter() - t0
     for rank, value in enumerate(res.returns):
-        if value is not None or args.show_none:
+        if args.entry and (value is not None or args.show_none):
             print(f"rank {rank}: {value!r}")
     print(
         f"simulated time {res.sim_time * 1e6:.3f} us on {cluster.name} ({cluster.world_size} ranks); "
@@ -167,8 +188,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             return 2
         print(f"trace written to {path} (open it in ui.perfetto.dev)")
     if args.report:
-        path = write_run_report(res, args.report, program=f"{args.script}:{args.entry}",
-                                title=f"simdist run: {Path(args.script).name}")
+        path = write_run_report(res, args.report, program=program, title=f"simdist run: {Path(args.script).name}")
         print(f"report written to {path}")
     if args.memory:
         print(_memory_summary(res))
@@ -176,6 +196,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"simdist: warning: --waive-race {text!r} named no race in this run; remove it or correct it", file=sys.stderr)
     if res.races or res.waived_races:
         print(res.race_summary())
+    hint = None if args.entry else ScriptProgram.load(args.script).entry_hint()
+    if hint:
+        print(f"simdist: note: {hint}", file=sys.stderr)
+    elif not args.entry and res.messages == 0 and res.world_size > 1:
+        # a script that stops before training (a GPU check, a missing dataset) still ends with status 0
+        print(
+            f"simdist: note: no rank of {res.world_size} communicated (0 messages): if the script was to train, it "
+            "stopped before its first collective; its output above may say why",
+            file=sys.stderr,
+        )
     return 3 if res.races else 0
 
 
@@ -269,8 +299,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     positive = _whole_number(1)
 
-    r = sub.add_parser("run", help="run SCRIPT's entry function on every rank of a simulated cluster")
-    r.add_argument("script", help="a Python file defining the rank entry function (default name: main)")
+    r = sub.add_parser(
+        "run", help="run SCRIPT on every rank of a simulated cluster, as torchrun would (or its --entry function)",
+        usage="simdist run SCRIPT [options] [-- SCRIPT_ARGS ...]",
+    )
+    r.add_argument("script", help="a Python file: run as torchrun runs it, its module code as __main__ on every rank")
     r.add_argument("--cluster", default="switch", help="preset name or .toml/.json cluster file (default: switch)")
     r.add_argument("--world-size", type=positive, default=None, help="number of ranks (sizes a preset; checks a file)")
     r.add_argument("--seed", type=_seed, default=0,
@@ -279,7 +312,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the Chrome/Perfetto trace JSON here (its directory must exist)")
     r.add_argument("--report", type=_output_file, default=None,
                    help="write a self-contained HTML report of the run here (also when a diagnosis stops the run)")
-    r.add_argument("--entry", default="main", help="name of the entry function in SCRIPT (default: main)")
+    r.add_argument("--entry", default=None, metavar="NAME",
+                   help="call SCRIPT's function NAME on every rank, in a world whose default process group exists, "
+                        "instead of running SCRIPT as torchrun would")
+    r.add_argument("--local-ranks-filter", "--local_ranks_filter", type=_local_ranks, default=None, metavar="RANKS",
+                   help="show the output of these local ranks only, e.g. 0 or 0,1 (as torchrun's option)")
+    r.add_argument("--no-prefix", action="store_true",
+                   help="leave the ranks' output lines unprefixed (torchrun's default) instead of starting each with [rankN]:")
     r.add_argument("--progress", default="nccl", choices=PROGRESS_MODES,
                    help="backend progress semantics: nccl (one stream per group) or gloo (a pool of threads per group; default: nccl)")
     r.add_argument("--gloo-threads", type=positive, default=2, help="threads per group with --progress gloo (default: 2)")
@@ -296,8 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--memory", action="store_true",
                    help="account each rank's live tensor bytes: print the peaks; a rank over its device's memory fails "
                         "with a simulated out-of-memory error")
-    r.add_argument("--show-none", action="store_true", help="also print ranks that returned None")
-    r.set_defaults(func=cmd_run)
+    r.add_argument("--show-none", action="store_true", help="with --entry, also print ranks that returned None")
+    r.set_defaults(func=cmd_run, script_args=[])
 
     k = sub.add_parser("check", help="compare SCRIPT on every rank with REFERENCE on one rank, step by step")
     k.add_argument("script", help="the parallel training script (entry function: main)")
@@ -349,12 +388,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``simdist`` console script."""
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # The script's own arguments follow the first "--", as torchrun's follow the script: none of them is simdist's.
+    script_args = argv[argv.index("--") + 1 :] if "--" in argv else None
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv[: argv.index("--")] if "--" in argv else argv)
+    if unknown:
+        hint = (
+            f"; a script's own arguments go after --: simdist run {args.script} [options] -- {' '.join(unknown)}"
+            if args.command == "run" else ""
+        )
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+    if script_args is not None:
+        if args.command != "run":
+            parser.error(f"arguments after -- are a script's arguments, taken by simdist run only; found them after simdist {args.command}")
+        args.script_args = script_args
     try:
         return args.func(args)
     except BrokenPipeError:
-        # the reader went away (`simdist run ... | head`): stop quietly, as other command-line tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return _reader_gone()
+    except RankError as e:
+        if isinstance(e.exc, BrokenPipeError):  # a rank printing into the pipe found it closed
+            return _reader_gone()
+        print(f"simdist: error: {e}", file=sys.stderr)
         return 1
     except (ClusterSpecError, ScriptError, ValueError) as e:
         # the run could not start: bad arguments, cluster or script (as python -m real, exit status 2)
@@ -363,6 +419,12 @@ def main(argv: list[str] | None = None) -> int:
     except SimdistError as e:  # the run started and simdist diagnosed it
         print(f"simdist: error: {e}", file=sys.stderr)
         return 1
+
+
+def _reader_gone() -> int:
+    """The reader of stdout went away (``simdist run ... | head``): stop quietly, as other command-line tools do."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1
 
 
 if __name__ == "__main__":

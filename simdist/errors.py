@@ -74,6 +74,13 @@ class SimTimeoutError(SimdistError, dist.DistBackendError):
     """
 
 
+class RendezvousTimeoutError(SimTimeoutError, dist.DistStoreError):
+    """A rank's ``init_process_group`` waited its timeout (simulated seconds) for ranks that never joined the group.
+
+    Also a ``torch.distributed.DistStoreError``, what a real rendezvous raises when its wait times out.
+    """
+
+
 class OutOfMemoryError(SimdistError, torch.OutOfMemoryError):
     """A rank's live tensor bytes would exceed its device's memory capacity (``simdist.run(..., memory=True)``).
 

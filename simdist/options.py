@@ -76,6 +76,16 @@ class RunOptions:
     watchdog: float | None = None
     backend_name: str = "simdist"
     memory: bool = False
+    #: what ``sys.argv`` reads in rank code, each rank its own list (None: the process's own, shared)
+    argv: tuple[str, ...] | None = None
+    #: each rank starts with the default process group made (False: rank code makes it with
+    #: ``init_process_group``, as a process torchrun starts does)
+    default_group: bool = True
+    #: each line rank code writes to ``sys.stdout`` or ``sys.stderr`` starts with ``[rankN]:``, as torch prefixes a rank's traceback
+    prefix_output: bool = False
+    #: the local ranks whose ``sys.stdout`` and ``sys.stderr`` are shown (torchrun's ``--local-ranks-filter``;
+    #: None: every rank's)
+    local_ranks_filter: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.seed) or self.seed not in SEEDS:
@@ -97,6 +107,12 @@ class RunOptions:
             object.__setattr__(self, "watchdog", _positive_seconds("watchdog", self.watchdog))
         _one_of("backend_name", self.backend_name, BACKEND_NAMES)
         _flag("memory", self.memory)
+        if self.argv is not None:
+            object.__setattr__(self, "argv", _argv(self.argv))
+        _flag("default_group", self.default_group)
+        _flag("prefix_output", self.prefix_output)
+        if self.local_ranks_filter is not None:
+            object.__setattr__(self, "local_ranks_filter", _local_ranks(self.local_ranks_filter))
 
     @classmethod
     def from_keywords(cls, race_waivers: Sequence[str] | None = None, **options: Any) -> RunOptions:
@@ -127,6 +143,33 @@ def _waiver_texts(waivers: Any) -> tuple[str, ...]:
                 f"{w!r:.60}"
             )
     return tuple(waivers)
+
+
+def _argv(argv: Any) -> tuple[str, ...]:
+    """``argv`` as a tuple of strings, as ``sys.argv`` holds them."""
+    if isinstance(argv, (str, bytes)) or not isinstance(argv, (list, tuple)):
+        raise RunArgumentError(
+            f"argv must be a list of strings (what sys.argv reads in rank code, the program's name first), got "
+            f"{type(argv).__name__} {argv!r:.60}"
+        )
+    for i, a in enumerate(argv):
+        if not isinstance(a, str):
+            raise RunArgumentError(f"argv[{i}] must be a string, as every item of sys.argv is; got {type(a).__name__} {a!r:.60}")
+    return tuple(argv)
+
+
+def _local_ranks(ranks: Any) -> tuple[int, ...]:
+    """``local_ranks_filter`` as sorted distinct local ranks (whole numbers >= 0, at least one)."""
+    if isinstance(ranks, (str, bytes)) or not isinstance(ranks, (list, tuple, set, frozenset)):
+        raise RunArgumentError(
+            f"local_ranks_filter must be a list of local ranks (whole numbers >= 0) whose output is shown, or None for "
+            f"every rank's; got {type(ranks).__name__} {ranks!r:.60}"
+        )
+    if not ranks or not all(_is_int(r) and r >= 0 for r in ranks):
+        raise RunArgumentError(
+            f"local_ranks_filter must name at least one local rank, each a whole number >= 0; got {sorted(ranks, key=repr)!r:.60}"
+        )
+    return tuple(sorted(set(ranks)))
 
 
 def _positive_seconds(source: str, value: Any) -> float:

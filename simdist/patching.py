@@ -44,6 +44,9 @@ NUMPY_RANDOM_FUNCTIONS = _bound_to(np.random, np.random.mtrand._rand)
 #: a GPU host waits for its device there, and the race detector counts them as reads
 HOST_READS = ("tolist", "numpy", "__repr__", "__array__")
 
+#: ``time``'s clocks that rank code reads in simulated time (its rank's host time plus a base taken at the start)
+RANK_CLOCKS = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns")
+
 
 @dataclass(frozen=True)
 class Patch:
@@ -66,6 +69,13 @@ INVENTORY: tuple[Patch, ...] = (
     Patch("signal", ("signal", "getsignal"), "simdist.engine.process",
           "rank code runs in a thread, where Python refuses handlers: one handler table per rank"),
     Patch("time", ("sleep",), "simdist.engine.process", "a rank sleeps in simulated time and lets the others run"),
+    Patch("time", RANK_CLOCKS, "simdist.engine.process",
+          "a rank's clocks read its simulated host time, so what it times takes simulated seconds"),
+    Patch("os", ("getpid",), "simdist.engine.process",
+          "each rank has a process id of its own, and none of a live process"),
+    Patch("sys", ("argv",), "simdist.engine.process", "each rank reads and changes its own command line (argv=)"),
+    Patch("sys", ("stdout", "stderr"), "simdist.engine.process",
+          "each line a rank writes starts with [rankN]:, or is left out by local rank (prefix_output, local_ranks_filter)"),
     Patch("torch", ("manual_seed",), "simdist.engine.process",
           "seeds the CPU generator only: torch's also queues CUDA seeding at a millisecond per call"),
     Patch("torch.random", ("manual_seed",), "simdist.engine.process", "as torch.manual_seed"),
@@ -83,11 +93,15 @@ INVENTORY: tuple[Patch, ...] = (
     Patch("torch.random", ("seed",), "simdist.engine.rng", "as torch.seed"),
     Patch("torch.distributed.distributed_c10d", ("_world",), "simdist.c10d.backend",
           "torch.distributed's world (default group, group maps) per rank thread"),
+    Patch("torch.distributed.distributed_c10d", ("_backend", "_default_pg_init_method"), "simdist.c10d.backend",
+          "torch's own init_process_group in rank code sets them: the process's values come back after the run"),
     Patch("torch.distributed.distributed_c10d", ("init_process_group",), "simdist.c10d.backend",
-          "rank code's own init_process_group finds its group already made"),
+          "rank code's own init_process_group is checked as a real launch checks it, and finds its group made"),
     Patch("torch.distributed", ("init_process_group",), "simdist.c10d.backend", "as c10d.init_process_group"),
     Patch("torch.distributed.distributed_c10d", ("_new_process_group_helper",), "simdist.c10d.backend",
           "new_group(backend='gloo' or 'nccl') makes a simulated group presenting that name"),
+    Patch("torch.distributed.distributed_c10d", ("rendezvous",), "simdist.c10d.backend",
+          "torch's own init_process_group in rank code meets the launch's values, checked, and contacts nothing"),
     Patch("torch.distributed.distributed_c10d", ("monitored_barrier",), "simdist.c10d.backend",
           "monitored_barrier on a group presented as 'simdist'"),
     Patch("torch.distributed", ("monitored_barrier",), "simdist.c10d.backend", "as c10d.monitored_barrier"),
@@ -124,6 +138,7 @@ SETTINGS: Mapping[str, str] = {
     "torch.get_default_dtype()": "kept per rank, as per process",
     "torch.get_rng_state()": "kept per rank, as per process",
     "sys.excepthook": "restored after rank threads' unhandled exceptions",
+    "sys.modules['__main__']": "a rank running a script as torchrun runs it has a __main__ module of its own",
     "torch.autograd.is_multithreading_enabled()": "off: autograd's device threads would run outside the baton",
     "C++ process-group registry": "thread isolation mode on: group names resolve per rank thread",
     "torch.library: _c10d_functional CPU kernels": "wait_tensor and all_gather_into_tensor_out wait in simulated time",
@@ -210,6 +225,7 @@ def process_state() -> dict[str, Any]:
     state["random.getstate()"] = random.getstate()
     state["numpy.random.get_state()"] = bytes(np.random.get_state()[1].tobytes())
     state["sys.excepthook"] = _Identity(sys.excepthook)
+    state["sys.modules['__main__']"] = _Identity(sys.modules.get("__main__"))
     state["threading.excepthook"] = _Identity(threading.excepthook)
     state["torch.autograd.is_multithreading_enabled()"] = torch.autograd.is_multithreading_enabled()
     state["torch.distributed.Backend"] = (tuple(dist.Backend.backend_list), tuple(dist.Backend._plugins))

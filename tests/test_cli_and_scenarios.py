@@ -39,7 +39,8 @@ def test_simdist_run_script(tmp_path, capsys):
     script = tmp_path / "prog.py"
     script.write_text(SCRIPT)
     trace = tmp_path / "t.json"
-    assert main(["run", str(script), "--cluster", "ring", "--world-size", "4", "--seed", "1", "--trace", str(trace)]) == 0
+    argv = ["run", str(script), "--entry", "main", "--cluster", "ring", "--world-size", "4", "--seed", "1", "--trace", str(trace)]
+    assert main(argv) == 0
     out = capsys.readouterr().out
     for r in range(4):
         assert f"rank {r}: [6.0, 6.0, 6.0, 6.0]" in out
@@ -72,13 +73,13 @@ def main():
 def test_simdist_run_reports_races_and_runs_gloo_progress(tmp_path, capsys):
     script = tmp_path / "racy.py"
     script.write_text(RACY)
-    assert main(["run", str(script), "--world-size", "2", "--progress", "nccl"]) == 3
+    assert main(["run", str(script), "--entry", "main", "--world-size", "2", "--progress", "nccl"]) == 3
     out = capsys.readouterr().out
     assert "rank 0: [4.0, 4.0, 4.0, 4.0]" in out  # in order on one stream: the sum of sums
     assert "two operations in flight on overlapping memory" in out and "on ranks 0-1 (2 findings)" in out
-    assert main(["run", str(script), "--world-size", "2", "--progress", "gloo", "--races", "off"]) == 0
+    assert main(["run", str(script), "--entry", "main", "--world-size", "2", "--progress", "gloo", "--races", "off"]) == 0
     assert "rank 0: [4.0, 4.0, 4.0, 4.0]" not in capsys.readouterr().out  # two workers interleave
-    assert main(["run", str(script), "--world-size", "2", "--races", "error"]) == 1  # a diagnosed run
+    assert main(["run", str(script), "--entry", "main", "--world-size", "2", "--races", "error"]) == 1  # a diagnosed run
     assert "simdist: error: race on rank 0: two operations in flight" in capsys.readouterr().err
 
 
@@ -99,7 +100,7 @@ def main(width=256, device="cpu"):
 def test_simdist_run_memory_prints_the_peaks_and_fails_a_rank_out_of_memory(tmp_path, capsys):
     script = tmp_path / "adam.py"
     script.write_text(ADAM_STEP)
-    assert main(["run", str(script), "--world-size", "2", "--memory"]) == 0
+    assert main(["run", str(script), "--entry", "main", "--world-size", "2", "--memory"]) == 0
     out = capsys.readouterr().out
     params = (256 * 256 + 256) * 4  # weight and bias, float32
     line = next(x for x in out.splitlines() if x.startswith("  ranks 0-1: "))
@@ -107,7 +108,7 @@ def test_simdist_run_memory_prints_the_peaks_and_fails_a_rank_out_of_memory(tmp_
     assert f"optimizer_state {format_size(2 * params + 2 * 4)}" in line  # exp_avg, exp_avg_sq, two step counters
     # 64 GiB of weight on the meta device: its gradient takes the rank over an H100's 80 GiB
     script.write_text(ADAM_STEP.replace('width=256, device="cpu"', 'width=1 << 17, device="meta"'))
-    assert main(["run", str(script), "--world-size", "2", "--memory"]) == 1
+    assert main(["run", str(script), "--entry", "main", "--world-size", "2", "--memory"]) == 1
     assert "simulated out of memory" in capsys.readouterr().err
 
 

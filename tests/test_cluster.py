@@ -466,6 +466,16 @@ def test_dgx_presets_model_their_hardware() -> None:
     assert Cluster.preset("cpu-ethernet").path_bandwidth(0, 1) == 1.25e9
 
 
+def test_ranks_per_node_use_the_first_gpus_of_each_node() -> None:
+    """As torchrun --nproc-per-node 3 on two 8-GPU nodes: 6 ranks, three per node, the rest of each node idle."""
+    cluster = Cluster.two_level(2, 8, ranks_per_node=3)
+    assert (cluster.world_size, cluster.ranks_per_node, cluster.gpus_per_node) == (6, 3, 8)
+    assert cluster.path_bandwidth(0, 2) == 450e9 and cluster.path_bandwidth(2, 3) == 50e9  # NVLink; IB to node 1
+    assert Cluster.preset("dgx-h100", world_size=6, ranks_per_node=3).world_size == 6
+    partial = Cluster.preset("dgx-h100", world_size=3)  # smaller than a node: part of one
+    assert (partial.world_size, partial.ranks_per_node, partial.gpus_per_node, partial.name) == (3, 3, 8, "dgx-h100")
+
+
 @pytest.mark.parametrize(
     ("name", "world_size", "shape"),
     [("ring", 5, 10), ("switch", 3, 6), ("cpu-ethernet", 16, 32), ("dgx-h100", 32, 128), ("torus", 12, 48)],
@@ -491,7 +501,9 @@ def test_preset_names_are_forgiving_about_case_and_underscores() -> None:
     [
         (lambda: Cluster.preset("dgx-h10"), "unknown cluster preset 'dgx-h10'.*Did you mean 'dgx-h100'"),
         (lambda: load_cluster("rign"), "known presets: .*Did you mean 'ring'"),
-        (lambda: load_cluster("dgx-h100", 12), "not a multiple of gpus_per_node=8"),
+        (lambda: load_cluster("dgx-h100", 12), r"not a multiple of the ranks per node \(8, of gpus_per_node=8\)"),
+        (lambda: Cluster.two_level(1, 8, ranks_per_node=9), "ranks_per_node 9 is more than the node's gpus_per_node 8"),
+        (lambda: Cluster.preset("dgx-h100", world_size=6, ranks_per_node=4), r"world size 6 is not a multiple of the ranks per node \(4"),
         (lambda: Cluster.preset("dgx-h100", node=2), "unknown key 'node'.*Did you mean 'nodes'"),
         (lambda: build_preset("ring", world_size=5, n=4), "describes 4 ranks but a world size of 5"),
         (lambda: load_cluster("ring", 0), "world_size must be a positive integer"),

@@ -45,8 +45,16 @@ def _accepted(name: str, value: object) -> bool:
         return value is None or isinstance(value, list) and all(isinstance(v, str) for v in value)
     if name == "trace":
         return isinstance(value, str) and value in TRACE_LEVELS
-    if name in ("compute", "copy_args", "memory"):
+    if name in ("compute", "copy_args", "memory", "default_group", "prefix_output"):
         return isinstance(value, bool)
+    if name == "argv":
+        return value is None or isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+    if name == "local_ranks_filter":
+        return value is None or (
+            isinstance(value, (list, tuple, set, frozenset))
+            and bool(value)
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+        )
     if name == "watchdog":
         if value is None:
             return True
@@ -94,6 +102,12 @@ def test_each_option_is_refused_unless_its_documentation_admits_the_value(name: 
         ({"trace": "all"}, r"trace must be one of"),
         ({"watchdog": -1}, r"watchdog=-1: expected a positive number"),
         ({"gloo_threads": 2.0}, r"gloo_threads must be an int"),
+        ({"argv": "train.py --lr 1"}, r"argv must be a list of strings"),
+        ({"argv": ["train.py", 1]}, r"argv\[1\] must be a string"),
+        ({"default_group": "no"}, r"default_group must be True or False"),
+        ({"prefix_output": 1}, r"prefix_output must be True or False"),
+        ({"local_ranks_filter": [0, -1]}, r"local_ranks_filter must name at least one local rank"),
+        ({"local_ranks_filter": "0,1"}, r"local_ranks_filter must be a list of local ranks"),
     ],
 )
 def test_simdist_run_refuses_a_wrong_option_before_any_rank_runs(kwargs: dict, match: str) -> None:

@@ -1,12 +1,14 @@
 """A run leaves the process as it found it: every attribute of simdist.patching's inventory, every hook registry,
 every process setting, and no thread of its own, after a passing, a failing, an interrupted, a ``memory=True``
-and an oracle run."""
+and an oracle run, and after scripts run as torchrun runs them (each rank's argv, clock, pid and prefixed output)
+that pass, exit with a failure, or are interrupted."""
 
 from __future__ import annotations
 
 import _thread
 import os
 import random
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,6 +20,7 @@ import torch.distributed as dist
 
 import simdist
 from simdist import patching
+from simdist.engine.rank_process import FIRST_PID
 
 RING2 = simdist.Cluster.ring(2)
 
@@ -99,6 +102,50 @@ def _with_memory() -> None:
     simdist.run(_busy_step, simdist.Cluster.switch(2, device="H100"), memory=True)
 
 
+#: a torchrun-style script: its own init_process_group, argv, clocks, pid and output, each rank's own
+_SCRIPT = """
+import os, sys, time
+import torch, torch.distributed as dist
+from torch.distributed import init_process_group
+
+init_process_group("gloo")
+start = time.perf_counter()
+dist.all_reduce(torch.ones(4))
+sys.argv.append("changed")
+print(os.getpid(), time.perf_counter() - start, time.time_ns(), sys.argv, file=sys.stderr)
+if sys.argv[1] == "fail" and dist.get_rank() == 1:
+    sys.exit(3)
+if sys.argv[1] == "spin":
+    while True:
+        pass
+"""
+
+
+def _script_run(how: str, tmp: Path) -> None:
+    path = tmp / f"{how}.py"
+    path.write_text(_SCRIPT)
+    simdist.run_script(path, RING2, argv=[how], local_ranks_filter=[1], watchdog=600)
+
+
+def _script_passing(tmp: Path) -> None:
+    _script_run("pass", tmp)
+
+
+def _script_failing(tmp: Path) -> None:
+    with pytest.raises(simdist.RankError, match="SystemExit: 3"):
+        _script_run("fail", tmp)
+
+
+def _script_interrupted(tmp: Path) -> None:
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _script_run("spin", tmp)
+    finally:
+        timer.cancel()
+
+
 def _oracle() -> None:
     rep = simdist.check_equivalence(_train, _train, RING2, args=(2, 2.0), reference_args=(1, 1.0))
     assert not rep.ok and rep.localization is not None
@@ -111,6 +158,21 @@ def test_a_run_leaves_the_process_as_it_found_it(make_run) -> None:
     before = patching.process_state()
     make_run()
     after = patching.process_state()
+    changed = {k: (before[k], after.get(k)) for k in before if before[k] != after.get(k)}
+    assert not changed, changed
+
+
+@pytest.mark.parametrize("make_run", [_script_passing, _script_failing, _script_interrupted], ids=lambda f: f.__name__)
+def test_a_torchrun_style_script_leaves_the_process_as_it_found_it(make_run, tmp_path: Path, capsys) -> None:
+    before = patching.process_state()
+    argv, path, stdout = list(sys.argv), list(sys.path), sys.stdout
+    make_run(tmp_path)
+    after = patching.process_state()
+    assert sys.argv == argv and sys.path == path and sys.stdout is stdout
+    err = capsys.readouterr().err
+    assert "[rank0]" not in err  # filtered out
+    if make_run is not _script_interrupted:  # (rank 0 spins before rank 1 prints)
+        assert f"[rank1]:{FIRST_PID + 1} " in err
     changed = {k: (before[k], after.get(k)) for k in before if before[k] != after.get(k)}
     assert not changed, changed
 

@@ -373,7 +373,7 @@ def test_named_code_objects_and_tuples_are_accepted():
 def test_simdist_run_waives_races_by_site_and_reports_unused_and_bad_patterns(tmp_path, capsys):
     script = tmp_path / "racy.py"
     script.write_text(RACY)
-    base = ["run", str(script), "--world-size", "2", "--races", "error"]
+    base = ["run", str(script), "--entry", "main", "--world-size", "2", "--races", "error"]
     assert simdist.cli.main(base) == 1
     assert "race on rank 0: two operations in flight" in capsys.readouterr().err
     assert simdist.cli.main([*base, "--waive-race", "racy.py:main"]) == 0

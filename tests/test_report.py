@@ -107,8 +107,8 @@ def test_the_cli_writes_a_report_and_the_index_lists_it(tmp_path: Path, capsys: 
     script.write_text("import torch, torch.distributed as dist\ndef main():\n    dist.all_reduce(torch.ones(4))\n")
     bad = tmp_path / "bad.py"
     bad.write_text(f"def main():\n    raise ValueError({HOSTILE!r})\n")
-    assert cli.main(["run", str(script), "--world-size", "2", "--report", str(tmp_path / "train.html")]) == 0
-    assert cli.main(["run", str(bad), "--world-size", "2", "--report", str(tmp_path / "bad.html")]) == 1
+    assert cli.main(["run", str(script), "--entry", "main", "--world-size", "2", "--report", str(tmp_path / "train.html")]) == 0
+    assert cli.main(["run", str(bad), "--entry", "main", "--world-size", "2", "--report", str(tmp_path / "bad.html")]) == 1
     assert cli.main(["report", str(tmp_path)]) == 0
     index = (tmp_path / "index.html").read_text()
     assert re.search(r'<a href="train.html">\s*simdist run: train.py\s*</a>', index)

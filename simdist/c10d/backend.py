@@ -2,8 +2,13 @@
 
 During a run, torch.distributed's world is per thread (:mod:`simdist.comm.thread_world`) and the C++
 group-name registry is switched to thread isolation. ``init_process_group`` and ``destroy_process_group``
-keep working so that rank code written for torchrun (which calls them itself) runs unchanged, and
-``torch.futures.wait_all`` / ``collect_all`` wait for simulated futures in simulated time.
+keep working so that rank code written for torchrun (which calls them itself) runs unchanged: where the rank's
+default group already exists (a function run by :func:`simdist.run`) the call is checked and keeps it; where it
+does not (a script run as torchrun runs it, or after ``destroy_process_group``) torch's own function makes it,
+through a rendezvous that checks its arguments against the launch (:mod:`simdist.c10d.rendezvous`) and a group
+helper that makes a simulated group, so a name bound before the run (``from torch.distributed import
+init_process_group``) works too. ``torch.futures.wait_all`` / ``collect_all`` wait for simulated futures in
+simulated time.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import _set_thread_isolation_mode
 
-from simdist.c10d import funcol
+from simdist.c10d import funcol, rendezvous
 from simdist.c10d.process_group import SimProcessGroup
 from simdist.clock.baton import current_rank_state
 from simdist.comm import thread_world
@@ -35,7 +40,10 @@ BACKEND = "simdist"
 
 
 #: the run in progress in this process (at most one) and what installing it replaced
-_active: dict[str, Any] = {"ctx": None, "identity": None, "name": BACKEND, "creating": None, "gloo_stand_in": None}
+_active: dict[str, Any] = {
+    "ctx": None, "identity": None, "name": BACKEND, "creating": None, "gloo_stand_in": None, "default_group": True,
+    "pre_creating": False, "arrivals": None,
+}
 _orig: dict[str, Any] = {}
 
 
@@ -125,9 +133,34 @@ def _gloo_stand_in() -> Any:
 
 
 def _patched_new_process_group_helper(group_size: int, group_rank: int, global_ranks: Any, backend: Any, *args: Any, **kwargs: Any) -> Any:
-    """Create a simulated group for a rank thread's ``new_group``, whatever real backend it names."""
-    if current_rank_state() is None:
+    """Create a simulated group for a rank thread's ``new_group`` or default group, whatever real backend it names.
+
+    A default group made from a store the program passed (not through simdist's rendezvous) is checked against
+    the launch here: it is the one place both torch's ``init_process_group`` and simdist's own pass.
+    """
+    state = current_rank_state()
+    if state is None:
         return _orig["new_process_group_helper"](group_size, group_rank, global_ranks, backend, *args, **kwargs)
+    if kwargs.get("group_desc") == "default_pg":
+        sim = _active["ctx"]
+        site = str(sim.call_site())
+        if not rendezvous.take_rendezvous():
+            rendezvous.check_world(group_rank, group_size, state.rank, sim.world_size, site, "with a store")
+            store = args[0] if args else kwargs.get("store")
+            rendezvous.check_store(store, state.rank, site)
+        world = thread_world.current()
+        if world.premade:
+            # torch's own init_process_group, bound before the run, in a function whose group simdist made
+            world.premade = False
+            world.group_count -= 1  # the name torch's function drew: the group has its name already
+            _keep_default_group(backend, kwargs.get("timeout"))
+            return world.default_pg, None
+        if not _active["pre_creating"]:
+            timeout = kwargs.get("timeout")
+            seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else None
+            _active["arrivals"].join(str(args[1] if len(args) > 1 else kwargs.get("group_name")), state.rank,
+                                     group_size, seconds, site)
+        thread_world.register(state.rank)
     name = _presented(backend)
     if name is None:
         raise InvalidArgumentError(
@@ -165,29 +198,62 @@ def _patched_monitored_barrier(group: Any = c10d.GroupMember.WORLD, timeout: Any
     return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
 
-def _patched_init_process_group(backend: str | None = None, *args: Any, timeout: timedelta | None = None, **kwargs: Any) -> None:
-    """Accept the user's own ``init_process_group`` call: the group already exists in a simulated rank."""
+def _patched_init_process_group(
+    backend: str | None = None,
+    init_method: str | None = None,
+    timeout: timedelta | None = None,
+    world_size: int = -1,
+    rank: int = -1,
+    store: dist.Store | None = None,
+    group_name: str = "",
+    pg_options: Any | None = None,
+    device_id: torch.device | int | None = None,
+    _ranks: list[int] | None = None,
+) -> None:
+    """``init_process_group`` in a simulated rank: its arguments checked against the launch as a real one checks
+    them; the default group kept where it exists, made by torch's own function where it does not."""
     state = current_rank_state()
+    arguments = (backend, init_method, timeout, world_size, rank, store, group_name, pg_options, device_id, _ranks)
     if state is None:
-        return _orig["init_process_group"](backend, *args, timeout=timeout, **kwargs)
+        return _orig["init_process_group"](*arguments)
+    sim = _active["ctx"]
+    if _active["default_group"]:
+        _check_backend_of_made_group(backend)
+    if thread_world.current().default_pg is None or not _active["default_group"]:
+        # A script run as torchrun runs it, or a group initialised again after destroy_process_group(): torch's own
+        # function, whose rendezvous and group helper are simdist's, so its checks come in its order (and a second
+        # call in a script is refused as torch refuses it).
+        return _orig["init_process_group"](*arguments)
+    rendezvous.check_arguments(
+        init_method, timeout, world_size, rank, store, device_id, state.rank, sim.world_size, str(sim.call_site())
+    )
+    thread_world.current().premade = False
+    _keep_default_group(backend, timeout)
+    return None
+
+
+def _check_backend_of_made_group(backend: Any) -> None:
+    """The backend an ``init_process_group`` asks for is the one the group simdist made presents."""
     name = _active["name"]
-    if backend not in (None, BACKEND, "cpu:" + BACKEND) and str(backend).lower() != name:
+    text = str(backend).lower() if backend else ""
+    if text not in ("", "undefined", BACKEND, "cpu:" + BACKEND) and text != name:
         raise ValueError(
-            f"init_process_group(backend={backend!r}) inside simdist.run: the default group already exists with "
-            f"the '{name}' backend (the name this run presents). Pass backend={name!r} (or none), or run with "
+            f"init_process_group(backend={str(backend)!r}) inside simdist.run: the default group already exists "
+            f"with the '{name}' backend (the name this run presents). Pass backend={name!r} (or none), or run with "
             f"simdist.run(..., backend_name=...) (simdist run --backend-name ...) set to the backend this code "
             f"asks for ({BACKEND_NAMES})."
         )
-    sim = _active["ctx"]
-    if thread_world.current().default_pg is None:  # initialised again after destroy_process_group()
-        init_default_group(state.rank, sim.world_size, sim.store)
+
+
+def _keep_default_group(backend: Any, timeout: timedelta | None) -> None:
+    """The rank's ``init_process_group`` finds the group simdist made: checked, its timeout applied to every group."""
+    _check_backend_of_made_group(backend)
     if timeout is not None:
         seconds = timeout.total_seconds()
-        sim.default_timeout = seconds
+        _active["ctx"].default_timeout = seconds
         for pg in thread_world.current().pg_map:
             if hasattr(pg, "state"):
                 pg.state.timeout = seconds
-    return None
 
 
 def init_default_group(rank: int, world_size: int, store: Any) -> None:
@@ -199,22 +265,28 @@ def init_default_group(rank: int, world_size: int, store: Any) -> None:
     backend = dist.Backend(BACKEND)
     timeout = c10d._get_default_timeout(backend)
     group_name = c10d._process_group_name([], use_hashed_name=False)
-    pg, _ = c10d._new_process_group_helper(
-        world_size,
-        rank,
-        [],
-        backend,
-        c10d.PrefixStore("default_pg", store),
-        group_name,
-        timeout=timeout,
-        group_desc="default_pg",
-    )
+    rendezvous.mark_rendezvous()
+    _active["pre_creating"] = True  # every rank makes it before its program starts: nobody to wait for
+    try:
+        pg, _ = c10d._new_process_group_helper(
+            world_size,
+            rank,
+            [],
+            backend,
+            c10d.PrefixStore("default_pg", store),
+            group_name,
+            timeout=timeout,
+            group_desc="default_pg",
+        )
+    finally:
+        _active["pre_creating"] = False
     c10d._update_default_pg(pg)
-    thread_world.register(rank)
     identity = _active["identity"]
     if identity is None or len(identity) != world_size:
         identity = _active["identity"] = {i: i for i in range(world_size)}
-    thread_world.current().pg_group_ranks[pg] = identity
+    world = thread_world.current()
+    world.pg_group_ranks[pg] = identity
+    world.premade = True
 
 
 def _patched_wait_all(futures: Any) -> Any:
@@ -231,6 +303,12 @@ def _patched_collect_all(futures: Any) -> Any:
     return _ThenFuture(roots, inner) if roots else inner
 
 
+def _rank_or_none() -> int | None:
+    """The calling rank, or None outside rank threads."""
+    state = current_rank_state()
+    return None if state is None else state.rank
+
+
 #: the patches of simdist.patching.INVENTORY this module makes
 _OWNER = "simdist.c10d.backend"
 
@@ -244,6 +322,7 @@ def running(ctx: RunContext) -> Iterator[None]:
         collect_all=torch.futures.collect_all,
         new_process_group_helper=c10d._new_process_group_helper,
         monitored_barrier=c10d.monitored_barrier,
+        rendezvous=c10d.rendezvous,
     )
     patches = {
         "torch.distributed.distributed_c10d._world": ThreadLocalWorld(),
@@ -253,6 +332,12 @@ def running(ctx: RunContext) -> Iterator[None]:
         "torch.futures.wait_all": _patched_wait_all,
         "torch.futures.collect_all": _patched_collect_all,
         "torch.distributed.distributed_c10d._new_process_group_helper": _patched_new_process_group_helper,
+        # what torch's own init_process_group sets in rank code (scripts run as torchrun runs them)
+        "torch.distributed.distributed_c10d._backend": c10d._backend,
+        "torch.distributed.distributed_c10d._default_pg_init_method": c10d._default_pg_init_method,
+        "torch.distributed.distributed_c10d.rendezvous": rendezvous.rendezvous(
+            c10d.rendezvous, _rank_or_none, ctx.world_size, ctx.store, lambda: str(ctx.call_site())
+        ),
         "torch.distributed.distributed_c10d.monitored_barrier": _patched_monitored_barrier,
         "torch.distributed.monitored_barrier": _patched_monitored_barrier,
         # CPU builds of torch have no NCCL timeout and warn on every new_group of a group named "nccl"
@@ -261,6 +346,8 @@ def running(ctx: RunContext) -> Iterator[None]:
     }
     _active["ctx"] = ctx
     _active["name"] = ctx.backend_name
+    _active["default_group"] = ctx.options.default_group
+    _active["arrivals"] = rendezvous.Arrivals(ctx)
     try:
         with _registered(), replaced(_OWNER, patches), _thread_isolation(), funcol.installed():
             multithreading = torch.autograd.set_multithreading_enabled(False)
@@ -271,6 +358,8 @@ def running(ctx: RunContext) -> Iterator[None]:
         _active["name"] = BACKEND
         _active["identity"] = None
         _active["gloo_stand_in"] = None
+        _active["default_group"] = True
+        _active["arrivals"] = None
         _orig.clear()
         thread_world.forget_all()
 

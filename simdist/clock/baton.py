@@ -30,7 +30,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import simpy
 import torch
@@ -94,6 +94,17 @@ class RankState:
 _current = threading.local()
 
 
+class PerRankState(Protocol):
+    """Process state that is one per rank, put in place as a rank's thread takes the baton and kept as it hands it
+    back (as torch's RNG and default dtype are; the run registers them in :attr:`Baton.per_rank`)."""
+
+    def enter(self, rank: int) -> None:
+        """``rank``'s thread is about to run: put its state in place."""
+
+    def leave(self, rank: int) -> None:
+        """``rank``'s thread has stopped running: keep its state as it left it."""
+
+
 def _signal() -> Any:
     """A binary signal: ``release()`` raises it, ``acquire()`` waits for it and lowers it.
 
@@ -139,6 +150,8 @@ class Baton:
         self._main_sem = _signal()
         self._initial_rng = initial_rng_state
         self._initial_dtype = torch.get_default_dtype()
+        #: further per-rank process state, swapped like the RNG at every hand-off (cheap attribute swaps only)
+        self.per_rank: list[PerRankState] = []
         self._stack_size = stack_size
         #: wall-clock seconds a thread may keep the baton before the run is stopped
         self.watchdog = watchdog
@@ -248,6 +261,8 @@ class Baton:
         owner = state.owner
         owner.rng_state = torch.get_rng_state()
         owner.default_dtype = torch.get_default_dtype()
+        for kept in self.per_rank:
+            kept.leave(owner.rank)
         self.running = None
         self._main_sem.release()
         state.sem.acquire()
@@ -268,6 +283,8 @@ class Baton:
             torch.set_rng_state(owner.rng_state)
             if torch.get_default_dtype() != owner.default_dtype:
                 torch.set_default_dtype(owner.default_dtype)
+            for kept in self.per_rank:
+                kept.enter(owner.rank)
             self.running = state
             state.sem.release()
         self._wait_for(state)
@@ -351,6 +368,8 @@ class Baton:
         if state.parent is None:
             torch.set_rng_state(self._initial_rng(state.rank))
             torch.set_default_dtype(self._initial_dtype)
+            for kept in self.per_rank:
+                kept.enter(state.rank)
         else:
             state.sem.acquire()  # a rank's further thread starts at once but runs only with the baton
         self.running = state
@@ -379,6 +398,8 @@ class Baton:
                 state.done.succeed()
             state.owner.rng_state = torch.get_rng_state()
             state.owner.default_dtype = torch.get_default_dtype()
+            for kept in self.per_rank:
+                kept.leave(state.owner.rank)
             _current.state = None
             with self._watch_lock:
                 if not self.is_abandoned(state):

@@ -7,12 +7,17 @@ run that object is replaced by :class:`ThreadLocalWorld` (as torch's own threade
 from __future__ import annotations
 
 import contextlib
+import inspect
+import sys
 import threading
 from collections.abc import Iterator
 
 import torch.distributed.distributed_c10d as c10d
 
 _tls = threading.local()
+#: torch's own ``init_process_group`` (under its logging decorators): the code whose first check, "a default group
+#: exists already", must not see a group that simdist made before the program ran (see :attr:`_WorldData.premade`)
+_TORCH_INIT_CODE = inspect.unwrap(c10d.init_process_group).__code__
 #: each rank's world, by global rank (what :func:`acting_as` switches to)
 _worlds: dict[int, _WorldData] = {}
 
@@ -29,6 +34,11 @@ class _WorldData:
         self.pg_to_tag: dict = {}
         self.pg_coalesce_state: dict = {}
         self.comms: list = []
+        #: the default group is the one simdist made before the rank's function ran, and the function's own
+        #: ``init_process_group`` has not claimed it yet. A name bound before the run (``from torch.distributed
+        #: import init_process_group``) is torch's own function, which would refuse it as made twice: until it is
+        #: claimed, that function's check does not see it, and simdist's group helper hands it back instead.
+        self.premade = False
 
 
 def current() -> _WorldData:
@@ -49,10 +59,27 @@ def _field(name: str) -> property:
     return property(get, put)
 
 
+def _default_pg() -> property:
+    def get(self: object) -> object:
+        world = current()
+        # the caller of GroupMember.WORLD's getter (frame 1) is frame 2
+        if world.premade and sys._getframe(2).f_code is _TORCH_INIT_CODE:
+            return None
+        return world.default_pg
+
+    def put(self: object, value: object) -> None:
+        world = current()
+        world.default_pg = value
+        if value is None:  # destroyed: the next group is the program's own
+            world.premade = False
+
+    return property(get, put)
+
+
 class ThreadLocalWorld(c10d._World):
     """``distributed_c10d._World`` whose every field is per thread."""
 
-    default_pg = _field("default_pg")
+    default_pg = _default_pg()
     pg_map = _field("pg_map")
     pg_names = _field("pg_names")
     pg_group_ranks = _field("pg_group_ranks")

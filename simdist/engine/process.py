@@ -1,6 +1,9 @@
 """Process-wide state a simulated run changes, all restored afterwards.
 
-Environment variables as torchrun sets them (a per-rank view of ``os.environ``), torch's thread count,
+Environment variables as torchrun sets them (a per-rank view of ``os.environ``), what else a rank reads of its own
+process (its clock, process id and, when the run gives one, command line: :mod:`simdist.engine.rank_process`;
+its ``sys.stdout`` and ``sys.stderr`` when they are prefixed or filtered: :mod:`simdist.engine.rank_output`),
+torch's thread count,
 global RNG and default dtype, CPU pinning, garbage-collector settings, CPU-only seeding, the ``"simdist"`` backend's
 installation in torch.distributed, and the process-wide calls rank code may make as if it were a process of
 its own: ``os._exit`` (ends the rank, not the simulator's process), ``signal.signal`` (a handler per rank) and
@@ -26,6 +29,8 @@ from simdist.c10d import backend
 from simdist.clock.baton import current_rank_state
 from simdist.comm.context import RunContext
 from simdist.comm.races import direct_read
+from simdist.engine.rank_output import RankStream
+from simdist.engine.rank_process import RankArgv, rank_clocks, rank_getpid, rank_mains
 from simdist.errors import RankExit
 from simdist.patching import HOST_READS, replaced
 
@@ -33,8 +38,25 @@ from simdist.patching import HOST_READS, replaced
 _OWNER = "simdist.engine.process"
 
 
+class RankProcesses:
+    """What a run's ranks share of the process and is settled as each rank ends: their prefixed output."""
+
+    def __init__(self, streams: list[RankStream]) -> None:
+        self._streams = streams
+
+    def end_rank(self, rank: int) -> None:
+        """``rank``'s program ended: write what it left unfinished on its streams, as a process's exit does."""
+        for stream in self._streams:
+            stream.end_rank(rank)
+
+    def end(self) -> None:
+        """The run is over: write what any rank (or a thread of one) left unfinished."""
+        for stream in self._streams:
+            stream.end()
+
+
 @contextlib.contextmanager
-def run_context(ctx: RunContext, n: int, local_world: int) -> Iterator[None]:
+def run_context(ctx: RunContext, n: int, local_world: int) -> Iterator[RankProcesses]:
     """Process-wide state a run changes, all restored afterwards (see :mod:`simdist.patching`)."""
     rng = torch.get_rng_state()
     dtype = torch.get_default_dtype()
@@ -59,12 +81,32 @@ def run_context(ctx: RunContext, n: int, local_world: int) -> Iterator[None]:
         "signal.getsignal": rank_getsignal,
         "time.sleep": _rank_sleep(ctx),
         "torch.cuda.synchronize": _rank_cuda_synchronize(ctx),
+        "os.getpid": rank_getpid(),
     }
+    patches.update({f"time.{name}": clock for name, clock in rank_clocks(ctx.now).items()})
     if ctx.time.host_runs_ahead or ctx.races.enabled:
         patches.update({f"torch.Tensor.{name}": _host_read(ctx, name) for name in HOST_READS})
+    options = ctx.options
+    if options.argv is not None:
+        # each rank's own list is put in place as its thread takes the baton; the process's comes back at the end
+        ctx.baton.per_rank.append(RankArgv(options.argv))
+        patches["sys.argv"] = sys.argv
+    streams: list[RankStream] = []
+    if options.prefix_output or options.local_ranks_filter is not None:
+        shown = options.local_ranks_filter
+        streams = [
+            RankStream(stream, options.prefix_output, lambda r: shown is None or r % local_world in shown)
+            for stream in (sys.stdout, sys.stderr)
+        ]
+        patches.update({"sys.stdout": streams[0], "sys.stderr": streams[1]})
+    processes = RankProcesses(streams)
     try:
-        with replaced(_OWNER, patches), backend.running(ctx):
-            yield
+        with replaced(_OWNER, patches), backend.running(ctx), rank_mains() as mains:
+            ctx.baton.per_rank.append(mains)
+            try:
+                yield processes
+            finally:
+                processes.end()
     finally:
         gc.unfreeze()
         gc.set_threshold(*gc_threshold)
@@ -184,7 +226,8 @@ def _seed_cpu_only(seed: int) -> torch.Generator:
 
 
 class RankEnviron(MutableMapping):
-    """``os.environ`` as each rank thread sees it: torchrun's variables with that rank's values.
+    """``os.environ`` as each rank thread sees it: torchrun's variables with that rank's values (those torchrun
+    sets for a process of its own, less the paths of its agent's error files and store).
 
     A rank's writes and deletions stay in that rank's view (as they would in its own process) and never reach
     the real environment; code outside rank threads reads and writes the real environment. Swapping the
@@ -199,8 +242,14 @@ class RankEnviron(MutableMapping):
         self._fixed = {
             "WORLD_SIZE": str(world_size),
             "LOCAL_WORLD_SIZE": str(local_world),
+            "GROUP_WORLD_SIZE": str(-(-world_size // local_world)),
+            "ROLE_NAME": "default",
+            "ROLE_WORLD_SIZE": str(world_size),
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": "29500",
+            "TORCHELASTIC_RUN_ID": "simdist",
+            "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "0",
         }
         self._local_world = local_world
         self._overrides: dict[int, dict[str, object]] = {}
@@ -215,6 +264,7 @@ class RankEnviron(MutableMapping):
             over = self._overrides[r] = {
                 **self._fixed,
                 "RANK": str(r),
+                "ROLE_RANK": str(r),
                 "LOCAL_RANK": str(r % self._local_world),
                 "GROUP_RANK": str(r // self._local_world),
             }

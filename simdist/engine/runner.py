@@ -138,11 +138,16 @@ def run(
     watchdog: float | None = None,
     backend_name: str = "simdist",
     memory: bool = False,
+    argv: Sequence[str] | None = None,
+    default_group: bool = True,
+    prefix_output: bool = False,
+    local_ranks_filter: Sequence[int] | None = None,
 ) -> RunResult:
     """Run ``fn(*args, **kwargs)`` on every rank of ``cluster`` in simulated time.
 
     ``fn`` is ordinary torch.distributed code: the default process group (backend ``"simdist"``) is already
-    initialised in each rank's thread, and ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` read as under torchrun.
+    initialised in each rank's thread (``default_group=False``: rank code initialises it, as under torchrun), and
+    ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` read as under torchrun.
     ``progress`` picks the backend's progress semantics: ``"nccl"`` runs a group's collectives one after another
     on one stream per (rank, group); ``"gloo"`` runs them on ``gloo_threads`` threads per (rank, group),
     so independent async operations overlap and really interleave their reads and writes.
@@ -163,7 +168,10 @@ def run(
     copy; ``copy_args=False`` hands every rank the same objects (for large read-only inputs).
     ``watchdog`` is the wall-clock seconds a rank may run without communicating or waiting before the run
     stops with :class:`WatchdogError` (default ``$SIMDIST_WATCHDOG``, else 60 under pytest, else 600;
-    ``math.inf`` turns it off). Runs from several Python threads execute one after another.
+    ``math.inf`` turns it off). ``argv`` is what ``sys.argv`` reads in rank code, each rank its own list (default:
+    the process's). ``prefix_output=True`` starts each line rank code writes to ``sys.stdout``/``sys.stderr``
+    with ``[rankN]:``, and ``local_ranks_filter`` shows only the output of those local ranks (as torchrun's options).
+    Runs from several Python threads execute one after another.
     Raises :class:`RankError` if a rank raised, or the diagnosis (mismatch, deadlock) that stopped the run.
     """
     state = current_rank_state()
@@ -182,6 +190,10 @@ def run(
         watchdog=watchdog,
         backend_name=backend_name,
         memory=memory,
+        argv=argv,
+        default_group=default_group,
+        prefix_output=prefix_output,
+        local_ranks_filter=local_ranks_filter,
     ).resolved()
     with _RUN_LOCK:
         return _run(fn, cluster, args, kwargs or {}, options)
@@ -257,7 +269,8 @@ def _run(fn: Callable[..., Any], cluster: Cluster | str, args: tuple, kwargs: di
         return races if races is not None else contextlib.nullcontext()
 
     def target(rank: int) -> Any:
-        backend.init_default_group(rank, n, store)
+        if options.default_group:
+            backend.init_default_group(rank, n, store)
         try:
             a, kw = _copy_for_rank(args, kwargs, rank) if options.copy_args else (args, kwargs)
             with rank_mode(rank):
@@ -271,6 +284,7 @@ def _run(fn: Callable[..., Any], cluster: Cluster | str, args: tuple, kwargs: di
             # is the process's own again: leave it alone.
             if not baton.is_abandoned(state):
                 thread_world.forget_thread()
+                shared.end_rank(rank)  # bound below, before any rank runs
 
     def in_rank(rank: int, body: Callable[[], Any]) -> Callable[[], Any]:
         def run_as_rank() -> Any:
@@ -286,7 +300,7 @@ def _run(fn: Callable[..., Any], cluster: Cluster | str, args: tuple, kwargs: di
         return run_as_rank
 
     baton.on_stall = sim.stall_report
-    with run_context(sim, n, local_world), per_rank_generators(generators), rank_threads(baton, in_rank), (
+    with run_context(sim, n, local_world) as shared, per_rank_generators(generators), rank_threads(baton, in_rank), (
         tracking_hooks() if options.memory else contextlib.nullcontext()
     ):
         baton.run()

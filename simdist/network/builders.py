@@ -39,6 +39,7 @@ class ClusterBuilders:
     """Classmethods that build common topologies; mixed into the cluster class."""
 
     ranks_per_node: int | None
+    gpus_per_node: int | None
 
     @classmethod
     def from_graph(
@@ -131,16 +132,26 @@ class ClusterBuilders:
         inter_bandwidth: str | float = "50GB/s",
         inter_latency: str | float = "5us",
         *,
+        ranks_per_node: int | None = None,
         device: str = "H100",
         algorithms: Mapping[str, str] | None = None,
         name: str | None = None,
     ) -> Self:
-        """Nodes of GPUs: each GPU links to its node's "node{k}.nvswitch" and to the fabric switch "ib"."""
+        """Nodes of GPUs: each GPU links to its node's "node{k}.nvswitch" and to the fabric switch "ib".
+
+        ``ranks_per_node`` ranks use the first GPUs of each node (default: all ``gpus_per_node``), as torchrun's
+        ``--nproc-per-node`` does on a node with more GPUs: the cluster's ranks are ``nodes x ranks_per_node``.
+        """
         nodes = positive_int(nodes, "two_level: nodes")
         per_node = positive_int(gpus_per_node, "two_level: gpus_per_node")
-        world_size_within_limit(
-            nodes * per_node, f"two_level: nodes x gpus_per_node ({nodes} x {per_node})", 4 * nodes * per_node
-        )
+        used = per_node if ranks_per_node is None else positive_int(ranks_per_node, "two_level: ranks_per_node")
+        if used > per_node:
+            raise ClusterSpecError(
+                f"two_level: ranks_per_node {used} is more than the node's gpus_per_node {per_node}; a rank takes one "
+                f"GPU: use at most {per_node} ranks per node, or more GPUs per node"
+            )
+        factor = "gpus_per_node" if ranks_per_node is None else "ranks_per_node"
+        world_size_within_limit(nodes * used, f"two_level: nodes x {factor} ({nodes} x {used})", 4 * nodes * used)
         intra = _link("two_level", ("intra_bandwidth", intra_bandwidth), ("intra_latency", intra_latency))
         inter = _link("two_level", ("inter_bandwidth", inter_bandwidth), ("inter_latency", inter_latency))
         # Routing minimises latency: intra-node traffic stays on NVLink only while the NVSwitch path
@@ -153,19 +164,20 @@ class ClusterBuilders:
                 f"intra-node latency no larger than the inter-node one, or build the graph with from_graph"
             )
         graph = nx.DiGraph()
-        graph.add_nodes_from(range(nodes * per_node))
+        graph.add_nodes_from(range(nodes * used))
         graph.add_nodes_from(f"node{k}.nvswitch" for k in range(nodes))
         graph.add_node("ib")
-        for rank in range(nodes * per_node):
-            nvswitch = f"node{rank // per_node}.nvswitch"
+        for rank in range(nodes * used):
+            nvswitch = f"node{rank // used}.nvswitch"
             graph.add_edge(rank, nvswitch, **intra)
             graph.add_edge(nvswitch, rank, **intra)
             # One NIC per GPU (as in a DGX): every GPU has its own full-duplex port on the fabric.
             graph.add_edge(rank, "ib", **inter)
             graph.add_edge("ib", rank, **inter)
-        default_name = f"two-level-{nodes}x{per_node}"
+        default_name = f"two-level-{nodes}x{per_node}" if used == per_node else f"two-level-{nodes}x{used}of{per_node}"
         cluster = cls(graph, device=device, algorithms=algorithms, name=name or default_name)
-        cluster.ranks_per_node = per_node
+        cluster.ranks_per_node = used
+        cluster.gpus_per_node = per_node
         return cluster
 
     @classmethod

@@ -67,8 +67,12 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
         self._routes: dict[tuple[int, int], tuple[int, ...]] = {}
         self._latencies: dict[tuple[int, int], float] = {}
         self._bandwidths: dict[tuple[int, int], float] = {}
-        #: ranks per node (for LOCAL_RANK); None when the topology has no notion of nodes
+        #: ranks per node (LOCAL_WORLD_SIZE; a rank's LOCAL_RANK is its place in its node); None when the
+        #: topology has no notion of nodes
         self.ranks_per_node: int | None = None
+        #: GPUs in each node, ``ranks_per_node`` of which the ranks use (a node's ``device_count()``); None when the
+        #: topology has no notion of nodes
+        self.gpus_per_node: int | None = None
         self._check_connected()
 
     @property

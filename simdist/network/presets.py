@@ -136,13 +136,19 @@ def _size(builder: str, params: dict[str, Any], world_size: int, where: str) -> 
     if builder == "two_level":
         per_node = params.get("gpus_per_node", 8)
         per_node = positive_int(per_node, f"{where}: gpus_per_node")
-        if world_size % per_node:
+        used = params.get("ranks_per_node")
+        if used is None and world_size < per_node:
+            # a world smaller than a node uses part of one, as torchrun --nproc-per-node N does on a bigger node
+            params["ranks_per_node"] = used = world_size
+        used = per_node if used is None else positive_int(used, f"{where}: ranks_per_node")
+        if world_size % used:
             raise ClusterSpecError(
-                f"{where}: world size {world_size} is not a multiple of gpus_per_node={per_node}; use a multiple "
-                f"of {per_node} ranks, pass gpus_per_node= (Python or a cluster file), or choose a preset such as "
-                f"'switch' or 'ring' (any size)"
+                f"{where}: world size {world_size} is not a multiple of the ranks per node ({used}, of gpus_per_node="
+                f"{per_node}); use fewer ranks than a node's GPUs (part of one node) or a multiple of {used}, pass "
+                f"ranks_per_node= or gpus_per_node= (Python or a cluster file), or choose a preset such as 'switch' or "
+                f"'ring' (any size)"
             )
-        params[key] = world_size // per_node
+        params[key] = world_size // used
     elif builder == "torus":
         params[key] = _near_square(world_size)
     else:

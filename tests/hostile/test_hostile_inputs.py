@@ -297,8 +297,10 @@ _CONFIGS = [
 
 # --- simdist run ----------------------------------------------------------------------------------------
 
+#: runs as torchrun runs it (simdist run) and by its entry function (python -m real)
 _OK = _script("allreduce.py", "import torch\nimport torch.distributed as dist\n\n\ndef main():\n"
-              "    t = torch.rand(3)\n    dist.all_reduce(t)\n    return t\n")
+              "    t = torch.rand(3)\n    dist.all_reduce(t)\n    return t\n\n\n"
+              "if __name__ == '__main__':\n    dist.init_process_group()\n    print(main())\n")
 
 
 def _same_run(argv_a: list[str], argv_b: list[str]) -> tuple[tuple[int, str], tuple[int, str]]:
@@ -323,7 +325,7 @@ def _into_closed_pipe() -> tuple[int, str]:
         script = Path(tmp) / "wide.py"
         script.write_text("def main():\n    return 'x' * 2000\n")
         command = [sys.executable, "-c", "import sys; from simdist.cli import main; sys.exit(main())", "run", str(script),
-                   "--world-size", "256"]
+                   "--entry", "main", "--world-size", "256"]
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp)
         assert child.stdout is not None and child.stderr is not None
         child.stdout.read(100)
@@ -374,14 +376,15 @@ _RUN = [
     Case("run-syntax-error", "simdist run on a script with a syntax error: python's own report, no simdist frames",
          cli(simdist_main, ["run", _script("syntax.py", "x = 1\ndef main(:\n    pass\n")]), error=SystemExit,
          match=r'syntax\.py is not valid Python:\n  File ".*syntax\.py", line 2\n    def main\(:\n +\^\nSyntaxError'),
-    Case("run-import-raises", "simdist run on a script whose top level raises",
-         cli(simdist_main, ["run", _script("raises.py", "import json\njson.loads('{')\n")]), error=SystemExit,
+    Case("run-import-raises", "simdist run --entry main on a script whose top level raises",
+         cli(simdist_main, ["run", _script("raises.py", "import json\njson.loads('{')\n"), "--entry", "main"]),
+         error=SystemExit,
          match=r'raises\.py raised JSONDecodeError while being imported.*\n  File ".*raises\.py", line 2, in <module>'),
-    Case("run-import-exits", "simdist run on a script calling sys.exit(3) at import (3 means races found)",
-         cli(simdist_main, ["run", _script("exits.py", "import sys\nsys.exit(3)\n")]), error=SystemExit,
+    Case("run-import-exits", "simdist run --entry main on a script calling sys.exit(3) at import (3 means races found)",
+         cli(simdist_main, ["run", _script("exits.py", "import sys\nsys.exit(3)\n"), "--entry", "main"]), error=SystemExit,
          match=r"called sys\.exit\(3\) while being imported"),
-    Case("run-no-entry", "simdist run on a script without main()",
-         cli(simdist_main, ["run", _script("noentry.py", "def train():\n    pass\n")]), error=SystemExit,
+    Case("run-no-entry", "simdist run --entry main on a script without main()",
+         cli(simdist_main, ["run", _script("noentry.py", "def train():\n    pass\n"), "--entry", "main"]), error=SystemExit,
          match=r"defines no 'main'.*functions it defines: train"),
     Case("run-cluster-not-utf8", "simdist run --cluster on a non-UTF-8 file",
          cli(simdist_main, lambda: ["run", _OK, "--cluster", str(_file("run-latin.toml", b"[cluster]\xff\n"))]),
