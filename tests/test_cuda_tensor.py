@@ -127,6 +127,46 @@ def test_in_place_and_out_ops_return_the_callers_tensor_with_its_new_metadata():
     assert torch.equal(out, torch.full((2, 3), 2.0))
 
 
+def _assign_data(kind: str) -> tuple:
+    """Replace tensors' data (``x.data = y``: a shape, a dtype, a parameter's), as weight surgery and FSDP1 do."""
+    x = torch.zeros(2, device=kind)
+    x.data = torch.ones(3, device=kind)
+    p = torch.nn.Parameter(torch.zeros(2, 2, device=kind))
+    p.data = torch.arange(4.0, device=kind)
+    p.data = p.data.to(torch.float64)
+    y = p * 2
+    (p * p).sum().backward()
+    return tuple(x.shape), x.cpu(), p.dtype, p.cpu(), y.cpu(), p.grad.cpu(), x.device.type
+
+
+def test_assigning_data_replaces_the_values_as_for_the_cpu_program():
+    gpu = _run(_assign_data, args=("cuda",))[0]
+    cpu = _run(_assign_data, args=("cpu",))[0]
+    assert gpu[-1] == "cuda" and cpu[-1] == "cpu"
+    for a, b in zip(gpu[:-1], cpu[:-1]):
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+
+
+def _module_round_trip(kind: str) -> tuple:
+    """A module moved to ``kind``, trained a step, cast to half, moved to the host and back (``Module._apply``)."""
+    torch.manual_seed(0)
+    m = torch.nn.Linear(2, 2).to(kind)
+    m(torch.ones(1, 2, device=kind)).sum().backward()
+    m.half()
+    m.cpu()
+    on_host = (type(m.weight), m.weight.device.type, m.weight.grad.device.type, m.weight.dtype)
+    m.to(kind, torch.float32)
+    return on_host, m(torch.ones(1, 2, device=kind)).detach().cpu(), m.weight.grad.cpu(), m.weight.device.type
+
+
+def test_a_module_moves_between_host_and_gpu_as_for_the_cpu_program():
+    gpu = _run(_module_round_trip, args=("cuda",))[0]
+    cpu = _run(_module_round_trip, args=("cpu",))[0]
+    assert gpu[0] == cpu[0] == (torch.nn.Parameter, "cpu", "cpu", torch.float16)
+    assert torch.equal(gpu[1], cpu[1]) and torch.equal(gpu[2], cpu[2])
+    assert (gpu[3], cpu[3]) == ("cuda", "cpu")
+
+
 def _host_reads():
     x = torch.arange(3.0, device="cuda")
     try:

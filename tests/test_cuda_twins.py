@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cuda_fns import ddp_train, fsdp2_train
+from cuda_fns import ddp_train, fsdp1_train, fsdp2_train
 
 import simdist
 
@@ -35,7 +35,23 @@ def test_ddp_written_for_cuda_equals_its_cpu_twin_bitwise(options: dict) -> None
     _same(cpu, gpu)
 
 
+def test_fsdp1_written_for_cuda_equals_its_cpu_twin_bitwise() -> None:
+    cpu = simdist.run(fsdp1_train, PAIR, args=("cpu",), backend_name="nccl")
+    gpu = simdist.run(fsdp1_train, PAIR, args=("cuda",))
+    _same(cpu, gpu)
+
+
 def test_fsdp2_written_for_cuda_equals_its_cpu_twin_bitwise() -> None:
     cpu = simdist.run(fsdp2_train, PAIR, args=("cpu",), backend_name="nccl")
     gpu = simdist.run(fsdp2_train, PAIR, args=("cuda",))
     _same(cpu, gpu)
+
+
+@pytest.mark.parametrize("hook", ["fp16", "bf16", "powersgd"])
+def test_ddp_communication_hooks_written_for_cuda_equal_their_cpu_twins_bitwise(hook: str) -> None:
+    cpu = simdist.run(ddp_train, PAIR, args=("cpu", {}, 3, hook), backend_name="nccl")
+    gpu = simdist.run(ddp_train, PAIR, args=("cuda", {}, 3, hook))
+    _same(cpu, gpu)
+    plain = simdist.run(ddp_train, PAIR, args=("cuda", {}, 3))
+    # the hook ran: its compression changed the parameters
+    assert not all(torch.equal(a, b) for a, b in zip(plain.returns[0][0], gpu.returns[0][0]))

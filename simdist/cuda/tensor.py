@@ -28,6 +28,8 @@ from simdist.errors import DeviceMismatchError, HostConversionError
 
 CPU = torch.device("cpu")
 aten = torch.ops.aten
+#: torch's own ``Tensor.data`` descriptor (C++ metadata only)
+_TENSOR_DATA = torch.Tensor.data
 
 
 class SimCudaTensor(torch.Tensor):
@@ -92,6 +94,22 @@ class SimCudaTensor(torch.Tensor):
         """The CPU tensor's data pointer (the wrapper has none)."""
         return self._elem.data_ptr()
 
+    # ``x.data = y`` copies y's C++ metadata into x's TensorImpl, not its Python attributes: without this setter
+    # x would keep reading its old CPU tensor (FSDP1's flat-parameter views, weight surgery, dtype changes)
+    @property
+    def data(self) -> torch.Tensor:
+        """A detached alias of this tensor, on the same simulated device (as ``torch.Tensor.data``)."""
+        return _TENSOR_DATA.__get__(self)
+
+    @data.setter
+    def data(self, new: torch.Tensor) -> None:
+        if type(new) is SimCudaTensor:
+            _TENSOR_DATA.__set__(self, new)
+            self._elem = new._elem
+            self._dev = new._dev
+        else:
+            _take_host_data(self, new)
+
     def __reduce_ex__(self, protocol: Any) -> Any:
         # torch.load(weights_only=True) refuses classes it does not know: saved as the CPU tensor it holds, what
         # torch.load(map_location="cpu") of a real checkpoint gives
@@ -119,6 +137,37 @@ class SimCudaTensor(torch.Tensor):
         if call is NotImplemented:
             return NotImplemented
         return rewrap(call, call.run())
+
+
+def _take_host_data(t: SimCudaTensor, new: torch.Tensor) -> None:
+    """``t.data = new`` for ``new`` off the simulated GPUs (``Module.cpu()`` does it): on CUDA ``t`` becomes a host
+    tensor, keeping its identity; here its Python object is swapped with one of ``new``'s (a wrapper cannot hold
+    host data), keeping ``requires_grad``, its being a parameter, and its gradient (moved alongside)."""
+    if type(new) is not torch.Tensor and type(new) is not torch.nn.Parameter:
+        raise DeviceMismatchError(
+            f"tensor.data = <a {type(new).__name__}> for a tensor on {t._dev}: a tensor on a simulated GPU can take "
+            "the data of a plain tensor only"
+        )
+    grad, requires_grad = t.grad, t.requires_grad
+    replacement = new.detach()
+    replacement = (
+        torch.nn.Parameter(replacement, requires_grad=requires_grad)
+        if isinstance(t, torch.nn.Parameter)
+        else replacement.requires_grad_(requires_grad)
+    )
+    if grad is not None:
+        t.grad = None  # the gradient's reference would block the swap
+    try:
+        torch.utils.swap_tensors(t, replacement)
+    except RuntimeError as e:
+        if grad is not None:
+            t.grad = grad
+        raise DeviceMismatchError(
+            f"tensor.data = <a tensor on {new.device}> for a tensor on {t._dev}: a tensor on a simulated GPU becomes "
+            f"a host tensor only where nothing else holds it ({e}). Make a new tensor instead (x = x.to({str(new.device)!r}))"
+        ) from e
+    if grad is not None:
+        t.grad = grad.to(device=new.device, dtype=new.dtype) if grad.shape == new.shape else None
 
 
 # ---------------------------------------------------------------------------------------------- per op

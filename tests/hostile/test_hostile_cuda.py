@@ -77,6 +77,30 @@ def _self_check_fails() -> None:
         torch.__version__ = version
 
 
+def _swap_data(kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weight surgery through ``.data``: a new shape and dtype for a parameter, then a step on it."""
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.zeros(2, 2, device=kind))
+    p.data = torch.arange(6.0, device=kind).view(3, 2).double()
+    (p * p).sum().backward()
+    return p.detach().cpu(), p.grad.cpu()
+
+
+def _same_as_the_cpu_program(result: simdist.RunResult) -> None:
+    cpu = simdist.run(_swap_data, PAIR, args=("cpu",))
+    for gpu_rank, cpu_rank in zip(result.returns, cpu.returns):
+        assert all(torch.equal(a, b) for a, b in zip(gpu_rank, cpu_rank))
+
+
+def _ddp_model_to_host() -> None:
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(dist.get_rank())
+    model = torch.nn.Linear(2, 2).cuda()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dist.get_rank()])
+    ddp(torch.ones(1, 2, device="cuda")).sum().backward()
+    model.cpu()  # DDP's reducer still holds the parameters
+
+
 def _check_retry(result: simdist.RunResult) -> None:
     # the largest power of two whose float32 tensor fits in 64 MiB: 2**24 elements
     assert result.returns == [2**24, 2**24]
@@ -137,6 +161,20 @@ CASES = [
         lambda: simdist.run(_elapsed_before_the_device_gets_there, PAIR),
         error=RankError,
         match=r"CUDA error: device not ready.*synchronize",
+    ),
+    Case(
+        "gpu_data_assigned",
+        "assigns a parameter on the GPU new data of another shape and dtype through .data",
+        lambda: simdist.run(_swap_data, PAIR, args=("cuda",)),
+        check=_same_as_the_cpu_program,
+    ),
+    Case(
+        "ddp_model_moved_to_host",
+        "moves a DDP-wrapped model's parameters to the host while DDP holds them",
+        lambda: simdist.run(_ddp_model_to_host, PAIR),
+        error=RankError,
+        match=r"tensor\.data = <a tensor on cpu> for a tensor on cuda:\d: .*becomes a host tensor only where nothing "
+        r"else holds it",
     ),
     Case(
         "self_check_fails",
