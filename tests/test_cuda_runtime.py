@@ -81,6 +81,14 @@ def test_set_device_to_an_index_the_node_lacks_is_refused():
     assert isinstance(info.value.exc, CudaError)
 
 
+@pytest.mark.parametrize("index", [-2, 2])
+@pytest.mark.parametrize("query", ["get_device_properties", "get_device_name", "get_device_capability"])
+def test_device_queries_refuse_an_index_the_node_lacks(query: str, index: int) -> None:
+    with pytest.raises(RankError, match=f"invalid device ordinal: device {index} does not exist") as info:
+        simdist.run(lambda: getattr(torch.cuda, query)(index), simdist.Cluster.switch(2, device="H100"))
+    assert isinstance(info.value.exc, CudaError)
+
+
 def _timed_matmul():
     a = torch.randn(512, 1024, device="cuda")
     b = torch.randn(1024, 256, device="cuda")

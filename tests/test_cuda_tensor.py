@@ -167,6 +167,34 @@ def test_a_module_moves_between_host_and_gpu_as_for_the_cpu_program():
     assert (gpu[3], cpu[3]) == ("cuda", "cpu")
 
 
+def _errors_under_a_device_guard(kind: str) -> list[str]:
+    """Errors torch raises inside the bindings that hold a C++ device guard (copy_, item assignment,
+    new_tensor), caught as a program would catch them."""
+    a = torch.zeros(4, device=kind)
+    attempts = [
+        lambda: a.copy_(torch.ones(3, device=kind)),
+        lambda: a.__setitem__(slice(0, 2), torch.ones(3, device=kind)),
+        lambda: a.new_tensor([[1.0], [2.0, 3.0]]),
+    ]
+    seen = []
+    for attempt in attempts:
+        try:
+            attempt()
+            seen.append("no error")
+        except Exception as e:  # noqa: BLE001 - the error itself is the result
+            seen.append(f"{type(e).__name__}: {e}")
+    return seen
+
+
+def test_errors_inside_a_device_guard_reach_the_program_as_torch_raised_them(
+    capfd: pytest.CaptureFixture,
+) -> None:
+    gpu = _run(_errors_under_a_device_guard, args=("cuda",))[0]
+    cpu = _run(_errors_under_a_device_guard, args=("cpu",))[0]
+    assert gpu == cpu
+    assert "Exception ignored" not in capfd.readouterr().err
+
+
 def _host_reads():
     x = torch.arange(3.0, device="cuda")
     try:

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from simdist.cuda import device
+from simdist.cuda import device, pending
 from simdist.errors import CudaEmulationError
 
 _DT = torch._C._autograd.DeviceType
@@ -112,11 +112,15 @@ def _packed(index: int) -> int:
     return ((index & 0xFF) << 8) | _CUDA
 
 
+# Each callback first takes any pending Python error off the thread (see simdist.cuda.pending): C++ calls
+# uncheckedSetDevice while it unwinds from an op that raised.
 def _get_device(this: int) -> int:
+    pending.take()
     return _packed(device.current())
 
 
 def _set_device(this: int, packed: int) -> None:
+    pending.take()
     index = (packed >> 8) & 0xFF
     if index != 0xFF and index < device.count():  # -1: stay; an unknown ordinal was refused in Python already
         device.set_current(index)
@@ -129,6 +133,7 @@ def _exchange_device(this: int, packed: int) -> int:
 
 
 def _device_count(this: int) -> int:
+    pending.take()
     return max(1, min(device.count(), 127))
 
 

@@ -23,13 +23,17 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass, transform_subclass
 
-from simdist.cuda import device
+from simdist.cuda import device, pending
 from simdist.errors import DeviceMismatchError, HostConversionError
 
 CPU = torch.device("cpu")
 aten = torch.ops.aten
 #: torch's own ``Tensor.data`` descriptor (C++ metadata only)
 _TENSOR_DATA = torch.Tensor.data
+#: torch's bindings that hold a C++ device guard around the op (see :mod:`simdist.cuda.pending`)
+_TENSOR_COPY = torch.Tensor.copy_
+_TENSOR_SETITEM = torch.Tensor.__setitem__
+_TENSOR_NEW_TENSOR = torch.Tensor.new_tensor
 
 
 class SimCudaTensor(torch.Tensor):
@@ -93,6 +97,19 @@ class SimCudaTensor(torch.Tensor):
     def data_ptr(self) -> int:
         """The CPU tensor's data pointer (the wrapper has none)."""
         return self._elem.data_ptr()
+
+    # ------------------------------------------------------------------ bindings under a C++ device guard
+    # An error raised in the op reaches the program through simdist.cuda.pending, not as a SystemError
+    def copy_(self, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+        """As ``torch.Tensor.copy_``."""
+        return pending.guarded(_TENSOR_COPY, self, src, non_blocking)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pending.guarded(_TENSOR_SETITEM, self, key, value)
+
+    def new_tensor(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """As ``torch.Tensor.new_tensor``."""
+        return pending.guarded(_TENSOR_NEW_TENSOR, self, *args, **kwargs)
 
     # ``x.data = y`` copies y's C++ metadata into x's TensorImpl, not its Python attributes: without this setter
     # x would keep reading its old CPU tensor (FSDP1's flat-parameter views, weight surgery, dtype changes)

@@ -118,7 +118,7 @@ class CudaDeviceProperties:
 
 def get_device_properties(device: Any = None) -> CudaDeviceProperties:
     """The simulated device's name, compute capability, memory and multiprocessors, from the cluster's model."""
-    index = current.check(index_of(device))
+    index = current.check(index_of(device, optional=False))  # a negative index is refused, as torch refuses it
     emulation = active()
     assert emulation is not None
     spec, node_rank = emulation.spec, _rank().rank // max(emulation.per_node, 1)

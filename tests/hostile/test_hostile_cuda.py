@@ -101,6 +101,10 @@ def _ddp_model_to_host() -> None:
     model.cpu()  # DDP's reducer still holds the parameters
 
 
+def _copy_of_another_shape() -> None:
+    torch.zeros(4, device="cuda").copy_(torch.ones(3, device="cuda"))
+
+
 def _check_retry(result: simdist.RunResult) -> None:
     # the largest power of two whose float32 tensor fits in 64 MiB: 2**24 elements
     assert result.returns == [2**24, 2**24]
@@ -175,6 +179,13 @@ CASES = [
         error=RankError,
         match=r"tensor\.data = <a tensor on cpu> for a tensor on cuda:\d: .*becomes a host tensor only where nothing "
         r"else holds it",
+    ),
+    Case(
+        "gpu_copy_of_another_shape",
+        "copies a tensor of another shape into a GPU tensor (torch's error is raised under a C++ device guard)",
+        lambda: simdist.run(_copy_of_another_shape, PAIR),
+        error=RankError,
+        match=r"raised RuntimeError: The size of tensor a \(4\) must match the size of tensor b \(3\)",
     ),
     Case(
         "self_check_fails",
