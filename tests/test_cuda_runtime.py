@@ -260,3 +260,24 @@ def test_a_failing_self_check_stops_the_run_before_any_rank_starts(monkeypatch: 
     with pytest.raises(CudaEmulationError, match="torch 2.14.0"):
         simdist.run(lambda: started.append(1), PAIR)
     assert not started and not native.installed()
+
+
+def _init_with(backend: str | None) -> tuple[str, str, str, list[float]]:
+    dist.init_process_group(backend)
+    group = dist.new_group([0, 1])
+    x = torch.ones(2, device="cuda") * (dist.get_rank() + 1)
+    dist.all_reduce(x)
+    return dist.get_backend(), dist.get_backend(group), dist.get_backend_config(), x.tolist()
+
+
+@pytest.mark.parametrize("backend", ["nccl", "cpu:gloo,cuda:nccl", "gloo"])
+def test_a_gpu_cluster_accepts_the_backends_of_a_gpu_machine_and_presents_them(backend: str) -> None:
+    """What the code asked for is what torch answers on a GPU machine (torch's own BackendConfig is the oracle)."""
+    config = str(dist.distributed_c10d.BackendConfig(dist.Backend(backend)))
+    for rank in simdist.run(_init_with, PAIR, args=(backend,)).returns:
+        assert rank == (backend, backend, config, [3.0, 3.0])
+
+
+def test_a_gpu_cluster_without_a_backend_presents_the_runs_name() -> None:
+    returns = simdist.run(_init_with, PAIR, args=(None,), backend_name="nccl").returns
+    assert returns[0] == ("nccl", "nccl", "cuda:nccl", [3.0, 3.0])
