@@ -147,6 +147,10 @@ INVENTORY: tuple[Patch, ...] = (
           "activation checkpointing saves the GPU generators' states only where it is set: a module attribute, so "
           "every thread sees it"),
     Patch("torch", ("Generator",), "simdist.cudart.install", "torch.Generator(device='cuda') in rank code"),
+    Patch("torch.serialization", ("default_restore_location",), "simdist.cudart.install",
+          "torch.load of storages bound for CUDA: they stay on the host, marked with their simulated GPU"),
+    Patch("torch._utils", ("_rebuild_tensor_v2",), "simdist.cudart.install",
+          "torch.load rebuilds the tensors of those storages on their simulated GPU"),
     Patch("torch._C._distributed_c10d.Logger", ("set_runtime_stats_and_log",), "simdist.cudart.install",
           "a CPU build's DDP keeps no timer for CUDA parameters, and its statistics logging asserts on one"),
     Patch("torch.UntypedStorage", ("resize_",), "simdist.compute.memory",

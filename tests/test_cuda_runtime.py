@@ -12,6 +12,7 @@ import math
 import subprocess
 import sys
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -281,3 +282,49 @@ def test_a_gpu_cluster_accepts_the_backends_of_a_gpu_machine_and_presents_them(b
 def test_a_gpu_cluster_without_a_backend_presents_the_runs_name() -> None:
     returns = simdist.run(_init_with, PAIR, args=(None,), backend_name="nccl").returns
     assert returns[0] == ("nccl", "nccl", "cuda:nccl", [3.0, 3.0])
+
+
+def _checkpoint(path: str, location: str) -> dict[str, torch.Tensor]:
+    """Save a checkpoint whose storages are tagged ``location`` (``"cuda:1"``: as written on a GPU machine)."""
+    weight = torch.arange(6.0).view(2, 3)
+    state = {"weight": weight, "row": weight[1], "step": torch.tensor(7)}
+    tag = torch.serialization.location_tag
+    torch.serialization.location_tag = lambda storage: location  # the tag a GPU machine writes
+    try:
+        torch.save(state, path)
+    finally:
+        torch.serialization.location_tag = tag
+    return state
+
+
+def _load(path: str, map_location: Any) -> tuple[dict[str, str], dict[str, torch.Tensor], bool]:
+    torch.cuda.set_device(dist.get_rank())
+    state = torch.load(path, map_location=map_location)
+    state["weight"].add_(1)  # "row" is a view of "weight" in the checkpoint: it must still be one
+    aliased = torch.equal(state["row"].cpu(), state["weight"][1].cpu())
+    return {k: str(v.device) for k, v in state.items()}, {k: v.cpu() for k, v in state.items()}, aliased
+
+
+@pytest.mark.parametrize(
+    ("saved", "map_location", "device"),
+    [
+        ("cuda:1", None, "cuda:1"),  # a GPU checkpoint, loaded as written
+        ("cuda:1", {"cuda:1": "cuda:0"}, "cuda:0"),
+        ("cpu", "cuda", "cuda:{rank}"),  # the current device
+        ("cpu", torch.device("cuda", 1), "cuda:1"),
+        ("cuda:1", "cpu", "cpu"),
+    ],
+)
+def test_torch_load_puts_checkpoints_on_the_simulated_gpus(
+    tmp_path, saved: str, map_location: Any, device: str
+):
+    path = str(tmp_path / "ckpt.pt")
+    state = _checkpoint(path, saved)
+    for rank, (devices, values, aliased) in enumerate(
+        simdist.run(_load, PAIR, args=(path, map_location)).returns
+    ):
+        assert set(devices.values()) == {device.format(rank=rank)}
+        assert aliased
+        assert torch.equal(values["weight"], state["weight"] + 1) and torch.equal(
+            values["step"], state["step"]
+        )

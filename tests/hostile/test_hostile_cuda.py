@@ -8,6 +8,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,22 @@ def _copy_of_another_shape() -> None:
     torch.zeros(4, device="cuda").copy_(torch.ones(3, device="cuda"))
 
 
+def _load_onto_a_missing_gpu(path: str) -> None:
+    torch.load(path)  # written on a machine with 8 GPUs, from its cuda:5
+
+
+def _checkpoint_from_gpu_5() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "ckpt.pt")
+        tag = torch.serialization.location_tag
+        torch.serialization.location_tag = lambda storage: "cuda:5"
+        try:
+            torch.save({"w": torch.ones(2)}, path)
+        finally:
+            torch.serialization.location_tag = tag
+        simdist.run(_load_onto_a_missing_gpu, PAIR, args=(path,))
+
+
 def _check_retry(result: simdist.RunResult) -> None:
     # the largest power of two whose float32 tensor fits in 64 MiB: 2**24 elements
     assert result.returns == [2**24, 2**24]
@@ -186,6 +203,13 @@ CASES = [
         lambda: simdist.run(_copy_of_another_shape, PAIR),
         error=RankError,
         match=r"raised RuntimeError: The size of tensor a \(4\) must match the size of tensor b \(3\)",
+    ),
+    Case(
+        "checkpoint_from_a_missing_gpu",
+        "loads a checkpoint written from cuda:5 onto a node of 2 GPUs without map_location",
+        _checkpoint_from_gpu_5,
+        error=RankError,
+        match=r"Attempting to deserialize object on CUDA device 5 but torch\.cuda\.device_count\(\) is 2",
     ),
     Case(
         "self_check_fails",
