@@ -55,3 +55,28 @@ def test_ddp_communication_hooks_written_for_cuda_equal_their_cpu_twins_bitwise(
     plain = simdist.run(ddp_train, PAIR, args=("cuda", {}, 3))
     # the hook ran: its compression changed the parameters
     assert not all(torch.equal(a, b) for a, b in zip(plain.returns[0][0], gpu.returns[0][0]))
+
+
+def _attention(kind: str, mask: str) -> list[torch.Tensor]:
+    """Scaled dot-product attention (forward and gradients) with no mask, a causal one, a boolean or a float mask."""
+    dev = torch.device(kind)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8, generator=gen).to(dev).requires_grad_() for _ in range(3))
+    masks = {
+        "none": None,
+        "bool": torch.rand(16, 16, generator=gen).gt(0.3).to(dev),
+        "float": torch.randn(16, 16, generator=gen).to(dev),
+    }
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=masks.get(mask), is_causal=mask == "causal"
+    )
+    out.pow(2).sum().backward()
+    return [t.detach().cpu() for t in (out, q.grad, k.grad, v.grad)]
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "bool", "float"])
+def test_attention_on_a_gpu_takes_the_cpu_programs_kernel(mask: str) -> None:
+    one = simdist.Cluster.switch(1, device="H100")
+    cpu = simdist.run(_attention, one, args=("cpu", mask)).returns[0]
+    gpu = simdist.run(_attention, one, args=("cuda", mask)).returns[0]
+    assert all(torch.equal(a, b) for a, b in zip(cpu, gpu))
