@@ -8,6 +8,7 @@ names it. ``test_hostile_cuda.py`` runs this file and checks it reaches its last
 
 from __future__ import annotations
 
+import io
 import sys
 from collections.abc import Callable
 
@@ -34,7 +35,30 @@ MODULES: dict[str, tuple[Callable[[], torch.nn.Module], tuple[int, ...], bool]] 
     "MultiheadAttention": (lambda: torch.nn.MultiheadAttention(8, 2), (5, 2, 8), False),
     "TransformerEncoderLayer": (lambda: torch.nn.TransformerEncoderLayer(8, 2, 16), (5, 2, 8), False),
     "GELU": (lambda: torch.nn.GELU(), (4, 8), False),
+    "CausalAttention": (lambda: _CausalAttention(), (2, 2, 5, 8), False),
 }
+
+
+class _CausalAttention(torch.nn.Module):
+    """Causal self-attention through ``F.scaled_dot_product_attention``, as nanoGPT calls it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(x, x, x, is_causal=True)
+
+
+def _load(map_location: str) -> object:
+    buffer = io.BytesIO()
+    torch.save({"w": torch.ones(3), "v": torch.ones(3)[1:]}, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, map_location=map_location)
+
+
+def _assign_data(new: torch.Tensor) -> None:
+    x = torch.nn.Parameter(torch.zeros(2, device="cuda"))
+    x.data = new
+    (x * 2).sum().backward()
+
+
 #: mostly what programs use, sometimes what they must not (an integer module, a device the node lacks)
 DTYPES = [torch.float32, torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64]
 DEVICES = ["cuda", "cuda", "cuda:0", "cuda:1", "cuda:2", "cpu"]
@@ -68,6 +92,12 @@ def _call(name: str) -> None:
         "all_reduce": lambda: dist.all_reduce(torch.ones(2, device="cuda")),
         "numpy": lambda: torch.ones(2, device="cuda").numpy(),
         "pin": lambda: torch.ones(2).pin_memory().to("cuda", non_blocking=True),
+        "copy_wrong_shape": lambda: torch.zeros(4, device="cuda").copy_(torch.ones(3, device="cuda")),
+        "setitem_wrong_shape": lambda: torch.zeros(4, device="cuda").__setitem__(slice(0, 2), torch.ones(3)),
+        "data_gpu": lambda: _assign_data(torch.ones(3, 2, device="cuda", dtype=torch.float64)),
+        "data_host": lambda: _assign_data(torch.ones(5)),
+        "load_cuda": lambda: _load("cuda"),
+        "load_cuda_5": lambda: _load("cuda:5"),
     }
     try:
         calls[name]()
@@ -79,6 +109,12 @@ CALLS = sorted(
     [
         "set_device_0",
         "set_device_1",
+        "copy_wrong_shape",
+        "setitem_wrong_shape",
+        "data_gpu",
+        "data_host",
+        "load_cuda",
+        "load_cuda_5",
         "set_device_7",
         "synchronize",
         "event",
