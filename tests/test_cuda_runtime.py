@@ -183,6 +183,33 @@ def test_memory_statistics_without_accounting_warn_and_answer_zero():
     assert any("memory=True" in str(w.message) for w in caught)
 
 
+def _allocations() -> tuple[dict[str, int], str]:
+    torch.cuda.set_device(0)
+    kept = torch.empty(1000, device="cuda")  # 4000 B
+    for _ in range(3):
+        scratch = torch.empty(250, dtype=torch.float64, device="cuda")  # 2000 B each, freed
+        del scratch
+    stats = torch.cuda.memory_stats()
+    summary = torch.cuda.memory_summary()  # torch's own report reads every key it expects
+    del kept
+    return stats, summary
+
+
+def test_memory_stats_have_torchs_keys_and_count_allocations_and_frees():
+    stats, summary = simdist.run(_allocations, PAIR, memory=True).returns[0]
+    assert stats["allocated_bytes.all.current"] == stats["reserved_bytes.all.current"] == 4000
+    assert stats["allocated_bytes.all.peak"] == 6000
+    assert stats["allocated_bytes.all.allocated"] == 4000 + 3 * 2000
+    assert stats["allocated_bytes.all.freed"] == 3 * 2000
+    assert (
+        stats["allocation.all.current"],
+        stats["allocation.all.allocated"],
+        stats["allocation.all.freed"],
+    ) == (1, 4, 3)
+    assert stats["allocation.all.peak"] == 2 and stats["num_ooms"] == 0
+    assert "PyTorch CUDA memory summary, device ID 0" in summary and "Allocated memory" in summary
+
+
 def _too_big():
     try:
         torch.empty(

@@ -161,6 +161,11 @@ class MemoryTracker:
         self._host_counts = True
         #: the most bytes live at once since the last :meth:`reset_peak` (``torch.cuda.max_memory_allocated``)
         self.peak_since_reset = 0
+        #: bytes allocated and freed, and storages allocated and freed, since the accounting started (the
+        #: cumulative figures of ``torch.cuda.memory_stats``)
+        self.allocated_total = self.freed_total = self.allocations = self.frees = 0
+        #: the most storages live at once since the last :meth:`reset_peak`
+        self.blocks_peak = 0
 
     # ------------------------------------------------------------------ feeding
     def after(self, func: Any, args: Sequence[Any], kwargs: dict[str, Any] | None, out: Any) -> None:
@@ -231,6 +236,9 @@ class MemoryTracker:
         self._live[key] = _Block(nbytes, category, self._allocs, t.shape, t.dtype, ref)
         self._totals[category] += nbytes
         self.current += nbytes
+        self.allocated_total += nbytes
+        self.allocations += 1
+        self.blocks_peak = max(self.blocks_peak, len(self._live))
         self._changed()
 
     def _freer(self, key: int) -> Callable[[weakref.ref], None]:
@@ -250,6 +258,8 @@ class MemoryTracker:
             return
         self._totals[block.category] -= block.nbytes
         self.current -= block.nbytes
+        self.freed_total += block.nbytes
+        self.frees += 1
         self._changed()
 
     def _resize(self, block: _Block, nbytes: int) -> None:
@@ -259,6 +269,10 @@ class MemoryTracker:
         block.nbytes = nbytes
         self._totals[block.category] += grow
         self.current += grow
+        if grow > 0:
+            self.allocated_total += grow
+        else:
+            self.freed_total -= grow
         self._changed()
 
     def resized(self, st: torch.UntypedStorage) -> None:
@@ -291,6 +305,7 @@ class MemoryTracker:
     def reset_peak(self) -> None:
         """Start :attr:`peak_since_reset` again from the bytes live now (``torch.cuda.reset_peak_memory_stats``)."""
         self.peak_since_reset = self.current
+        self.blocks_peak = len(self._live)
 
     def reserve(self, nbytes: int, func: Any = None) -> None:
         """Refuse, before op ``func`` makes it, an allocation of ``nbytes`` that would exceed the capacity."""
@@ -307,6 +322,7 @@ class MemoryTracker:
         self._live.clear()
         self._totals = [0] * len(CATEGORIES)
         self.current = self.peak = self.peak_since_reset = 0
+        self.allocated_total = self.freed_total = self.allocations = self.frees = self.blocks_peak = 0
         self.peak_time = max(self._now(), self._last_time)
         self._peak_totals = tuple(self._totals)
         self._peak_alloc = self._allocs

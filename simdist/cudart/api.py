@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from simdist.compute.memory import current_tracker
+from simdist.compute.memory import MemoryTracker, current_tracker
 from simdist.cuda import device as current
 from simdist.cuda.rank import RankCuda
 from simdist.cudart.state import active, rank
@@ -118,7 +118,9 @@ class CudaDeviceProperties:
 
 def get_device_properties(device: Any = None) -> CudaDeviceProperties:
     """The simulated device's name, compute capability, memory and multiprocessors, from the cluster's model."""
-    index = current.check(index_of(device, optional=False))  # a negative index is refused, as torch refuses it
+    index = current.check(
+        index_of(device, optional=False)
+    )  # a negative index is refused, as torch refuses it
     emulation = active()
     assert emulation is not None
     spec, node_rank = emulation.spec, _rank().rank // max(emulation.per_node, 1)
@@ -156,8 +158,8 @@ def is_tf32_supported() -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- memory
-def _bytes() -> tuple[int, int]:
-    """The rank's device bytes live now and at their peak since the last reset."""
+def _tracker() -> MemoryTracker | None:
+    """The rank's memory accounting, or None (warned once) in a run without ``memory=True``."""
     tracker = current_tracker()
     if tracker is None:
         emulation = active()
@@ -166,28 +168,59 @@ def _bytes() -> tuple[int, int]:
             warnings.warn(
                 "torch.cuda's memory statistics answer 0 in this run: simdist accounts device memory only with "
                 "simdist.run(..., memory=True) (simdist run --memory)",
-                stacklevel=4,
+                stacklevel=5,
             )
-        return 0, 0
-    return tracker.current, tracker.peak_since_reset
+    return tracker
+
+
+#: torch.cuda.memory_stats' metrics of bytes, and of counts (each per pool, with current, peak, allocated, freed)
+_BYTE_METRICS = (
+    "allocated_bytes",
+    "active_bytes",
+    "requested_bytes",
+    "reserved_bytes",
+    "inactive_split_bytes",
+)
+_COUNT_METRICS = ("allocation", "active", "segment", "inactive_split")
 
 
 def memory_stats(device: Any = None) -> dict[str, Any]:
-    """``torch.cuda.memory_stats``: allocated (= reserved) bytes now and at the peak since the last reset."""
+    """``torch.cuda.memory_stats`` with the keys torch's allocator reports: each live storage is one allocation
+    in one segment of the large pool (no caching allocator is modelled, so reserved equals allocated, and nothing
+    is inactive or split)."""
     current.check(index_of(device))
-    now, peak = _bytes()
-    stats: dict[str, Any] = {
-        "num_alloc_retries": 0,
-        "num_ooms": 0,
-        "num_device_alloc": 0,
-        "num_device_free": 0,
+    tracker = _tracker()
+    stats: dict[str, Any] = {"num_alloc_retries": 0, "num_ooms": 0, "num_sync_all_streams": 0}
+    live = {
+        "bytes": (
+            (tracker.current, tracker.peak_since_reset, tracker.allocated_total, tracker.freed_total)
+            if tracker is not None
+            else (0, 0, 0, 0)
+        ),
+        "count": (
+            (len(tracker._live), tracker.blocks_peak, tracker.allocations, tracker.frees)
+            if tracker is not None
+            else (0, 0, 0, 0)
+        ),
     }
-    for kind in ("allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes"):
-        for pool in ("all", "large_pool", "small_pool"):
-            mine = pool == "all" or pool == "large_pool"
-            stats[f"{kind}.{pool}.current"] = now if mine else 0
-            stats[f"{kind}.{pool}.peak"] = peak if mine else 0
+    stats["num_device_alloc"], stats["num_device_free"] = live["count"][2], live["count"][3]
+    for metrics, kind in ((_BYTE_METRICS, "bytes"), (_COUNT_METRICS, "count")):
+        for metric in metrics:
+            inactive = metric.startswith("inactive_split")
+            for pool in ("all", "large_pool", "small_pool"):
+                figures = (0, 0, 0, 0) if inactive or pool == "small_pool" else live[kind]
+                for name, value in zip(("current", "peak", "allocated", "freed"), figures):
+                    stats[f"{metric}.{pool}.{name}"] = value
+    for metric in ("oversize_allocations", "oversize_segments"):
+        for name in ("current", "peak", "allocated", "freed"):
+            stats[f"{metric}.{name}"] = 0
     return dict(sorted(stats.items()))
+
+
+def _bytes() -> tuple[int, int]:
+    """The rank's device bytes live now and at their peak since the last reset."""
+    tracker = _tracker()
+    return (tracker.current, tracker.peak_since_reset) if tracker is not None else (0, 0)
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
