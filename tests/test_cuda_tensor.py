@@ -6,6 +6,8 @@ CUDA autocast policy (which ops it casts).
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import threading
 
 import pytest
@@ -274,6 +276,60 @@ def test_returned_gpu_tensors_leave_the_run_as_host_tensors():
         and torch.equal(out["w"], torch.ones(2))
     )
     assert type(out["list"][0]) is torch.Tensor and out["n"] == 3
+
+
+Pair = collections.namedtuple("Pair", "first second")
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    step: int
+    weights: dict[str, torch.Tensor]
+
+
+class Holder:
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+def _objects():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2)).cuda()
+    model(torch.ones(3, 2, device="cuda")).sum().backward()
+    w = model[0].weight
+    state = collections.OrderedDict(w=torch.ones(2, device="cuda"))
+    return model, Pair(w, w), Snapshot(3, {"w": w}), Holder(w), state
+
+
+def _gpu_tensors_in(obj, seen=None):
+    """Every simulated GPU tensor reachable from ``obj`` through containers, modules and attributes."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or isinstance(obj, (int, str, float, type(None))):
+        return []
+    seen.add(id(obj))
+    if type(obj).__name__ == "SimCudaTensor":
+        return [obj]
+    if isinstance(obj, torch.Tensor):
+        return _gpu_tensors_in(obj.grad, seen) if obj.grad is not None else []
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else []
+    found = [t for item in items for t in _gpu_tensors_in(item, seen)]
+    if hasattr(obj, "__dict__"):
+        found += _gpu_tensors_in(vars(obj), seen)
+    return found
+
+
+def test_objects_a_rank_returns_leave_the_run_with_host_tensors():
+    """A model, a namedtuple, a dataclass, any object's attributes: nothing on a simulated GPU may outlive the run
+    (autograd on one outside it would end the process), and tensors shared inside a return stay shared."""
+    model, pair, snapshot, holder, state = _run(_objects)[0]
+    assert _gpu_tensors_in([model, pair, snapshot, holder, state]) == []
+    weight = model[0].weight
+    assert type(weight) is torch.nn.Parameter and weight.grad is not None and weight.grad.device.type == "cpu"
+    assert pair.first is pair.second is snapshot.weights["w"] is holder.tensor is weight
+    assert (
+        isinstance(pair, Pair) and isinstance(snapshot, Snapshot) and type(state) is collections.OrderedDict
+    )
+    model(torch.ones(3, 2)).sum().backward()  # the returned model trains on the host
 
 
 def _collective_on_gpu():

@@ -473,19 +473,3 @@ def _rewrap_subclass(out: torch.Tensor, dev: torch.device) -> torch.Tensor:
             out, lambda name, t: SimCudaTensor(t, dev) if type(t) is torch.Tensor else t
         )
     return out
-
-
-def to_host(obj: Any) -> Any:
-    """``obj`` with every simulated-GPU tensor in it (in lists, tuples, dicts) replaced by a CPU copy of its values.
-
-    A simulated device ends with its run: what a rank returns leaves the run as host tensors.
-    """
-    if type(obj) is SimCudaTensor:
-        return obj._elem.detach().clone().requires_grad_(obj.requires_grad)
-    if isinstance(obj, torch.Tensor):
-        return obj
-    if type(obj) in (list, tuple):
-        return type(obj)(to_host(o) for o in obj)
-    if type(obj) is dict:
-        return {k: to_host(v) for k, v in obj.items()}
-    return obj

@@ -27,7 +27,7 @@ from simdist.compute.cost import ComputeCostMode
 from simdist.compute.devices import CPU, DeviceSpec, get_device
 from simdist.compute.memory import CATEGORIES, MemoryStats, MemoryTracker, tracking_hooks
 from simdist.cuda.rank import RankCuda
-from simdist.cuda.tensor import to_host
+from simdist.cuda.returns import to_host
 from simdist.cudart.install import emulated, rank_thread, refused
 from simdist.engine.process import run_context
 from simdist.engine.rng import RankGenerators, derive_seed, per_rank_generators
