@@ -122,6 +122,29 @@ def _checkpoint_from_gpu_5() -> None:
         simdist.run(_load_onto_a_missing_gpu, PAIR, args=(path,))
 
 
+def _return_the_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(dist.get_rank())
+    model = torch.nn.Linear(2, 2).cuda()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dist.get_rank()])
+    opt = torch.optim.AdamW(ddp.parameters())
+    ddp(torch.ones(1, 2, device="cuda")).sum().backward()
+    opt.step()
+    return ddp, opt
+
+
+def _trains_on_the_host(result: simdist.RunResult) -> None:
+    ddp, opt = result.returns[0]
+    params = list(ddp.module.parameters())
+    assert all(type(p) is torch.nn.Parameter for p in params)
+    assert all(type(p) is torch.nn.Parameter for p in opt.state) and all(p in opt.state for p in params)
+    before = [p.detach().clone() for p in params]
+    opt.zero_grad()
+    ddp.module(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    assert all(not torch.equal(a, p) for a, p in zip(before, params))
+
+
 def _check_retry(result: simdist.RunResult) -> None:
     # the largest power of two whose float32 tensor fits in 64 MiB: 2**24 elements
     assert result.returns == [2**24, 2**24]
@@ -210,6 +233,12 @@ CASES = [
         _checkpoint_from_gpu_5,
         error=RankError,
         match=r"Attempting to deserialize object on CUDA device 5 but torch\.cuda\.device_count\(\) is 2",
+    ),
+    Case(
+        "returned_model_and_optimizer",
+        "returns its DDP model and optimizer from the rank, then trains them after the run",
+        lambda: simdist.run(_return_the_model, PAIR),
+        check=_trains_on_the_host,
     ),
     Case(
         "self_check_fails",
