@@ -37,17 +37,19 @@ _kept = threading.local()
 def take() -> None:
     """Move the calling thread's pending Python error, if any, to its kept error (a callback's first call)."""
     _fetch(*_ARGS)  # before anything else: with the error still set, any other call would fail
-    if not _SLOTS[0]:
+    kind, value, traceback = _SLOTS[0], _SLOTS[1], _SLOTS[2]  # out of the shared slots at once
+    _SLOTS[0] = _SLOTS[1] = _SLOTS[2] = None
+    if not kind:
         return
-    _normalize(*_ARGS)
-    value, traceback = _SLOTS[1], _SLOTS[2]
+    slots = (ctypes.c_void_p * 3)(kind, value, traceback)
+    _normalize(*(ctypes.c_void_p(ctypes.addressof(slots) + 8 * i) for i in range(3)))
+    kind, value, traceback = slots
     if value and traceback:
         _set_traceback(ctypes.c_void_p(value), ctypes.c_void_p(traceback))
     error = ctypes.cast(value, ctypes.py_object).value if value else None
-    for i in range(3):
-        if _SLOTS[i]:
-            _decref(ctypes.c_void_p(_SLOTS[i]))  # PyErr_Fetch handed over its references
-            _SLOTS[i] = None
+    for reference in (kind, value, traceback):
+        if reference:
+            _decref(ctypes.c_void_p(reference))  # PyErr_Fetch handed over its references
     _kept.error = error
 
 
