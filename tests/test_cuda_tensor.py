@@ -197,6 +197,15 @@ def test_errors_inside_a_device_guard_reach_the_program_as_torch_raised_them(
     assert "Exception ignored" not in capfd.readouterr().err
 
 
+def _pinned() -> tuple[bool, bool]:
+    host = torch.ones(2).pin_memory()  # once pinned memory is in use, the CPU build's answer changes
+    return torch.ones(2, device="cuda").is_pinned(), host.is_pinned()
+
+
+def test_gpu_memory_is_not_pinned_host_memory():
+    assert _run(_pinned)[0] == (False, True)  # as torch answers on a GPU
+
+
 def _host_reads():
     x = torch.arange(3.0, device="cuda")
     try:

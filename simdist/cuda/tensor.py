@@ -62,6 +62,10 @@ class SimCudaTensor(torch.Tensor):
         text = torch._tensor_str._str(self, tensor_contents=tensor_contents)
         return "tensor" + text[len(type(self).__name__) :] if text.startswith(type(self).__name__) else text
 
+    def is_pinned(self, device: Any = None) -> bool:
+        """False: device memory is not pinned host memory (on the CPU the tensor inside answers for the host)."""
+        return False
+
     def record_stream(self, stream: Any) -> None:
         """One stream per simulated device: the memory is never reused early, nothing to record."""
 
