@@ -170,13 +170,14 @@ def test_a_module_moves_between_host_and_gpu_as_for_the_cpu_program():
 
 
 def _errors_under_a_device_guard(kind: str) -> list[str]:
-    """Errors torch raises inside the bindings that hold a C++ device guard (copy_, item assignment,
-    new_tensor), caught as a program would catch them."""
+    """Errors torch raises inside the bindings that hold a C++ device guard (copy_, item assignment and
+    indexing, new_tensor), caught as a program would catch them."""
     a = torch.zeros(4, device=kind)
     attempts = [
         lambda: a.copy_(torch.ones(3, device=kind)),
         lambda: a.__setitem__(slice(0, 2), torch.ones(3, device=kind)),
         lambda: a.new_tensor([[1.0], [2.0, 3.0]]),
+        lambda: a[torch.tensor([5], device=kind)],
     ]
     seen = []
     for attempt in attempts:

@@ -1,6 +1,6 @@
 """Python errors in flight while C++ unwinds through the simulated device guard, kept for the program.
 
-When an op raises inside a torch binding that holds a C++ device guard (``copy_``, item assignment,
+When an op raises inside a torch binding that holds a C++ device guard (``copy_``, indexing, item assignment,
 ``new_tensor``), torch leaves the Python error set while C++ unwinds, and the guard's destructor calls the
 simulated guard's ``uncheckedSetDevice``, a ctypes callback (:mod:`simdist.cuda.native`). Python code that runs
 with an error set is a fault: ctypes would replace the error with a SystemError, print it as "Exception ignored"

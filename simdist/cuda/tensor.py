@@ -33,6 +33,7 @@ _TENSOR_DATA = torch.Tensor.data
 #: torch's bindings that hold a C++ device guard around the op (see :mod:`simdist.cuda.pending`)
 _TENSOR_COPY = torch.Tensor.copy_
 _TENSOR_SETITEM = torch.Tensor.__setitem__
+_TENSOR_GETITEM = torch.Tensor.__getitem__
 _TENSOR_NEW_TENSOR = torch.Tensor.new_tensor
 
 
@@ -107,6 +108,9 @@ class SimCudaTensor(torch.Tensor):
     def copy_(self, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
         """As ``torch.Tensor.copy_``."""
         return pending.guarded(_TENSOR_COPY, self, src, non_blocking)
+
+    def __getitem__(self, key: Any) -> Any:
+        return pending.guarded(_TENSOR_GETITEM, self, key)
 
     def __setitem__(self, key: Any, value: Any) -> None:
         pending.guarded(_TENSOR_SETITEM, self, key, value)
