@@ -112,7 +112,9 @@ def per_step(short: int, long: int, repeats: int) -> dict[str, float]:
     torch.set_num_threads(1)  # a simulated run computes on one thread
     try:
         for name, program in programs.items():
-            program(short)  # once-per-process costs (the native pieces' first installation, lazy imports) drop out
+            program(
+                short
+            )  # once-per-process costs (the native pieces' first installation, lazy imports) drop out
             best = float("inf")
             for _ in range(repeats):
                 a = _process_seconds(functools.partial(program, short))
