@@ -9,12 +9,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
+import types
 
 import pytest
 import torch
 import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 import simdist
 from simdist.errors import CudaError, DeviceMismatchError, HostConversionError, RankError
@@ -314,13 +316,20 @@ def _objects():
 def _gpu_tensors_in(obj, seen=None):
     """Every simulated GPU tensor reachable from ``obj`` through containers, modules and attributes."""
     seen = set() if seen is None else seen
-    if id(obj) in seen or isinstance(obj, (int, str, float, type(None))):
+    if id(obj) in seen or isinstance(
+        obj, (int, str, float, type(None), type, types.ModuleType, types.FunctionType)
+    ):
         return []
     seen.add(id(obj))
     if type(obj).__name__ == "SimCudaTensor":
         return [obj]
     if isinstance(obj, torch.Tensor):
-        return _gpu_tensors_in(obj.grad, seen) if obj.grad is not None else []
+        found = _gpu_tensors_in(obj.grad, seen) if obj.is_leaf and obj.grad is not None else []
+        if is_traceable_wrapper_subclass(obj):  # DTensor: its local tensor
+            found += [
+                t for name in obj.__tensor_flatten__()[0] for t in _gpu_tensors_in(getattr(obj, name), seen)
+            ]
+        return found
     items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else []
     found = [t for item in items for t in _gpu_tensors_in(item, seen)]
     if hasattr(obj, "__dict__"):
@@ -340,6 +349,26 @@ def test_objects_a_rank_returns_leave_the_run_with_host_tensors():
         isinstance(pair, Pair) and isinstance(snapshot, Snapshot) and type(state) is collections.OrderedDict
     )
     model(torch.ones(3, 2)).sum().backward()  # the returned model trains on the host
+
+
+def _fsdp2_model():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.cuda.set_device(dist.get_rank())
+    model = torch.nn.Linear(4, 4).cuda()
+    fully_shard(model, mesh=init_device_mesh("cuda", (2,)))
+    model(torch.ones(2, 4, device="cuda")).sum().backward()
+    return model
+
+
+def test_a_returned_fsdp2_model_holds_host_tensors():
+    """Its parameters are DTensors whose local shards were on the simulated GPUs."""
+    model = _run(_fsdp2_model)[0]
+    assert _gpu_tensors_in(model) == []
+    local = model.weight.to_local()
+    assert local.device.type == "cpu" and local.shape == (2, 4)
+    assert torch.equal(local * 2, local + local)
 
 
 def _collective_on_gpu():
