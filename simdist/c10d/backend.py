@@ -176,6 +176,8 @@ def _patched_new_process_group_helper(group_size: int, group_rank: int, global_r
         _active["creating"] = None
     if pg is not c10d.GroupMember.NON_GROUP_MEMBER:
         _present(pg, name)
+    if kwargs.get("group_desc") == "default_pg":
+        _active["name"] = name  # groups made later without a backend take the default group's, as in torch
     return pg, prefix_store
 
 
@@ -232,22 +234,33 @@ def _patched_init_process_group(
     return None
 
 
-def _check_backend_of_made_group(backend: Any) -> None:
-    """The backend an ``init_process_group`` asks for is the one the group simdist made presents."""
+def _check_backend_of_made_group(backend: Any) -> str | None:
+    """The backend an ``init_process_group`` asks for is one the group simdist made can present: the name it asks
+    to be shown (on a GPU cluster), or None for the run's own."""
     name = _active["name"]
+    sim = _active["ctx"]
+    # On a GPU cluster the code may ask for the backends of a GPU machine ("nccl", "cpu:gloo,cuda:nccl", "gloo"):
+    # the default group presents what it asked for. Elsewhere it must ask for the run's own.
+    asked = _presented(backend) if sim.emulates_cuda and backend is not None else None
     text = str(backend).lower() if backend else ""
-    if text not in ("", "undefined", BACKEND, "cpu:" + BACKEND) and text != name:
+    if text not in ("", "undefined", BACKEND, "cpu:" + BACKEND) and text != name and asked is None:
         raise ValueError(
             f"init_process_group(backend={str(backend)!r}) inside simdist.run: the default group already exists "
             f"with the '{name}' backend (the name this run presents). Pass backend={name!r} (or none), or run with "
             f"simdist.run(..., backend_name=...) (simdist run --backend-name ...) set to the backend this code "
-            f"asks for ({BACKEND_NAMES})."
+            f"asks for ({BACKEND_NAMES})"
+            + ("" if sim.emulates_cuda else "; on a cluster with a GPU model, 'nccl' and 'cpu:gloo,cuda:nccl' are accepted too")
+            + "."
         )
+    return asked
 
 
 def _keep_default_group(backend: Any, timeout: timedelta | None) -> None:
     """The rank's ``init_process_group`` finds the group simdist made: checked, its timeout applied to every group."""
-    _check_backend_of_made_group(backend)
+    asked = _check_backend_of_made_group(backend)
+    if asked is not None and asked != _active["name"]:
+        _present(c10d._get_default_group(), asked)
+        _active["name"] = asked  # groups made later without a backend take the default group's, as in torch
     if timeout is not None:
         seconds = timeout.total_seconds()
         _active["ctx"].default_timeout = seconds
@@ -349,7 +362,7 @@ def running(ctx: RunContext) -> Iterator[None]:
     _active["default_group"] = ctx.options.default_group
     _active["arrivals"] = rendezvous.Arrivals(ctx)
     try:
-        with _registered(), replaced(_OWNER, patches), _thread_isolation(), funcol.installed():
+        with _registered(ctx.emulates_cuda), replaced(_OWNER, patches), _thread_isolation(), funcol.installed():
             multithreading = torch.autograd.set_multithreading_enabled(False)
             with multithreading:
                 yield
@@ -365,8 +378,9 @@ def running(ctx: RunContext) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _registered() -> Iterator[None]:
-    """The ``simdist`` backend registered in ``dist.Backend`` during the block, and what that changed undone."""
+def _registered(cuda: bool) -> Iterator[None]:
+    """The ``simdist`` backend registered in ``dist.Backend`` during the block (for CUDA tensors too when the run
+    emulates CUDA), and what that changed undone."""
     cls = dist.Backend
     saved = (
         list(cls.backend_list),
@@ -376,7 +390,7 @@ def _registered() -> Iterator[None]:
         dict(cls._plugins),
         cls.__dict__.get(BACKEND.upper()),
     )
-    cls.register_backend(BACKEND, _create_backend, extended_api=True, devices=["cpu"])
+    cls.register_backend(BACKEND, _create_backend, extended_api=True, devices=["cpu", "cuda"] if cuda else ["cpu"])
     try:
         yield
     finally:
