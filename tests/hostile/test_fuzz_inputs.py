@@ -136,6 +136,7 @@ _ARGS: dict[str, st.SearchStrategy[Any]] = {
     "n": _mostly(st.integers(1, 8)),
     "nodes": _mostly(st.integers(1, 3)),
     "gpus_per_node": _mostly(st.integers(1, 4)),
+    "ranks_per_node": _mostly(st.integers(1, 4)),
     "dims": _mostly(st.lists(st.integers(1, 4), min_size=1, max_size=3)),
     "bidirectional": _mostly(st.booleans()),
     "device": _mostly(st.sampled_from(["H100", "A100", "cpu", "h200"])),
