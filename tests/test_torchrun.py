@@ -24,6 +24,8 @@ from simdist.engine.rank_process import FIRST_PID
 
 SCRIPTS = Path(__file__).resolve().parent / "torchrun_scripts"
 RING2 = simdist.Cluster.ring(2)
+#: the same without a GPU model: a machine where CUDA is absent, as where the gloo outcomes were recorded
+CPU_RING2 = simdist.Cluster.ring(2, device="cpu")
 
 
 def _script(tmp_path: Path, source: str, name: str = "train.py") -> Path:
@@ -290,7 +292,10 @@ def test_an_entry_function_initialises_with_a_name_bound_before_the_run(tmp_path
     with pytest.raises(simdist.RankError, match="trying to initialize the default process group twice"):
         simdist.run_script(script, RING2, argv=[who, "twice"], entry="main", backend_name="gloo")
     with pytest.raises(simdist.RankError, match=r"init_process_group\(backend='gloo'\) inside simdist\.run"):
-        simdist.run_script(script, RING2, argv=[who], entry="main")  # the run presents 'simdist'
+        simdist.run_script(script, CPU_RING2, argv=[who], entry="main")  # the run presents 'simdist'
+    # on a GPU cluster a GPU machine's backends are accepted, and the group presents the one asked for
+    presented = ["gloo" if str(r) in who.split(",") else "simdist" for r in range(2)]
+    assert simdist.run_script(script, RING2, argv=[who], entry="main").returns == [(3.0, p) for p in presented]
 
 
 def test_a_second_init_process_group_in_a_script_is_refused_as_torch_refuses_it(tmp_path):
@@ -333,7 +338,7 @@ def _agree_with_gloo(simulated: dict, real: dict, rank: int) -> None:
 def test_init_process_group_refuses_what_real_gloo_refuses(tmp_path):
     """Against the outcomes real gloo processes gave for the same script (tests/torchrun_scripts/init_cases.gloo.json,
     measured by the test below)."""
-    res = simdist.run_script(SCRIPTS / "init_cases.py", RING2, argv=[str(tmp_path)])
+    res = simdist.run_script(SCRIPTS / "init_cases.py", CPU_RING2, argv=[str(tmp_path)])
     for rank, real in enumerate(_gloo_outcomes()):
         _agree_with_gloo(json.loads((tmp_path / f"rank{rank}.json").read_text()), real, rank)
     assert res.sim_time >= 3.0  # rank 0 waited its 3 s for rank 1, which claimed rank 0 too and was refused
