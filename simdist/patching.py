@@ -147,6 +147,9 @@ INVENTORY: tuple[Patch, ...] = (
           "activation checkpointing saves the GPU generators' states only where it is set: a module attribute, so "
           "every thread sees it"),
     Patch("torch", ("Generator",), "simdist.cudart.install", "torch.Generator(device='cuda') in rank code"),
+    Patch("torch.nn.functional", ("scaled_dot_product_attention",), "simdist.cudart.install",
+          "attention on simulated GPUs takes the CPU's fused kernel where the CPU program does (torch picks by "
+          "device in C++)"),
     Patch("torch._C._distributed_c10d.Logger", ("set_runtime_stats_and_log",), "simdist.cudart.install",
           "a CPU build's DDP keeps no timer for CUDA parameters, and its statistics logging asserts on one"),
     Patch("torch.UntypedStorage", ("resize_",), "simdist.compute.memory",

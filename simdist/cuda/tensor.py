@@ -24,6 +24,7 @@ import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass, transform_subclass
 
 from simdist.cuda import device
+from simdist.cuda.fallbacks import FALLBACKS, unsupported
 from simdist.errors import DeviceMismatchError, HostConversionError
 
 CPU = torch.device("cpu")
@@ -252,11 +253,19 @@ class Call:
     def run(self, generator: Callable[[int], torch.Generator | None] | None = None) -> Any:
         """Run the op on the CPU tensors; a random op draws from the device's generator (``generator(index)``)."""
         func, args, kwargs = self.func, self.args, self.kwargs
-        if generator is not None and self.device is not None and _schema(func).random:
-            gen = generator((self.out_device or self.device).index)
-            if gen is not None and kwargs.get("generator") is None:
-                return _with_generator(func, args, kwargs, gen)
-        return func(*args, **kwargs)
+        fallback = FALLBACKS.get(func)
+        if fallback is not None:
+            return fallback(*args, **kwargs)
+        try:
+            if generator is not None and self.device is not None and _schema(func).random:
+                gen = generator((self.out_device or self.device).index)
+                if gen is not None and kwargs.get("generator") is None:
+                    return _with_generator(func, args, kwargs, gen)
+            return func(*args, **kwargs)
+        except NotImplementedError as e:
+            if self.device is None or _has_cpu_kernel(func):
+                raise
+            raise unsupported(func, self.device) from e
 
     def inputs(self) -> list[Any]:
         """The caller's simulated-GPU operands (wrappers), in argument order."""
@@ -265,6 +274,15 @@ class Call:
             if isinstance(a, (list, tuple)):
                 out.extend(t for t in a if type(t) is SimCudaTensor)
         return out
+
+
+def _has_cpu_kernel(func: Any) -> bool:
+    """Whether ``func`` runs on CPU tensors (a CPU kernel, or a composite one that decomposes into such)."""
+    name = func.name()
+    return any(
+        torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
+        for key in ("CPU", "CompositeExplicitAutograd", "CompositeImplicitAutograd")
+    )
 
 
 def _with_generator(func: Any, args: Any, kwargs: dict[str, Any], gen: torch.Generator) -> Any:

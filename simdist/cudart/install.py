@@ -26,7 +26,7 @@ import torch.utils._foreach_utils as foreach_utils
 from simdist.clock.baton import current_rank_state
 from simdist.comm.context import RunContext
 from simdist.compute.devices import DeviceSpec
-from simdist.cuda import native
+from simdist.cuda import attention, native
 from simdist.cuda.rank import RankCuda
 from simdist.cuda.tensor import SimCudaTensor
 from simdist.cudart import api, events
@@ -159,6 +159,7 @@ def _patches() -> dict[str, Any]:
     # activation checkpointing saves and restores the device generators only where CUDA is initialised
     patches["torch.cuda._initialized"] = True
     patches["torch.Generator"] = CudaGenerator
+    patches["torch.nn.functional.scaled_dot_product_attention"] = attention.scaled_dot_product_attention
     # DDP's reducer keeps no timer for CUDA parameters on a CPU build (it is compiled with CUDA only), and its
     # runtime-statistics logging asserts on it: nothing is logged
     logger = torch._C._distributed_c10d.Logger

@@ -101,6 +101,12 @@ def _ddp_model_to_host() -> None:
     model.cpu()  # DDP's reducer still holds the parameters
 
 
+def _cuda_only_op() -> None:
+    torch.cuda.set_device(0)
+    q = torch.randn(1, 2, 4, 8, device="cuda")
+    torch.ops.aten._scaled_dot_product_efficient_attention(q, q, q, None, False)  # CUDA's kernel, called directly
+
+
 def _check_retry(result: simdist.RunResult) -> None:
     # the largest power of two whose float32 tensor fits in 64 MiB: 2**24 elements
     assert result.returns == [2**24, 2**24]
@@ -175,6 +181,14 @@ CASES = [
         error=RankError,
         match=r"tensor\.data = <a tensor on cpu> for a tensor on cuda:\d: .*becomes a host tensor only where nothing "
         r"else holds it",
+    ),
+    Case(
+        "cuda_only_op_without_stand_in",
+        "calls a CUDA-only kernel that has no CPU stand-in on a simulated GPU",
+        lambda: simdist.run(_cuda_only_op, PAIR),
+        error=RankError,
+        match=r"aten::_scaled_dot_product_efficient_attention \(called at .*test_hostile_cuda.py:\d+\) has a CUDA "
+        r"kernel only",
     ),
     Case(
         "self_check_fails",
