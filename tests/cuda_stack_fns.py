@@ -228,3 +228,16 @@ def syncbn_train(steps: int = 2) -> tuple[list[torch.Tensor], list[torch.Tensor]
         [norm.running_mean.cpu(), norm.running_var.cpu()],
         x.grad.cpu(),
     )
+
+
+def ctc_train(kind: str) -> list[torch.Tensor]:
+    """``F.ctc_loss`` (lengths on the device, as the log-probabilities) forward and backward; the loss and the
+    log-probabilities' gradient."""
+    dev = _device(kind)
+    g = torch.Generator().manual_seed(0)
+    log_probs = torch.randn(10, 2, 5, generator=g).log_softmax(2).to(dev).requires_grad_()
+    targets = torch.randint(1, 5, (2, 4), generator=g).to(dev)
+    lengths = torch.tensor([10, 10]).to(dev), torch.tensor([4, 3]).to(dev)
+    loss = F.ctc_loss(log_probs, targets, *lengths)
+    loss.backward()
+    return [loss.detach().cpu(), log_probs.grad.cpu()]

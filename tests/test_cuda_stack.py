@@ -13,6 +13,7 @@ from cuda_stack_fns import (
     amp_train,
     attention_train,
     checkpoint_train,
+    ctc_train,
     fsdp_tp_train,
     pipeline_train,
     rnn_train,
@@ -100,6 +101,11 @@ def test_recurrent_layers_take_the_fused_cell_stand_ins_within_round_off_of_the_
     res = simdist.run(rnn_train, ONE, args=("cuda", cls))
     names = {s.name for s in res.trace.spans if s.rank == 0}
     assert f"aten::_thnn_fused_{cls.lower()}_cell" in names
+
+
+def test_ctc_loss_on_cuda_equals_its_cpu_twin_bitwise() -> None:
+    cpu, gpu = _twins(ctc_train, ONE)
+    assert _equal(cpu, gpu)
 
 
 def _syncbn_oracle(steps: int = 2) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:

@@ -210,7 +210,8 @@ _GATHERS: frozenset[str] = frozenset(
 )
 
 # Ops that run no kernel although their schema does not mark them as views: in-place metadata changes,
-# _unsafe_view (a view that autograd does not track), and allocation without initialisation.
+# _unsafe_view (a view that autograd does not track), allocation without initialisation, and the host-side checks
+# whether a vendor library's CTC kernel applies.
 _NO_KERNEL: frozenset[str] = frozenset(
     _aten(n)
     for n in (
@@ -239,6 +240,8 @@ _NO_KERNEL: frozenset[str] = frozenset(
         "sym_numel",
         "sym_storage_offset",
         "is_same_size",
+        "_use_cudnn_ctc_loss",
+        "_use_miopen_ctc_loss",
     )
 )
 

@@ -229,6 +229,12 @@ def thnn_fused_gru_cell_backward(
     )
 
 
+def no_vendor_ctc_loss(*args: Any) -> bool:
+    """CUDA's ``_use_cudnn_ctc_loss`` (and ROCm's ``_use_miopen_ctc_loss``): False, cuDNN is not emulated, so CUDA's
+    native CTC kernel runs."""
+    return False
+
+
 #: CUDA-only aten ops and the CPU computation standing in for each (keyed by OpOverload)
 FALLBACKS: dict[Any, Callable[..., Any]] = {
     # SyncBatchNorm's forward: local statistics (Welford in CUDA), their combination across ranks (running
@@ -246,6 +252,12 @@ FALLBACKS: dict[Any, Callable[..., Any]] = {
     # nn.GRU / nn.GRUCell on CUDA: gru_cell_forward in RNN.cu, and its backward
     aten._thnn_fused_gru_cell.default: thnn_fused_gru_cell,
     aten._thnn_fused_gru_cell_backward.default: thnn_fused_gru_cell_backward,
+    # F.ctc_loss on CUDA asks whether cuDNN's (or MIOpen's) CTC kernel applies: a check on the host, no kernel (the
+    # cost model charges nothing); the loss and its backward have CPU kernels
+    aten._use_cudnn_ctc_loss.default: no_vendor_ctc_loss,
+    aten._use_cudnn_ctc_loss.Tensor: no_vendor_ctc_loss,
+    aten._use_miopen_ctc_loss.default: no_vendor_ctc_loss,
+    aten._use_miopen_ctc_loss.Tensor: no_vendor_ctc_loss,
 }
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep

@@ -173,7 +173,7 @@ def _take_host_data(t: SimCudaTensor, new: torch.Tensor) -> None:
 
 # ---------------------------------------------------------------------------------------------- per op
 #: ops that take tensors on several devices by design, as CUDA's do: copies between host and device, indexing
-#: a device tensor with host indices, storage swaps, lifting a constant
+#: a device tensor with host indices, storage swaps, lifting a constant, CTC's lengths
 _MIXED_DEVICES = frozenset(
     {
         aten.copy_.default,
@@ -189,6 +189,11 @@ _MIXED_DEVICES = frozenset(
         aten.set_.source_Tensor,
         aten.lift_fresh.default,
         aten.lift_fresh_copy.default,
+        # CTC's sequence lengths may stay on the host, as CUDA's kernels take them
+        aten._use_cudnn_ctc_loss.Tensor,
+        aten._use_miopen_ctc_loss.Tensor,
+        aten._ctc_loss.Tensor,
+        aten._ctc_loss_backward.Tensor,
     }
 )
 #: namespaces whose ops move data between ranks or devices (collectives take and give device buffers)

@@ -104,7 +104,8 @@ def _ddp_model_to_host() -> None:
 def _cuda_only_op() -> None:
     torch.cuda.set_device(0)
     q = torch.randn(1, 2, 4, 8, device="cuda")
-    torch.ops.aten._scaled_dot_product_efficient_attention(q, q, q, None, False)  # CUDA's kernel, called directly
+    # CUDA's kernel, called directly
+    torch.ops.aten._scaled_dot_product_efficient_attention(q, q, q, None, False)
 
 
 def _check_retry(result: simdist.RunResult) -> None:
