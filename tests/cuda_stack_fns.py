@@ -241,3 +241,18 @@ def ctc_train(kind: str) -> list[torch.Tensor]:
     loss = F.ctc_loss(log_probs, targets, *lengths)
     loss.backward()
     return [loss.detach().cpu(), log_probs.grad.cpu()]
+
+
+def compiled_train(kind: str) -> list[torch.Tensor]:
+    """A model under ``torch.compile(backend="eager")``, two AdamW steps; the parameters and the last output."""
+    dev = _device(kind)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 16)).to(dev)
+    compiled = torch.compile(model, backend="eager")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+    for _ in range(2):
+        out = compiled(_data(4, 16).to(dev))
+        out.pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().cpu() for p in model.parameters()] + [out.detach().cpu()]

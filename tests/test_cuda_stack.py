@@ -13,6 +13,7 @@ from cuda_stack_fns import (
     amp_train,
     attention_train,
     checkpoint_train,
+    compiled_train,
     ctc_train,
     fsdp_tp_train,
     pipeline_train,
@@ -105,6 +106,11 @@ def test_recurrent_layers_take_the_fused_cell_stand_ins_within_round_off_of_the_
 
 def test_ctc_loss_on_cuda_equals_its_cpu_twin_bitwise() -> None:
     cpu, gpu = _twins(ctc_train, ONE)
+    assert _equal(cpu, gpu)
+
+
+def test_torch_compile_eager_of_a_model_on_the_gpu_equals_its_cpu_twin_bitwise() -> None:
+    cpu, gpu = _twins(compiled_train, ONE)
     assert _equal(cpu, gpu)
 
 

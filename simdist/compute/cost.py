@@ -14,6 +14,7 @@ from simdist.compute.devices import DeviceSpec, get_device
 from simdist.cuda.rank import RankCuda
 from simdist.cuda.tensor import rewrap, unwrap
 from simdist.cuda.transfers import planned_bytes, transfer
+from simdist.untraced import never_compiled
 
 # A FLOP formula gets (args, out) of one call and returns (flops, dtype whose peak applies).
 _FlopFn = Callable[[Sequence[Any], Any], tuple[float, torch.dtype]]
@@ -359,8 +360,8 @@ class ComputeCostMode(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         # torch wraps a mode's __torch_dispatch__ in a dynamo-disabling shim unless this says no; the shim
-        # costs microseconds on every op and its first use imports torch._dynamo (seconds). Nothing here
-        # is meant to be compiled, so the shim buys nothing.
+        # costs microseconds on every op and its first use imports torch._dynamo (seconds). never_compiled keeps
+        # dynamo out of the mode at no cost per op instead.
         return False
 
     def __init__(
@@ -392,6 +393,7 @@ class ComputeCostMode(TorchDispatchMode):
         #: accounting's out-of-memory check)
         self._reserve = reserve
 
+    @never_compiled
     def __torch_dispatch__(
         self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:

@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass, transfor
 from simdist.cuda import device
 from simdist.cuda.fallbacks import FALLBACKS, unsupported
 from simdist.errors import DeviceMismatchError, HostConversionError
+from simdist.untraced import never_compiled
 
 CPU = torch.device("cpu")
 aten = torch.ops.aten
@@ -129,6 +130,7 @@ class SimCudaTensor(torch.Tensor):
         return SimCudaTensor(inner["_elem"], dev)
 
     @classmethod
+    @never_compiled
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         # Reached where no rank's dispatch mode is active (a simulator thread, code that disables modes):
         # the op runs as under the mode, uncharged.
