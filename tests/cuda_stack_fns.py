@@ -256,3 +256,21 @@ def compiled_train(kind: str) -> list[torch.Tensor]:
         opt.step()
         opt.zero_grad()
     return [p.detach().cpu() for p in model.parameters()] + [out.detach().cpu()]
+
+
+def dtensor_attention(kind: str) -> list[torch.Tensor]:
+    """Causal attention on DTensors sharded by heads over ``init_device_mesh(kind)``, forward and backward; the
+    full output and gradients."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    dev = _device(kind)
+    mesh = init_device_mesh(kind, (dist.get_world_size(),))
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (
+        distribute_tensor(torch.randn(2, 4, 8, 8, generator=g).to(dev), mesh, [Shard(1)]).requires_grad_()
+        for _ in range(3)
+    )
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out.pow(2).sum().backward()
+    return [t.full_tensor().cpu() for t in (out.detach(), q.grad, k.grad, v.grad)]

@@ -15,6 +15,7 @@ from cuda_stack_fns import (
     checkpoint_train,
     compiled_train,
     ctc_train,
+    dtensor_attention,
     fsdp_tp_train,
     pipeline_train,
     rnn_train,
@@ -92,6 +93,21 @@ def test_attention_takes_the_cpu_fused_kernel_bitwise_priced_as_one_kernel(causa
     assert not {"aten::bmm", "aten::_softmax", "aten::matmul"} & set(names)
 
 
+def test_attention_on_dtensors_over_cuda_equals_one_process_attention_bitwise() -> None:
+    # DTensor has sharding rules for CUDA's attention kernels only: the CPU twin cannot run, so the oracle is the
+    # attention of the full tensors in this process (per head, the same CPU flash kernel)
+    res = simdist.run(dtensor_attention, PAIR, args=("cuda",))
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 8, 8, generator=g).requires_grad_() for _ in range(3))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out.pow(2).sum().backward()
+    for rank in range(2):
+        assert _equal([out.detach(), q.grad, k.grad, v.grad], res.returns[rank])
+    names = [s.name for s in res.trace.spans if s.rank == 0 and s.name.startswith("aten::")]
+    assert names.count("aten::_scaled_dot_product_flash_attention") == 1
+    assert names.count("aten::_scaled_dot_product_flash_attention_backward") == 1
+
+
 @pytest.mark.parametrize("cls", ["LSTM", "GRU"])
 def test_recurrent_layers_take_the_fused_cell_stand_ins_within_round_off_of_the_cpu(cls: str) -> None:
     cpu, gpu = _twins(rnn_train, ONE, cls)
@@ -163,3 +179,24 @@ def test_a_cuda_only_op_without_a_stand_in_names_the_op_and_the_users_line() -> 
     line = _efficient_attention.__code__.co_firstlineno + 3
     assert f"test_cuda_stack.py:{line}" in text
     assert isinstance(cause, UnsupportedCudaOpError) or "UnsupportedCudaOpError" in text
+
+
+def _lstm_cell_steps() -> None:
+    torch.cuda.set_device(0)
+    cell = nn.LSTMCell(64, 128).to("cuda")
+    x = torch.randn(32, 64, device="cuda")
+    with torch.no_grad():
+        cell(x)
+
+
+def test_a_cuda_only_kernel_stand_in_is_priced_as_the_one_cuda_kernel() -> None:
+    res = simdist.run(_lstm_cell_steps, ONE)
+    (span,) = [s for s in res.trace.spans if s.name == "aten::_thnn_fused_lstm_cell"]
+    # the CUDA kernel reads both gate pre-activations (32 x 512), cx and the two biases, and writes hy, cy
+    # (32 x 128) and the workspace (32 x 512), all float32; it is memory-bound
+    nbytes = 4 * (2 * 32 * 512 + 32 * 128 + 2 * 512 + 2 * 32 * 128 + 32 * 512)
+    device = simdist.compute.devices.get_device("H100")
+    assert span.duration == pytest.approx(nbytes / device.memory_bandwidth + device.launch_overhead, rel=1e-9)
+    # its CPU stand-in's own ops (sigmoid, tanh, cat, ...) are not charged besides
+    names = {s.name for s in res.trace.spans}
+    assert not {"aten::sigmoid", "aten::tanh", "aten::cat"} & names

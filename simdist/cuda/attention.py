@@ -12,6 +12,7 @@ prices one fused attention kernel (forward and backward), as a GPU runs one. Whe
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -50,7 +51,7 @@ def _fused(args: Any, kwargs: dict[str, Any]) -> Any:
     wrapper = SimCudaTensor
     query, key, value, mask, dropout_p, is_causal, scale, enable_gqa = _bind(*args, **kwargs)
     if not all(type(t) is wrapper for t in (query, key, value)):
-        return NotImplemented
+        return _fused_dtensor(query, key, value, mask, dropout_p, is_causal, scale, enable_gqa)
     # the fused call below passes the mask as it is: bool masks (converted by torch first) and grouped-query
     # attention (expanded first) stay on torch's own path
     if enable_gqa or (mask is not None and (type(mask) is not wrapper or not mask.dtype.is_floating_point)):
@@ -63,4 +64,31 @@ def _fused(args: Any, kwargs: dict[str, Any]) -> Any:
         return NotImplemented
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         query, key, value, dropout_p, is_causal, attn_mask=mask, scale=scale
+    )[0]
+
+
+def _fused_dtensor(
+    query: Any,
+    key: Any,
+    value: Any,
+    mask: Any,
+    dropout_p: float,
+    is_causal: bool,
+    scale: Any,
+    enable_gqa: bool,
+) -> Any:
+    """Attention on DTensors over simulated GPUs: CUDA's flash kernel (DTensor has sharding rules for CUDA's
+    kernels, not for the CPU's), which the simulated GPU computes with the CPU's flash kernel; ``NotImplemented``
+    where the CPU would not take its flash kernel for the local shards, or with a mask (the flash kernel takes none)."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    cls = getattr(dtensor, "DTensor", None)
+    if cls is None or mask is not None or enable_gqa:
+        return NotImplemented
+    if not all(type(t) is cls and type(t._local_tensor) is SimCudaTensor for t in (query, key, value)):
+        return NotImplemented
+    elems = [t._local_tensor._elem for t in (query, key, value)]
+    if torch._fused_sdp_choice(*elems, None, dropout_p, is_causal, scale=scale) != _FLASH:
+        return NotImplemented
+    return torch.ops.aten._scaled_dot_product_flash_attention(
+        query, key, value, dropout_p, is_causal, scale=scale
     )[0]

@@ -2,7 +2,8 @@
 the ones that have none.
 
 torch's C++ picks some kernels by the tensors' device: on ``cuda`` ``SyncBatchNorm`` calls the batch-norm
-statistics kernels and ``nn.LSTM`` / ``nn.GRU`` the fused cell kernels, none of which a CPU build has. Each entry
+statistics kernels, ``nn.LSTM`` / ``nn.GRU`` the fused cell kernels, DTensor's attention CUDA's flash kernel, none
+of which a CPU build has. Each entry
 of :data:`FALLBACKS` computes what its CUDA kernel computes, with CPU ops on the CPU tensors a simulated GPU
 holds. It runs as one op of the rank's dispatch mode, so the cost model prices it as the one CUDA kernel it stands
 for (its bytes read and written, plus one launch; these kernels are memory-bound), under the CUDA kernel's name.
@@ -229,6 +230,60 @@ def thnn_fused_gru_cell_backward(
     )
 
 
+# ---------------------------------------------------------------------------------------------- attention
+def flash_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    return_debug_mask: bool = False,
+    *,
+    scale: float | None = None,
+) -> tuple[Any, ...]:
+    """CUDA's flash attention kernel, as the CPU's flash kernel computes it: the output and the log-sum-exp its
+    backward needs; the varlen and random-state outputs are what CUDA returns for dense, dropout-free attention."""
+    out, logsumexp = aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, dropout_p, is_causal, scale=scale
+    )
+    unused = torch.empty((), dtype=torch.uint64)
+    return (
+        out,
+        logsumexp,
+        None,
+        None,
+        query.shape[2],
+        key.shape[2],
+        torch.zeros(2, dtype=torch.uint64),
+        unused,
+        query.new_empty(0),
+    )
+
+
+def flash_attention_backward(
+    grad_out: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    out: torch.Tensor,
+    logsumexp: torch.Tensor,
+    cum_seq_q: Any,
+    cum_seq_k: Any,
+    max_q: int,
+    max_k: int,
+    dropout_p: float,
+    is_causal: bool,
+    philox_seed: Any,
+    philox_offset: Any,
+    *,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """CUDA's flash attention backward, as the CPU's flash backward computes it."""
+    return aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, scale=scale
+    )
+
+
 def no_vendor_ctc_loss(*args: Any) -> bool:
     """CUDA's ``_use_cudnn_ctc_loss`` (and ROCm's ``_use_miopen_ctc_loss``): False, cuDNN is not emulated, so CUDA's
     native CTC kernel runs."""
@@ -252,6 +307,10 @@ FALLBACKS: dict[Any, Callable[..., Any]] = {
     # nn.GRU / nn.GRUCell on CUDA: gru_cell_forward in RNN.cu, and its backward
     aten._thnn_fused_gru_cell.default: thnn_fused_gru_cell,
     aten._thnn_fused_gru_cell_backward.default: thnn_fused_gru_cell_backward,
+    # CUDA's flash attention kernel and its backward: what DTensor's attention calls on the local shards (it has
+    # sharding rules for CUDA's kernels only)
+    aten._scaled_dot_product_flash_attention.default: flash_attention,
+    aten._scaled_dot_product_flash_attention_backward.default: flash_attention_backward,
     # F.ctc_loss on CUDA asks whether cuDNN's (or MIOpen's) CTC kernel applies: a check on the host, no kernel (the
     # cost model charges nothing); the loss and its backward have CPU kernels
     aten._use_cudnn_ctc_loss.default: no_vendor_ctc_loss,
