@@ -163,6 +163,12 @@ class HostConversionError(SimdistError, TypeError):
     raises for a CUDA tensor."""
 
 
+class UnsupportedCudaOpError(SimdistError, NotImplementedError):
+    """Rank code called, on a simulated GPU, an op that only CUDA implements and that has no CPU stand-in; the
+    message names the op and the user's line. Also a ``NotImplementedError``, what torch raises for an op a backend
+    lacks."""
+
+
 class NoCudaError(SimdistError, RuntimeError):
     """Rank code used CUDA in a run whose cluster has no GPU model (``device="cpu"``). Also a ``RuntimeError``."""
 
@@ -176,4 +182,5 @@ RAISED_AS_TORCH: tuple[type[SimdistError], ...] = (
     CudaError,
     HostConversionError,
     NoCudaError,
+    UnsupportedCudaOpError,
 )

@@ -166,7 +166,8 @@ INVENTORY: tuple[Patch, ...] = (
     Patch("torch._utils", ("_rebuild_tensor_v2",), "simdist.cudart.install",
           "torch.load rebuilds the tensors of those storages on their simulated GPU"),
     Patch("torch.nn.functional", ("scaled_dot_product_attention",), "simdist.cudart.install",
-          "on simulated GPU tensors, the attention kernel the CPU program takes (torch would pick the math path)"),
+          "attention on simulated GPUs takes the CPU's fused kernel where the CPU program does (torch picks by "
+          "device in C++)"),
     Patch("torch._C._distributed_c10d.Logger", ("set_runtime_stats_and_log",), "simdist.cudart.install",
           "a CPU build's DDP keeps no timer for CUDA parameters, and its statistics logging asserts on one"),
     Patch("torch.UntypedStorage", ("resize_",), "simdist.compute.memory",

@@ -37,6 +37,7 @@ from simdist.clock.baton import current_rank_state
 from simdist.comm.waivers import RaceWaiver
 from simdist.errors import RaceError, RaceWarning, RunArgumentError
 from simdist.options import RACE_MODES
+from simdist.untraced import never_compiled
 
 
 @dataclass
@@ -403,6 +404,7 @@ class RaceCheckMode(TorchDispatchMode):
         if self.rank in self._inflight:
             self.detector.check_access(self.rank, func, args, kwargs, self.site)
 
+    @never_compiled
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         self.check(func, args, kwargs or {})
         return func(*args, **(kwargs or {}))

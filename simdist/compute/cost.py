@@ -14,6 +14,7 @@ from simdist.compute.devices import DeviceSpec, get_device
 from simdist.cuda.rank import RankCuda
 from simdist.cuda.tensor import rewrap, unwrap
 from simdist.cuda.transfers import planned_bytes, transfer
+from simdist.untraced import never_compiled
 
 # A FLOP formula gets (args, out) of one call and returns (flops, dtype whose peak applies).
 _FlopFn = Callable[[Sequence[Any], Any], tuple[float, torch.dtype]]
@@ -210,7 +211,8 @@ _GATHERS: frozenset[str] = frozenset(
 )
 
 # Ops that run no kernel although their schema does not mark them as views: in-place metadata changes,
-# _unsafe_view (a view that autograd does not track), and allocation without initialisation.
+# _unsafe_view (a view that autograd does not track), allocation without initialisation, and the host-side checks
+# whether a vendor library's CTC kernel applies.
 _NO_KERNEL: frozenset[str] = frozenset(
     _aten(n)
     for n in (
@@ -239,6 +241,8 @@ _NO_KERNEL: frozenset[str] = frozenset(
         "sym_numel",
         "sym_storage_offset",
         "is_same_size",
+        "_use_cudnn_ctc_loss",
+        "_use_miopen_ctc_loss",
     )
 )
 
@@ -356,8 +360,8 @@ class ComputeCostMode(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         # torch wraps a mode's __torch_dispatch__ in a dynamo-disabling shim unless this says no; the shim
-        # costs microseconds on every op and its first use imports torch._dynamo (seconds). Nothing here
-        # is meant to be compiled, so the shim buys nothing.
+        # costs microseconds on every op and its first use imports torch._dynamo (seconds). never_compiled keeps
+        # dynamo out of the mode at no cost per op instead.
         return False
 
     def __init__(
@@ -389,6 +393,7 @@ class ComputeCostMode(TorchDispatchMode):
         #: accounting's out-of-memory check)
         self._reserve = reserve
 
+    @never_compiled
     def __torch_dispatch__(
         self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:

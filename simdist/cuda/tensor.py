@@ -24,7 +24,9 @@ import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass, transform_subclass
 
 from simdist.cuda import device, pending
+from simdist.cuda.fallbacks import FALLBACKS, unsupported
 from simdist.errors import DeviceMismatchError, HostConversionError
+from simdist.untraced import never_compiled
 
 CPU = torch.device("cpu")
 aten = torch.ops.aten
@@ -153,6 +155,7 @@ class SimCudaTensor(torch.Tensor):
         return SimCudaTensor(inner["_elem"], dev)
 
     @classmethod
+    @never_compiled
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         # Reached where no rank's dispatch mode is active (a simulator thread, code that disables modes):
         # the op runs as under the mode, uncharged.
@@ -197,7 +200,7 @@ def _take_host_data(t: SimCudaTensor, new: torch.Tensor) -> None:
 
 # ---------------------------------------------------------------------------------------------- per op
 #: ops that take tensors on several devices by design, as CUDA's do: copies between host and device, indexing
-#: a device tensor with host indices, storage swaps, lifting a constant
+#: a device tensor with host indices, storage swaps, lifting a constant, CTC's lengths
 _MIXED_DEVICES = frozenset(
     {
         aten.copy_.default,
@@ -213,6 +216,11 @@ _MIXED_DEVICES = frozenset(
         aten.set_.source_Tensor,
         aten.lift_fresh.default,
         aten.lift_fresh_copy.default,
+        # CTC's sequence lengths may stay on the host, as CUDA's kernels take them
+        aten._use_cudnn_ctc_loss.Tensor,
+        aten._use_miopen_ctc_loss.Tensor,
+        aten._ctc_loss.Tensor,
+        aten._ctc_loss_backward.Tensor,
     }
 )
 #: namespaces whose ops move data between ranks or devices (collectives take and give device buffers)
@@ -277,11 +285,19 @@ class Call:
     def run(self, generator: Callable[[int], torch.Generator | None] | None = None) -> Any:
         """Run the op on the CPU tensors; a random op draws from the device's generator (``generator(index)``)."""
         func, args, kwargs = self.func, self.args, self.kwargs
-        if generator is not None and self.device is not None and _schema(func).random:
-            gen = generator((self.out_device or self.device).index)
-            if gen is not None and kwargs.get("generator") is None:
-                return _with_generator(func, args, kwargs, gen)
-        return func(*args, **kwargs)
+        fallback = FALLBACKS.get(func)
+        if fallback is not None:
+            return fallback(*args, **kwargs)
+        try:
+            if generator is not None and self.device is not None and _schema(func).random:
+                gen = generator((self.out_device or self.device).index)
+                if gen is not None and kwargs.get("generator") is None:
+                    return _with_generator(func, args, kwargs, gen)
+            return func(*args, **kwargs)
+        except NotImplementedError as e:
+            if self.device is None or _has_cpu_kernel(func):
+                raise
+            raise unsupported(func, self.device) from e
 
     def inputs(self) -> list[Any]:
         """The caller's simulated-GPU operands (wrappers), in argument order."""
@@ -290,6 +306,15 @@ class Call:
             if isinstance(a, (list, tuple)):
                 out.extend(t for t in a if type(t) is SimCudaTensor)
         return out
+
+
+def _has_cpu_kernel(func: Any) -> bool:
+    """Whether ``func`` runs on CPU tensors (a CPU kernel, or a composite one that decomposes into such)."""
+    name = func.name()
+    return any(
+        torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
+        for key in ("CPU", "CompositeExplicitAutograd", "CompositeImplicitAutograd")
+    )
 
 
 def _with_generator(func: Any, args: Any, kwargs: dict[str, Any], gen: torch.Generator) -> Any:

@@ -26,10 +26,10 @@ import torch.utils._foreach_utils as foreach_utils
 from simdist.clock.baton import current_rank_state
 from simdist.comm.context import RunContext
 from simdist.compute.devices import DeviceSpec
-from simdist.cuda import native
+from simdist.cuda import attention, native
 from simdist.cuda.rank import RankCuda
 from simdist.cuda.tensor import SimCudaTensor
-from simdist.cudart import api, attention, checkpoints, events
+from simdist.cudart import api, checkpoints, events
 from simdist.cudart.generator import CudaGenerator
 from simdist.cudart.state import Emulation, activate, in_ranks
 from simdist.errors import CudaEmulationError, NoCudaError
@@ -163,9 +163,7 @@ def _patches() -> dict[str, Any]:
         torch.serialization.default_restore_location
     )
     patches["torch._utils._rebuild_tensor_v2"] = checkpoints.rebuild_tensor(torch._utils._rebuild_tensor_v2)
-    patches["torch.nn.functional.scaled_dot_product_attention"] = attention.scaled_dot_product_attention(
-        torch.nn.functional.scaled_dot_product_attention
-    )
+    patches["torch.nn.functional.scaled_dot_product_attention"] = attention.scaled_dot_product_attention
     # DDP's reducer keeps no timer for CUDA parameters on a CPU build (it is compiled with CUDA only), and its
     # runtime-statistics logging asserts on it: nothing is logged
     logger = torch._C._distributed_c10d.Logger

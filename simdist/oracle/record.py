@@ -36,6 +36,7 @@ from simdist.layers import NOT_CALL_SITES
 from simdist.oracle.names import canonical_names, named_tensors
 from simdist.oracle.shared import SharedHooks
 from simdist.patching import replaced
+from simdist.untraced import never_compiled
 
 #: ops not recorded: they compute nothing (aliases autograd makes for itself)
 _SILENT = frozenset({"aten.detach", "aten.alias", "aten.lift_fresh", "aten._to_copy.out", "aten.set_"})
@@ -370,6 +371,7 @@ class Recorder(TorchDispatchMode):
             i -= 1
         return None
 
+    @never_compiled
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if not self.active:

@@ -31,6 +31,7 @@ MODULES: dict[str, tuple[Callable[[], torch.nn.Module], tuple[int, ...], bool]] 
     "Embedding": (lambda: torch.nn.Embedding(10, 4), (3,), True),
     "LSTM": (lambda: torch.nn.LSTM(8, 4), (5, 2, 8), False),
     "GRU": (lambda: torch.nn.GRU(8, 4), (5, 2, 8), False),
+    "SyncBatchNorm": (lambda: torch.nn.SyncBatchNorm(8), (4, 8, 3), False),
     "Dropout": (lambda: torch.nn.Dropout(0.5), (4, 8), False),
     "MultiheadAttention": (lambda: torch.nn.MultiheadAttention(8, 2), (5, 2, 8), False),
     "TransformerEncoderLayer": (lambda: torch.nn.TransformerEncoderLayer(8, 2, 16), (5, 2, 8), False),

@@ -145,6 +145,13 @@ def _trains_on_the_host(result: simdist.RunResult) -> None:
     assert all(not torch.equal(a, p) for a, p in zip(before, params))
 
 
+def _cuda_only_op() -> None:
+    torch.cuda.set_device(0)
+    q = torch.randn(1, 2, 4, 8, device="cuda")
+    # CUDA's kernel, called directly
+    torch.ops.aten._scaled_dot_product_efficient_attention(q, q, q, None, False)
+
+
 def _check_retry(result: simdist.RunResult) -> None:
     # the largest power of two whose float32 tensor fits in 64 MiB: 2**24 elements
     assert result.returns == [2**24, 2**24]
@@ -239,6 +246,14 @@ CASES = [
         "returns its DDP model and optimizer from the rank, then trains them after the run",
         lambda: simdist.run(_return_the_model, PAIR),
         check=_trains_on_the_host,
+    ),
+    Case(
+        "cuda_only_op_without_stand_in",
+        "calls a CUDA-only kernel that has no CPU stand-in on a simulated GPU",
+        lambda: simdist.run(_cuda_only_op, PAIR),
+        error=RankError,
+        match=r"aten::_scaled_dot_product_efficient_attention \(called at .*test_hostile_cuda.py:\d+\) has a CUDA "
+        r"kernel only",
     ),
     Case(
         "self_check_fails",
