@@ -437,6 +437,8 @@ class ComputeCostMode(TorchDispatchMode):
         copy = transfer(call, out)
         if copy is not None:
             self._charge(cuda.copy_seconds(copy.nbytes), copy.direction)
+            if cuda.on_kernel is not None:
+                cuda.on_kernel(call, out)
             if copy.blocking:
                 cuda.synchronize()
             return result
@@ -445,6 +447,8 @@ class ComputeCostMode(TorchDispatchMode):
             seconds = _info_cost(info, call.args, call.kwargs, out, self.device)
             if type(seconds) in (int, float) and seconds > 0:
                 self._charge(seconds, info.name)
+                if cuda.on_kernel is not None:
+                    cuda.on_kernel(call, out)
         return result
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from simdist.clock.baton import current_rank_state
 from simdist.comm.context import RunContext
 from simdist.compute.devices import DeviceSpec
+from simdist.cuda import device
 from simdist.cuda.rank import RankCuda
 
 
@@ -60,3 +61,11 @@ def in_ranks(original: Any, emulated: Any) -> Any:
     call.__doc__ = getattr(original, "__doc__", None)
     call.__wrapped__ = original  # type: ignore[attr-defined]
     return call
+
+
+def follow() -> None:
+    """Send the calling rank thread's device work to its current stream on its current device (after either
+    changed)."""
+    state = current_rank_state()
+    if state is not None:
+        state.stream = device.current_stream(device.current())
