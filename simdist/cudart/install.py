@@ -31,6 +31,7 @@ from simdist.cuda.rank import RankCuda
 from simdist.cuda.tensor import SimCudaTensor
 from simdist.cudart import api, events, streams
 from simdist.cudart.generator import CudaGenerator
+from simdist.cudart.nvtx import NvtxRanges
 from simdist.cudart.state import Emulation, activate, in_ranks
 from simdist.errors import CudaEmulationError, NoCudaError
 from simdist.patching import replaced
@@ -114,26 +115,6 @@ _ACCELERATOR: dict[str, Any] = {
 _FOREACH_TYPE_LISTS = (optimizer_module._foreach_supported_types, foreach_utils._foreach_supported_types)
 
 
-class _NvtxRanges:
-    """``torch.cuda.nvtx``'s native functions: no-ops in rank code (the ranges are not recorded yet), torch's stub
-    (which raises on a CPU build) elsewhere."""
-
-    def __init__(self, stub: Any) -> None:
-        self._stub = stub
-
-    def __getattr__(self, name: str) -> Any:
-        original = getattr(self._stub, name, None)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            if current_rank_state() is None:
-                if original is None:
-                    raise AttributeError(f"{type(self._stub).__name__!r} object has no attribute {name!r}")
-                return original(*args, **kwargs)
-            return 0
-
-        return call
-
-
 def _patches() -> dict[str, Any]:
     """Every attribute the emulation replaces, with its replacement."""
     patches: dict[str, Any] = {}
@@ -153,7 +134,7 @@ def _patches() -> dict[str, Any]:
     patches.update({f"torch.cuda.Stream.{n}": v for n, v in _STREAM_METHODS.items()})
     patches.update({f"torch.cuda.Event.{n}": v for n, v in _EVENT_METHODS.items()})
     patches["torch.cuda.nccl.version"] = in_ranks(torch.cuda.nccl.version, lambda: api.NCCL_VERSION)
-    patches["torch.cuda.nvtx._nvtx"] = _NvtxRanges(torch.cuda.nvtx._nvtx)
+    patches["torch.cuda.nvtx._nvtx"] = NvtxRanges(torch.cuda.nvtx._nvtx)
     patches["torch.distributed.is_nccl_available"] = in_ranks(dist.is_nccl_available, lambda: True)
     patches["torch.version.cuda"] = api.CUDA_VERSION
     # activation checkpointing saves and restores the device generators only where CUDA is initialised

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from simdist.clock.baton import current_rank_state
@@ -22,6 +22,8 @@ class Emulation:
     ranks: list[RankCuda]
     #: whether a memory function has already warned that the run accounts no memory
     warned_memory: bool = False
+    #: each rank's open NVTX ranges by handle (``range_start``), and the last handle given
+    nvtx_handles: dict[int, dict[Any, Any]] = field(default_factory=dict)
 
 
 _active: list[Emulation] = []
