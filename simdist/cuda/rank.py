@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from simdist.cuda.pinned import PinnedMemory
+
 
 class RankCuda:
     """The simulated CUDA devices of rank ``rank``, shared by every thread of the rank.
@@ -45,6 +47,8 @@ class RankCuda:
         #: called with each op on the device and its CPU result once it is queued (the race detector's view of
         #: side streams); None: nothing to tell
         self.on_kernel = on_kernel
+        #: the rank's pinned host memory
+        self.pinned = PinnedMemory()
         self._generators: dict[int, torch.Generator] = {}
         #: the seed ``torch.manual_seed`` / ``torch.cuda.manual_seed_all`` gave every device, for generators made later
         self._seed_all: int | None = None
@@ -79,6 +83,7 @@ class RankCuda:
         self.streams_made += 1
         return self.streams_made
 
-    def copy_seconds(self, nbytes: int) -> float:
-        """Seconds a copy of ``nbytes`` between host and device takes on the host link."""
-        return self.link_latency + nbytes / self.host_link_bandwidth
+    def copy_seconds(self, nbytes: int, share: float = 1.0) -> float:
+        """Seconds a copy of ``nbytes`` between host and device takes on the host link, at ``share`` of its bandwidth
+        (1 from or to pinned memory, ``simdist.cuda.pinned.PAGEABLE_SHARE`` from or to pageable memory)."""
+        return self.link_latency + nbytes / (self.host_link_bandwidth * share)
