@@ -9,7 +9,10 @@ stream at the event), the cost model's price of one matmul, the program written 
 from __future__ import annotations
 
 import math
+import re
+import runpy
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -238,3 +241,36 @@ def test_waits_between_side_streams_are_transitive_and_a_side_stream_reading_ano
         RaceError, match=r"read \(in aten.mul.Tensor on side stream 2\).*aten.add.Tensor on side stream 1"
     ):
         simdist.run(_two_side_streams, ONE, args=(False,), races="error")
+
+
+def test_the_streams_example_in_the_docs_prints_what_the_docs_show(tmp_path, capsys):
+    text = (Path(__file__).resolve().parents[1] / "docs" / "gpu.md").read_text()
+    section = text[text.index("## Streams") :]
+    code, shown = re.search(r"```python\n(.*?)```\n\n```\n(.*?)```", section, re.DOTALL).groups()
+    script = tmp_path / "streams_example.py"
+    script.write_text(code)
+    runpy.run_path(str(script), run_name="streams_example")
+    assert capsys.readouterr().out == shown
+
+
+def _collective_on_a_side_stream(long: float, short: float):
+    torch.cuda.set_device(int(__import__("os").environ["LOCAL_RANK"]))
+    t = torch.ones(4, device="cuda")
+    torch.cuda.synchronize()
+    t0 = simdist.now()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    simdist.charge(long)  # the default stream is busy
+    with torch.cuda.stream(side):
+        simdist.charge(short)
+        torch.distributed.all_reduce(t, async_op=True).wait()
+    return t0
+
+
+def test_a_collective_issued_on_a_side_stream_starts_when_that_stream_reaches_it():
+    res = simdist.run(
+        _collective_on_a_side_stream, simdist.Cluster.switch(2, device="H100"), args=(1e-3, 2e-6), races="off"
+    )
+    t0 = res.returns[0]
+    (start,) = {s.start for s in res.trace.collectives() if s.rank == 0}
+    assert math.isclose(start - t0, 2e-6, rel_tol=1e-9)
