@@ -8,6 +8,7 @@ stream at the event), the cost model's price of one matmul, the program written 
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 import runpy
@@ -184,9 +185,25 @@ def _reads_a_side_streams_result(wait: str):
     return float(total + z.sum())
 
 
-def _line(marker: str) -> int:
-    import inspect
+def test_memory_a_freed_or_moved_storage_had_is_not_mistaken_for_a_side_stream_kernels(monkeypatch):
+    from simdist.comm import races
 
+    detector = races.RaceDetector("warn", "nccl", lambda: 0.0)
+    freed, moved, later = torch.ones(16), torch.ones(16), torch.zeros(16)
+    at = {id(freed): races._memory(freed), id(moved): races._memory(moved)}
+    detector.issue_on_stream(0, "aten.mul.Tensor", 1, "train.py:1", [freed, moved], [], done_at=1e-6)
+    del freed  # its memory goes back to the allocator
+    moved.untyped_storage().resize_(0)  # FSDP's free: the storage lives on, its memory does not
+    moved.untyped_storage().resize_(64)
+    real_memory = races._memory
+    for old in at.values():
+        # a later tensor the allocator placed where the kernel's input was
+        monkeypatch.setattr(races, "_memory", lambda t, old=old: old if t is later else real_memory(t))
+        detector.check_tensors(0, "aten.fill_.Scalar", later, True, lambda: "train.py:9")
+    assert detector.races == []
+
+
+def _line(marker: str) -> int:
     lines, first = inspect.getsourcelines(_reads_a_side_streams_result)
     return first + next(i for i, text in enumerate(lines) if marker in text)
 

@@ -71,9 +71,10 @@ class InFlight:
     done_at: float | None = None
     #: storage keys of its regions (where the detector indexes them)
     keys: list[int] = field(default_factory=list)
-    #: for a kernel on a side stream of a simulated GPU: that stream's number (None: a communication
-    #: operation)
+    #: for a kernel on a side stream of a simulated GPU: that stream's number (None: a communication operation)
     stream: int | None = None
+    #: whether the kernel's buffer is still where it was (None: always, for an operation that holds its tensors)
+    alive: Callable[[], bool] | None = None
 
     def describe(self) -> str:
         """``all_reduce #3 on group default`` style text."""
@@ -180,6 +181,16 @@ class Race:
         if self.waived_by:
             lines.append(f"  waived by race_waivers {list(self.waived_by)}")
         return "\n".join(lines)
+
+
+def _same_storage(ref: weakref.ref, key: int) -> Callable[[], bool]:
+    """Whether the storage ``ref`` refers to is alive and still at ``key``."""
+
+    def alive() -> bool:
+        storage = ref()
+        return storage is not None and storage.data_ptr() == key
+
+    return alive
 
 
 def stream_text(stream: int) -> str:
@@ -304,31 +315,27 @@ class RaceDetector:
         writes: list[torch.Tensor],
         done_at: float,
     ) -> None:
-        """Record that ``rank`` queued kernel ``op`` on its side stream ``stream`` (done at ``done_at`` on the device):
-        until another stream waits for it, that stream touching these buffers is a race.
+        """Record that ``rank`` queued kernel ``op`` on its side stream ``stream`` (done at ``done_at`` on the
+        device): until another stream waits for it, that stream touching these buffers is a race.
 
-        The kernel's buffers are held weakly (its first written tensor's end forgets it): the race is about values
-        the program still has.
+        Each buffer is held weakly, one entry per tensor: the entry ends with the tensor's storage, and is ignored
+        once that storage has moved (FSDP frees and re-allocates storages in place), so memory a freed storage had
+        is never mistaken for the kernel's.
         """
-        placed = []
+        now = self._now()
+        by_storage = self.inflight.setdefault(rank, {})
         for ts, w in ((writes, True), (reads, False)):
             for t in ts:
                 mem = _memory(t)
-                if mem is not None:
-                    lo = mem[1]
-                    what = f"tensor {tuple(t.shape)} {str(t.dtype)[6:]}"
-                    placed.append((mem[0], Region(lo, lo + _extent(t), w, what)))
-        if not placed:
-            return
-        regions = [r for _, r in placed]
-        new = InFlight(rank, op, None, "", site, self._now(), regions, [], done_at, stream=stream)
-        by_storage = self.inflight.setdefault(rank, {})
-        for key, region in placed:
-            by_storage.setdefault(key, []).append((new, region))
-        new.keys = [key for key, _ in placed]
-        owner = next((t for t in writes if _memory(t) is not None), None)
-        if owner is not None:
-            weakref.finalize(owner, self._forget, new)
+                if mem is None:
+                    continue
+                key, lo = mem
+                region = Region(lo, lo + _extent(t), w, f"tensor {tuple(t.shape)} {str(t.dtype)[6:]}")
+                entry = InFlight(rank, op, None, "", site, now, [region], [], done_at, [key], stream=stream)
+                storage = t.untyped_storage()
+                entry.alive = _same_storage(weakref.ref(storage), key)
+                by_storage.setdefault(key, []).append((entry, region))
+                weakref.finalize(storage, self._forget, entry)
 
     def clock(self, rank: int, stream: int, now: float) -> dict[int, float]:
         """What an event recorded now on ``rank``'s ``stream`` (at ``now`` on it) orders after it: that stream up to
@@ -429,7 +436,7 @@ class RaceDetector:
                     if stream is None:
                         state = current_rank_state()
                         stream = state.stream if state is not None else 0
-                    if self.ordered(entry, rank, stream):
+                    if self.ordered(entry, rank, stream) or not entry.alive():
                         continue
                 if (reg.writes or written) and reg.overlaps(lo, hi):
                     verb = "wrote" if written else "read"
