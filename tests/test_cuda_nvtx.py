@@ -76,4 +76,4 @@ def test_the_report_timeline_draws_ranges_one_row_per_depth_and_does_not_count_t
     (breakdown,) = data.breakdowns(res.trace, res.finish_times)
     assert breakdown.communication == 0 and breakdown.compute > 0
     page = res.save_report(tmp_path / "run.html").read_text()
-    assert '"nvtx:device 1"' in page and '"step 1"' in page
+    assert '"nvtx:device 1"' in page and '"step 1"' in page and "nvtx range" in page

@@ -238,6 +238,11 @@ def timeline(
     return {"rows": rows, "spans": out_spans, "colours": colour_list, "details": details, "messages": messages}
 
 
+def is_annotation(span: Span) -> bool:
+    """Whether ``span`` is an NVTX range (not device work, not communication)."""
+    return stream_kind(span.stream) == ANNOTATION
+
+
 def _row_name(span: Span) -> str:
     """The timeline row of ``span``: its stream, or for a nested NVTX range its stream and depth (``nvtx 1``), so
     nested ranges lie under one another instead of on top."""
