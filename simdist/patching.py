@@ -140,6 +140,8 @@ INVENTORY: tuple[Patch, ...] = (
                                "ipc_handle", "__repr__"), "simdist.cudart.install", "events in simulated time", adds=True),
     Patch("torch.cuda.nccl", ("version",), "simdist.cudart.install", "a run presenting NCCL has one"),
     Patch("torch.cuda.nvtx", ("_nvtx",), "simdist.cudart.install", "NVTX ranges in rank code become spans of the trace"),
+    Patch("torch.autograd.profiler.record_function", ("__enter__", "__exit__"), "simdist.cudart.install",
+          "ranges rank code opens with torch.profiler.record_function become spans of the trace, as NVTX ranges do"),
     Patch("torch.distributed", ("is_nccl_available",), "simdist.cudart.install", "a run presenting NCCL has one"),
     Patch("torch.version", ("cuda",), "simdist.cudart.install",
           "CUDA code checks it (DDP's bf16 compression hook): a module attribute, so every thread sees it"),

@@ -77,3 +77,40 @@ def test_the_report_timeline_draws_ranges_one_row_per_depth_and_does_not_count_t
     assert breakdown.communication == 0 and breakdown.compute > 0
     page = res.save_report(tmp_path / "run.html").read_text()
     assert '"nvtx:device 1"' in page and '"step 1"' in page and "nvtx range" in page
+
+
+@torch.profiler.record_function("helper")
+def _helper(x: torch.Tensor) -> torch.Tensor:
+    return x @ x
+
+
+def _record_functions():
+    torch.cuda.set_device(0)
+    model = torch.nn.Linear(256, 256).to("cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.ones(256, 256, device="cuda")
+    torch.cuda.synchronize()
+    t0 = simdist.now()
+    with torch.profiler.record_function("outer"):
+        simdist.charge(A)
+        _helper(x)
+        _helper(x)
+    model(x).sum().backward()
+    opt.step()  # torch opens its own record_function range here: not the program's
+    return t0
+
+
+def test_record_function_ranges_of_the_program_are_spans_and_torchs_own_are_not():
+    res = simdist.run(_record_functions, ONE)
+    t0 = res.returns[0]
+    a = torch.empty(256, 256)
+    mm = op_cost(torch.ops.aten.mm.default, (a, a), {}, a @ a, H100)
+    device = [
+        (s.name, s.start - t0, s.end - t0, s.args["depth"])
+        for s in res.trace.spans
+        if s.stream == NVTX_DEVICE
+    ]
+    expected = [("helper", A, A + mm, 1), ("helper", A + mm, A + 2 * mm, 1), ("outer", 0.0, A + 2 * mm, 0)]
+    assert [d[0] for d in device] == [e[0] for e in expected]
+    for got, want in zip(device, expected):
+        assert all(math.isclose(g, w, rel_tol=1e-9, abs_tol=1e-15) for g, w in zip(got[1:], want[1:]))

@@ -31,7 +31,7 @@ from simdist.cuda.rank import RankCuda
 from simdist.cuda.tensor import SimCudaTensor
 from simdist.cudart import api, events, streams
 from simdist.cudart.generator import CudaGenerator
-from simdist.cudart.nvtx import NvtxRanges
+from simdist.cudart.nvtx import NvtxRanges, record_function_methods
 from simdist.cudart.state import Emulation, activate, in_ranks
 from simdist.errors import CudaEmulationError, NoCudaError
 from simdist.patching import replaced
@@ -135,6 +135,9 @@ def _patches() -> dict[str, Any]:
     patches.update({f"torch.cuda.Event.{n}": v for n, v in _EVENT_METHODS.items()})
     patches["torch.cuda.nccl.version"] = in_ranks(torch.cuda.nccl.version, lambda: api.NCCL_VERSION)
     patches["torch.cuda.nvtx._nvtx"] = NvtxRanges(torch.cuda.nvtx._nvtx)
+    enter, leave = record_function_methods()
+    patches["torch.autograd.profiler.record_function.__enter__"] = enter
+    patches["torch.autograd.profiler.record_function.__exit__"] = leave
     patches["torch.distributed.is_nccl_available"] = in_ranks(dist.is_nccl_available, lambda: True)
     patches["torch.version.cuda"] = api.CUDA_VERSION
     # activation checkpointing saves and restores the device generators only where CUDA is initialised

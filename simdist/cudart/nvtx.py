@@ -8,14 +8,26 @@ and on stream ``nvtx:device``, from where the thread's current stream was at the
 kernel starts) to where it was at the pop (where its last kernel ends), as Nsight Systems projects a range onto
 the GPU. Both carry the range's nesting ``depth`` (0 for the outermost). A pop without a push returns -1, as
 NVTX returns a negative depth on error; a range still open when the rank ends is not recorded.
+
+``torch.profiler.record_function(name)`` ranges the rank's code opens (as a context manager or a decorator) are
+recorded the same way, nested with the NVTX ranges; torch's own (an optimizer's step, DDP's forward) are not, so
+programs that do not annotate themselves keep their traces.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import threading
+from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
+from torch.autograd import profiler
+
 from simdist.clock.baton import current_rank_state
+from simdist.clock.sites import TORCH_DIR
 from simdist.comm.context import RunContext
 from simdist.cudart.state import active
 from simdist.trace.trace import NVTX, NVTX_DEVICE
@@ -125,3 +137,38 @@ _RECORDERS = {
     "rangeEnd": range_end,
     "markA": mark,
 }
+
+
+#: files whose frames stand between ``record_function.__enter__`` and the code that opened the range
+_CONTEXT_FILES = (os.path.abspath(contextlib.__file__), os.path.abspath(profiler.__file__))
+
+
+def _opened_by_user(frame: FrameType | None) -> bool:
+    """Whether the code that opened a ``record_function`` range (the first frame outside the context machinery,
+    from ``frame`` outwards) is the program's, not torch's."""
+    while frame is not None and os.path.abspath(frame.f_code.co_filename) in _CONTEXT_FILES:
+        frame = frame.f_back
+    return frame is not None and not os.path.abspath(frame.f_code.co_filename).startswith(TORCH_DIR)
+
+
+def record_function_methods() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """``record_function.__enter__`` and ``__exit__`` that also record the program's own ranges in rank code."""
+    enter, leave = profiler.record_function.__enter__, profiler.record_function.__exit__
+
+    def __enter__(self: Any) -> Any:
+        out = enter(self)
+        if current_rank_state() is not None and _opened_by_user(sys._getframe(1)):
+            # a decorator enters the same object once per call, recursion included
+            self._simdist_ranges = getattr(self, "_simdist_ranges", 0) + 1
+            range_push(self.name)
+        return out
+
+    def __exit__(self: Any, *exc: Any) -> Any:
+        try:
+            return leave(self, *exc)
+        finally:
+            if getattr(self, "_simdist_ranges", 0) > 0 and current_rank_state() is not None:
+                self._simdist_ranges -= 1
+                range_pop()
+
+    return __enter__, __exit__
