@@ -291,3 +291,33 @@ def test_a_collective_issued_on_a_side_stream_starts_when_that_stream_reaches_it
     t0 = res.returns[0]
     (start,) = {s.start for s in res.trace.collectives() if s.rank == 0}
     assert math.isclose(start - t0, 2e-6, rel_tol=1e-9)
+
+
+def _all_reduces_a_side_streams_result(wait: bool):
+    torch.cuda.set_device(int(__import__("os").environ["LOCAL_RANK"]))
+    side = torch.cuda.Stream()
+    x = torch.ones(64, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        grad = x * 2  # SIDE_GRAD
+    if wait:
+        torch.cuda.current_stream().wait_stream(side)
+    torch.distributed.all_reduce(grad)  # ALL_REDUCE
+    return float(grad.sum())
+
+
+def test_a_collective_issued_before_its_stream_waited_for_the_side_stream_that_wrote_its_buffer_is_a_race():
+    pair = simdist.Cluster.switch(2, device="H100")
+    assert (
+        simdist.run(_all_reduces_a_side_streams_result, pair, args=(True,), races="error").returns
+        == [256.0] * 2
+    )
+    with pytest.raises(RaceError) as info:
+        simdist.run(_all_reduces_a_side_streams_result, pair, args=(False,), races="error")
+    text = str(info.value)
+    assert "wrote (in all_reduce #0 on group 0, issued on the default stream)" in text
+    assert "aten.mul.Tensor on side stream 1" in text
+    lines, first = inspect.getsourcelines(_all_reduces_a_side_streams_result)
+    for marker in ("SIDE_GRAD", "ALL_REDUCE"):
+        line = first + next(i for i, code in enumerate(lines) if marker in code)
+        assert f"test_cuda_streams.py:{line}" in text

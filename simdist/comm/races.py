@@ -291,10 +291,30 @@ class RaceDetector:
         new = InFlight(rank, op, seq, group, site, self._now(), [r for _, r in placed], tensors)
         by_storage = self.inflight.setdefault(rank, {})
         reported: set[int] = set()
+        stream = None
         for key, b in placed:
             for old, a in by_storage.get(key, ()):
                 if old.stream is not None:
-                    continue  # a side stream's kernel: collectives reading its results are not checked
+                    # a side stream's kernel: the collective starts when the issuing thread's current stream
+                    # reaches it, which is after the kernel only if that stream waited for it
+                    if stream is None:
+                        state = current_rank_state()
+                        stream = state.stream if state is not None else 0
+                    if (
+                        id(old) not in reported
+                        and not self.ordered(old, rank, stream)
+                        and old.alive()
+                        and (a.writes or b.writes)
+                        and a.overlaps(b.lo, b.hi)
+                    ):
+                        reported.add(id(old))
+                        lo, hi = max(a.lo, b.lo), min(a.hi, b.hi)
+                        verb = "wrote" if b.writes else "read"
+                        access = f"{verb} (in {new.describe()}, issued on {stream_text(stream)})"
+                        self._report(
+                            Race("access", rank, old, None, access, site, new.issued_at, b.what, lo, hi - lo, self.progress)
+                        )
+                    continue
                 if id(old) not in reported and (a.writes or b.writes) and a.overlaps(b.lo, b.hi):
                     reported.add(id(old))
                     lo, hi = max(a.lo, b.lo), min(a.hi, b.hi)
