@@ -68,6 +68,12 @@ class RankState:
     #: simulated time (seconds) at which the rank's compute stream has run everything queued on it (ranks
     #: whose host runs ahead of the device; threads of a rank share their owner's)
     stream_end: float = 0.0
+    #: the stream this thread's device work goes to: 0 is the rank's compute stream (CUDA's default stream),
+    #: another number one of the rank's side streams (``torch.cuda.Stream``); per thread, as CUDA's is
+    stream: int = 0
+    #: simulated time (seconds) at which each side stream of the rank has run everything queued on it (the
+    #: owner's: the rank's threads share its streams)
+    side_ends: dict[int, float] = field(default_factory=dict)
     #: simulated time (seconds) at which the thread was done: the rank's function returned, or the body of a
     #: thread the rank started did (its pending compute and, for a host that runs ahead, its device included)
     finish_time: float = 0.0

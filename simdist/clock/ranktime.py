@@ -11,6 +11,11 @@ Two models, chosen per run:
   max(the stream's end, the host time it was enqueued). Communication issued by the host starts on its own
   stream once the compute stream reaches the issue point (``issue_time``). The host waits for the device
   only where it must: waiting on communication, reading a value to the host, or synchronising.
+
+A rank whose host runs ahead may have side streams besides its compute stream (CUDA's ``torch.cuda.Stream``):
+each thread queues on its current stream (``RankState.stream``), streams run beside each other, and one waits
+for another only through :meth:`RankTime.stream_wait` (an event or ``wait_stream``). On a host-synchronous rank
+every stream is the host's own time, so side streams change nothing.
 """
 
 from __future__ import annotations
@@ -31,19 +36,59 @@ class RankTime:
         #: whether hosts enqueue compute and go on (GPU under NCCL-like progress), or wait for it
         self.host_runs_ahead = host_runs_ahead
 
-    def charge(self, seconds: float) -> tuple[int, float, float] | None:
-        """Queue ``seconds`` of compute on the calling rank: its (rank, start, end), or None outside a rank."""
+    def charge(self, seconds: float) -> tuple[int, float, float, int] | None:
+        """Queue ``seconds`` of compute on the calling thread's current stream: (rank, start, end, stream), or
+        None outside a rank."""
         state = current_rank_state()
         if state is None or seconds <= 0:
             return None
         if self.host_runs_ahead:
             owner = state.owner
-            start = max(self.env.now, owner.stream_end)
-            owner.stream_end = start + seconds
-            return state.rank, start, start + seconds
+            stream = state.stream
+            if stream == 0:
+                start = max(self.env.now, owner.stream_end)
+                owner.stream_end = start + seconds
+            else:
+                start = max(self.env.now, owner.side_ends.get(stream, 0.0))
+                owner.side_ends[stream] = start + seconds
+            return state.rank, start, start + seconds, stream
         start = self.env.now + state.pending
         state.pending += seconds
-        return state.rank, start, start + seconds
+        return state.rank, start, start + seconds, 0
+
+    def stream_end(self, stream: int | None = None) -> float:
+        """Where the calling rank's ``stream`` (its current stream for None) has run everything queued on it:
+        when work queued on it now starts (seconds; the host time on a host-synchronous rank)."""
+        state = current_rank_state()
+        if state is None:
+            return self.env.now
+        if not self.host_runs_ahead:
+            return self.env.now + state.pending
+        stream = state.stream if stream is None else stream
+        owner = state.owner
+        end = owner.stream_end if stream == 0 else owner.side_ends.get(stream, 0.0)
+        return max(self.env.now, end)
+
+    def stream_wait(self, stream: int, until: float) -> None:
+        """Work queued on the calling rank's ``stream`` from now on starts no earlier than ``until`` (seconds): the
+        stream waits for an event (``cudaStreamWaitEvent``). Nothing to do on a host-synchronous rank."""
+        state = current_rank_state()
+        if state is None or not self.host_runs_ahead:
+            return
+        owner = state.owner
+        if stream == 0:
+            owner.stream_end = max(owner.stream_end, until)
+        else:
+            owner.side_ends[stream] = max(owner.side_ends.get(stream, 0.0), until)
+
+    def synchronize_stream(self, stream: int | None = None) -> None:
+        """Wait on the calling rank's host until its ``stream`` (the current one for None) has run everything queued
+        on it (``cudaStreamSynchronize``: a blocking copy, a value read to the host)."""
+        self.settle()
+        state = current_rank_state()
+        if state is not None and self.host_runs_ahead:
+            wait = self.stream_end(stream) - self.env.now
+            self.baton.sleep(wait, f"rank {state.rank} synchronizing with its device")
 
     def settle(self) -> None:
         """Bring the calling rank's host up to date: sleep off compute it has charged but not waited out.
@@ -58,21 +103,24 @@ class RankTime:
     def issue_time(self) -> float:
         """The simulated time at which an operation the calling rank issues now may start on its stream.
 
-        Host-synchronous: the host settles its compute first, so now. Host ahead: when the compute stream
-        reaches this point (the event a CUDA collective waits on), never before the host issued it.
+        Host-synchronous: the host settles its compute first, so now. Host ahead: when the calling thread's
+        current stream (the compute stream, unless a side stream is current) reaches this point (the event a CUDA
+        collective waits on), never before the host issued it.
         """
         state = current_rank_state()
         if not self.host_runs_ahead or state is None:
             self.settle()
             return self.env.now
-        return max(self.env.now, state.owner.stream_end)
+        return self.stream_end()
 
     def synchronize(self) -> None:
-        """Wait on the calling rank's host until its compute stream has run everything queued on it."""
+        """Wait on the calling rank's host until every stream of its device has run everything queued on it."""
         self.settle()
         state = current_rank_state()
         if state is not None and self.host_runs_ahead:
-            self.baton.sleep(state.owner.stream_end - self.env.now, f"rank {state.rank} synchronizing with its device")
+            owner = state.owner
+            end = max(owner.stream_end, *owner.side_ends.values()) if owner.side_ends else owner.stream_end
+            self.baton.sleep(end - self.env.now, f"rank {state.rank} synchronizing with its device")
 
     def now(self) -> float:
         """The calling rank's current host time (seconds), compute it has charged but not slept off included."""
@@ -80,18 +128,15 @@ class RankTime:
         return self.env.now + (state.pending if state is not None else 0.0)
 
     def device_now(self) -> float:
-        """Where the calling rank's compute stream is (seconds): when an op enqueued now starts on the device
+        """Where the calling thread's current stream is (seconds): when an op enqueued now starts on the device
         (the host time on a host-synchronous rank)."""
-        state = current_rank_state()
-        if state is None:
-            return self.env.now
-        if self.host_runs_ahead:
-            return max(self.env.now, state.owner.stream_end)
-        return self.env.now + state.pending
+        return self.stream_end()
 
     def finish_time(self, state: RankState) -> float:
-        """When thread ``state`` is done: its host time, or its rank's compute stream's end if later."""
-        return max(self.env.now + state.pending, state.owner.stream_end if self.host_runs_ahead else 0.0)
+        """When thread ``state`` is done: its host time, or the end of its rank's busiest stream if later."""
+        owner = state.owner
+        device = max(owner.stream_end, *owner.side_ends.values()) if owner.side_ends else owner.stream_end
+        return max(self.env.now + state.pending, device if self.host_runs_ahead else 0.0)
 
     def let_time_pass(self, event: Any, description: str) -> None:
         """A rank polled an operation that is not done: move it on to the next simulated time at which

@@ -8,7 +8,7 @@ from typing import Any
 import simpy
 import torch.distributed as dist
 
-from simdist.clock.baton import Baton
+from simdist.clock.baton import Baton, current_rank_state
 from simdist.clock.ranktime import RankTime
 from simdist.clock.sites import Site, caller_site, torch_scope
 from simdist.comm.callbacks import IDLE, FutureCallbacks
@@ -23,7 +23,7 @@ from simdist.network.cluster import Cluster
 from simdist.network.links import Network
 from simdist.options import RunOptions
 from simdist.ranks import by_text, format_ranks
-from simdist.trace.trace import Trace
+from simdist.trace.trace import Trace, side_stream_name
 
 #: ops that copy a value from the device to the host (``.item()``, ``bool(t)``, printing): the host waits for
 #: its compute stream there, as a CUDA host does
@@ -91,9 +91,12 @@ class RunContext:
         """Add ``seconds`` of compute to the calling rank's compute stream (settled at its next sync point)."""
         span = self.time.charge(seconds)
         if span is not None:
-            self.trace.compute(span[0], name, span[1], span[2])
+            if span[3]:
+                self.trace.span(span[0], side_stream_name(span[3]), name, span[1], span[2])
+            else:
+                self.trace.compute(span[0], name, span[1], span[2])
             if name in HOST_READS:
-                self.time.synchronize()
+                self.synchronize_stream()
 
     def settle(self) -> None:
         """Bring the calling rank's host up to date with the compute it waits for (see ``RankTime.settle``)."""
@@ -104,8 +107,19 @@ class RunContext:
         return self.time.issue_time()
 
     def synchronize(self) -> None:
-        """Wait on the calling rank's host until its compute stream is idle."""
+        """Wait on the calling rank's host until every stream of its device is idle."""
         self.time.synchronize()
+        state = current_rank_state()
+        if state is not None and self.races.enabled:
+            self.races.host_synchronized(state.rank)
+
+    def synchronize_stream(self) -> None:
+        """Wait on the calling rank's host until its thread's current stream is idle (a blocking copy, a value read
+        to the host)."""
+        self.time.synchronize_stream()
+        state = current_rank_state()
+        if state is not None and self.races.enabled:
+            self.races.stream_waited(state.rank, None, self.races.clock(state.rank, state.stream, self.now()))
 
     def now(self) -> float:
         """The calling rank's current simulated time (seconds), pending compute included."""

@@ -23,6 +23,7 @@ raises nor warns: it is kept apart, in ``RunResult.waived_races``.
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 import weakref
 from collections.abc import Callable
@@ -71,9 +72,15 @@ class InFlight:
     done_at: float | None = None
     #: storage keys of its regions (where the detector indexes them)
     keys: list[int] = field(default_factory=list)
+    #: for a kernel on a side stream of a simulated GPU: that stream's number (None: a communication operation)
+    stream: int | None = None
+    #: whether the kernel's buffer is still where it was (None: always, for an operation that holds its tensors)
+    alive: Callable[[], bool] | None = None
 
     def describe(self) -> str:
         """``all_reduce #3 on group default`` style text."""
+        if self.stream is not None:
+            return f"{self.op} on {stream_text(self.stream)}"
         num = f" #{self.seq}" if self.seq is not None else ""
         return f"{self.op}{num} on group {self.group or 'default'}"
 
@@ -100,6 +107,12 @@ class Race:
     progress: str
     #: the race waivers that named this finding's sides (empty: not waived)
     waived_by: tuple[str, ...] = ()
+
+    @property
+    def _first_writes(self) -> bool:
+        """Whether the operation in flight writes the bytes of the finding."""
+        lo, hi = self.address, self.address + self.nbytes
+        return any(r.writes and r.overlaps(lo, hi) for r in self.first.regions)
 
     @property
     def sites(self) -> tuple[str, str]:
@@ -143,6 +156,19 @@ class Race:
                 "  Fix: issue one operation per buffer (de-duplicate shared parameters), or wait() the first "
                 "before issuing the second."
             )
+        elif f.stream is not None:
+            lines.append(
+                f"{head}: rank code {self.access} {self.nbytes} bytes of {self.buffer} at 0x{self.address:x} at "
+                f"{self.time:.9g} s, which {f.describe()} (queued at {f.issued_at:.9g} s from {f.site}, done at "
+                f"{f.done_at:.9g} s on the device) {'writes' if self._first_writes else 'reads'}, without waiting "
+                "for that stream"
+            )
+            lines.append(f"  access at: {self.site}")
+            lines.append(
+                "  Fix: make the stream that touches it wait for the side stream first "
+                "(torch.cuda.current_stream().wait_stream(s), or event.wait() on an event recorded on s after the "
+                "kernel), or synchronize the host with it."
+            )
         else:
             lines.append(
                 f"{head}: rank code {self.access} {self.nbytes} bytes of {self.buffer} at 0x{self.address:x} at "
@@ -156,6 +182,21 @@ class Race:
         if self.waived_by:
             lines.append(f"  waived by race_waivers {list(self.waived_by)}")
         return "\n".join(lines)
+
+
+def _same_storage(ref: weakref.ref, key: int) -> Callable[[], bool]:
+    """Whether the storage ``ref`` refers to is alive and still at ``key``."""
+
+    def alive() -> bool:
+        storage = ref()
+        return storage is not None and storage.data_ptr() == key
+
+    return alive
+
+
+def stream_text(stream: int) -> str:
+    """``the default stream`` or ``side stream 3``."""
+    return "the default stream" if stream == 0 else f"side stream {stream}"
 
 
 def _nbytes_block(t: torch.Tensor) -> int:
@@ -214,6 +255,10 @@ class RaceDetector:
         self._warned: set[tuple] = set()
         #: ranks whose accesses are not checked right now (inside a future's callback, which runs after completion)
         self.suspended: set[int] = set()
+        #: rank -> stream -> how far (simulated seconds on each other stream) that stream's later work is
+        #: ordered
+        #: after the others: a vector clock, merged when a stream waits for an event (waits are transitive)
+        self.clocks: dict[int, dict[int, dict[int, float]]] = {}
 
     @property
     def enabled(self) -> bool:
@@ -247,8 +292,30 @@ class RaceDetector:
         new = InFlight(rank, op, seq, group, site, self._now(), [r for _, r in placed], tensors)
         by_storage = self.inflight.setdefault(rank, {})
         reported: set[int] = set()
+        stream = None
         for key, b in placed:
             for old, a in by_storage.get(key, ()):
+                if old.stream is not None:
+                    # a side stream's kernel: the collective starts when the issuing thread's current stream
+                    # reaches it, which is after the kernel only if that stream waited for it
+                    if stream is None:
+                        state = current_rank_state()
+                        stream = state.stream if state is not None else 0
+                    if (
+                        id(old) not in reported
+                        and not self.ordered(old, rank, stream)
+                        and old.alive()
+                        and (a.writes or b.writes)
+                        and a.overlaps(b.lo, b.hi)
+                    ):
+                        reported.add(id(old))
+                        lo, hi = max(a.lo, b.lo), min(a.hi, b.hi)
+                        verb = "wrote" if b.writes else "read"
+                        access = f"{verb} (in {new.describe()}, issued on {stream_text(stream)})"
+                        self._report(
+                            Race("access", rank, old, None, access, site, new.issued_at, b.what, lo, hi - lo, self.progress)
+                        )
+                    continue
                 if id(old) not in reported and (a.writes or b.writes) and a.overlaps(b.lo, b.hi):
                     reported.add(id(old))
                     lo, hi = max(a.lo, b.lo), min(a.hi, b.hi)
@@ -258,6 +325,86 @@ class RaceDetector:
         new.keys = [key for key, _ in placed]
         work._race_entry = new
         weakref.finalize(work, self._forget, new)
+
+    def issue_on_stream(
+        self,
+        rank: int,
+        op: str,
+        stream: int,
+        site: str,
+        reads: list[torch.Tensor],
+        writes: list[torch.Tensor],
+        done_at: float,
+    ) -> None:
+        """Record that ``rank`` queued kernel ``op`` on its side stream ``stream`` (done at ``done_at`` on the
+        device): until another stream waits for it, that stream touching these buffers is a race.
+
+        Each buffer is held weakly, one entry per tensor: the entry ends with the tensor's storage, and is ignored
+        once that storage has moved (FSDP frees and re-allocates storages in place), so memory a freed storage had
+        is never mistaken for the kernel's.
+        """
+        now = self._now()
+        by_storage = self.inflight.setdefault(rank, {})
+        for ts, w in ((writes, True), (reads, False)):
+            for t in ts:
+                mem = _memory(t)
+                if mem is None:
+                    continue
+                key, lo = mem
+                region = Region(lo, lo + _extent(t), w, f"tensor {tuple(t.shape)} {str(t.dtype)[6:]}")
+                entry = InFlight(rank, op, None, "", site, now, [region], [], done_at, [key], stream=stream)
+                storage = t.untyped_storage()
+                entry.alive = _same_storage(weakref.ref(storage), key)
+                by_storage.setdefault(key, []).append((entry, region))
+                weakref.finalize(storage, self._forget, entry)
+
+    def clock(self, rank: int, stream: int, now: float) -> dict[int, float]:
+        """What an event recorded now on ``rank``'s ``stream`` (at ``now`` on it) orders after it: that stream up to
+        ``now``, and what the stream had waited for."""
+        clock = dict(self.clocks.get(rank, {}).get(stream, {}))
+        clock[stream] = max(clock.get(stream, now), now)
+        return clock
+
+    def stream_waited(self, rank: int, waiter: int | None, clock: dict[int, float]) -> None:
+        """``rank``'s stream ``waiter`` (the host, for None) waited for an event whose :meth:`clock` is ``clock``: the
+        kernels it covers are ordered before that stream's later work (for the host, before everything queued
+        afterwards on any stream, so they are no longer in flight)."""
+        if waiter is not None:
+            mine = self.clocks.setdefault(rank, {}).setdefault(waiter, {})
+            for stream, until in clock.items():
+                if until > mine.get(stream, -math.inf):
+                    mine[stream] = until
+            return
+        by_storage = self.inflight.get(rank)
+        if not by_storage:
+            return
+        done = {
+            id(entry): entry
+            for items in by_storage.values()
+            for entry, _ in items
+            if entry.stream is not None
+            and entry.done_at is not None
+            and entry.done_at <= clock.get(entry.stream, -math.inf)
+        }
+        for entry in done.values():
+            self._forget(entry)
+
+    def ordered(self, entry: InFlight, rank: int, stream: int) -> bool:
+        """Whether work on ``rank``'s ``stream`` is ordered after ``entry`` (always, for a communication operation,
+        whose ownership ends when its rank observes it)."""
+        if entry.stream is None or entry.stream == stream:
+            return True
+        seen = self.clocks.get(rank, {}).get(stream, {}).get(entry.stream, -math.inf)
+        return entry.done_at is not None and entry.done_at <= seen
+
+    def host_synchronized(self, rank: int) -> None:
+        """``rank``'s host waited for every stream of its device: no kernel is in flight any more."""
+        by_storage = self.inflight.get(rank)
+        if not by_storage:
+            return
+        kernels = {id(e): e for items in by_storage.values() for e, _ in items if e.stream is not None}
+        for entry in kernels.values():
+            self._forget(entry)
 
     def observed(self, work: Any) -> None:
         """``work``'s rank has seen it complete: its buffers are the rank's again."""
@@ -296,6 +443,7 @@ class RaceDetector:
         by_storage = self.inflight.get(rank)
         if not by_storage or rank in self.suspended:
             return
+        stream = None
         for t in tree_leaves(arg) if isinstance(arg, (list, tuple)) else (arg,):
             if not isinstance(t, torch.Tensor):
                 continue
@@ -305,11 +453,18 @@ class RaceDetector:
             lo = mem[1]
             hi = lo + _extent(t)
             for entry, reg in by_storage[mem[0]]:
+                if entry.stream is not None:
+                    if stream is None:
+                        state = current_rank_state()
+                        stream = state.stream if state is not None else 0
+                    if self.ordered(entry, rank, stream) or not entry.alive():
+                        continue
                 if (reg.writes or written) and reg.overlaps(lo, hi):
                     verb = "wrote" if written else "read"
                     a, b = max(lo, reg.lo), min(hi, reg.hi)
+                    where = "" if entry.stream is None else f" on {stream_text(stream or 0)}"
                     self._report(
-                        Race("access", rank, entry, None, f"{verb} (in {name})", site(), self._now(), reg.what, a, b - a, self.progress)
+                        Race("access", rank, entry, None, f"{verb} (in {name}{where})", site(), self._now(), reg.what, a, b - a, self.progress)
                     )
                     return
 

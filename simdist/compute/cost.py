@@ -11,10 +11,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from simdist.compute.devices import DeviceSpec, get_device
+from simdist.cuda.pinned import ASKS as PINNED_OPS
 from simdist.cuda.rank import RankCuda
 from simdist.cuda.tensor import rewrap, unwrap
 from simdist.cuda.transfers import planned_bytes, transfer
 from simdist.untraced import never_compiled
+
+aten = torch.ops.aten
+#: a factory's ``device`` argument that makes host memory (where ``pin_memory=True`` applies)
+_HOST = (None, "cpu", torch.device("cpu"))
 
 # A FLOP formula gets (args, out) of one call and returns (flops, dtype whose peak applies).
 _FlopFn = Callable[[Sequence[Any], Any], tuple[float, torch.dtype]]
@@ -398,6 +403,8 @@ class ComputeCostMode(TorchDispatchMode):
         self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         if self._cuda is not None:
+            if func in PINNED_OPS or (kwargs and kwargs.get("pin_memory") and kwargs.get("device") in _HOST):
+                return self._pinned(func, args, kwargs or {})
             call = unwrap(func, args, kwargs or {})
             if call is not None:
                 return NotImplemented if call is NotImplemented else self._on_gpu(call)
@@ -421,6 +428,13 @@ class ComputeCostMode(TorchDispatchMode):
                     self._charge(seconds, info.name)
         return out
 
+    def _pinned(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """``is_pinned``, ``pin_memory()`` or a factory with ``pin_memory=True``: answered from, or recorded in, the
+        rank's pinned memory; pinning host memory is a CUDA call (the rank uses its GPU from then on)."""
+        if func is not aten.is_pinned.default:
+            self._cuda.use()
+        return self._cuda.pinned.dispatch(func, args, kwargs)
+
     def _on_gpu(self, call: Any) -> Any:
         """One op with a simulated-GPU operand: run on the CPU tensors, charged on the device's stream; a copy
         across the host link at its bandwidth, the host waiting for a blocking one."""
@@ -441,8 +455,13 @@ class ComputeCostMode(TorchDispatchMode):
             return result
         copy = transfer(call, out)
         if copy is not None:
-            self._charge(cuda.copy_seconds(copy.nbytes), copy.direction)
-            if copy.blocking:
+            if copy.pins:
+                cuda.pinned.add(out)
+            share = cuda.pinned.share(copy.host)
+            self._charge(cuda.copy_seconds(copy.nbytes, share), copy.direction)
+            if cuda.on_kernel is not None:
+                cuda.on_kernel(call, out)
+            if copy.blocking or share < 1:  # a copy from or to pageable memory is synchronous for the host
                 cuda.synchronize()
             return result
         info = _op_info(func)
@@ -450,6 +469,8 @@ class ComputeCostMode(TorchDispatchMode):
             seconds = _info_cost(info, call.args, call.kwargs, out, self.device)
             if type(seconds) in (int, float) and seconds > 0:
                 self._charge(seconds, info.name)
+                if cuda.on_kernel is not None:
+                    cuda.on_kernel(call, out)
         return result
 
 

@@ -5,6 +5,10 @@ CUDA's current device belongs to the host thread (``cudaSetDevice``): every thre
 rule. The count is process-wide while a run lasts: the GPUs of one node of the cluster, as ``device_count()``
 answers on each of its machines. The C++ device guard (``simdist.cuda.native``) reads the same thread-local
 value, so ``.cuda()``, ``.to("cuda")`` and ``torch.cuda.device(i)`` agree with ``torch.cuda.current_device()``.
+
+The current stream belongs to the host thread too, one per device (``torch.cuda.set_stream``): the thread's
+device work goes to its current stream on its current device (``simdist.cudart.state.follow`` tells the rank's
+time which one that is).
 """
 
 from __future__ import annotations
@@ -38,6 +42,20 @@ def current() -> int:
 def set_current(index: int) -> None:
     """Make ``index`` the calling thread's current device; refused as CUDA refuses an unknown ordinal."""
     _thread.index = check(index)
+
+
+def current_stream(index: int) -> int:
+    """The number of the calling thread's current stream on device ``index`` (0: the default stream)."""
+    streams = getattr(_thread, "streams", None)
+    return 0 if streams is None else streams.get(index, 0)
+
+
+def set_current_stream(index: int, stream: int) -> None:
+    """Make stream number ``stream`` the calling thread's current stream on device ``index``."""
+    streams = getattr(_thread, "streams", None)
+    if streams is None:
+        streams = _thread.streams = {}
+    streams[index] = stream
 
 
 def check(index: int) -> int:

@@ -10,15 +10,18 @@ GPU's stream, not device memory), and copies between the two cross the host link
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
+
+from simdist.cuda.pinned import PinnedMemory
 
 
 class RankCuda:
     """The simulated CUDA devices of rank ``rank``, shared by every thread of the rank.
 
     ``seed_for(index)`` is the seed device ``index``'s generator starts from (derived from the run's seed, as the
-    CPU generator's is), ``synchronize()`` makes the calling host wait for its device (a blocking copy), and
+    CPU generator's is), ``synchronize()`` makes the calling host wait for its current stream (a blocking copy), and
     ``first_use()`` is called once, when the rank's code first uses CUDA.
     """
 
@@ -30,6 +33,7 @@ class RankCuda:
         first_use: Callable[[], None] | None = None,
         host_link_bandwidth: float = float("inf"),
         link_latency: float = 0.0,
+        on_kernel: Callable[[Any, Any], None] | None = None,
     ) -> None:
         self.rank = rank
         #: whether the rank's code has used CUDA (from then on, CPU tensors are host tensors)
@@ -40,9 +44,18 @@ class RankCuda:
         #: bytes/s of a copy between host and device, and its fixed cost (seconds)
         self.host_link_bandwidth = host_link_bandwidth
         self.link_latency = link_latency
+        #: called with each op on the device and its CPU result once it is queued (the race detector's view of
+        #: side streams); None: nothing to tell
+        self.on_kernel = on_kernel
+        #: the rank's pinned host memory
+        self.pinned = PinnedMemory()
         self._generators: dict[int, torch.Generator] = {}
         #: the seed ``torch.manual_seed`` / ``torch.cuda.manual_seed_all`` gave every device, for generators made later
         self._seed_all: int | None = None
+        #: side streams made so far (``torch.cuda.Stream()``): the next one is numbered one more, from 1 (0 is
+        #: the
+        #: default stream), per rank so that a run's trace names them alike every time
+        self.streams_made = 0
 
     def use(self) -> None:
         """Record that the rank's code uses CUDA (the first call switches its host tensors to host memory)."""
@@ -65,6 +78,12 @@ class RankCuda:
         for gen in self._generators.values():
             gen.manual_seed(self._seed_all)
 
-    def copy_seconds(self, nbytes: int) -> float:
-        """Seconds a copy of ``nbytes`` between host and device takes on the host link."""
-        return self.link_latency + nbytes / self.host_link_bandwidth
+    def new_stream(self) -> int:
+        """The number of a new side stream of the rank."""
+        self.streams_made += 1
+        return self.streams_made
+
+    def copy_seconds(self, nbytes: int, share: float = 1.0) -> float:
+        """Seconds a copy of ``nbytes`` between host and device takes on the host link, at ``share`` of its bandwidth
+        (1 from or to pinned memory, ``simdist.cuda.pinned.PAGEABLE_SHARE`` from or to pageable memory)."""
+        return self.link_latency + nbytes / (self.host_link_bandwidth * share)

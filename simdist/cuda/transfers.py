@@ -1,8 +1,9 @@
 """What an op on a simulated GPU moves across the host link, and what it will allocate on the device.
 
 A copy between host and device (``.to("cuda")``, ``.cpu()``, ``copy_`` across devices) runs at the host link's
-bandwidth, not the device's; a blocking one (``non_blocking=False``, torch's default) makes the host wait until
-it is done, as ``cudaMemcpy`` does. Factories and copies know how many bytes they will allocate before they run,
+bandwidth, not the device's, from or to pinned memory, and slower from or to pageable memory
+(:mod:`simdist.cuda.pinned`); a blocking one (``non_blocking=False``, torch's default), and any copy from or to
+pageable memory, makes the host wait until it is done, as ``cudaMemcpy`` does. Factories and copies know how many bytes they will allocate before they run,
 so an allocation that cannot fit is refused before the CPU memory behind it is taken.
 """
 
@@ -40,14 +41,17 @@ _LIKE = frozenset(
 
 
 class Transfer:
-    """A copy across the host link: its direction, bytes, and whether the host waits for it."""
+    """A copy across the host link: its direction, bytes, whether the program asked the host to wait for it, its
+    host-side tensor, and whether the copy makes that tensor pinned (torch pins a non-blocking copy's output)."""
 
-    __slots__ = ("blocking", "direction", "nbytes")
+    __slots__ = ("blocking", "direction", "host", "nbytes", "pins")
 
-    def __init__(self, direction: str, nbytes: int, blocking: bool) -> None:
+    def __init__(self, direction: str, nbytes: int, blocking: bool, host: Any = None, pins: bool = False) -> None:
         self.direction = direction
         self.nbytes = nbytes
         self.blocking = blocking
+        self.host = host
+        self.pins = pins
 
 
 def _argument(call: Call, position: int, name: str, default: Any) -> Any:
@@ -68,7 +72,10 @@ def transfer(call: Call, out: Any) -> Transfer | None:
             return None  # host to host, device to device
         blocking = not bool(_argument(call, 5, "non_blocking", False))
         nbytes = out.nbytes if isinstance(out, torch.Tensor) else 0
-        return Transfer(DEVICE_TO_HOST if to_host else HOST_TO_DEVICE, nbytes, blocking)
+        if to_host:
+            # torch's _to_copy allocates a non-blocking copy's host output in pinned memory
+            return Transfer(DEVICE_TO_HOST, nbytes, blocking, out, pins=not blocking)
+        return Transfer(HOST_TO_DEVICE, nbytes, blocking, src)
     dst, src = (
         call.orig_args[0],
         call.orig_args[1] if len(call.orig_args) > 1 else call.orig_kwargs.get("src"),
@@ -76,8 +83,9 @@ def transfer(call: Call, out: Any) -> Transfer | None:
     if not isinstance(src, torch.Tensor) or (type(dst) is SimCudaTensor) == (type(src) is SimCudaTensor):
         return None
     blocking = not bool(_argument(call, 2, "non_blocking", False))
-    direction = HOST_TO_DEVICE if type(dst) is SimCudaTensor else DEVICE_TO_HOST
-    return Transfer(direction, dst.numel() * dst.element_size(), blocking)
+    to_device = type(dst) is SimCudaTensor
+    direction = HOST_TO_DEVICE if to_device else DEVICE_TO_HOST
+    return Transfer(direction, dst.numel() * dst.element_size(), blocking, src if to_device else dst)
 
 
 def planned_bytes(call: Call) -> int:

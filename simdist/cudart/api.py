@@ -18,7 +18,7 @@ import torch
 from simdist.compute.memory import MemoryTracker, current_tracker
 from simdist.cuda import device as current
 from simdist.cuda.rank import RankCuda
-from simdist.cudart.state import active, rank
+from simdist.cudart.state import active, follow, rank
 from simdist.errors import SimdistError
 
 #: what ``torch.version.cuda`` answers during a run that emulates CUDA (the toolkit torch 2.13's CUDA wheels
@@ -75,6 +75,7 @@ def set_device(device: Any) -> None:
     if index < 0:
         return
     current.set_current(index)
+    follow()
     _rank().use()
 
 
@@ -84,6 +85,7 @@ def exchange_device(index: int) -> int:
         return -1
     previous = current.current()
     current.set_current(index)
+    follow()
     return previous
 
 

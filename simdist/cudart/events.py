@@ -1,127 +1,20 @@
-"""``torch.cuda.Event`` and ``torch.cuda.Stream`` on a simulated device, in simulated time.
+"""``torch.cuda.Event`` on a simulated device, in simulated time.
 
-Each rank's device runs one compute stream (simdist's model): a stream object rank code creates is a handle on
-it, ``torch.cuda.stream(s)`` and ``set_stream`` track which handle is current (per host thread and device),
-and waits between streams order nothing that is not already in order. An event records where the compute
-stream will be once everything queued before it has run: ``query()`` tells whether the host's clock has reached
-that point, ``synchronize()`` waits for it, and ``elapsed_time`` is the simulated milliseconds between two
-recorded events, refused with CUDA's "device not ready" while the later one has not completed.
+An event records where a stream (the current one unless named) will be once everything queued on it before has
+run: ``query()`` tells whether the host's clock has reached that point, ``synchronize()`` waits for it,
+``wait(stream)`` makes a stream's later work wait for it (:mod:`simdist.cudart.streams`), and ``elapsed_time``
+is the simulated milliseconds between two recorded events (of any streams of the device), refused with CUDA's
+"device not ready" while the later one has not completed.
 """
 
 from __future__ import annotations
 
-import itertools
-import threading
 from typing import Any
 
-import torch
-
+from simdist.clock.baton import current_rank_state
 from simdist.cuda import device as current
-from simdist.cudart.api import index_of
 from simdist.cudart.state import active
 from simdist.errors import CudaError
-
-#: device_type of a CUDA stream (c10::DeviceType::CUDA)
-_CUDA_TYPE = 1
-_thread = threading.local()
-_stream_ids = itertools.count(1)
-
-
-def _streams() -> dict[int, int]:
-    """The calling thread's current stream id per device index (0: the default stream)."""
-    streams = getattr(_thread, "streams", None)
-    if streams is None:
-        streams = _thread.streams = {}
-    return streams
-
-
-# ---------------------------------------------------------------------------------------------- streams
-def stream_new(cls: type, device: Any = None, priority: int = 0, **kwargs: Any) -> Any:
-    """``torch.cuda.Stream(device, priority)`` (a new handle on the device's stream), or with ``stream_id``,
-    ``device_index`` and ``device_type`` (torch's own code rebuilding a handle it was given)."""
-    self = object.__new__(cls)
-    if "stream_id" in kwargs:
-        self.stream_id = int(kwargs["stream_id"])
-        self.device_index = int(kwargs.get("device_index", current.current()))
-    else:
-        self.stream_id = next(_stream_ids)
-        self.device_index = current.check(index_of(device))
-    self.device_type = _CUDA_TYPE
-    self.priority = priority
-    return self
-
-
-def stream_init(self: Any, *args: Any, **kwargs: Any) -> None:
-    """Everything is set by ``__new__``."""
-
-
-def stream_device(self: Any) -> torch.device:
-    return torch.device("cuda", self.device_index)
-
-
-def stream_wait_event(self: Any, event: Any) -> None:
-    """One stream per device: work after the wait is already ordered after the event."""
-
-
-def stream_wait_stream(self: Any, stream: Any) -> None:
-    """One stream per device: already in order."""
-
-
-def stream_record_event(self: Any, event: Any = None) -> Any:
-    """Record ``event`` (a new one if None) where the device's stream is now."""
-    if event is None:
-        event = torch.cuda.Event()
-    event.record(self)
-    return event
-
-
-def stream_query(self: Any) -> bool:
-    """Whether the device's stream has run everything queued on it, by the host's clock."""
-    ctx = _ctx()
-    return ctx.time.device_now() <= ctx.now()
-
-
-def stream_synchronize(self: Any) -> None:
-    """Wait on the host until the device's stream is idle."""
-    _ctx().synchronize()
-
-
-def stream_is_capturing(self: Any) -> bool:
-    """CUDA graphs are not simulated: no stream is ever capturing."""
-    return False
-
-
-def stream_eq(self: Any, other: Any) -> bool:
-    return (
-        isinstance(other, torch.cuda.Stream)
-        and other.device_index == self.device_index
-        and other.stream_id == self.stream_id
-    )
-
-
-def stream_hash(self: Any) -> int:
-    return hash((self.stream_id, self.device_index))
-
-
-def stream_repr(self: Any) -> str:
-    return f"<torch.cuda.Stream device=cuda:{self.device_index} cuda_stream={self.stream_id:#x} (simulated)>"
-
-
-def current_stream(device: Any = None) -> Any:
-    """The calling thread's current stream on ``device``."""
-    index = current.check(index_of(device))
-    return torch.cuda.Stream(stream_id=_streams().get(index, 0), device_index=index, device_type=_CUDA_TYPE)
-
-
-def default_stream(device: Any = None) -> Any:
-    """The device's default stream."""
-    index = current.check(index_of(device))
-    return torch.cuda.Stream(stream_id=0, device_index=index, device_type=_CUDA_TYPE)
-
-
-def set_stream_by_id(stream_id: int, device_index: int, device_type: int) -> None:
-    """Make a stream current on its device for the calling thread (``set_stream``, ``torch.cuda.stream(s)``)."""
-    _streams()[int(device_index)] = int(stream_id)
 
 
 # ---------------------------------------------------------------------------------------------- events
@@ -133,6 +26,8 @@ def event_new(
     self.enable_timing = bool(enable_timing)
     self.blocking = bool(blocking)
     self._time: float | None = None
+    #: what it orders after it, per stream (see ``RaceDetector.clock``), once recorded
+    self._clock: dict[int, float] = {}
     self._device_index: int | None = None
     return self
 
@@ -142,8 +37,12 @@ def event_init(self: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def event_record(self: Any, stream: Any = None) -> None:
-    """Stamp the event where the device's stream will be once everything queued before it has run."""
-    self._time = _ctx().time.device_now()
+    """Stamp the event where ``stream`` (the current stream for None) will be once everything queued on it has
+    run."""
+    ctx = _ctx()
+    number = current_rank_state().stream if stream is None else int(stream.stream_id)
+    self._time = ctx.time.stream_end(number)
+    self._clock = ctx.races.clock(current_rank_state().rank, number, self._time)
     self._device_index = current.current() if stream is None else stream.device_index
 
 
@@ -161,10 +60,19 @@ def event_synchronize(self: Any) -> None:
     wait = self._time - ctx.now()
     if wait > 0:
         ctx.baton.sleep(wait, "cudaEventSynchronize")
+    ctx.races.stream_waited(current_rank_state().rank, None, self._clock)
 
 
 def event_wait(self: Any, stream: Any = None) -> None:
-    """One stream per device: work queued after the wait already follows the event."""
+    """Make ``stream``'s (the current stream's for None) work queued from now on wait for the event, as
+    ``cudaStreamWaitEvent``; an event never recorded is no wait, as on CUDA."""
+    if self._time is None:
+        return
+    ctx = _ctx()
+    state = current_rank_state()
+    number = state.stream if stream is None else int(stream.stream_id)
+    ctx.time.stream_wait(number, self._time)
+    ctx.races.stream_waited(state.rank, number, self._clock)
 
 
 def event_elapsed_time(self: Any, end_event: Any) -> float:

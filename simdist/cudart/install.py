@@ -29,8 +29,9 @@ from simdist.compute.devices import DeviceSpec
 from simdist.cuda import attention, native
 from simdist.cuda.rank import RankCuda
 from simdist.cuda.tensor import SimCudaTensor
-from simdist.cudart import api, checkpoints, events
+from simdist.cudart import api, checkpoints, events, streams
 from simdist.cudart.generator import CudaGenerator
+from simdist.cudart.nvtx import NvtxRanges, record_function_methods
 from simdist.cudart.state import Emulation, activate, in_ranks
 from simdist.errors import CudaEmulationError, NoCudaError
 from simdist.patching import replaced
@@ -55,9 +56,9 @@ _FUNCTIONS: dict[str, Any] = {
     "is_bf16_supported": api.is_bf16_supported,
     "is_tf32_supported": api.is_tf32_supported,
     "is_current_stream_capturing": lambda: False,
-    "current_stream": events.current_stream,
-    "default_stream": events.default_stream,
-    "_set_stream_by_id": events.set_stream_by_id,
+    "current_stream": streams.current_stream,
+    "default_stream": streams.default_stream,
+    "_set_stream_by_id": streams.set_stream_by_id,
 }
 _MEMORY: dict[str, Any] = {
     "memory_stats": api.memory_stats,
@@ -78,17 +79,17 @@ _RANDOM: dict[str, Any] = {
     "set_rng_state_all": api.set_rng_state_all,
 }
 _STREAM_METHODS: dict[str, Any] = {
-    "__init__": events.stream_init,
-    "device": property(events.stream_device),
-    "wait_event": events.stream_wait_event,
-    "wait_stream": events.stream_wait_stream,
-    "record_event": events.stream_record_event,
-    "query": events.stream_query,
-    "synchronize": events.stream_synchronize,
-    "is_capturing": events.stream_is_capturing,
-    "__eq__": events.stream_eq,
-    "__hash__": events.stream_hash,
-    "__repr__": events.stream_repr,
+    "__init__": streams.stream_init,
+    "device": property(streams.stream_device),
+    "wait_event": streams.stream_wait_event,
+    "wait_stream": streams.stream_wait_stream,
+    "record_event": streams.stream_record_event,
+    "query": streams.stream_query,
+    "synchronize": streams.stream_synchronize,
+    "is_capturing": streams.stream_is_capturing,
+    "__eq__": streams.stream_eq,
+    "__hash__": streams.stream_hash,
+    "__repr__": streams.stream_repr,
 }
 _EVENT_METHODS: dict[str, Any] = {
     "__init__": events.event_init,
@@ -108,30 +109,10 @@ _ACCELERATOR: dict[str, Any] = {
     "current_device_idx": api.current_device,
     "set_device_index": api.set_device,
     "set_device_idx": api.set_device,
-    "current_stream": events.current_stream,
+    "current_stream": streams.current_stream,
 }
 #: where torch keeps the tensor types its optimizers and gradient clipping run ``_foreach`` kernels on
 _FOREACH_TYPE_LISTS = (optimizer_module._foreach_supported_types, foreach_utils._foreach_supported_types)
-
-
-class _NvtxRanges:
-    """``torch.cuda.nvtx``'s native functions: no-ops in rank code (the ranges are not recorded yet), torch's stub
-    (which raises on a CPU build) elsewhere."""
-
-    def __init__(self, stub: Any) -> None:
-        self._stub = stub
-
-    def __getattr__(self, name: str) -> Any:
-        original = getattr(self._stub, name, None)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            if current_rank_state() is None:
-                if original is None:
-                    raise AttributeError(f"{type(self._stub).__name__!r} object has no attribute {name!r}")
-                return original(*args, **kwargs)
-            return 0
-
-        return call
 
 
 def _patches() -> dict[str, Any]:
@@ -148,12 +129,15 @@ def _patches() -> dict[str, Any]:
     for name, fn in _ACCELERATOR.items():
         patches[f"torch.accelerator.{name}"] = in_ranks(getattr(torch.accelerator, name), fn)
     stream_new, event_new = torch.cuda.Stream.__new__, torch.cuda.Event.__new__
-    patches["torch.cuda.Stream.__new__"] = staticmethod(in_ranks(stream_new, events.stream_new))
+    patches["torch.cuda.Stream.__new__"] = staticmethod(in_ranks(stream_new, streams.stream_new))
     patches["torch.cuda.Event.__new__"] = staticmethod(in_ranks(event_new, events.event_new))
     patches.update({f"torch.cuda.Stream.{n}": v for n, v in _STREAM_METHODS.items()})
     patches.update({f"torch.cuda.Event.{n}": v for n, v in _EVENT_METHODS.items()})
     patches["torch.cuda.nccl.version"] = in_ranks(torch.cuda.nccl.version, lambda: api.NCCL_VERSION)
-    patches["torch.cuda.nvtx._nvtx"] = _NvtxRanges(torch.cuda.nvtx._nvtx)
+    patches["torch.cuda.nvtx._nvtx"] = NvtxRanges(torch.cuda.nvtx._nvtx)
+    enter, leave = record_function_methods()
+    patches["torch.autograd.profiler.record_function.__enter__"] = enter
+    patches["torch.autograd.profiler.record_function.__exit__"] = leave
     patches["torch.distributed.is_nccl_available"] = in_ranks(dist.is_nccl_available, lambda: True)
     patches["torch.version.cuda"] = api.CUDA_VERSION
     # activation checkpointing saves and restores the device generators only where CUDA is initialised

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from simdist.clock.baton import current_rank_state
 from simdist.comm.context import RunContext
 from simdist.compute.devices import DeviceSpec
+from simdist.cuda import device
 from simdist.cuda.rank import RankCuda
 
 
@@ -21,6 +22,8 @@ class Emulation:
     ranks: list[RankCuda]
     #: whether a memory function has already warned that the run accounts no memory
     warned_memory: bool = False
+    #: each rank's open NVTX ranges by handle (``range_start``), and the last handle given
+    nvtx_handles: dict[int, dict[Any, Any]] = field(default_factory=dict)
 
 
 _active: list[Emulation] = []
@@ -60,3 +63,11 @@ def in_ranks(original: Any, emulated: Any) -> Any:
     call.__doc__ = getattr(original, "__doc__", None)
     call.__wrapped__ = original  # type: ignore[attr-defined]
     return call
+
+
+def follow() -> None:
+    """Send the calling rank thread's device work to its current stream on its current device (after either
+    changed)."""
+    state = current_rank_state()
+    if state is not None:
+        state.stream = device.current_stream(device.current())

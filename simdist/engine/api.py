@@ -19,7 +19,8 @@ def now() -> float:
 
 
 def synchronize() -> None:
-    """Wait on the calling rank's host until its device has run everything queued on it (``torch.cuda.synchronize``).
+    """Wait on the calling rank's host until its device has run everything queued on it, on every stream
+    (``torch.cuda.synchronize``).
 
     A no-op outside a simulated run, and where the host waits for its compute anyway (CPU devices, gloo-like
     progress).
@@ -32,7 +33,8 @@ def synchronize() -> None:
 def charge(seconds: float | str, name: str = "compute") -> None:
     """Spend ``seconds`` (a number, or a unit string such as "250us") of simulated compute on the calling rank.
 
-    Models a kernel not run for real; a no-op outside a simulated run.
+    Models a kernel not run for real, queued on the calling thread's current stream (a CUDA side stream inside
+    ``torch.cuda.stream(s)``); a no-op outside a simulated run.
     """
     sim = backend.active()
     if sim is None:

@@ -28,6 +28,7 @@ from simdist.compute.devices import CPU, DeviceSpec, get_device
 from simdist.compute.memory import CATEGORIES, MemoryStats, MemoryTracker, tracking_hooks
 from simdist.cuda.rank import RankCuda
 from simdist.cuda.returns import to_host
+from simdist.cudart.hazards import kernel_tracker
 from simdist.cudart.install import emulated, rank_thread, refused
 from simdist.engine.process import run_context
 from simdist.engine.rng import RankGenerators, derive_seed, per_rank_generators
@@ -261,10 +262,11 @@ def _run(fn: Callable[..., Any], cluster: Cluster | str, args: tuple, kwargs: di
             RankCuda(
                 r,
                 functools.partial(_device_seed, options.seed, r),
-                sim.synchronize,
+                sim.synchronize_stream,
                 trackers[r].device_memory_only if options.memory else None,
                 device.host_link_bandwidth,
                 device.launch_overhead,
+                kernel_tracker(sim) if sim.races.enabled else None,
             )
             for r in range(n)
         ]

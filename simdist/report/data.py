@@ -14,7 +14,7 @@ import torch
 from simdist import algorithms
 from simdist.clock.sites import TORCH_DIR
 from simdist.layers import is_simulator_frame
-from simdist.trace.trace import Span, Trace
+from simdist.trace.trace import ANNOTATION, COMM, KERNEL, Span, Trace, stream_kind
 
 #: ranks drawn one row each on the timeline; larger runs show an evenly spaced sample of this many ranks
 MAX_TIMELINE_RANKS = 64
@@ -25,6 +25,8 @@ PALETTE = (
     "#e69f00", "#56b4e9", "#009e73", "#d55e00", "#cc79a7", "#0072b2", "#f0e442",
     "#882255", "#44aa99", "#999933", "#aa4499", "#117733",
 )  # fmt: skip
+#: NVTX ranges' colour (Tol's pale grey-green), one for every range: their names tell them apart
+ANNOTATION_COLOUR = "#bbccaa"
 #: collectives that get a fixed colour, so the same op looks the same in every report
 FIXED_COLOURS = {
     "all_reduce": PALETTE[0], "all_gather": PALETTE[1], "reduce_scatter": PALETTE[2], "broadcast": PALETTE[3],
@@ -150,7 +152,9 @@ def breakdowns(trace: Trace, finish_times: list[float]) -> list[Breakdown]:
     compute: dict[int, list] = {r: [] for r in range(len(finish_times))}
     comm: dict[int, list] = {r: [] for r in range(len(finish_times))}
     for s in trace.spans:
-        (compute if s.stream == "compute" else comm).setdefault(s.rank, []).append((s.start, s.end))
+        kind = stream_kind(s.stream)
+        if kind != ANNOTATION:
+            (compute if kind == KERNEL else comm).setdefault(s.rank, []).append((s.start, s.end))
     out = []
     for r, finish in enumerate(finish_times):
         c, m = _union(compute[r]), _union(comm[r])
@@ -183,13 +187,16 @@ def timeline(
     row_of: dict[tuple[int, str], int] = {}
     streams: dict[int, list[str]] = {r: [] for r in ranks}
     spans = [s for s in trace.spans if s.rank in shown]
-    for s in spans:
-        if s.stream not in streams[s.rank]:
-            streams[s.rank].append(s.stream)
+    row_names = [_row_name(s) for s in spans]
+    for s, name in zip(spans, row_names):
+        if name not in streams[s.rank]:
+            streams[s.rank].append(name)
     rows = []
+    order = {KERNEL: 0, ANNOTATION: 1, COMM: 2}
     for r in ranks:
-        # compute first, then communication streams by name, so every rank's rows read alike
-        for stream in sorted(streams[r], key=lambda st: (st != "compute", st)):
+        # device streams first (the compute stream, then side streams), NVTX ranges by depth, then
+        # communication streams by name, so every rank's rows read alike
+        for stream in sorted(streams[r], key=lambda st: (order[stream_kind(st.split(" ")[0])], st != "compute", st)):
             row_of[(r, stream)] = len(rows)
             rows.append([r, stream])
     colour_list = [COMPUTE_COLOUR]
@@ -197,9 +204,12 @@ def timeline(
     details: list[dict[str, Any]] = []
     detail_index: dict[str, int] = {}
     out_spans = []
-    for s in spans:
-        if s.stream == "compute":
+    for s, row in zip(spans, row_names):
+        kind = stream_kind(s.stream)
+        if kind == KERNEL:
             colour, label, info = COMPUTE_COLOUR, s.name, {"op": s.name}
+        elif kind == ANNOTATION:
+            colour, label, info = ANNOTATION_COLOUR, s.name, {"op": s.name, "range": s.stream}
         else:
             op = op_name(s)
             colour, label = colour_of(op, colours), op
@@ -218,7 +228,7 @@ def timeline(
         if colour not in colour_index:
             colour_index[colour] = len(colour_list)
             colour_list.append(colour)
-        out_spans.append([row_of[(s.rank, s.stream)], s.start * 1e6, s.end * 1e6, colour_index[colour], label,
+        out_spans.append([row_of[(s.rank, row)], s.start * 1e6, s.end * 1e6, colour_index[colour], label,
                           detail_index[key]])
     messages = [
         [row_of[(m.src, m.src_stream)], row_of[(m.dst, m.dst_stream)], m.start * 1e6, m.end * 1e6]
@@ -226,6 +236,18 @@ def timeline(
         if (m.src, m.src_stream) in row_of and (m.dst, m.dst_stream) in row_of
     ]
     return {"rows": rows, "spans": out_spans, "colours": colour_list, "details": details, "messages": messages}
+
+
+def is_annotation(span: Span) -> bool:
+    """Whether ``span`` is an NVTX range (not device work, not communication)."""
+    return stream_kind(span.stream) == ANNOTATION
+
+
+def _row_name(span: Span) -> str:
+    """The timeline row of ``span``: its stream, or for a nested NVTX range its stream and depth (``nvtx 1``), so
+    nested ranges lie under one another instead of on top."""
+    depth = span.args.get("depth", 0) if stream_kind(span.stream) == ANNOTATION else 0
+    return f"{span.stream} {depth}" if depth else span.stream
 
 
 def memory_series(trace: Trace) -> dict[int, list[tuple[float, float]]]:

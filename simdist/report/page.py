@@ -155,7 +155,10 @@ def render_run_report(
                 for r in result.races[:MAX_RACES]
             ],
         )
-    ctx["colours"] = {"compute": data.COMPUTE_COLOUR, **colours}
+    legend = {"compute": data.COMPUTE_COLOUR}
+    if result is not None and any(data.is_annotation(s) for s in result.trace.spans):
+        legend["nvtx range"] = data.ANNOTATION_COLOUR
+    ctx["colours"] = {**legend, **colours}
     ctx["summary"] = oracle["summary"] if oracle else summary_line(result, ctx["error"], cluster)
     # for the index: a stopped run or a divergence fails, race findings warn
     failed = result is None or (oracle is not None and not oracle["ok"])

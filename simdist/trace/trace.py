@@ -16,6 +16,32 @@ from typing import Any
 from simdist.errors import RunArgumentError
 from simdist.options import TRACE_LEVELS
 
+#: the stream of a rank's device work (CUDA's default stream)
+COMPUTE = "compute"
+#: streams whose spans are device work: the compute stream and the rank's side streams (``compute:stream<n>``)
+_SIDE_PREFIX = "compute:stream"
+#: annotation streams: NVTX ranges on the host's timeline, and the same ranges projected onto the device (from
+#: where the stream was at ``range_push`` to where it was at ``range_pop``, as Nsight Systems projects them)
+NVTX = "nvtx"
+NVTX_DEVICE = "nvtx:device"
+#: each kind of stream, as the Chrome trace's category names it (torch's profiler's ``user_annotation`` for
+#: ranges)
+KERNEL, COMM, ANNOTATION = "kernel", "comm", "user_annotation"
+
+
+def side_stream_name(stream: int) -> str:
+    """The trace's name for a rank's side stream number ``stream`` (``torch.cuda.Stream``)."""
+    return f"{_SIDE_PREFIX}{stream}"
+
+
+def stream_kind(stream: str) -> str:
+    """What runs on ``stream``: device work (:data:`KERNEL`), communication (:data:`COMM`), or annotations."""
+    if stream == COMPUTE or stream.startswith(_SIDE_PREFIX):
+        return KERNEL
+    if stream in (NVTX, NVTX_DEVICE):
+        return ANNOTATION
+    return COMM
+
 
 @dataclass
 class Span:
@@ -122,7 +148,7 @@ class Trace:
 
     def collectives(self, rank: int | None = None) -> list[Span]:
         """Collective spans (on communication streams), optionally of one rank."""
-        return [s for s in self.spans if s.stream != "compute" and (rank is None or s.rank == rank)]
+        return [s for s in self.spans if stream_kind(s.stream) == COMM and (rank is None or s.rank == rank)]
 
     # ------------------------------------------------------------------ identity
     def hash(self) -> str:
@@ -168,7 +194,7 @@ class Trace:
                 {
                     "ph": "X",
                     "name": s.name,
-                    "cat": "kernel" if s.stream == "compute" else "comm",
+                    "cat": stream_kind(s.stream),
                     "pid": s.rank,
                     "tid": tid(s.rank, s.stream),
                     "ts": s.start * 1e6,

@@ -65,6 +65,14 @@ DTYPES = [torch.float32, torch.float32, torch.bfloat16, torch.float16, torch.flo
 DEVICES = ["cuda", "cuda", "cuda:0", "cuda:1", "cuda:2", "cpu"]
 
 
+def _on_side_stream() -> None:
+    """An op on a side stream that the default stream then waits for."""
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.ones(2, device="cuda").mul_(2)
+    torch.cuda.current_stream().wait_stream(side)
+
+
 def _call(name: str) -> None:
     """One ``torch.cuda`` call by name (some with arguments a careless program passes); an error it raises is
     caught, as careless programs do, and the program goes on."""
@@ -99,6 +107,14 @@ def _call(name: str) -> None:
         "data_host": lambda: _assign_data(torch.ones(5)),
         "load_cuda": lambda: _load("cuda"),
         "load_cuda_5": lambda: _load("cuda:5"),
+        "side_stream": lambda: _on_side_stream(),
+        "wait_stream": lambda: torch.cuda.current_stream().wait_stream(torch.cuda.Stream()),
+        "event_wait": lambda: torch.cuda.Event().wait(torch.cuda.Stream()),
+        "record_stream": lambda: torch.ones(2, device="cuda").record_stream(torch.cuda.Stream()),
+        "nvtx_push": lambda: torch.cuda.nvtx.range_push("x"),
+        "nvtx_pop": torch.cuda.nvtx.range_pop,
+        "nvtx_mark": lambda: torch.cuda.nvtx.mark("x"),
+        "nvtx_end_unknown": lambda: torch.cuda.nvtx.range_end(12345),
     }
     try:
         calls[name]()
@@ -134,6 +150,14 @@ CALLS = sorted(
         "all_reduce",
         "numpy",
         "pin",
+        "side_stream",
+        "wait_stream",
+        "event_wait",
+        "record_stream",
+        "nvtx_push",
+        "nvtx_pop",
+        "nvtx_mark",
+        "nvtx_end_unknown",
     ]
 )
 

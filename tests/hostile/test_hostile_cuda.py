@@ -18,7 +18,7 @@ from hostile_cases import Case, check, params
 
 import simdist
 from simdist.compute import get_device
-from simdist.errors import CudaEmulationError, OutOfMemoryError, RankError
+from simdist.errors import CudaEmulationError, OutOfMemoryError, RaceError, RankError
 
 PAIR = simdist.Cluster.switch(2, device="H100")
 #: an H100 with 64 MiB of memory: what fits is decided by the device, and the host can hold it too
@@ -152,6 +152,49 @@ def _cuda_only_op() -> None:
     torch.ops.aten._scaled_dot_product_efficient_attention(q, q, q, None, False)
 
 
+def _reads_side_stream_result_without_wait() -> float:
+    side = torch.cuda.Stream()
+    x = torch.ones(64, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y = x * 3
+    return float(y.sum())  # the default stream never waited for the side stream
+
+
+def _pins_nothing() -> tuple[bool, bool, bool]:
+    host = torch.ones(8)
+    torch.ones(1, device="cuda")
+    return host.is_pinned(), host.pin_memory().is_pinned(), host.is_pinned()
+
+
+def _pops_an_nvtx_range_never_pushed() -> tuple[int, int, int]:
+    popped = torch.cuda.nvtx.range_pop()
+    pushed = torch.cuda.nvtx.range_push("step")
+    return popped, pushed, torch.cuda.nvtx.range_pop()
+
+
+def _pageable_non_blocking() -> float:
+    torch.cuda.set_device(0)
+    host = torch.ones(1 << 20)  # 4 MiB, pageable
+    torch.ones(1, device="cuda")
+    torch.cuda.synchronize()
+    t0 = simdist.now()
+    host.to("cuda", non_blocking=True)  # the driver stages it: the host waits anyway
+    return simdist.now() - t0
+
+
+def _check_staged(result: simdist.RunResult) -> None:
+    from simdist.cuda.pinned import PAGEABLE_SHARE
+
+    h100 = get_device("H100")
+    staged = h100.launch_overhead + 4 * 2**20 / (h100.host_link_bandwidth * PAGEABLE_SHARE)
+    assert all(abs(t - staged) <= 1e-9 * staged for t in result.returns)
+
+
+def _expect(got: object, expected: object) -> None:
+    assert got == expected, f"{got!r} != {expected!r}"
+
+
 def _check_retry(result: simdist.RunResult) -> None:
     # the largest power of two whose float32 tensor fits in 64 MiB: 2**24 elements
     assert result.returns == [2**24, 2**24]
@@ -254,6 +297,32 @@ CASES = [
         error=RankError,
         match=r"aten::_scaled_dot_product_efficient_attention \(called at .*test_hostile_cuda.py:\d+\) has a CUDA "
         r"kernel only",
+    ),
+    Case(
+        "side_stream_read_without_wait",
+        "reads a side stream's result on the default stream without waiting for the side stream",
+        lambda: simdist.run(_reads_side_stream_result_without_wait, PAIR, races="error"),
+        error=RaceError,
+        match=r"(?s)read \(in aten\.sum on the default stream\).*aten\.mul\.Tensor on side stream 1 \(queued at .* from "
+        r".*test_hostile_cuda\.py:\d+ .*without waiting.*access at: .*test_hostile_cuda\.py:\d+",
+    ),
+    Case(
+        "pageable_is_pinned",
+        "asks a plain host tensor whether it is pinned",
+        lambda: simdist.run(_pins_nothing, PAIR),
+        check=lambda res: _expect(res.returns, [(False, True, False)] * 2),
+    ),
+    Case(
+        "nvtx_pop_never_pushed",
+        "pops an NVTX range it never pushed",
+        lambda: simdist.run(_pops_an_nvtx_range_never_pushed, PAIR),
+        check=lambda res: _expect(res.returns, [(-1, 0, 0)] * 2),
+    ),
+    Case(
+        "pageable_non_blocking",
+        "copies pageable host memory to the GPU with non_blocking=True and expects the host to go on",
+        lambda: simdist.run(_pageable_non_blocking, PAIR),
+        check=_check_staged,
     ),
     Case(
         "self_check_fails",
