@@ -133,3 +133,40 @@ class WatchdogError(SimdistError):
             f"If the work is legitimate, raise the limit: simdist.run(..., watchdog=SECONDS), "
             f"`simdist run --watchdog SECONDS` or $SIMDIST_WATCHDOG."
         )
+
+
+class CudaEmulationError(SimdistError):
+    """The simulated CUDA device cannot be set up in this process (an unsupported torch build, platform or
+    library), found before any rank starts; the message names what is missing."""
+
+
+class DeviceMismatchError(SimdistError, RuntimeError):
+    """An operation mixes tensors on different devices (``cuda:0`` and ``cuda:1``, or a GPU and the CPU), as CUDA
+    refuses it. Also a ``RuntimeError``, what torch raises on a GPU."""
+
+
+class CudaError(SimdistError, torch.AcceleratorError):
+    """What the CUDA runtime reports on a simulated device: an index the node does not have ("invalid device
+    ordinal"), an event not yet reached ("device not ready"). Also a ``torch.AcceleratorError``, what torch raises
+    for CUDA's errors."""
+
+
+class HostConversionError(SimdistError, TypeError):
+    """A tensor on a simulated GPU was converted to NumPy, which needs host memory. Also a ``TypeError``, what torch
+    raises for a CUDA tensor."""
+
+
+class NoCudaError(SimdistError, RuntimeError):
+    """Rank code used CUDA in a run whose cluster has no GPU model (``device="cpu"``). Also a ``RuntimeError``."""
+
+
+#: errors raised in rank code where torch would raise its own (rank code may catch them): uncaught, each is its
+#: rank's failure (a :class:`RankError` with the rank's traceback), not a diagnosis of the whole run
+RAISED_AS_TORCH: tuple[type[SimdistError], ...] = (
+    SimTimeoutError,
+    InvalidArgumentError,
+    DeviceMismatchError,
+    CudaError,
+    HostConversionError,
+    NoCudaError,
+)

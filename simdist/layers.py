@@ -32,10 +32,10 @@ LAYERS: tuple[Layer, ...] = (
           "script loading, the host-memory check"),
     Layer("foundation",
           ("simdist.errors", "simdist.layers", "simdist.options", "simdist.patching", "simdist.ranks", "simdist.units",
-           "simdist.trace", "simdist.compute", "simdist.algorithms"),
+           "simdist.trace", "simdist.cuda", "simdist.compute", "simdist.algorithms"),
           "the error hierarchy, this architecture, a run's validated options, the inventory of process-wide "
-          "changes, unit strings, the trace record, device models and the per-op cost mode, collective and "
-          "reduce-op records and algorithms as message schedules"),
+          "changes, unit strings, the trace record, the simulated GPU's tensor and native pieces, device models "
+          "and the per-op cost mode, collective and reduce-op records and algorithms as message schedules"),
     Layer("clock and rank threads", ("simdist.clock",),
           "the simpy clock, one thread per rank and the baton passed between them, each rank's pending compute, "
           "call sites"),
@@ -45,6 +45,9 @@ LAYERS: tuple[Layer, ...] = (
           "the run's shared context, op descriptions, matching and ordering across ranks, algorithm selection, "
           "message execution, point-to-point, works and futures, the race detector, the end-of-backward drain, "
           "per-thread torch.distributed worlds"),
+    Layer("simulated CUDA runtime", ("simdist.cudart",),
+          "`torch.cuda` and `torch.accelerator` in rank code: devices, properties, events and streams in simulated "
+          "time, memory statistics, per-device generators, and their installation for a run"),
     Layer("torch.distributed face", ("simdist.c10d",),
           "what torch and rank code call: the `\"simdist\"` backend's installation, the process group, the "
           "arguments it refuses as gloo does, functional collectives' kernels"),

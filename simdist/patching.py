@@ -26,7 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.optim.optimizer as optimizer_module
+import torch.utils._foreach_utils as foreach_utils
 
+from simdist.cuda import native
 from simdist.errors import SimdistError
 
 
@@ -39,6 +42,26 @@ def _bound_to(module: Any, instance: object) -> tuple[str, ...]:
 PYTHON_RANDOM_FUNCTIONS = _bound_to(random, random._inst)  # type: ignore[attr-defined]
 #: ``numpy.random``'s legacy functions: methods of ``numpy.random.mtrand._rand`` (``seed`` is a plain function)
 NUMPY_RANDOM_FUNCTIONS = _bound_to(np.random, np.random.mtrand._rand)
+
+#: torch.cuda's device, property and stream functions a run that emulates CUDA answers in rank code
+CUDA_DEVICE_FUNCTIONS = (
+    "init", "is_available", "is_initialized", "device_count", "current_device", "_exchange_device",
+    "_maybe_exchange_device", "get_device_name", "get_device_capability", "get_device_properties",
+    "is_bf16_supported", "is_tf32_supported", "is_current_stream_capturing", "current_stream", "default_stream",
+    "_set_stream_by_id",
+)
+#: torch.cuda.memory's functions the others (memory_allocated, max_memory_allocated, ...) are answered through
+CUDA_MEMORY_FUNCTIONS = ("memory_stats", "reset_peak_memory_stats", "reset_accumulated_memory_stats", "mem_get_info", "empty_cache")
+#: torch.cuda.random's functions
+CUDA_RANDOM_FUNCTIONS = (
+    "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state", "set_rng_state",
+    "get_rng_state_all", "set_rng_state_all",
+)
+#: torch.accelerator's functions
+ACCELERATOR_FUNCTIONS = (
+    "is_available", "current_accelerator", "device_count", "current_device_index", "current_device_idx",
+    "set_device_index", "set_device_idx", "current_stream",
+)
 
 #: Tensor methods that copy values to the host without passing through torch's dispatcher (``.item()`` does):
 #: a GPU host waits for its device there, and the race detector counts them as reads
@@ -53,11 +76,17 @@ class Patch:
     names: tuple[str, ...]
     owner: str
     why: str
+    #: some of ``names`` may not exist before the patch (methods a CPU build's stand-in class lacks): the patch
+    #: adds them, and removing them again restores the class
+    adds: bool = False
 
     def targets(self) -> list[str]:
         """The dotted path of every attribute this patch replaces."""
         return [f"{self.path}.{n}" for n in self.names]
 
+
+#: who changes the settings every run changes
+_RUN = "simdist.engine.process, simdist.c10d.backend"
 
 INVENTORY: tuple[Patch, ...] = (
     Patch("os", ("environ",), "simdist.engine.process",
@@ -95,6 +124,31 @@ INVENTORY: tuple[Patch, ...] = (
           "CPU builds have none, and warn at every group named 'nccl'"),
     Patch("torch.futures", ("wait_all", "collect_all"), "simdist.c10d.backend",
           "waiting on simulated futures in simulated time (torch waits in C++)"),
+    Patch("torch.cuda", ("_lazy_init", "set_device"), "simdist.cudart.install",
+          "CUDA answered from the rank's simulated GPUs (on a cluster without one: a clear error naming the line)"),
+    Patch("torch.cuda", CUDA_DEVICE_FUNCTIONS, "simdist.cudart.install",
+          "devices, properties and streams answered from the rank's simulated GPUs"),
+    Patch("torch.cuda", CUDA_MEMORY_FUNCTIONS, "simdist.cudart.install", "the rank's device memory as the run accounts it"),
+    Patch("torch.cuda.memory", CUDA_MEMORY_FUNCTIONS, "simdist.cudart.install", "as torch.cuda's"),
+    Patch("torch.cuda", CUDA_RANDOM_FUNCTIONS, "simdist.cudart.install", "one generator per (rank, simulated GPU)"),
+    Patch("torch.cuda.random", CUDA_RANDOM_FUNCTIONS, "simdist.cudart.install", "as torch.cuda's"),
+    Patch("torch.accelerator", ACCELERATOR_FUNCTIONS, "simdist.cudart.install", "the simulated GPUs are torch's accelerator"),
+    Patch("torch.cuda.Stream", ("__new__", "__init__", "device", "wait_event", "wait_stream", "record_event", "query",
+                                "synchronize", "is_capturing", "__eq__", "__hash__", "__repr__"), "simdist.cudart.install",
+          "handles on the simulated device's stream", adds=True),
+    Patch("torch.cuda.Event", ("__new__", "__init__", "record", "query", "synchronize", "wait", "elapsed_time",
+                               "ipc_handle", "__repr__"), "simdist.cudart.install", "events in simulated time", adds=True),
+    Patch("torch.cuda.nccl", ("version",), "simdist.cudart.install", "a run presenting NCCL has one"),
+    Patch("torch.cuda.nvtx", ("_nvtx",), "simdist.cudart.install", "NVTX ranges in rank code are accepted"),
+    Patch("torch.distributed", ("is_nccl_available",), "simdist.cudart.install", "a run presenting NCCL has one"),
+    Patch("torch.version", ("cuda",), "simdist.cudart.install",
+          "CUDA code checks it (DDP's bf16 compression hook): a module attribute, so every thread sees it"),
+    Patch("torch.cuda", ("_initialized",), "simdist.cudart.install",
+          "activation checkpointing saves the GPU generators' states only where it is set: a module attribute, so "
+          "every thread sees it"),
+    Patch("torch", ("Generator",), "simdist.cudart.install", "torch.Generator(device='cuda') in rank code"),
+    Patch("torch._C._distributed_c10d.Logger", ("set_runtime_stats_and_log",), "simdist.cudart.install",
+          "a CPU build's DDP keeps no timer for CUDA parameters, and its statistics logging asserts on one"),
     Patch("torch.UntypedStorage", ("resize_",), "simdist.compute.memory",
           "storage resizes (FSDP's) change live bytes without an op the dispatcher sees"),
     Patch("torch.autograd", ("backward", "grad"), "simdist.oracle.capture",
@@ -116,18 +170,34 @@ HOOKS: Mapping[str, tuple[str, ...]] = {
     ),
 }
 
-#: process settings a run changes and restores (simdist.engine.process, simdist.c10d.backend), with the reason
-SETTINGS: Mapping[str, str] = {
-    "torch.get_num_threads()": "1 during a run: rank threads run one at a time",
-    "os.sched_getaffinity(0)": "pinned to one CPU where allowed: a baton hand-off is several times cheaper",
-    "gc.get_threshold(), gc.get_freeze_count()": "young objects collected less often among thousands of rank threads",
-    "torch.get_default_dtype()": "kept per rank, as per process",
-    "torch.get_rng_state()": "kept per rank, as per process",
-    "sys.excepthook": "restored after rank threads' unhandled exceptions",
-    "torch.autograd.is_multithreading_enabled()": "off: autograd's device threads would run outside the baton",
-    "C++ process-group registry": "thread isolation mode on: group names resolve per rank thread",
-    "torch.library: _c10d_functional CPU kernels": "wait_tensor and all_gather_into_tensor_out wait in simulated time",
-    "torch.distributed.Backend: the 'simdist' backend": "registered for a run's groups, unregistered after it",
+#: process settings a run changes and restores: what, (the modules that change it, why)
+SETTINGS: Mapping[str, tuple[str, str]] = {
+    "torch.get_num_threads()": (_RUN, "1 during a run: rank threads run one at a time"),
+    "os.sched_getaffinity(0)": (_RUN, "pinned to one CPU where allowed: a baton hand-off is several times cheaper"),
+    "gc.get_threshold(), gc.get_freeze_count()": (_RUN, "young objects collected less often among thousands of rank threads"),
+    "torch.get_default_dtype()": (_RUN, "kept per rank, as per process"),
+    "torch.get_rng_state()": (_RUN, "kept per rank, as per process"),
+    "sys.excepthook": (_RUN, "restored after rank threads' unhandled exceptions"),
+    "torch.autograd.is_multithreading_enabled()": (_RUN, "off: autograd's device threads would run outside the baton"),
+    "C++ process-group registry": (_RUN, "thread isolation mode on: group names resolve per rank thread"),
+    "torch.library: _c10d_functional CPU kernels": (_RUN, "wait_tensor and all_gather_into_tensor_out wait in simulated time"),
+    "torch.distributed.Backend: the 'simdist' backend": (_RUN, "registered for a run's groups, unregistered after it"),
+    "c10's CUDA device guard, torch's CUDA hooks (native)": (
+        "simdist.cuda.native",
+        "on a GPU cluster: a simulated GPU's device guard, and CUDA as torch's accelerator",
+    ),
+    "torch's _foreach tensor types (optimizers, clip_grad_norm_)": (
+        "simdist.cudart.install",
+        "on a GPU cluster: simulated GPU tensors take the _foreach path",
+    ),
+    "torch._C._only_lift_cpu_tensors() in rank threads": (
+        "simdist.cudart.install",
+        "on in each rank thread of a GPU cluster: torch.tensor(data, device='cuda') is made on the CPU and copied",
+    ),
+    "torch.autograd multithreading in rank threads": (
+        "simdist.cudart.install",
+        "off in each rank thread of a GPU cluster: autograd's device threads would run outside the baton",
+    ),
 }
 
 _BY_TARGET: dict[str, Patch] = {t: p for p in INVENTORY for t in p.targets()}
@@ -214,6 +284,12 @@ def process_state() -> dict[str, Any]:
     state["torch.autograd.is_multithreading_enabled()"] = torch.autograd.is_multithreading_enabled()
     state["torch.distributed.Backend"] = (tuple(dist.Backend.backend_list), tuple(dist.Backend._plugins))
     state["torch.distributed.is_initialized()"] = dist.is_initialized()
+    state["simulated CUDA (native)"] = native.state()
+    state["torch._C._only_lift_cpu_tensors()"] = torch._C._only_lift_cpu_tensors()
+    state["torch's _foreach tensor types"] = (
+        tuple(optimizer_module._foreach_supported_types),
+        tuple(foreach_utils._foreach_supported_types),
+    )
     state["threads"] = tuple(sorted(t.name for t in threading.enumerate() if not t.daemon))
     return state
 
@@ -243,8 +319,8 @@ def markdown() -> str:
         rows.append(f"| {what} | `{p.owner}` | {p.why} |")
     for path, owners in HOOKS.items():
         rows.append(f"| `{path}` (hooks added) | {', '.join(f'`{o}`' for o in owners)} | removed by the last user |")
-    for what, why in SETTINGS.items():
-        rows.append(f"| {what} | `simdist.engine.process`, `simdist.c10d.backend` | {why} |")
+    for what, (owners, why) in SETTINGS.items():
+        rows.append(f"| {what} | {', '.join(f'`{o}`' for o in owners.split(', '))} | {why} |")
     return "\n".join(rows)
 
 

@@ -171,16 +171,24 @@ def _patched_init_process_group(backend: str | None = None, *args: Any, timeout:
     if state is None:
         return _orig["init_process_group"](backend, *args, timeout=timeout, **kwargs)
     name = _active["name"]
-    if backend not in (None, BACKEND, "cpu:" + BACKEND) and str(backend).lower() != name:
+    sim = _active["ctx"]
+    # On a GPU cluster the code may ask for the backends of a GPU machine ("nccl", "cpu:gloo,cuda:nccl", "gloo"):
+    # the default group presents what it asked for. Elsewhere it must ask for the run's own.
+    asked = _presented(backend) if sim.emulates_cuda and backend is not None else None
+    if backend not in (None, BACKEND, "cpu:" + BACKEND) and str(backend).lower() != name and asked is None:
         raise ValueError(
             f"init_process_group(backend={backend!r}) inside simdist.run: the default group already exists with "
             f"the '{name}' backend (the name this run presents). Pass backend={name!r} (or none), or run with "
             f"simdist.run(..., backend_name=...) (simdist run --backend-name ...) set to the backend this code "
-            f"asks for ({BACKEND_NAMES})."
+            f"asks for ({BACKEND_NAMES})"
+            + ("" if sim.emulates_cuda else "; on a cluster with a GPU model, 'nccl' and 'cpu:gloo,cuda:nccl' are accepted too")
+            + "."
         )
-    sim = _active["ctx"]
     if thread_world.current().default_pg is None:  # initialised again after destroy_process_group()
         init_default_group(state.rank, sim.world_size, sim.store)
+    if asked is not None and asked != name:
+        _present(c10d._get_default_group(), asked)
+        _active["name"] = asked  # groups made later without a backend take the default group's, as in torch
     if timeout is not None:
         seconds = timeout.total_seconds()
         sim.default_timeout = seconds
@@ -262,7 +270,7 @@ def running(ctx: RunContext) -> Iterator[None]:
     _active["ctx"] = ctx
     _active["name"] = ctx.backend_name
     try:
-        with _registered(), replaced(_OWNER, patches), _thread_isolation(), funcol.installed():
+        with _registered(ctx.emulates_cuda), replaced(_OWNER, patches), _thread_isolation(), funcol.installed():
             multithreading = torch.autograd.set_multithreading_enabled(False)
             with multithreading:
                 yield
@@ -276,8 +284,9 @@ def running(ctx: RunContext) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _registered() -> Iterator[None]:
-    """The ``simdist`` backend registered in ``dist.Backend`` during the block, and what that changed undone."""
+def _registered(cuda: bool) -> Iterator[None]:
+    """The ``simdist`` backend registered in ``dist.Backend`` during the block (for CUDA tensors too when the run
+    emulates CUDA), and what that changed undone."""
     cls = dist.Backend
     saved = (
         list(cls.backend_list),
@@ -287,7 +296,7 @@ def _registered() -> Iterator[None]:
         dict(cls._plugins),
         cls.__dict__.get(BACKEND.upper()),
     )
-    cls.register_backend(BACKEND, _create_backend, extended_api=True, devices=["cpu"])
+    cls.register_backend(BACKEND, _create_backend, extended_api=True, devices=["cpu", "cuda"] if cuda else ["cpu"])
     try:
         yield
     finally:

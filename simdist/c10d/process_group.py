@@ -26,6 +26,7 @@ from simdist.comm.internal import internal
 from simdist.comm.launch import launch
 from simdist.comm.ops import dtype_name
 from simdist.comm.work import SimWork
+from simdist.cuda.tensor import SimCudaTensor
 
 #: functions called as ``observe(group, op_name, written)`` when a rank issues a collective or a point-to-point
 #: operation, before it runs (``written``: the user's buffers it will write); the equivalence oracle's
@@ -389,3 +390,42 @@ class CoalescedWork(dist.Work):
     def result(self) -> list[torch.Tensor]:
         """The output tensors of every operation of the block."""
         return [t for w in self.works for t in w.outputs]
+
+
+def _host_buffers(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` called with every simulated-GPU tensor in its arguments replaced by the CPU tensor that holds its
+    values (the buffers messages read and write); the work's outputs (``result()``, the future's value) are the
+    caller's own tensors again.
+
+    C++ callers (DDP's reducer and parameter check) call a process group's methods directly, not through the
+    dispatcher, so the rank's dispatch mode cannot unwrap them.
+    """
+
+    @functools.wraps(method)
+    def call(self: SimProcessGroup, *args: Any, **kwargs: Any) -> Any:
+        callers: dict[int, torch.Tensor] = {}
+        work = method(self, *[_on_host(a, callers) for a in args], **kwargs)
+        if callers and isinstance(work, SimWork):
+            work.outputs = [callers.get(id(t), t) for t in work.outputs]
+        return work
+
+    return call
+
+
+def _on_host(value: Any, callers: dict[int, torch.Tensor]) -> Any:
+    if type(value) is SimCudaTensor:
+        callers[id(value._elem)] = value
+        return value._elem
+    if type(value) is list and value and (type(value[0]) is SimCudaTensor or type(value[0]) is list):
+        return [_on_host(v, callers) for v in value]
+    return value
+
+
+for _name in (
+    "allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather", "allgather_coalesced", "all_gather_single",
+    "reduce_scatter", "reduce_scatter_single", "all_gather_single_coalesced", "reduce_scatter_single_coalesced",
+    "gather", "scatter", "all_to_all_single", "alltoall", "send", "recv", "recv_anysource",
+):
+    setattr(SimProcessGroup, _name, _host_buffers(getattr(SimProcessGroup, _name)))
+SimProcessGroup._allgather_base = SimProcessGroup.all_gather_single
+SimProcessGroup._reduce_scatter_base = SimProcessGroup.reduce_scatter_single

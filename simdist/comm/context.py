@@ -74,6 +74,8 @@ class RunContext:
         self.callbacks = FutureCallbacks(env, baton)
         #: the backend name rank code sees (``dist.get_backend()``): "simdist", "gloo" or "nccl"
         self.backend_name = options.backend_name
+        #: whether rank code sees simulated CUDA devices (the cluster's device is a GPU model)
+        self.emulates_cuda = False
 
     # ------------------------------------------------------------------ groups
     def group_state(self, key: object, name: str, global_ranks: list[int], timeout: float | None) -> GroupState:

@@ -11,6 +11,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from simdist.compute.devices import DeviceSpec, get_device
+from simdist.cuda.rank import RankCuda
+from simdist.cuda.tensor import rewrap, unwrap
+from simdist.cuda.transfers import planned_bytes, transfer
 
 # A FLOP formula gets (args, out) of one call and returns (flops, dtype whose peak applies).
 _FlopFn = Callable[[Sequence[Any], Any], tuple[float, torch.dtype]]
@@ -365,6 +368,8 @@ class ComputeCostMode(TorchDispatchMode):
         *,
         price_meta: bool = False,
         after: Callable[[Any, Sequence[Any], dict[str, Any] | None, Any], None] | None = None,
+        cuda: RankCuda | None = None,
+        reserve: Callable[[int, Any], None] | None = None,
     ) -> None:
         super().__init__()
         self.device = device
@@ -378,10 +383,25 @@ class ComputeCostMode(TorchDispatchMode):
         self._before = before
         #: sees each op's (func, args, kwargs, out) before it is charged (memory accounting rides here too)
         self._after = after
+        #: the rank's simulated CUDA devices, when the run emulates them: ops on them are unwrapped here too
+        self._cuda = cuda
+        #: called with the bytes an op will allocate on a simulated GPU and the op, before it runs (memory
+        #: accounting's out-of-memory check)
+        self._reserve = reserve
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
+        if self._cuda is not None:
+            call = unwrap(func, args, kwargs or {})
+            if call is not None:
+                return NotImplemented if call is NotImplemented else self._on_gpu(call)
+            if self._cuda.in_use:
+                # a host op of a rank that uses its GPU: host work (the host's CPU is not modelled), not on the
+                # GPU's stream, not device memory
+                if self._before is not None:
+                    self._before(func, args, kwargs or {})
+                return func(*args, **(kwargs or {}))
         if self._before is not None:
             self._before(func, args, kwargs or {})
         out = func(*args, **(kwargs or {}))
@@ -395,6 +415,37 @@ class ComputeCostMode(TorchDispatchMode):
                 if type(seconds) in (int, float) and seconds > 0:
                     self._charge(seconds, info.name)
         return out
+
+    def _on_gpu(self, call: Any) -> Any:
+        """One op with a simulated-GPU operand: run on the CPU tensors, charged on the device's stream; a copy
+        across the host link at its bandwidth, the host waiting for a blocking one."""
+        cuda = self._cuda
+        cuda.use()
+        func = call.func
+        if self._before is not None:
+            self._before(func, call.args, call.kwargs)
+        if self._reserve is not None:
+            planned = planned_bytes(call)
+            if planned:
+                self._reserve(planned, func)
+        out = call.run(cuda.generator)
+        result = rewrap(call, out)
+        if self._after is not None:
+            self._after(func, call.inputs(), None, result)
+        if self._zero_cost or _without_data(out, self._price_meta):
+            return result
+        copy = transfer(call, out)
+        if copy is not None:
+            self._charge(cuda.copy_seconds(copy.nbytes), copy.direction)
+            if copy.blocking:
+                cuda.synchronize()
+            return result
+        info = _op_info(func)
+        if not info.free:
+            seconds = _info_cost(info, call.args, call.kwargs, out, self.device)
+            if type(seconds) in (int, float) and seconds > 0:
+                self._charge(seconds, info.name)
+        return result
 
 
 def _without_data(out: Any, price_meta: bool) -> bool:

@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 import torch
 
@@ -17,12 +18,21 @@ from simdist.errors import ClusterSpecError
 # put a floor under small ops on a real GPU. Override per device with dataclasses.replace() when calibrating.
 DEFAULT_LAUNCH_OVERHEAD = 5e-6
 
+#: bytes/s one direction of a PCIe 4.0 x16 link carries (16 GT/s x 16 lanes, 128b/130b coding: 31.5 GB/s; the A100
+#: datasheet's "PCIe Gen4: 64 GB/s" counts both directions): the default host link of a device
+PCIE4_X16 = 32e9
+#: bytes/s one direction of a PCIe 5.0 x16 link carries (the H100 and H200 datasheets' "PCIe Gen5: 128 GB/s" counts
+#: both directions)
+PCIE5_X16 = 64e9
+
 
 @dataclass(frozen=True)
 class DeviceSpec:
     """One accelerator: FLOP/s per dtype (the rate a large matmul runs at), HBM bandwidth (bytes/s), launch
-    overhead (seconds per kernel), memory capacity (bytes; ``math.inf`` for no limit) and the TF32 tensor-core
-    rate (FLOP/s; None for none).
+    overhead (seconds per kernel), memory capacity (bytes; ``math.inf`` for no limit), the TF32 tensor-core
+    rate (FLOP/s; None for none), the host link's bandwidth (bytes/s each way, what host<->device copies run
+    at), and what ``torch.cuda`` reports of it in a run that emulates CUDA (its name, compute capability and
+    multiprocessor count).
 
     ``peak_flops`` must contain ``torch.float32``; dtypes without an entry use that figure (see ``flops_for``).
     ``tf32_flops`` is what float32 matmuls and convolutions run at where torch lets them use TF32 (cost.py reads
@@ -40,6 +50,14 @@ class DeviceSpec:
     memory_capacity: float = math.inf
     #: FLOP/s of float32 matmuls and convolutions run on TF32 tensor cores; None: the device has none
     tf32_flops: float | None = None
+    #: bytes/s of one direction of the host link (PCIe): host-to-device and device-to-host copies run at it
+    host_link_bandwidth: float = PCIE4_X16
+    #: what ``torch.cuda.get_device_name()`` answers ("" for "<name> (simulated)")
+    cuda_name: str = ""
+    #: ``torch.cuda.get_device_capability()``: (major, minor); bf16 and TF32 need at least (8, 0)
+    compute_capability: tuple[int, int] = (8, 0)
+    #: ``torch.cuda.get_device_properties().multi_processor_count``
+    multiprocessors: int = 108
     _zero_cost: bool = field(init=False, repr=False, compare=False, hash=False, default=False)
 
     def __post_init__(self) -> None:
@@ -78,6 +96,31 @@ class DeviceSpec:
                 f"device {self.name!r}: tf32_flops must be a positive FLOP/s figure or None (no TF32 tensor "
                 f"cores), found {tf32!r}"
             )
+        link = self.host_link_bandwidth
+        if isinstance(link, bool) or not isinstance(link, (int, float)) or not link > 0:
+            raise ClusterSpecError(
+                f"device {self.name!r}: host_link_bandwidth must be a positive number of bytes/s (math.inf for "
+                f"free copies), found {link!r}"
+            )
+        major_minor = self.compute_capability
+        if (
+            not isinstance(major_minor, tuple)
+            or len(major_minor) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in major_minor)
+        ):
+            raise ClusterSpecError(
+                f"device {self.name!r}: compute_capability must be a (major, minor) pair of ints, found {major_minor!r}"
+            )
+        if (
+            isinstance(self.multiprocessors, bool)
+            or not isinstance(self.multiprocessors, int)
+            or self.multiprocessors < 1
+        ):
+            raise ClusterSpecError(
+                f"device {self.name!r}: multiprocessors must be a positive int, found {self.multiprocessors!r}"
+            )
+        if not isinstance(self.cuda_name, str):
+            raise ClusterSpecError(f"device {self.name!r}: cuda_name must be a str, found {self.cuda_name!r}")
         # Copy into a read-only view so the frozen spec cannot change under a running simulation.
         object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
         zero = (
@@ -90,9 +133,7 @@ class DeviceSpec:
 
     def __reduce__(
         self,
-    ) -> tuple[
-        type[DeviceSpec], tuple[str, dict[torch.dtype, float], float, float, str, float, float | None]
-    ]:
+    ) -> tuple[type[DeviceSpec], tuple[Any, ...]]:
         # The read-only peak table is a mappingproxy, which pickle cannot handle; rebuild from a plain dict.
         return (
             DeviceSpec,
@@ -104,8 +145,22 @@ class DeviceSpec:
                 self.source,
                 self.memory_capacity,
                 self.tf32_flops,
+                self.host_link_bandwidth,
+                self.cuda_name,
+                self.compute_capability,
+                self.multiprocessors,
             ),
         )
+
+    @property
+    def is_gpu(self) -> bool:
+        """Whether rank code sees this device as a GPU (``torch.cuda``): every device with a cost model is one."""
+        return not self._zero_cost
+
+    @property
+    def cuda_device_name(self) -> str:
+        """What ``torch.cuda.get_device_name()`` answers for this device."""
+        return self.cuda_name or f"{self.name} (simulated)"
 
     @property
     def is_zero_cost(self) -> bool:
@@ -180,8 +235,13 @@ H100 = DeviceSpec(
     source=(
         f"{_MEASURED_ON_H100}; HBM bandwidth measured: the median achieved bandwidth of add, mul and gelu on "
         "2^27 elements in bf16 and fp32 (2819/2984/3023/3026/3031/3031 GB/s -> 3.02 TB/s; datasheet 3.35 TB/s); "
-        "memory 80 GB HBM3 as on the NVIDIA H100 datasheet, SXM column"
+        "memory 80 GB HBM3 as on the NVIDIA H100 datasheet, SXM column; name, compute capability 9.0 and 132 SMs "
+        "as torch.cuda reported them on that H100; host link PCIe Gen5 x16 (datasheet: 128 GB/s both ways)"
     ),
+    host_link_bandwidth=PCIE5_X16,
+    cuda_name="NVIDIA H100 80GB HBM3",
+    compute_capability=(9, 0),
+    multiprocessors=132,
 )
 
 H200 = DeviceSpec(
@@ -194,8 +254,14 @@ H200 = DeviceSpec(
     source=(
         f"compute rates those of the H100 (the same GH100 die and clocks), {_MEASURED_ON_H100}; HBM bandwidth "
         "not measured on an H200: the H200 SXM datasheet's 4.8 TB/s scaled by the H100's measured/datasheet "
-        "ratio 3.02/3.35 (4.33 TB/s); memory 141 GB HBM3e as on the NVIDIA H200 datasheet, SXM column"
+        "ratio 3.02/3.35 (4.33 TB/s); memory 141 GB HBM3e as on the NVIDIA H200 datasheet, SXM column; compute "
+        "capability 9.0 and 132 SMs of the GH100 die as configured on the SXM parts (NVIDIA H100 Tensor Core GPU "
+        "Architecture whitepaper); host link PCIe Gen5 x16 (datasheet: 128 GB/s both ways)"
     ),
+    host_link_bandwidth=PCIE5_X16,
+    cuda_name="NVIDIA H200",
+    compute_capability=(9, 0),
+    multiprocessors=132,
 )
 
 _AMPERE_SXM_FLOPS = {
@@ -213,7 +279,15 @@ A100 = DeviceSpec(
     tf32_flops=_AMPERE_SXM_TF32,
     memory_bandwidth=2.039e12,
     memory_capacity=80 * GIB,
-    source="NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM column (80 GB HBM2e, 2,039 GB/s); not measured",
+    source=(
+        "NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM column (80 GB HBM2e, 2,039 GB/s; PCIe Gen4: 64 GB/s "
+        "both ways); compute capability 8.0 and 108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper); "
+        "not measured"
+    ),
+    host_link_bandwidth=PCIE4_X16,
+    cuda_name="NVIDIA A100-SXM4-80GB",
+    compute_capability=(8, 0),
+    multiprocessors=108,
 )
 
 A100_40GB = DeviceSpec(
@@ -222,7 +296,15 @@ A100_40GB = DeviceSpec(
     tf32_flops=_AMPERE_SXM_TF32,
     memory_bandwidth=1.555e12,
     memory_capacity=40 * GIB,
-    source="NVIDIA A100 Tensor Core GPU datasheet, A100 40GB SXM column (40 GB HBM2, 1,555 GB/s); not measured",
+    source=(
+        "NVIDIA A100 Tensor Core GPU datasheet, A100 40GB SXM column (40 GB HBM2, 1,555 GB/s; PCIe Gen4: 64 GB/s "
+        "both ways); compute capability 8.0 and 108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper); "
+        "not measured"
+    ),
+    host_link_bandwidth=PCIE4_X16,
+    cuda_name="NVIDIA A100-SXM4-40GB",
+    compute_capability=(8, 0),
+    multiprocessors=108,
 )
 
 CPU = DeviceSpec(
@@ -230,6 +312,7 @@ CPU = DeviceSpec(
     peak_flops={torch.float32: math.inf},
     memory_bandwidth=math.inf,
     launch_overhead=0.0,
+    host_link_bandwidth=math.inf,
     source="zero-cost placeholder: compute takes no simulated time, memory has no limit",
 )
 

@@ -12,6 +12,7 @@ there too. Meta and fake tensors count by their size, so models too large to all
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -23,8 +24,8 @@ from torch.nn import Parameter
 from torch.nn.modules.module import register_module_parameter_registration_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-from torch.utils.weak import WeakIdKeyDictionary
 
+from simdist.cuda.tensor import SimCudaTensor
 from simdist.errors import OutOfMemoryError
 from simdist.patching import replaced
 from simdist.units import format_size
@@ -46,6 +47,10 @@ _COMM_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_d
 
 #: how many of the largest live tensors an out-of-memory error lists
 _LARGEST_SHOWN = 5
+
+#: numbers the trackers of a process: a parameter records the trackers watching it by number, not by a weak
+#: reference (torch.utils.swap_tensors, how Module.to moves a parameter to a GPU, refuses weakly referenced tensors)
+_SERIALS = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,8 @@ class _Block:
 
 def _storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
     """The storages behind ``t``: its own, or its inner tensors' for a wrapper subclass such as DTensor."""
+    if type(t) is SimCudaTensor:
+        return [t._elem.untyped_storage()]
     if is_traceable_wrapper_subclass(t):
         names, _ = t.__tensor_flatten__()
         out: list[torch.UntypedStorage] = []
@@ -95,6 +102,21 @@ def _storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
         return [t.untyped_storage()]
     except (RuntimeError, NotImplementedError, TypeError):
         return []  # sparse and other layouts without one storage: not counted
+
+
+def _device_storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
+    """The storages behind ``t`` that are on a simulated GPU: reached through a :class:`SimCudaTensor`."""
+    if type(t) is SimCudaTensor:
+        return [t._elem.untyped_storage()]
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        out: list[torch.UntypedStorage] = []
+        for name in names:
+            inner = getattr(t, name)
+            if isinstance(inner, torch.Tensor):
+                out.extend(_device_storages(inner))
+        return out
+    return []
 
 
 class MemoryTracker:
@@ -133,7 +155,12 @@ class MemoryTracker:
         self._peak_alloc = 0
         #: the op being accounted (named in an out-of-memory error)
         self._op: Any = None
-        self._watched: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._serial = next(_SERIALS)
+        #: whether host (CPU) tensors count: they do until the rank's code uses a simulated GPU, whose tensors
+        #: are then the only device memory (see :meth:`device_memory_only`)
+        self._host_counts = True
+        #: the most bytes live at once since the last :meth:`reset_peak` (``torch.cuda.max_memory_allocated``)
+        self.peak_since_reset = 0
 
     # ------------------------------------------------------------------ feeding
     def after(self, func: Any, args: Sequence[Any], kwargs: dict[str, Any] | None, out: Any) -> None:
@@ -165,7 +192,13 @@ class MemoryTracker:
         """Count ``t``'s storages if new (as ``category``), resize them if they changed, and raise their category."""
         live = self._live
         kind = type(t)
-        for st in (t.untyped_storage(),) if kind is torch.Tensor or kind is Parameter else _storages(t):
+        if not self._host_counts:
+            storages = _device_storages(t)
+        elif kind is torch.Tensor or kind is Parameter:
+            storages = [t.untyped_storage()]
+        else:
+            storages = _storages(t)
+        for st in storages:
             key = id(st)
             block = live.get(key)
             if block is None:
@@ -253,14 +286,40 @@ class MemoryTracker:
             self.peak_time = now
             self._peak_totals = totals
             self._peak_alloc = self._allocs
+        self.peak_since_reset = max(self.peak_since_reset, self.current)
+
+    def reset_peak(self) -> None:
+        """Start :attr:`peak_since_reset` again from the bytes live now (``torch.cuda.reset_peak_memory_stats``)."""
+        self.peak_since_reset = self.current
+
+    def reserve(self, nbytes: int, func: Any = None) -> None:
+        """Refuse, before op ``func`` makes it, an allocation of ``nbytes`` that would exceed the capacity."""
+        if self.current + nbytes > self.capacity:
+            self._op = func
+            self._raise_oom(nbytes, None)
+
+    def device_memory_only(self) -> None:
+        """From now on count only tensors on a simulated GPU: the rank's code has started using one, so its CPU
+        tensors are host memory. What was counted until now was host memory too: the accounting starts again."""
+        if not self._host_counts:
+            return
+        self._host_counts = False
+        self._live.clear()
+        self._totals = [0] * len(CATEGORIES)
+        self.current = self.peak = self.peak_since_reset = 0
+        self.peak_time = max(self._now(), self._last_time)
+        self._peak_totals = tuple(self._totals)
+        self._peak_alloc = self._allocs
+        self._changed()
 
     # ------------------------------------------------------------------ categories from torch's hooks
     def _watch_parameter(self, p: torch.Tensor) -> None:
         """Count ``p`` as a parameter and, once per parameter, tag the gradients accumulated into it."""
         self.tag(p, PARAMETERS)
-        if p in self._watched:
+        watched = p.__dict__.setdefault("_simdist_memory_watched", set())
+        if self._serial in watched:
             return
-        self._watched[p] = True
+        watched.add(self._serial)
         if p.requires_grad and p.is_leaf:
             me = weakref.ref(self)
 
@@ -328,7 +387,7 @@ class MemoryTracker:
 
     def _raise_oom(self, nbytes: int, t: torch.Tensor | None, block: _Block | None = None) -> None:
         now = max(self._now(), self._last_time)
-        what = _describe_tensor(t) if t is not None else f"growing {_describe(block)}" if block else ""
+        what = _describe_tensor(t) if t is not None else f"growing {_describe(block)}" if block else "a new tensor"
         op = self._op._schema.name if self._op is not None else "an op"
         site = self._call_site() if self._call_site is not None else ""
         lines = "\n".join(f"    {desc}" for _, desc in self.largest())
@@ -369,6 +428,11 @@ _CURRENT = threading.local()
 
 
 def _tracker() -> MemoryTracker | None:
+    return getattr(_CURRENT, "tracker", None)
+
+
+def current_tracker() -> MemoryTracker | None:
+    """The tracker the calling thread's rank accounts into, or None (no run with ``memory=True``, or no rank)."""
     return getattr(_CURRENT, "tracker", None)
 
 

@@ -26,6 +26,8 @@ from simdist.c10d import backend
 from simdist.clock.baton import current_rank_state
 from simdist.comm.context import RunContext
 from simdist.comm.races import direct_read
+from simdist.cudart import state as cuda_state
+from simdist.cudart.api import seed_devices
 from simdist.errors import RankExit
 from simdist.patching import HOST_READS, replaced
 
@@ -50,8 +52,8 @@ def run_context(ctx: RunContext, n: int, local_world: int) -> Iterator[None]:
     rank_signal, rank_getsignal = _rank_signals()
     patches: dict[str, Any] = {
         "os.environ": RankEnviron(os.environ, n, local_world),
-        # Simulated ranks hold CPU tensors only. torch.manual_seed also queues a lazy CUDA/XPU/MTIA seeding with
-        # a formatted stack trace per call (about a millisecond on a CPU-only build): seed the CPU generator only.
+        # torch.manual_seed also queues a lazy CUDA/XPU/MTIA seeding with a formatted stack trace per call (about a
+        # millisecond on a CPU-only build): seed the CPU generator and the rank's simulated GPUs directly.
         "torch.manual_seed": _seed_cpu_only,
         "torch.random.manual_seed": _seed_cpu_only,
         "os._exit": _rank_exit,
@@ -137,7 +139,7 @@ def _host_read(ctx: RunContext, name: str) -> Any:
             return method(self, *args, **kwargs)
 
         def value() -> Any:
-            if ahead:
+            if ahead and not _on_host(self):
                 ctx.synchronize()
             return method(self, *args, **kwargs)
 
@@ -179,8 +181,16 @@ def _rank_signals() -> tuple[Any, Any]:
 
 
 def _seed_cpu_only(seed: int) -> torch.Generator:
-    """``torch.manual_seed`` for CPU-only simulated ranks."""
-    return torch.default_generator.manual_seed(int(seed))
+    """``torch.manual_seed`` in rank code: the CPU generator, and the rank's simulated GPUs' where it has them."""
+    generator = torch.default_generator.manual_seed(int(seed))
+    seed_devices(int(seed))
+    return generator
+
+
+def _on_host(t: torch.Tensor) -> bool:
+    """Whether ``t`` is host memory of a rank that uses its simulated GPU: reading it waits for nothing."""
+    rank = cuda_state.rank()
+    return rank is not None and rank.in_use
 
 
 class RankEnviron(MutableMapping):

@@ -26,16 +26,18 @@ from simdist.comm.thread_world import acting_as
 from simdist.compute.cost import ComputeCostMode
 from simdist.compute.devices import CPU, DeviceSpec, get_device
 from simdist.compute.memory import CATEGORIES, MemoryStats, MemoryTracker, tracking_hooks
+from simdist.cuda.rank import RankCuda
+from simdist.cuda.tensor import to_host
+from simdist.cudart.install import emulated, rank_thread, refused
 from simdist.engine.process import run_context
-from simdist.engine.rng import RankGenerators, per_rank_generators
+from simdist.engine.rng import RankGenerators, derive_seed, per_rank_generators
 from simdist.engine.threads import rank_threads
 from simdist.errors import (
-    InvalidArgumentError,
+    RAISED_AS_TORCH,
     RaceWarning,
     RankError,
     RunArgumentError,
     SimdistError,
-    SimTimeoutError,
     safe_str,
 )
 from simdist.network.cluster import Cluster
@@ -240,10 +242,42 @@ def _run(fn: Callable[..., Any], cluster: Cluster | str, args: tuple, kwargs: di
         else []
     )
 
+    gpu = device.is_gpu
+    sim.emulates_cuda = gpu
+    cuda = (
+        [
+            RankCuda(
+                r,
+                functools.partial(_device_seed, options.seed, r),
+                sim.synchronize,
+                trackers[r].device_memory_only if options.memory else None,
+                device.host_link_bandwidth,
+                device.launch_overhead,
+            )
+            for r in range(n)
+        ]
+        if gpu
+        else []
+    )
+
     def rank_mode(rank: int) -> Any:
         """The dispatch mode a thread of ``rank`` runs under: compute costs, with the race check and the memory
-        accounting riding on it (one Python mode per op is what costs)."""
+        accounting riding on it (one Python mode per op is what costs), and on a GPU cluster the simulated GPU's
+        tensors unwrapped in it too."""
         races = RaceCheckMode(sim.races, rank, sim.call_site) if sim.races.enabled else None
+        if gpu:
+            tracker = trackers[rank] if options.memory else None
+            mode = ComputeCostMode(
+                device if options.compute else CPU,
+                sim.charge,
+                before=races.check if races is not None else None,
+                after=tracker.after if tracker is not None else None,
+                cuda=cuda[rank],
+                reserve=tracker.reserve if tracker is not None else None,
+            )
+            if tracker is not None:
+                return _entered(tracker.entered(), rank_thread(), mode)
+            return _entered(rank_thread(), mode)
         if options.memory:
             mode = ComputeCostMode(
                 device if options.compute else CPU,
@@ -288,7 +322,7 @@ def _run(fn: Callable[..., Any], cluster: Cluster | str, args: tuple, kwargs: di
     baton.on_stall = sim.stall_report
     with run_context(sim, n, local_world), per_rank_generators(generators), rank_threads(baton, in_rank), (
         tracking_hooks() if options.memory else contextlib.nullcontext()
-    ):
+    ), emulated(sim, device, local_world, cuda) if gpu else refused(sim):
         baton.run()
     stats = [t.close() for t in trackers]
     _raise_failure(baton)
@@ -307,7 +341,7 @@ def _run(fn: Callable[..., Any], cluster: Cluster | str, args: tuple, kwargs: di
     # a rank, like a process, ends when its last non-daemon thread does
     finish = [max(s.finish_time for s in baton.process_threads(r)) for r in range(n)]
     return RunResult(
-        returns=[s.result for s in baton.ranks],
+        returns=[to_host(s.result) for s in baton.ranks] if gpu else [s.result for s in baton.ranks],
         sim_time=max(finish, default=0.0),
         finish_times=finish,
         trace=tr,
@@ -326,10 +360,17 @@ def _run(fn: Callable[..., Any], cluster: Cluster | str, args: tuple, kwargs: di
 
 
 @contextlib.contextmanager
-def _entered(first: Any, second: Any) -> Any:
-    """Enter ``first`` then ``second`` (a rank's memory tracker, then its dispatch mode)."""
-    with first, second:
+def _entered(*contexts: Any) -> Any:
+    """Enter ``contexts`` in order (a rank's memory tracker, then its dispatch mode)."""
+    with contextlib.ExitStack() as stack:
+        for c in contexts:
+            stack.enter_context(c)
         yield
+
+
+def _device_seed(seed: int, rank: int, index: int) -> int:
+    """The seed rank ``rank``'s simulated GPU ``index`` starts its generator from in a run of ``seed``."""
+    return derive_seed(seed, rank, f"cuda:{index}")
 
 
 def _check_arguments(fn: Any, args: Any, kwargs: Any) -> None:
@@ -373,7 +414,7 @@ def _raise_failure(baton: Baton) -> None:
         return
     # A diagnosis (mismatch, deadlock, race) is raised as it is; a timeout or a rejected argument is what torch
     # raises in the rank (rank code may catch it), so an uncaught one is that rank's failure, like any other.
-    if isinstance(failure, SimdistError) and not isinstance(failure, (SimTimeoutError, InvalidArgumentError)):
+    if isinstance(failure, SimdistError) and not isinstance(failure, RAISED_AS_TORCH):
         raise failure
     failed = [s for s in baton.ranks if s.exc is not None and s.exc is failure]
     if failed:

@@ -1,0 +1,153 @@
+"""Wall cost of running GPU code on simulated GPUs: per op and per training step, against the same program written
+for the CPU under simdist, and against plain torch.
+
+Prints figures; it is not a test. Usage: ``python benchmarks/gpu_emulation_bench.py [--quick]``.
+
+Per op: CPU time of the calling thread per call (``time.thread_time``: on a shared machine wall time measures the
+neighbours), the best of several repeats, for
+
+- ``torch``: CPU tensors, no dispatch mode (plain torch);
+- ``cpu, cost mode``: CPU tensors under simdist's per-op cost mode (what a program written for the CPU costs
+  under simdist on a GPU cluster);
+- ``cuda, cost mode``: simulated GPU tensors under the same mode, which also unwraps and re-wraps them (what a
+  program written for GPUs costs).
+
+Per step: a training step (4 x Linear(256, 256) with ReLU, batch 32, forward, backward and AdamW with
+``foreach=True``) written for CUDA and for the CPU, each run for ``steps`` steps on one simulated H100 rank; the
+process CPU time of runs of two lengths gives the cost of one step (the difference, over the steps between them),
+so the set-up of a run drops out. ``torch`` is the CPU program without simdist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import platform
+import time
+from collections.abc import Callable
+
+import torch
+
+import simdist
+from simdist.compute import ComputeCostMode, get_device
+from simdist.cuda import native
+from simdist.cuda.rank import RankCuda
+from simdist.cuda.tensor import SimCudaTensor
+
+H100 = get_device("H100")
+CUDA0 = torch.device("cuda", 0)
+
+
+def _per_call(fn: Callable[[], object], calls: int, repeats: int) -> float:
+    """Microseconds of thread CPU time per call of ``fn``, the best of ``repeats``."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.thread_time()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.thread_time() - start) / calls)
+    return best * 1e6
+
+
+def _ops(a: torch.Tensor, b: torch.Tensor) -> dict[str, Callable[[], object]]:
+    return {
+        "add 64x64": lambda: a + b,
+        "mm 64x64": lambda: a @ b,
+        "add_ (in place)": lambda: a.add_(0.0),
+        "view": lambda: a.view(4096),
+    }
+
+
+def per_op(calls: int, repeats: int) -> list[tuple[str, float, float, float]]:
+    """(op, torch, cpu under the cost mode, cuda under the cost mode), microseconds per call."""
+    host = torch.randn(64, 64), torch.randn(64, 64)
+    device = SimCudaTensor(host[0].clone(), CUDA0), SimCudaTensor(host[1].clone(), CUDA0)
+    rank = RankCuda(0, lambda index: 0, lambda: None)
+    rank.use()
+    rows: dict[str, list[float]] = {}
+    for name, fn in _ops(*host).items():
+        rows[name] = [_per_call(fn, calls, repeats)]
+    with ComputeCostMode(H100, lambda seconds, name: None):
+        for name, fn in _ops(*host).items():
+            rows[name].append(_per_call(fn, calls, repeats))
+    with ComputeCostMode(H100, lambda seconds, name: None, cuda=rank):
+        for name, fn in _ops(*device).items():
+            rows[name].append(_per_call(fn, calls, repeats))
+    return [(name, *figures) for name, figures in rows.items()]
+
+
+def train(kind: str, steps: int) -> None:
+    """The training loop, written for ``kind`` ("cuda" or "cpu")."""
+    if kind == "cuda":
+        torch.cuda.set_device(0)
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = []
+    for _ in range(4):
+        layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers).to(kind)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    x = torch.randn(32, 256).to(kind)
+    for _ in range(steps):
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def _process_seconds(fn: Callable[[], object]) -> float:
+    start = time.process_time()
+    fn()
+    return time.process_time() - start
+
+
+def per_step(short: int, long: int, repeats: int) -> dict[str, float]:
+    """Milliseconds of process CPU time per step: the GPU program and its CPU twin under simdist, and plain torch."""
+    one = simdist.Cluster.switch(1, device="H100")
+    out: dict[str, float] = {}
+    programs = {
+        "cuda under simdist": lambda steps: simdist.run(train, one, args=("cuda", steps), races="off"),
+        "cpu under simdist": lambda steps: simdist.run(train, one, args=("cpu", steps), races="off"),
+        "torch": lambda steps: train("cpu", steps),
+    }
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a simulated run computes on one thread
+    try:
+        for name, program in programs.items():
+            program(short)  # once-per-process costs (the native pieces' first installation, lazy imports) drop out
+            best = float("inf")
+            for _ in range(repeats):
+                a = _process_seconds(functools.partial(program, short))
+                b = _process_seconds(functools.partial(program, long))
+                best = min(best, (b - a) / (long - short))
+            out[name] = best * 1e3
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer calls and steps (noisier)")
+    args = parser.parse_args()
+    calls, repeats, short, long = (500, 3, 2, 12) if args.quick else (3000, 7, 5, 45)
+    print(f"machine: {platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}")
+    native.install(1)  # the guard: autograd on simulated GPU tensors outside a run (the per-op figures)
+    try:
+        rows = per_op(calls, repeats)
+    finally:
+        native.uninstall()
+    print("\nper op, us of thread CPU time per call (best of repeats)")
+    print(f"{'op':<18}{'torch':>8}{'cpu, cost mode':>16}{'cuda, cost mode':>17}{'cuda/cpu':>10}")
+    for name, plain, cpu, cuda in rows:
+        print(f"{name:<18}{plain:>8.1f}{cpu:>16.1f}{cuda:>17.1f}{cuda / cpu:>10.2f}")
+    steps = per_step(short, long, repeats=3 if not args.quick else 1)
+    print(
+        "\nper training step, ms of process CPU time (4 x Linear(256,256), batch 32, fwd+bwd+AdamW foreach)"
+    )
+    for name, ms in steps.items():
+        print(f"{name:<20}{ms:>8.2f}")
+    print(f"{'cuda / cpu':<20}{steps['cuda under simdist'] / steps['cpu under simdist']:>8.2f}")
+    print(f"{'cuda / torch':<20}{steps['cuda under simdist'] / steps['torch']:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()

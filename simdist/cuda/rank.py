@@ -1,0 +1,70 @@
+"""One rank's simulated CUDA devices: whether its code uses them yet, their random generators, and what a copy
+between host and device costs.
+
+A rank of a run on a GPU cluster is one process of a GPU job. Until its code first touches CUDA (a tensor on
+``cuda``, ``torch.cuda.set_device``), its CPU tensors stand for device tensors, as simdist has always priced
+programs written for the CPU; from then on CPU tensors are host memory, ops on them are host work (not on the
+GPU's stream, not device memory), and copies between the two cross the host link.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+class RankCuda:
+    """The simulated CUDA devices of rank ``rank``, shared by every thread of the rank.
+
+    ``seed_for(index)`` is the seed device ``index``'s generator starts from (derived from the run's seed, as the
+    CPU generator's is), ``synchronize()`` makes the calling host wait for its device (a blocking copy), and
+    ``first_use()`` is called once, when the rank's code first uses CUDA.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        seed_for: Callable[[int], int],
+        synchronize: Callable[[], None],
+        first_use: Callable[[], None] | None = None,
+        host_link_bandwidth: float = float("inf"),
+        link_latency: float = 0.0,
+    ) -> None:
+        self.rank = rank
+        #: whether the rank's code has used CUDA (from then on, CPU tensors are host tensors)
+        self.in_use = False
+        self._seed_for = seed_for
+        self.synchronize = synchronize
+        self._first_use = first_use
+        #: bytes/s of a copy between host and device, and its fixed cost (seconds)
+        self.host_link_bandwidth = host_link_bandwidth
+        self.link_latency = link_latency
+        self._generators: dict[int, torch.Generator] = {}
+        #: the seed ``torch.manual_seed`` / ``torch.cuda.manual_seed_all`` gave every device, for generators made later
+        self._seed_all: int | None = None
+
+    def use(self) -> None:
+        """Record that the rank's code uses CUDA (the first call switches its host tensors to host memory)."""
+        if not self.in_use:
+            self.in_use = True
+            if self._first_use is not None:
+                self._first_use()
+
+    def generator(self, index: int) -> torch.Generator:
+        """Device ``index``'s generator (a CPU generator standing in for CUDA's: its numbers are not Philox's)."""
+        gen = self._generators.get(index)
+        if gen is None:
+            seed = self._seed_for(index) if self._seed_all is None else self._seed_all
+            gen = self._generators[index] = torch.Generator().manual_seed(seed)
+        return gen
+
+    def seed_all(self, seed: int) -> None:
+        """Seed every device's generator with ``seed`` (``torch.manual_seed``, ``torch.cuda.manual_seed_all``)."""
+        self._seed_all = int(seed)
+        for gen in self._generators.values():
+            gen.manual_seed(self._seed_all)
+
+    def copy_seconds(self, nbytes: int) -> float:
+        """Seconds a copy of ``nbytes`` between host and device takes on the host link."""
+        return self.link_latency + nbytes / self.host_link_bandwidth

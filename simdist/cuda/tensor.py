@@ -1,0 +1,474 @@
+"""A tensor on a simulated GPU, and how each aten op on one runs: on the CPU tensor it holds, checked as CUDA
+checks it, its results wrapped again.
+
+The construction is DTensor's: a storage-less wrapper subclass (``_make_wrapper_subclass``) whose device is
+``cuda:i``, so torch dispatches as for CUDA (autograd, CUDA autocast's kernels, DDP and FSDP's device checks)
+while every kernel runs on the CPU tensor the wrapper holds (``_elem``). Results are bit for bit those of the
+same program written for the CPU: the same CPU kernels compute them.
+
+Per op (:func:`unwrap`, then :func:`rewrap`): operands are unwrapped; operands on two devices are refused as
+CUDA refuses them (CPU scalars, copies, CPU indices and collectives are allowed); ``device="cuda"`` means the
+calling thread's current device; results come back on the operands' device, and an in-place or ``out=`` op
+returns the caller's own tensor. Ops on other tensor subclasses (DTensor, funcol's AsyncCollectiveTensor) are
+left to them first (they unwrap to these); fake tensors (tracing) pass through untouched. Random ops draw from
+the device's own generator, as on CUDA, not from the CPU's.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass, transform_subclass
+
+from simdist.cuda import device
+from simdist.errors import DeviceMismatchError, HostConversionError
+
+CPU = torch.device("cpu")
+aten = torch.ops.aten
+#: torch's own ``Tensor.data`` descriptor (C++ metadata only)
+_TENSOR_DATA = torch.Tensor.data
+
+
+class SimCudaTensor(torch.Tensor):
+    """A tensor on simulated CUDA device ``_dev``; its values are the CPU tensor ``_elem``."""
+
+    _elem: torch.Tensor
+    _dev: torch.device
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor, dev: torch.device, requires_grad: bool = False) -> SimCudaTensor:  # noqa: PYI034
+        out = torch.Tensor._make_wrapper_subclass(
+            cls,
+            elem.size(),
+            strides=elem.stride(),
+            storage_offset=elem.storage_offset(),
+            dtype=elem.dtype,
+            layout=elem.layout,
+            device=dev,
+            requires_grad=requires_grad,
+        )
+        out._elem = elem
+        out._dev = dev
+        return out
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        text = torch._tensor_str._str(self, tensor_contents=tensor_contents)
+        return "tensor" + text[len(type(self).__name__) :] if text.startswith(type(self).__name__) else text
+
+    def record_stream(self, stream: Any) -> None:
+        """One stream per simulated device: the memory is never reused early, nothing to record."""
+
+    # ------------------------------------------------------------------ reads to the host
+    def tolist(self) -> Any:
+        """The values as (nested) Python numbers, copied to the host first as for a CUDA tensor."""
+        return self.cpu().tolist()
+
+    def numpy(self, *, force: bool = False) -> Any:
+        """Refused as for a CUDA tensor; ``force=True`` copies to the host first, as torch does."""
+        if force:
+            return self.detach().cpu().numpy()
+        raise HostConversionError(
+            f"can't convert {self._dev} device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host "
+            "memory first. (The tensor is on a simulated GPU, which refuses this as a real one does.)"
+        )
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        return self.numpy()
+
+    def __format__(self, spec: str) -> str:
+        if self.dim() == 0:
+            return self.item().__format__(spec)
+        return object.__format__(self, spec)
+
+    # ------------------------------------------------------------------ the data, for Python callers
+    # The wrapper has no storage of its own: Python code that resizes storage (FSDP2 frees unsharded
+    # parameters so) or compares data pointers gets the CPU tensor's. C++ callers see the wrapper's.
+    def untyped_storage(self) -> torch.UntypedStorage:
+        """The CPU tensor's storage (the wrapper has none)."""
+        return self._elem.untyped_storage()
+
+    def data_ptr(self) -> int:
+        """The CPU tensor's data pointer (the wrapper has none)."""
+        return self._elem.data_ptr()
+
+    # ``x.data = y`` copies y's C++ metadata into x's TensorImpl, not its Python attributes: without this setter
+    # x would keep reading its old CPU tensor (FSDP1's flat-parameter views, weight surgery, dtype changes)
+    @property
+    def data(self) -> torch.Tensor:
+        """A detached alias of this tensor, on the same simulated device (as ``torch.Tensor.data``)."""
+        return _TENSOR_DATA.__get__(self)
+
+    @data.setter
+    def data(self, new: torch.Tensor) -> None:
+        if type(new) is SimCudaTensor:
+            _TENSOR_DATA.__set__(self, new)
+            self._elem = new._elem
+            self._dev = new._dev
+        else:
+            _take_host_data(self, new)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # torch.load(weights_only=True) refuses classes it does not know: saved as the CPU tensor it holds, what
+        # torch.load(map_location="cpu") of a real checkpoint gives
+        return self._elem.detach().clone().requires_grad_(self.requires_grad).__reduce_ex__(protocol)
+
+    # ------------------------------------------------------------------ a traceable wrapper subclass
+    # nn.Module.to/cuda swaps parameters in place for subclasses that declare these (Parameter identity and
+    # weight ties are kept), and memory accounting and torch.compile look inside through them.
+    def __tensor_flatten__(self) -> tuple[list[str], torch.device]:
+        return ["_elem"], self._dev
+
+    @staticmethod
+    def __tensor_unflatten__(
+        inner: dict[str, torch.Tensor], dev: torch.device, outer_size: Any, outer_stride: Any
+    ) -> SimCudaTensor:
+        return SimCudaTensor(inner["_elem"], dev)
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        # Reached where no rank's dispatch mode is active (a simulator thread, code that disables modes):
+        # the op runs as under the mode, uncharged.
+        call = unwrap(func, args, kwargs or {})
+        if call is None:
+            return func(*args, **(kwargs or {}))
+        if call is NotImplemented:
+            return NotImplemented
+        return rewrap(call, call.run())
+
+
+def _take_host_data(t: SimCudaTensor, new: torch.Tensor) -> None:
+    """``t.data = new`` for ``new`` off the simulated GPUs (``Module.cpu()`` does it): on CUDA ``t`` becomes a host
+    tensor, keeping its identity; here its Python object is swapped with one of ``new``'s (a wrapper cannot hold
+    host data), keeping ``requires_grad``, its being a parameter, and its gradient (moved alongside)."""
+    if type(new) is not torch.Tensor and type(new) is not torch.nn.Parameter:
+        raise DeviceMismatchError(
+            f"tensor.data = <a {type(new).__name__}> for a tensor on {t._dev}: a tensor on a simulated GPU can take "
+            "the data of a plain tensor only"
+        )
+    grad, requires_grad = t.grad, t.requires_grad
+    replacement = new.detach()
+    replacement = (
+        torch.nn.Parameter(replacement, requires_grad=requires_grad)
+        if isinstance(t, torch.nn.Parameter)
+        else replacement.requires_grad_(requires_grad)
+    )
+    if grad is not None:
+        t.grad = None  # the gradient's reference would block the swap
+    try:
+        torch.utils.swap_tensors(t, replacement)
+    except RuntimeError as e:
+        if grad is not None:
+            t.grad = grad
+        raise DeviceMismatchError(
+            f"tensor.data = <a tensor on {new.device}> for a tensor on {t._dev}: a tensor on a simulated GPU becomes "
+            f"a host tensor only where nothing else holds it ({e}). Make a new tensor instead (x = x.to({str(new.device)!r}))"
+        ) from e
+    if grad is not None:
+        t.grad = grad.to(device=new.device, dtype=new.dtype) if grad.shape == new.shape else None
+
+
+# ---------------------------------------------------------------------------------------------- per op
+#: ops that take tensors on several devices by design, as CUDA's do: copies between host and device, indexing
+#: a device tensor with host indices, storage swaps, lifting a constant
+_MIXED_DEVICES = frozenset(
+    {
+        aten.copy_.default,
+        aten._to_copy.default,
+        aten._copy_from.default,
+        aten._copy_from_and_resize.default,
+        aten.index.Tensor,
+        aten.index_put_.default,
+        aten.index_put.default,
+        aten._index_put_impl_.default,
+        aten.set_.source_Storage,
+        aten.set_.source_Storage_storage_offset,
+        aten.set_.source_Tensor,
+        aten.lift_fresh.default,
+        aten.lift_fresh_copy.default,
+    }
+)
+#: namespaces whose ops move data between ranks or devices (collectives take and give device buffers)
+_MIXED_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_dtensor", "fsdp"})
+
+
+class _Schema:
+    """What :func:`unwrap` and :func:`rewrap` need to know about one OpOverload, computed once."""
+
+    __slots__ = ("alias_names", "aliases", "generator", "mixed", "random")
+
+    def __init__(self, func: Any) -> None:
+        schema = func._schema
+        arguments = schema.arguments
+        # output i is the caller's argument j when both carry the same written alias set (in-place, out=)
+        self.aliases: list[int | None] = []
+        for r in schema.returns:
+            found = None
+            if r.alias_info is not None and r.alias_info.is_write:
+                for j, a in enumerate(arguments):
+                    info = a.alias_info
+                    if info is not None and info.is_write and info.before_set == r.alias_info.before_set:
+                        found = j
+                        break
+            self.aliases.append(found)
+        self.alias_names: list[str | None] = [None if j is None else arguments[j].name for j in self.aliases]
+        self.mixed: bool = func in _MIXED_DEVICES or func.namespace in _MIXED_NAMESPACES
+        self.random: bool = torch.Tag.nondeterministic_seeded in func.tags
+        self.generator: bool = any(a.name == "generator" for a in arguments)
+
+
+_SCHEMAS: dict[Any, _Schema] = {}
+
+
+def _schema(func: Any) -> _Schema:
+    info = _SCHEMAS.get(func)
+    if info is None:
+        info = _SCHEMAS[func] = _Schema(func)
+    return info
+
+
+class Call:
+    """One op with its simulated-GPU operands unwrapped: run it on their CPU tensors, then :func:`rewrap`."""
+
+    __slots__ = ("args", "device", "func", "host_operand", "kwargs", "orig_args", "orig_kwargs", "out_device")
+
+    def __init__(
+        self, func: Any, args: Any, kwargs: dict[str, Any], orig_args: Any, orig_kwargs: dict[str, Any]
+    ) -> None:
+        self.func = func
+        self.args = args
+        self.kwargs = kwargs
+        self.orig_args = orig_args
+        self.orig_kwargs = orig_kwargs
+        #: the simulated device the op involves (an operand's, or a ``device=`` argument's)
+        self.device: torch.device | None = None
+        #: the device its results are on: None when they stay on the host (``.to("cpu")``, ``empty(device="cpu")``)
+        self.out_device: torch.device | None = None
+        #: a host tensor of at least one dimension is an operand (a copy from or to the host)
+        self.host_operand = False
+
+    def run(self, generator: Callable[[int], torch.Generator | None] | None = None) -> Any:
+        """Run the op on the CPU tensors; a random op draws from the device's generator (``generator(index)``)."""
+        func, args, kwargs = self.func, self.args, self.kwargs
+        if generator is not None and self.device is not None and _schema(func).random:
+            gen = generator((self.out_device or self.device).index)
+            if gen is not None and kwargs.get("generator") is None:
+                return _with_generator(func, args, kwargs, gen)
+        return func(*args, **kwargs)
+
+    def inputs(self) -> list[Any]:
+        """The caller's simulated-GPU operands (wrappers), in argument order."""
+        out = [a for a in self.orig_args if type(a) is SimCudaTensor]
+        for a in self.orig_args:
+            if isinstance(a, (list, tuple)):
+                out.extend(t for t in a if type(t) is SimCudaTensor)
+        return out
+
+
+def _with_generator(func: Any, args: Any, kwargs: dict[str, Any], gen: torch.Generator) -> Any:
+    """Run a random op drawing from ``gen``: as its generator argument, or (ops without one, such as dropout) in
+    place of the CPU default generator's state for the op's duration."""
+    if _schema(func).generator:
+        return func(*args, **{**kwargs, "generator": gen})
+    cpu = torch.default_generator
+    saved = cpu.get_state()
+    cpu.set_state(gen.get_state())
+    try:
+        return func(*args, **kwargs)
+    finally:
+        gen.set_state(cpu.get_state())
+        cpu.set_state(saved)
+
+
+def _fake(t: torch.Tensor) -> bool:
+    # No FakeTensor exists unless torch has loaded its module (importing it costs over a second).
+    module = sys.modules.get("torch._subclasses.fake_tensor")
+    return module is not None and isinstance(t, module.FakeTensor)
+
+
+def _mismatch(func: Any, first: torch.device, second: torch.device) -> DeviceMismatchError:
+    return DeviceMismatchError(
+        f"Expected all tensors to be on the same device, but found at least two devices, {first} and {second}! "
+        f"(in {func._schema.name}, which CUDA runs on one device: move one operand with .to({str(first)!r}) or "
+        f".to({str(second)!r}))"
+    )
+
+
+def unwrap(func: Any, args: Any, kwargs: dict[str, Any]) -> Call | None | Any:
+    """``func``'s call with simulated-GPU operands replaced by their CPU tensors.
+
+    Returns None when the op involves no simulated GPU (a host op: run it as it is), ``NotImplemented`` when
+    another tensor subclass must unwrap first, or the :class:`Call`. Raises :class:`DeviceMismatchError` where
+    CUDA would refuse the operands' devices.
+    """
+    dev: torch.device | None = None
+    host = False
+    new_args: list[Any] | None = None
+    for i, a in enumerate(args):
+        kind = type(a)
+        if kind is SimCudaTensor:
+            if dev is None:
+                dev = a._dev
+            elif a._dev != dev:
+                raise _mismatch(func, dev, a._dev)
+            if new_args is None:
+                new_args = list(args)
+            new_args[i] = a._elem
+        elif kind is torch.Tensor or kind is torch.nn.Parameter:
+            if a.dim() > 0 and not a.is_meta:
+                host = True
+        elif isinstance(a, torch.Tensor):
+            if _fake(a):
+                return None  # tracing or shape propagation: nothing runs, nothing to unwrap
+            return NotImplemented  # DTensor, AsyncCollectiveTensor, ...: they unwrap to these first
+        elif kind is list or kind is tuple:
+            if a and isinstance(a[0], torch.Tensor) or any(type(t) is SimCudaTensor for t in a):
+                items = list(a)
+                for j, t in enumerate(items):
+                    if type(t) is SimCudaTensor:
+                        if dev is None:
+                            dev = t._dev
+                        elif t._dev != dev:
+                            raise _mismatch(func, dev, t._dev)
+                        items[j] = t._elem
+                    elif isinstance(t, torch.Tensor) and t.dim() > 0 and not t.is_meta:
+                        if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
+                            return None if _fake(t) else NotImplemented
+                        host = True
+                if new_args is None:
+                    new_args = list(args)
+                new_args[i] = items if kind is list else tuple(items)
+        elif kind is torch.device and a.type == "cuda":
+            dev = device.resolve(a.index)
+            if new_args is None:
+                new_args = list(args)
+            new_args[i] = CPU
+    out_dev = dev
+    new_kwargs = kwargs
+    if kwargs:
+        new_kwargs = dict(kwargs)
+        for k, v in kwargs.items():
+            kind = type(v)
+            if kind is SimCudaTensor:
+                if dev is None:
+                    dev = out_dev = v._dev
+                elif v._dev != dev:
+                    raise _mismatch(func, dev, v._dev)
+                new_kwargs[k] = v._elem
+            elif kind is torch.device:
+                if v.type == "cuda":
+                    out_dev = device.resolve(v.index)
+                    if dev is None:
+                        dev = out_dev
+                    new_kwargs[k] = CPU
+                elif k == "device":
+                    out_dev = None  # .to("cpu"), empty(device="cpu"): the result is on the host
+            elif kind is list or kind is tuple:
+                if any(type(t) is SimCudaTensor for t in v):
+                    items = [t._elem if type(t) is SimCudaTensor else t for t in v]
+                    for t in v:
+                        if type(t) is SimCudaTensor:
+                            if dev is None:
+                                dev = out_dev = t._dev
+                            elif t._dev != dev:
+                                raise _mismatch(func, dev, t._dev)
+                    new_kwargs[k] = items if kind is list else tuple(items)
+            elif isinstance(v, torch.Tensor) and kind is not torch.Tensor and kind is not torch.nn.Parameter:
+                return None if _fake(v) else NotImplemented
+    if dev is None:
+        return None
+    if host and not _schema(func).mixed:
+        raise _mismatch(func, dev, CPU)
+    call = Call(func, tuple(new_args) if new_args is not None else args, new_kwargs, args, kwargs)
+    call.device = dev
+    call.out_device = out_dev
+    call.host_operand = host
+    return call
+
+
+def _original(info: _Schema, n: int, call: Call) -> Any:
+    """The caller's tensor that output ``n`` is (the argument an in-place or ``out=`` op wrote), or None."""
+    j = info.aliases[n] if n < len(info.aliases) else None
+    if j is None:
+        return None
+    if j < len(call.orig_args):
+        return call.orig_args[j]
+    return call.orig_kwargs.get(info.alias_names[n])
+
+
+def rewrap(call: Call, out: Any) -> Any:
+    """``out`` (the op's CPU results) as the caller sees them: on the simulated device, or the caller's own tensor
+    for what the op wrote in place."""
+    dev = call.out_device
+    if isinstance(out, torch.Tensor):
+        info = _schema(call.func)
+        mine = _original(info, 0, call) if info.aliases else None
+        if mine is not None:
+            if type(mine) is SimCudaTensor and (mine.shape != out.shape or mine.stride() != out.stride()):
+                _resync(mine, out)
+            return mine
+        if dev is None or out.device.type != "cpu":
+            return out
+        if type(out) is not torch.Tensor:
+            return _rewrap_subclass(out, dev)
+        return SimCudaTensor(out, dev)
+    if isinstance(out, (tuple, list)):
+        info = _schema(call.func)
+        res = []
+        for n, o in enumerate(out):
+            mine = _original(info, n, call)
+            if mine is not None:
+                if (
+                    type(mine) is SimCudaTensor
+                    and isinstance(o, torch.Tensor)
+                    and (mine.shape != o.shape or mine.stride() != o.stride())
+                ):
+                    _resync(mine, o)
+                res.append(mine)
+            elif dev is None:
+                res.append(o)
+            elif type(o) is torch.Tensor:
+                res.append(SimCudaTensor(o, dev))
+            elif isinstance(o, list):
+                res.append([SimCudaTensor(t, dev) if type(t) is torch.Tensor else t for t in o])
+            else:
+                res.append(o)
+        return type(out)(res) if isinstance(out, tuple) else res
+    return out
+
+
+def _resync(mine: SimCudaTensor, elem: torch.Tensor) -> None:
+    """An op changed the CPU tensor's sizes or strides in place (``t_``, ``resize_``, an ``out=`` resize): give the
+    caller's wrapper, the Python object rank code holds, the new metadata."""
+    # shallow_copy_from through the .data setter: the caller's TensorImpl takes the new sizes and strides in place,
+    # so C++ references to it (an out= op returns its argument by reference) see them too
+    torch.Tensor.data.__set__(mine, SimCudaTensor(elem, mine._dev))
+    mine._elem = elem
+
+
+def _rewrap_subclass(out: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """A wrapper subclass a Python kernel built around CPU tensors (funcol's AsyncCollectiveTensor): rebuilt
+    around simulated-GPU tensors, so that it reports the device too."""
+    if is_traceable_wrapper_subclass(out):
+        return transform_subclass(
+            out, lambda name, t: SimCudaTensor(t, dev) if type(t) is torch.Tensor else t
+        )
+    return out
+
+
+def to_host(obj: Any) -> Any:
+    """``obj`` with every simulated-GPU tensor in it (in lists, tuples, dicts) replaced by a CPU copy of its values.
+
+    A simulated device ends with its run: what a rank returns leaves the run as host tensors.
+    """
+    if type(obj) is SimCudaTensor:
+        return obj._elem.detach().clone().requires_grad_(obj.requires_grad)
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if type(obj) in (list, tuple):
+        return type(obj)(to_host(o) for o in obj)
+    if type(obj) is dict:
+        return {k: to_host(v) for k, v in obj.items()}
+    return obj

@@ -1,0 +1,254 @@
+"""``torch.cuda`` in rank code on a GPU cluster: devices and properties from the device model, events and copies in
+simulated time, memory from the run's accounting; on a CPU cluster a clear error; outside a run, torch's own.
+
+Oracles: the device presets (what ``torch.cuda`` reports), the cost model's closed forms (an op's roofline time,
+a copy's bytes over the host link), the tensors' own sizes (bytes allocated).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import simdist
+from simdist.compute import op_cost
+from simdist.compute.devices import H100
+from simdist.cuda import native
+from simdist.errors import CudaEmulationError, CudaError, NoCudaError, RankError
+
+PAIR = simdist.Cluster.switch(2, device="H100")
+NODES = simdist.Cluster.two_level(2, 2, device="A100")
+US = 1e-6
+
+
+def _identity():
+    torch.cuda.set_device(int(__import__("os").environ["LOCAL_RANK"]))
+    props = torch.cuda.get_device_properties()
+    return (
+        torch.cuda.is_available(),
+        torch.cuda.device_count(),
+        torch.cuda.current_device(),
+        torch.cuda.get_device_name(),
+        torch.cuda.get_device_capability(),
+        (props.name, props.total_memory, props.multi_processor_count, props.major, props.minor),
+        torch.cuda.is_bf16_supported(),
+        torch.accelerator.is_available(),
+        torch.accelerator.current_accelerator(),
+        torch.accelerator.device_count(),
+        torch.get_device_module("cuda").device_count(),
+        torch.version.cuda is not None,
+        dist.is_nccl_available(),
+    )
+
+
+def test_torch_cuda_answers_from_the_clusters_device_model():
+    out = simdist.run(_identity, NODES).returns
+    spec = simdist.compute.get_device("A100")
+    for rank, got in enumerate(out):
+        assert got == (
+            True,
+            2,
+            rank % 2,
+            spec.cuda_name,
+            spec.compute_capability,
+            (spec.cuda_name, spec.memory_capacity, spec.multiprocessors, 8, 0),
+            True,
+            True,
+            torch.device("cuda"),
+            2,
+            2,
+            True,
+            True,
+        )
+
+
+def _set_bad_device():
+    torch.cuda.set_device(2)
+
+
+def test_set_device_to_an_index_the_node_lacks_is_refused():
+    with pytest.raises(
+        RankError, match="invalid device ordinal: device 2 does not exist; this simulated node has 2"
+    ) as info:
+        simdist.run(_set_bad_device, NODES)
+    assert isinstance(info.value.exc, CudaError)
+
+
+def _timed_matmul():
+    a = torch.randn(512, 1024, device="cuda")
+    b = torch.randn(1024, 256, device="cuda")
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    c = a @ b
+    end.record()
+    try:
+        start.elapsed_time(end)
+        early = None
+    except CudaError as e:
+        early = str(e)
+    ready_before = end.query()
+    end.synchronize()
+    return early, ready_before, end.query(), start.elapsed_time(end), c.shape
+
+
+def test_events_time_the_device_in_simulated_milliseconds():
+    early, ready_before, ready_after, ms, _ = simdist.run(_timed_matmul, PAIR).returns[0]
+    # the host runs ahead: the end event is not reached until the host waits for it, as CUDA says
+    assert "device not ready" in early and not ready_before and ready_after
+    a, b = torch.empty(512, 1024), torch.empty(1024, 256)
+    expected = op_cost(torch.ops.aten.mm.default, (a, b), {}, a @ b, H100)
+    assert math.isclose(ms, expected * 1e3, rel_tol=1e-12)
+
+
+def _copies():
+    torch.cuda.set_device(0)
+    host = torch.ones(1 << 20)  # 4 MiB
+    torch.ones(1, device="cuda")  # the rank uses its GPU from here on: host tensors are host memory
+    torch.cuda.synchronize()
+    t0 = simdist.now()
+    dev = host.to("cuda")  # blocking: the host waits for the copy
+    t1 = simdist.now()
+    host.to("cuda", non_blocking=True)  # the host goes on
+    t2 = simdist.now()
+    torch.cuda.synchronize()
+    t3 = simdist.now()
+    (
+        host @ host.reshape(1024, 1024)[0].repeat(1024)[: 1 << 20].reshape(-1)
+    ).item()  # host work: no device time
+    t4 = simdist.now()
+    back = dev.cpu()  # device to host, blocking
+    t5 = simdist.now()
+    return t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, back.device.type
+
+
+def test_host_device_copies_run_at_the_host_links_bandwidth_and_host_work_is_not_on_the_device():
+    blocking, async_issue, async_done, host_work, back, where = simdist.run(_copies, PAIR).returns[0]
+    copy = H100.launch_overhead + 4 * (1 << 20) / H100.host_link_bandwidth
+    assert math.isclose(blocking, copy, rel_tol=1e-9)
+    assert async_issue == 0 and math.isclose(async_done, copy, rel_tol=1e-9)
+    assert host_work == 0
+    assert math.isclose(back, copy, rel_tol=1e-9) and where == "cpu"
+
+
+def _memory():
+    torch.cuda.set_device(0)
+    first = torch.cuda.memory_allocated()
+    host = torch.empty(1000)  # host memory: not counted
+    a = torch.empty(1000, device="cuda")
+    b = torch.empty(250, dtype=torch.float64, device="cuda")
+    after = torch.cuda.memory_allocated()
+    del a
+    freed = torch.cuda.memory_allocated()
+    peak = torch.cuda.max_memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    reset = torch.cuda.max_memory_allocated()
+    free, total = torch.cuda.mem_get_info()
+    stats = torch.cuda.memory_stats()
+    del host
+    return first, after, freed, peak, reset, free, total, stats["allocated_bytes.all.current"], b.shape
+
+
+def test_memory_statistics_count_device_tensors_only():
+    first, after, freed, peak, reset, free, total, current, _ = simdist.run(
+        _memory, PAIR, memory=True
+    ).returns[0]
+    assert first == 0
+    assert after == 1000 * 4 + 250 * 8 and freed == 250 * 8
+    assert peak == after and reset == freed and current == freed
+    assert total == H100.memory_capacity and free == total - freed
+
+
+def test_memory_statistics_without_accounting_warn_and_answer_zero():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = simdist.run(_memory, PAIR).returns[0]
+    assert out[:5] == (0, 0, 0, 0, 0)
+    assert any("memory=True" in str(w.message) for w in caught)
+
+
+def _too_big():
+    try:
+        torch.empty(
+            2**50, dtype=torch.uint8, device="cuda"
+        )  # a PiB: allocating it on the host would fail otherwise
+    except torch.cuda.OutOfMemoryError as e:
+        return type(e).__name__, str(e)
+    return None
+
+
+def test_out_of_memory_is_torch_cuda_out_of_memory_before_any_host_allocation():
+    name, text = simdist.run(_too_big, PAIR, memory=True).returns[0]
+    assert name == "OutOfMemoryError" and "tried to allocate 1 PiB" in text and "in op aten::empty" in text
+
+
+def _cuda_on_cpu():
+    torch.zeros(1, device="cuda")
+
+
+def test_cuda_code_on_a_cpu_cluster_is_a_clear_error_naming_the_line():
+    with pytest.raises(
+        RankError, match=r"rank \d used CUDA .* at .*test_cuda_runtime.py:\d+ .*GPU preset"
+    ) as info:
+        simdist.run(_cuda_on_cpu, simdist.Cluster.switch(2, device="cpu"))
+    assert isinstance(info.value.exc, NoCudaError)
+
+
+#: what rank code's torch.cuda answers outside a run, printed by a process that never ran simdist (the oracle)
+_OUTSIDE = """
+import json, torch, torch.distributed as dist
+answers = {
+    "is_available": torch.cuda.is_available(),
+    "device_count": torch.cuda.device_count(),
+    "version": torch.version.cuda,
+    "accelerator": str(torch.accelerator.current_accelerator()),
+    "nccl": dist.is_nccl_available(),
+    "generator": torch.Generator is torch._C.Generator,
+}
+calls = {
+    "zeros": lambda: torch.zeros(1, device="cuda"),
+    "cuda()": lambda: torch.ones(1).cuda(),
+    "event": lambda: torch.cuda.Event(),
+    "stream": lambda: torch.cuda.Stream(),
+    "set_device": lambda: torch.cuda.set_device(0),
+    "current_device": lambda: torch.cuda.current_device(),
+    "pin_memory": lambda: torch.ones(1).pin_memory(),
+    "is_pinned": lambda: torch.ones(1).is_pinned(),
+    "memory_allocated": lambda: torch.cuda.memory_allocated(),
+    "manual_seed_all": lambda: torch.cuda.manual_seed_all(0),
+    "backward": lambda: torch.ones(2, requires_grad=True).sum().backward(),
+}
+for name, call in calls.items():
+    try:
+        answers[name] = repr(call())
+    except Exception as e:
+        answers[name] = [type(e).__name__, str(e)]
+print(json.dumps(answers))
+"""
+
+
+def test_outside_a_run_torch_cuda_answers_as_torch_does():
+    fresh = subprocess.run(
+        [sys.executable, "-c", _OUTSIDE], capture_output=True, text=True, check=True, timeout=120
+    )
+    simdist.run(_timed_matmul, PAIR)  # tensors on the GPU: CUDA's lazy initialisation ran in rank code
+    with pytest.raises(RankError):
+        simdist.run(_set_bad_device, NODES)
+    here: dict = {}
+    exec(_OUTSIDE.replace("print(json.dumps(answers))", ""), here)  # noqa: S102 - the same program, in this process
+    assert here["answers"] == json.loads(fresh.stdout)
+
+
+def test_a_failing_self_check_stops_the_run_before_any_rank_starts(monkeypatch: pytest.MonkeyPatch):
+    started = []
+    monkeypatch.setattr(torch, "__version__", "2.14.0")
+    with pytest.raises(CudaEmulationError, match="torch 2.14.0"):
+        simdist.run(lambda: started.append(1), PAIR)
+    assert not started and not native.installed()
