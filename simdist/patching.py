@@ -99,6 +99,8 @@ INVENTORY: tuple[Patch, ...] = (
           "seeds the CPU generator only: torch's also queues CUDA seeding at a millisecond per call"),
     Patch("torch.random", ("manual_seed",), "simdist.engine.process", "as torch.manual_seed"),
     Patch("torch.cuda", ("synchronize",), "simdist.engine.process", "waits for the rank's simulated device"),
+    Patch("torch.cuda", ("synchronize",), "simdist.cudart.process",
+          "in a process emulating CUDA by itself: the CPU kernels have run, nothing to wait for"),
     Patch("torch.Tensor", HOST_READS, "simdist.engine.process",
           "reading values to the host waits for the simulated device and is checked by the race detector"),
     Patch("threading.Thread", ("__init__", "start", "join"), "simdist.engine.threads",
@@ -200,7 +202,11 @@ SETTINGS: Mapping[str, tuple[str, str]] = {
     ),
 }
 
-_BY_TARGET: dict[str, Patch] = {t: p for p in INVENTORY for t in p.targets()}
+#: the modules that may replace each target (a target two modules replace, never at once, lists both)
+_OWNERS: dict[str, frozenset[str]] = {}
+for _patch in INVENTORY:
+    for _target in _patch.targets():
+        _OWNERS[_target] = _OWNERS.get(_target, frozenset()) | {_patch.owner}
 _MISSING = object()
 
 
@@ -231,8 +237,7 @@ def replaced(owner: str, values: Mapping[str, Any]) -> Iterator[None]:
     done: list[tuple[Any, str, Any]] = []
     try:
         for target, value in values.items():
-            patch = _BY_TARGET.get(target)
-            if patch is None or patch.owner != owner:
+            if owner not in _OWNERS.get(target, ()):
                 raise SimdistError(
                     f"{owner} replaces {target}, which simdist.patching.INVENTORY does not list for it: declare every "
                     "process-wide change there"
@@ -267,7 +272,7 @@ def process_state() -> dict[str, Any]:
 
     Equal before and after a run (``==``; attributes compare by identity) when the run restored the process.
     """
-    state: dict[str, Any] = {t: _Identity(current(t)) for t in _BY_TARGET}
+    state: dict[str, Any] = {t: _Identity(current(t)) for t in _OWNERS}
     for path in HOOKS:
         registry = _resolve(path)
         state[path] = tuple(registry.keys()) if registry is not None else None

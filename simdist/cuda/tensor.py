@@ -323,6 +323,23 @@ def unwrap(func: Any, args: Any, kwargs: dict[str, Any]) -> Call | None | Any:
             if _fake(a):
                 return None  # tracing or shape propagation: nothing runs, nothing to unwrap
             return NotImplemented  # DTensor, AsyncCollectiveTensor, ...: they unwrap to these first
+        elif (kind is list or kind is tuple) and a and type(a[0]) is list:
+            # lists of tensor lists: a collective's outputs (all_gather's, gather's) or inputs (scatter's), which
+            # a process group of real processes reads in C++
+            nested = []
+            for inner in a:
+                items = list(inner)
+                for j, t in enumerate(items):
+                    if type(t) is SimCudaTensor:
+                        if dev is None:
+                            dev = t._dev
+                        elif t._dev != dev:
+                            raise _mismatch(func, dev, t._dev)
+                        items[j] = t._elem
+                nested.append(items)
+            if new_args is None:
+                new_args = list(args)
+            new_args[i] = nested
         elif kind is list or kind is tuple:
             if a and isinstance(a[0], torch.Tensor) or any(type(t) is SimCudaTensor for t in a):
                 items = list(a)

@@ -31,7 +31,7 @@ from simdist.cuda.rank import RankCuda
 from simdist.cuda.tensor import SimCudaTensor
 from simdist.cudart import api, events
 from simdist.cudart.generator import CudaGenerator
-from simdist.cudart.state import Emulation, activate, in_ranks
+from simdist.cudart.state import Emulation, activate, in_rank_code, in_ranks
 from simdist.errors import CudaEmulationError, NoCudaError
 from simdist.patching import replaced
 
@@ -125,7 +125,7 @@ class _NvtxRanges:
         original = getattr(self._stub, name, None)
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            if current_rank_state() is None:
+            if not in_rank_code():
                 if original is None:
                     raise AttributeError(f"{type(self._stub).__name__!r} object has no attribute {name!r}")
                 return original(*args, **kwargs)
@@ -200,13 +200,22 @@ def _smoke_test() -> None:
 
 
 @contextlib.contextmanager
-def emulated(ctx: RunContext, spec: DeviceSpec, per_node: int, ranks: list[RankCuda]) -> Iterator[None]:
+def emulated(
+    ctx: RunContext | Any,
+    spec: DeviceSpec,
+    per_node: int,
+    ranks: list[RankCuda],
+    process_rank: RankCuda | None = None,
+) -> Iterator[None]:
     """During the block, rank code sees ``per_node`` simulated GPUs of model ``spec``; raises
-    :class:`CudaEmulationError` (having changed nothing) if they cannot be set up in this process."""
+    :class:`CudaEmulationError` (having changed nothing) if they cannot be set up in this process.
+
+    With ``process_rank`` the whole process is that rank's code (:mod:`simdist.cudart.process`), and ``ctx`` is
+    the clock its events read."""
     native.install(per_node)
     try:
         with replaced(_OWNER, _patches()), _foreach_types():
-            activate(Emulation(ctx, spec, per_node, ranks))
+            activate(Emulation(ctx, spec, per_node, ranks, process_rank=process_rank))
             try:
                 _smoke_test()
                 yield
