@@ -74,7 +74,8 @@ class EmulatedCuda:
             )
         if self.devices is not None and self.devices < nproc:
             raise RealConfigError(
-                f"{nproc} processes on this node but {self.devices} emulated CUDA devices per node: each local rank "
+                f"{nproc} processes on this node but {self.devices} emulated CUDA "
+                f"{'device' if self.devices == 1 else 'devices'} per node: each local rank "
                 f"needs its own device, as under torchrun on a GPU node; give at least {nproc} devices or leave the "
                 f"count out (one per local rank)"
             )
@@ -142,9 +143,13 @@ def nccl_over_gloo() -> Iterator[None]:
             _present(pg, plan[1])
         return pg, store
 
+    # a CPU build has no NCCL timeout, and torch warns at every new group named "nccl" without one
+    nccl_timeout = c10d.default_pg_nccl_timeout
     c10d._new_process_group_helper = new_group_helper
+    c10d.default_pg_nccl_timeout = nccl_timeout or c10d.default_pg_timeout
     try:
         with init_guard.intercepted(_translated_init):
             yield
     finally:
         c10d._new_process_group_helper = helper
+        c10d.default_pg_nccl_timeout = nccl_timeout

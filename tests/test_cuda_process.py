@@ -1,0 +1,127 @@
+"""Simulated CUDA devices for one whole process (simdist.cudart.process), as each rank process of
+``python -m real --emulate-cuda`` runs them: checked in this process on a real gloo group of one, against the same
+code under simdist.run, torch's own generators and the tensors' sizes; and the process is left as it was."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import simdist
+from real.emulated_cuda import nccl_over_gloo
+from simdist import patching
+from simdist.cudart.process import emulated_process
+from simdist.errors import CudaEmulationError
+
+
+@contextlib.contextmanager
+def _group_of_one(backend: str = "gloo") -> Iterator[None]:
+    """A real process group of one rank in this process (gloo underneath), destroyed afterwards."""
+    dist.init_process_group(
+        backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=30)
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_process_emulating_cuda_leaves_it_as_it_found_it() -> None:
+    before = patching.process_state()
+    with emulated_process(2):
+        torch.ones(2, device="cuda").sum().item()
+    with pytest.raises(ValueError, match="inside"), emulated_process(1):
+        torch.ones(2, device="cuda")
+        raise ValueError("inside")
+    after = patching.process_state()
+    assert {k: (before[k], after.get(k)) for k in before if before[k] != after.get(k)} == {}
+    assert not torch.cuda.is_available() and torch.cuda.device_count() == 0
+
+
+def test_collectives_on_lists_of_device_tensors_reach_a_real_group() -> None:
+    # all_gather's outputs are a list of tensor lists in the op: gloo read them in C++ as CUDA tensors and refused
+    with emulated_process(1), _group_of_one():
+        x = torch.arange(3.0, device="cuda")
+        out = [torch.zeros(3, device="cuda")]
+        dist.all_gather(out, x)
+        assert out[0].device == torch.device("cuda", 0) and torch.equal(out[0].cpu(), torch.arange(3.0))
+        objs: list = [None]
+        dist.all_gather_object(objs, {"rank": 0})
+        assert objs == [{"rank": 0}]
+
+
+def test_a_collectives_work_holds_the_cpu_tensors_the_group_wrote() -> None:
+    # what differs from a GPU (docs/real.md): a real group's work is its own, holding the CPU tensors it wrote,
+    # which are the caller's values
+    with emulated_process(1), _group_of_one():
+        x = torch.ones(2, device="cuda")
+        work = dist.all_reduce(x, async_op=True)
+        work.wait()
+        assert work.result()[0].device.type == "cpu" and torch.equal(work.result()[0], x.cpu())
+        x.add_(1)
+        assert torch.equal(work.result()[0], x.cpu())  # the same values: the tensor inside the caller's
+
+
+@pytest.mark.filterwarnings("error")
+def test_nccl_groups_are_gloo_groups_presenting_nccl() -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    with emulated_process(1), nccl_over_gloo(), _group_of_one("nccl"):
+        assert dist.get_backend() == "nccl"
+        assert dist.get_backend(dist.new_group([0], backend="nccl")) == "nccl"
+        mesh = init_device_mesh("cuda", (1,))
+        assert mesh.device_type == "cuda"
+        t = torch.ones(2, device="cuda")
+        dist.all_reduce(t, group=mesh.get_group())
+        assert torch.equal(t.cpu(), torch.ones(2))
+
+
+def test_device_generators_draw_as_torch_generators_seeded_alike() -> None:
+    # the documented semantics: a device generator seeded with s draws what torch.Generator().manual_seed(s) draws
+    with emulated_process(2):
+        torch.manual_seed(5)
+        on_device = torch.randn(4, device="cuda:1")
+        torch.cuda.manual_seed(6)
+        on_current = torch.rand(3, device="cuda")
+        on_device, on_current = on_device.cpu(), on_current.cpu()
+    assert torch.equal(on_device, torch.randn(4, generator=torch.Generator().manual_seed(5)))
+    assert torch.equal(on_current, torch.rand(3, generator=torch.Generator().manual_seed(6)))
+
+
+def _memory_program() -> tuple[list[int], int, bool]:
+    torch.cuda.set_device(0)
+    a = torch.empty(1000, 10, device="cuda")
+    b = torch.ones(10, 7, device="cuda")
+    first = torch.cuda.memory_allocated()
+    c = a @ b
+    second = torch.cuda.max_memory_allocated()
+    del a, c
+    third = torch.cuda.memory_allocated()
+    try:
+        torch.empty(2 * torch.cuda.get_device_properties(0).total_memory, dtype=torch.uint8, device="cuda")
+        refused = False
+    except torch.cuda.OutOfMemoryError:
+        refused = True
+    return [first, second, third], b.nbytes, refused
+
+
+def test_memory_figures_equal_a_simulated_runs() -> None:
+    with emulated_process(1):
+        mine = _memory_program()
+    simulated = simdist.run(_memory_program, simdist.Cluster.switch(1, device="H100"), memory=True).returns[0]
+    assert mine == simulated
+    figures, b_bytes, refused = mine
+    assert figures == [40_000 + b_bytes, 40_000 + b_bytes + 28_000, b_bytes] and refused
+
+
+@pytest.mark.parametrize(("devices", "model"), [(0, "H100"), (True, "H100"), (1, "cpu")])
+def test_an_emulation_that_cannot_be_is_refused_before_anything_changes(devices: object, model: str) -> None:
+    before = patching.process_state()
+    with pytest.raises(CudaEmulationError), emulated_process(devices, device=model):  # type: ignore[arg-type]
+        pass
+    assert patching.process_state() == before
