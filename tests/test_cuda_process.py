@@ -125,3 +125,12 @@ def test_an_emulation_that_cannot_be_is_refused_before_anything_changes(devices:
     with pytest.raises(CudaEmulationError), emulated_process(devices, device=model):  # type: ignore[arg-type]
         pass
     assert patching.process_state() == before
+
+
+def test_out_of_memory_names_the_users_line_and_the_wall_clock() -> None:
+    with emulated_process(1), pytest.raises(torch.cuda.OutOfMemoryError) as caught:
+        torch.empty(2**50, device="cuda")
+    text = str(caught.value)
+    assert "tried to allocate 4 PiB (a new tensor); rank 0 has 0 B of 80 GiB (H100) in use" in text
+    assert "at wall time since the emulation started" in text
+    assert f"called from {__file__}:" in text and "test_out_of_memory_names_the_users_line" in text

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from simdist.clock.sites import caller_site
 from simdist.compute.devices import DeviceSpec, get_device
 from simdist.compute.memory import MemoryTracker, tracking_hooks
 from simdist.cuda.rank import RankCuda
@@ -26,6 +27,7 @@ from simdist.cuda.transfers import planned_bytes
 from simdist.cudart.install import emulated, rank_thread
 from simdist.cudart.state import in_ranks
 from simdist.errors import CudaEmulationError
+from simdist.layers import LIBRARY_FILES, NOT_CALL_SITES
 from simdist.patching import replaced
 
 #: the patches of simdist.patching.INVENTORY this module makes
@@ -123,7 +125,15 @@ def emulated_process(
         )
     spec = _spec(device)
     start = int(torch.initial_seed()) if seed is None else int(seed)
-    tracker = MemoryTracker(rank, spec.memory_capacity, time.perf_counter, None, spec.name)
+    started = time.perf_counter()
+    tracker = MemoryTracker(
+        rank,
+        spec.memory_capacity,
+        lambda: time.perf_counter() - started,
+        lambda: str(caller_site(NOT_CALL_SITES, LIBRARY_FILES)),
+        spec.name,
+        clock="wall time since the emulation started",
+    )
     cuda = RankCuda(
         rank,
         lambda index: start,
