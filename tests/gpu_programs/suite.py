@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_programs import amp, ddp, events_memory, fsdp2_mixed, oom, tp
+from gpu_programs import amp, ddp, events_memory, fsdp2_mixed, oom, pipeline, tp
 
 #: the programs, by name, in the order one launch runs them
 PROGRAMS = {
@@ -14,6 +14,7 @@ PROGRAMS = {
     "amp": amp.main,
     "events_memory": events_memory.main,
     "oom": oom.main,
+    "pipeline": pipeline.main,
 }
 
 
