@@ -103,6 +103,8 @@ INVENTORY: tuple[Patch, ...] = (
           "in a process emulating CUDA by itself: the CPU kernels have run, nothing to wait for"),
     Patch("torch.Tensor", HOST_READS, "simdist.engine.process",
           "reading values to the host waits for the simulated device and is checked by the race detector"),
+    Patch("threading.Thread", ("start",), "simdist.cudart.process",
+          "in a process emulating CUDA by itself: threads it starts run on its simulated devices too"),
     Patch("threading.Thread", ("__init__", "start", "join"), "simdist.engine.threads",
           "threads rank code starts act as their rank and take the baton; join waits in simulated time"),
     Patch("random", PYTHON_RANDOM_FUNCTIONS, "simdist.engine.rng", "each rank draws from its own Python generator"),

@@ -5,6 +5,7 @@ code under simdist.run, torch's own generators and the tensors' sizes; and the p
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -134,3 +135,28 @@ def test_out_of_memory_names_the_users_line_and_the_wall_clock() -> None:
     assert "tried to allocate 4 PiB (a new tensor); rank 0 has 0 B of 80 GiB (H100) in use" in text
     assert "at wall time since the emulation started" in text
     assert f"called from {__file__}:" in text and "test_out_of_memory_names_the_users_line" in text
+
+
+def test_threads_the_process_starts_run_on_its_devices_from_device_0() -> None:
+    # as CUDA's: a new host thread starts on device 0, and makes and reads device tensors like the main thread
+    seen: dict = {}
+
+    def work() -> None:
+        seen["made"] = torch.ones(3, device="cuda")
+        seen["current"] = torch.cuda.current_device()
+        seen["drawn"] = torch.randn(2, device="cuda").cpu()
+
+    with emulated_process(2):
+        torch.cuda.set_device(1)
+        torch.manual_seed(4)
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+        assert torch.cuda.current_device() == 1
+        made = seen["made"].cpu()
+    assert (
+        seen["current"] == 0
+        and seen["made"].device == torch.device("cuda", 0)
+        and torch.equal(made, torch.ones(3))
+    )
+    assert torch.equal(seen["drawn"], torch.randn(2, generator=torch.Generator().manual_seed(4)))

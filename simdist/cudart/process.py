@@ -11,6 +11,7 @@ when they are called, so the device is never behind the host, and events read th
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -142,13 +143,39 @@ def emulated_process(
         host_link_bandwidth=spec.host_link_bandwidth,
         link_latency=spec.launch_overhead,
     )
-    sync = {"torch.cuda.synchronize": in_ranks(torch.cuda.synchronize, lambda device=None: None)}
+
+    def on_devices() -> contextlib.ExitStack:
+        """What a thread of the process runs under: the devices' mode, accounted into the process's tracker."""
+        stack = contextlib.ExitStack()
+        for manager in (tracker.entered(), rank_thread(), ProcessCudaMode(cuda, tracker)):
+            stack.enter_context(manager)
+        return stack
+
+    patches = {
+        "torch.cuda.synchronize": in_ranks(torch.cuda.synchronize, lambda device=None: None),
+        "threading.Thread.start": _starting_on_devices(threading.Thread.start, on_devices),
+    }
     with (
         emulated(WallClock(), spec, devices, [cuda], process_rank=cuda),
-        replaced(_OWNER, sync),
+        replaced(_OWNER, patches),
         tracking_hooks(),
-        tracker.entered(),
-        rank_thread(),
-        ProcessCudaMode(cuda, tracker),
+        on_devices(),
     ):
         yield
+
+
+def _starting_on_devices(start: Any, on_devices: Any) -> Any:
+    """``Thread.start`` for threads that run on the process's simulated devices, as the thread that started them
+    does (a dispatch mode belongs to one thread: without one, ``torch.ones(2, device="cuda")`` fails there)."""
+
+    def start_on_devices(self: threading.Thread) -> None:
+        run = self.run
+
+        def run_on_devices() -> None:
+            with on_devices():
+                run()
+
+        self.run = run_on_devices  # type: ignore[method-assign]
+        start(self)
+
+    return start_on_devices
