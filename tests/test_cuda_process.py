@@ -12,9 +12,12 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
+from hypothesis import given
+from hypothesis import strategies as st
 
 import simdist
-from real.emulated_cuda import nccl_over_gloo
+from real.emulated_cuda import EmulatedCuda, nccl_over_gloo
+from real.errors import RealConfigError
 from simdist import patching
 from simdist.cudart.process import emulated_process
 from simdist.errors import CudaEmulationError
@@ -160,3 +163,19 @@ def test_threads_the_process_starts_run_on_its_devices_from_device_0() -> None:
         and torch.equal(made, torch.ones(3))
     )
     assert torch.equal(seen["drawn"], torch.randn(2, generator=torch.Generator().manual_seed(4)))
+
+
+@given(
+    devices=st.one_of(st.none(), st.integers(-3, 9), st.booleans(), st.text(max_size=3), st.floats(0, 4)),
+    nproc=st.integers(1, 8),
+)
+def test_the_emulated_devices_are_checked_before_a_launch(devices: object, nproc: int) -> None:
+    # any count either fits the launch or is refused with the launcher's own error, naming the count
+    try:
+        EmulatedCuda(devices).check(nproc)  # type: ignore[arg-type]
+    except RealConfigError as error:
+        assert repr(devices) in str(error) or f"{nproc} processes" in str(error)
+        valid = devices is None or (type(devices) is int and devices >= nproc)
+        assert not valid
+    else:
+        assert devices is None or (type(devices) is int and devices >= nproc)
