@@ -137,6 +137,8 @@ INVENTORY: tuple[Patch, ...] = (
     Patch("torch.cuda", CUDA_RANDOM_FUNCTIONS, "simdist.cudart.install", "one generator per (rank, simulated GPU)"),
     Patch("torch.cuda.random", CUDA_RANDOM_FUNCTIONS, "simdist.cudart.install", "as torch.cuda's"),
     Patch("torch.accelerator", ACCELERATOR_FUNCTIONS, "simdist.cudart.install", "the simulated GPUs are torch's accelerator"),
+    Patch("torch._C", ("_get_accelerator",), "simdist.cudart.install",
+          "fully_shard's default mesh and a device's default backend ask C++, which answers the CPU on a CPU build"),
     Patch("torch.cuda.Stream", ("__new__", "__init__", "device", "wait_event", "wait_stream", "record_event", "query",
                                 "synchronize", "is_capturing", "__eq__", "__hash__", "__repr__"), "simdist.cudart.install",
           "handles on the simulated device's stream", adds=True),

@@ -5,6 +5,7 @@ code under simdist.run, torch's own generators and the tensors' sizes; and the p
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -179,3 +180,31 @@ def test_the_emulated_devices_are_checked_before_a_launch(devices: object, nproc
         assert not valid
     else:
         assert devices is None or (type(devices) is int and devices >= nproc)
+
+
+def _shard_without_a_mesh() -> tuple[str, str]:
+    """``fully_shard`` with its default mesh, as most FSDP2 scripts call it: the mesh is the accelerator's."""
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    model = torch.nn.Linear(4, 4).cuda()
+    fully_shard(model)
+    model(torch.ones(2, 4, device="cuda")).sum().backward()
+    return str(torch._C._get_accelerator()), str(model.weight.grad.to_local().device)
+
+
+def test_fully_shards_default_mesh_is_on_the_simulated_gpus() -> None:
+    # torch asks C++ for the accelerator there, which a CPU build answers with the CPU: parameters landed on a CPU
+    # mesh and the first forward failed mixing devices
+    returns = simdist.run(_shard_without_a_mesh, simdist.Cluster.switch(2, device="H100")).returns
+    assert returns == [("cuda", "cuda:0"), ("cuda", "cuda:1")]
+    with emulated_process(1), nccl_over_gloo():
+        with _group_of_one("nccl"):
+            from torch.distributed.fsdp import fully_shard
+
+            model = torch.nn.Linear(4, 4).cuda()
+            fully_shard(model)
+            model(torch.ones(2, 4, device="cuda")).sum().backward()
+            assert str(model.weight.grad.to_local().device) == "cuda:0"
+    assert str(torch._C._get_accelerator()) == "cpu"

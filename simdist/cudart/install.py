@@ -155,6 +155,11 @@ def _patches() -> dict[str, Any]:
     patches["torch.cuda.nccl.version"] = in_ranks(torch.cuda.nccl.version, lambda: api.NCCL_VERSION)
     patches["torch.cuda.nvtx._nvtx"] = _NvtxRanges(torch.cuda.nvtx._nvtx)
     patches["torch.distributed.is_nccl_available"] = in_ranks(dist.is_nccl_available, lambda: True)
+    # torch's Python code asks C++ for the accelerator (fully_shard's default mesh, the default backend of a
+    # device): the CPU build's answer is the CPU
+    patches["torch._C._get_accelerator"] = in_ranks(
+        torch._C._get_accelerator, lambda check=None: torch.device("cuda")
+    )
     patches["torch.version.cuda"] = api.CUDA_VERSION
     # activation checkpointing saves and restores the device generators only where CUDA is initialised
     patches["torch.cuda._initialized"] = True
