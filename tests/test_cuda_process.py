@@ -9,6 +9,7 @@ import os
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import torch
@@ -199,12 +200,48 @@ def test_fully_shards_default_mesh_is_on_the_simulated_gpus() -> None:
     # mesh and the first forward failed mixing devices
     returns = simdist.run(_shard_without_a_mesh, simdist.Cluster.switch(2, device="H100")).returns
     assert returns == [("cuda", "cuda:0"), ("cuda", "cuda:1")]
-    with emulated_process(1), nccl_over_gloo():
-        with _group_of_one("nccl"):
-            from torch.distributed.fsdp import fully_shard
+    with emulated_process(1), nccl_over_gloo(), _group_of_one("nccl"):
+        from torch.distributed.fsdp import fully_shard
 
-            model = torch.nn.Linear(4, 4).cuda()
-            fully_shard(model)
-            model(torch.ones(2, 4, device="cuda")).sum().backward()
-            assert str(model.weight.grad.to_local().device) == "cuda:0"
+        model = torch.nn.Linear(4, 4).cuda()
+        fully_shard(model)
+        model(torch.ones(2, 4, device="cuda")).sum().backward()
+        assert str(model.weight.grad.to_local().device) == "cuda:0"
     assert str(torch._C._get_accelerator()) == "cpu"
+
+
+def _to_undecomposed() -> list[Any]:
+    """``Tensor.to`` as it reaches a dispatch mode where autograd is skipped (DTensor's random-number tracker moves
+    a generator state to the device so): a host tensor to the device, back, and to where it already is."""
+    host = torch.arange(3.0)
+    with torch._C._AutoDispatchBelowAutograd():
+        on_device = host.to(torch.device("cuda"), torch.float64)
+        on_device.add_(1)  # a copy: the host tensor keeps its values
+        back = on_device.to(device=torch.device("cpu"))
+        same = on_device.to(torch.float64)
+    return [
+        str(on_device.device),
+        host,
+        back,
+        type(back).__name__,
+        str(same.device),
+        same.data_ptr() == on_device.data_ptr(),
+    ]
+
+
+def test_tensor_to_reaching_the_mode_undecomposed_copies_across_devices() -> None:
+    # it was refused as an op mixing a host tensor with a device ("found at least two devices, cuda:0 and cpu")
+    expected = [
+        "cuda:0",
+        torch.arange(3.0),
+        torch.arange(1.0, 4.0, dtype=torch.float64),
+        "Tensor",
+        "cuda:0",
+        True,
+    ]
+    with emulated_process(1):
+        mine = _to_undecomposed()
+    simulated = simdist.run(_to_undecomposed, simdist.Cluster.switch(1, device="H100")).returns[0]
+    for got in (mine, simulated):
+        _equal = [torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(got, expected)]
+        assert all(_equal), got

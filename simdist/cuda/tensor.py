@@ -296,6 +296,38 @@ def _mismatch(func: Any, first: torch.device, second: torch.device) -> DeviceMis
     )
 
 
+#: ``Tensor.to``'s overloads: composite ops that reach a dispatch mode undecomposed where autograd is skipped
+#: (DTensor's random-number tracker moves a generator state to the device so)
+_TO = frozenset({aten.to.device, aten.to.dtype, aten.to.dtype_layout, aten.to.other})
+
+
+def _as_to_copy(func: Any, args: Any, kwargs: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    """A ``Tensor.to`` call as what it decomposes to: ``_to_copy`` (a copy, across devices included), or ``alias``
+    when nothing changes, as ``to`` returns its own tensor then."""
+    arguments = func._schema.arguments
+    values = {a.name: a.default_value if a.has_default_value() else None for a in arguments}
+    values.update(zip((a.name for a in arguments), args))
+    values.update(kwargs)
+    src = values["self"]
+    if func is aten.to.other:
+        dev, dtype = values["other"].device, values["other"].dtype
+    else:
+        dev, dtype = values.get("device"), values.get("dtype")
+    if isinstance(dev, str):
+        dev = torch.device(dev)
+    if isinstance(dev, torch.device) and dev.type == "cuda":
+        dev = device.resolve(dev.index)
+    same = (dev is None or dev == src.device) and (dtype is None or dtype == src.dtype)
+    fmt = values.get("memory_format")
+    if same and not values.get("copy") and fmt in (None, torch.preserve_format):
+        return aten.alias.default, (src,), {}
+    copy_kwargs = {"dtype": dtype, "device": dev, "non_blocking": bool(values.get("non_blocking"))}
+    for name in ("layout", "pin_memory", "memory_format"):
+        if values.get(name) is not None:
+            copy_kwargs[name] = values[name]
+    return aten._to_copy.default, (src,), copy_kwargs
+
+
 def unwrap(func: Any, args: Any, kwargs: dict[str, Any]) -> Call | None | Any:
     """``func``'s call with simulated-GPU operands replaced by their CPU tensors.
 
@@ -303,6 +335,8 @@ def unwrap(func: Any, args: Any, kwargs: dict[str, Any]) -> Call | None | Any:
     another tensor subclass must unwrap first, or the :class:`Call`. Raises :class:`DeviceMismatchError` where
     CUDA would refuse the operands' devices.
     """
+    if func in _TO:
+        func, args, kwargs = _as_to_copy(func, args, kwargs)
     dev: torch.device | None = None
     host = False
     new_args: list[Any] | None = None
