@@ -16,6 +16,7 @@ import sys
 import torch
 
 from real.backend import BACKENDS
+from real.emulated_cuda import DEFAULT_MODEL, EmulatedCuda
 from real.errors import RealConfigError, RealRunError
 from real.launcher import NO_GROUP, RealResult, launch
 from real.options import DEFAULT_TIMEOUT, MAX_TIMEOUT, Console, LaunchOptions
@@ -80,6 +81,33 @@ def _parser() -> argparse.ArgumentParser:
         "--no-prefix",
         action="store_true",
         help="leave the ranks' output lines as they are (default: prefixed with [rankN]: as torchrun's --tee)",
+    )
+    gpus = parser.add_argument_group("GPU code without GPUs")
+    gpus.add_argument(
+        "--emulate-cuda",
+        "--emulate_cuda",
+        dest="emulate_cuda",
+        action="store_true",
+        help="run the script's CUDA code on simdist's simulated CUDA device in each process (tensors on cuda:i "
+        "compute on the CPU), its NCCL groups over gloo: the same file gives the results it gives under simdist "
+        "(needs simdist)",
+    )
+    gpus.add_argument(
+        "--emulated-devices",
+        "--emulated_devices",
+        dest="emulated_devices",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --emulate-cuda: simulated CUDA devices per node (default: one per local rank)",
+    )
+    gpus.add_argument(
+        "--emulated-gpu",
+        "--emulated_gpu",
+        dest="emulated_gpu",
+        default=DEFAULT_MODEL,
+        metavar="MODEL",
+        help=f"with --emulate-cuda: the GPU model the devices answer for, a simdist device preset (default {DEFAULT_MODEL})",
     )
     nodes = parser.add_argument_group("several nodes (one python -m real per node)")
     nodes.add_argument("--nnodes", type=int, default=1, metavar="N", help="number of nodes (default 1)")
@@ -236,8 +264,30 @@ def _plan(
         env={},
         rendezvous=_rendezvous(options),
         console=Console(prefix=not options.no_prefix, local_ranks=_local_ranks(options.local_ranks_filter)),
+        emulate_cuda=_emulation(options),
     )
-    return target, options.backend or "gloo", launch_options
+    # on emulated GPUs an entry function's group is NCCL's, presented over gloo, unless --backend says otherwise
+    default = "auto" if options.emulate_cuda else "gloo"
+    return target, options.backend or default, launch_options
+
+
+def _emulation(options: argparse.Namespace) -> EmulatedCuda | None:
+    """The simulated CUDA devices ``--emulate-cuda`` asks for; RealConfigError for their options without it."""
+    if not options.emulate_cuda:
+        given = [
+            flag
+            for flag, value in (
+                ("--emulated-devices", options.emulated_devices is not None),
+                ("--emulated-gpu", options.emulated_gpu != DEFAULT_MODEL),
+            )
+            if value
+        ]
+        if given:
+            raise RealConfigError(
+                f"{', '.join(given)} describes the devices of --emulate-cuda: add --emulate-cuda"
+            )
+        return None
+    return EmulatedCuda(options.emulated_devices, options.emulated_gpu)
 
 
 def _rendezvous(options: argparse.Namespace) -> Rendezvous:

@@ -24,6 +24,16 @@ def resolve_backend(backend: str | None, nproc: int) -> str:
     raise RealConfigError(f"backend {backend!r} is not supported; expected one of {', '.join(BACKENDS)}")
 
 
+def emulated_backend(backend: str | None) -> str:
+    """The backend real creates around a function on emulated CUDA devices: ``"nccl"`` (a gloo group presenting
+    it) where the code asks for NCCL or leaves the choice (a GPU machine's), else gloo."""
+    if backend is None or backend in ("auto", "nccl"):
+        return "nccl"
+    if backend == "gloo":
+        return "gloo"
+    raise RealConfigError(f"backend {backend!r} is not supported; expected one of {', '.join(BACKENDS)}")
+
+
 def _check_nccl(nproc: int) -> None:
     """Raise unless this machine can give each of ``nproc`` processes its own CUDA device for NCCL."""
     if not torch.cuda.is_available():

@@ -25,7 +25,8 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from real import rank_process
-from real.backend import resolve_backend
+from real.backend import emulated_backend, resolve_backend
+from real.emulated_cuda import EmulatedCuda
 from real.errors import RealConfigError
 from real.exits import ExitWatch
 from real.options import LINE_PREFIX, MAX_TIMEOUT, PROCESS_MEMORY, LaunchOptions
@@ -34,7 +35,16 @@ from real.report import failure_error
 from real.status import RETURNED, StatusDir
 from real.target import Job, MainTarget, Target, checked_entry, dump_job, main_target, target_for
 
-__all__ = ["MAX_TIMEOUT", "PROCESS_MEMORY", "RealResult", "free_port", "launch", "run", "run_script"]
+__all__ = [
+    "MAX_TIMEOUT",
+    "PROCESS_MEMORY",
+    "EmulatedCuda",
+    "RealResult",
+    "free_port",
+    "launch",
+    "run",
+    "run_script",
+]
 
 _LOGGER_PREFIXES = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
 _STACK_DUMP_WAIT = 2.0  # seconds the still-running rank processes get to write their stacks at a timeout
@@ -73,6 +83,7 @@ def run(
     timeout: float = 300.0,
     env: dict[str, str] | None = None,
     rendezvous: Rendezvous | None = None,
+    emulate_cuda: bool | EmulatedCuda = False,
 ) -> RealResult:
     """Run ``fn(*args, **kwargs)`` as every rank of ``nproc`` real processes and collect the returns.
 
@@ -87,9 +98,10 @@ def run(
     says what to do: lambdas, functions nested in other functions, anything defined inside the script's
     ``if __name__ == "__main__":`` block, functions of an interactive ``__main__`` with no file (``python -c``,
     the REPL, notebooks), and arguments that cannot be pickled. ``rendezvous`` runs this node's part of a
-    launch on several nodes.
+    launch on several nodes. ``emulate_cuda`` (True, or an :class:`EmulatedCuda` naming the devices) runs code
+    written for GPUs on simdist's simulated CUDA device in each process, its NCCL groups over gloo.
     """
-    options = _options(nproc, timeout, master_port, env, rendezvous)
+    options = _options(nproc, timeout, master_port, env, rendezvous, emulate_cuda)
     return launch(target_for(fn), backend, options, args, kwargs)
 
 
@@ -106,6 +118,7 @@ def run_script(
     timeout: float = 300.0,
     env: dict[str, str] | None = None,
     rendezvous: Rendezvous | None = None,
+    emulate_cuda: bool | EmulatedCuda = False,
 ) -> RealResult:
     """Run the script at ``path`` as every rank of ``nproc`` real processes.
 
@@ -113,9 +126,9 @@ def run_script(
     function ``entry(*args, **kwargs)``, the script loaded under a module name of its own. With
     ``entry=None`` each process runs the script as torchrun does: as ``__main__``, with
     ``sys.argv == [path, *argv]``, creating its own group; every return is then None. Either way ``argv`` is
-    the command line the script sees.
+    the command line the script sees. ``emulate_cuda`` as for :func:`run`.
     """
-    options = _options(nproc, timeout, master_port, env, rendezvous)
+    options = _options(nproc, timeout, master_port, env, rendezvous, emulate_cuda)
     argv = _checked_argv(argv)
     if entry is None:
         if args or kwargs:
@@ -149,8 +162,16 @@ def launch(
 ) -> RealResult:
     """Start the rank processes of ``target`` (with ``backend``'s group unless it is a torchrun-style script),
     wait for them (at most ``options.timeout``), collect their returns or explain their failure."""
-    resolved = None if isinstance(target, MainTarget) else resolve_backend(backend, options.nproc)
-    blob, main = dump_job(Job(target, resolved, tuple(args), dict(kwargs or {}), dict(options.env)))
+    emulation = options.emulate_cuda
+    if isinstance(target, MainTarget):
+        resolved = None
+    elif emulation is not None:
+        resolved = emulated_backend(backend)
+    else:
+        resolved = resolve_backend(backend, options.nproc)
+    blob, main = dump_job(
+        Job(target, resolved, tuple(args), dict(kwargs or {}), dict(options.env), emulate_cuda=emulation)
+    )
     rdzv, nproc = options.rendezvous, options.nproc
     with tempfile.TemporaryDirectory(prefix="real-run-") as root:
         status = StatusDir(root)
@@ -195,11 +216,24 @@ def _options(
     master_port: int | None,
     env: dict[str, str] | None,
     rendezvous: Rendezvous | None,
+    emulate_cuda: bool | EmulatedCuda = False,
 ) -> LaunchOptions:
     """The public functions' keywords as one checked LaunchOptions."""
     if env is not None and not isinstance(env, dict):
         raise RealConfigError(f"env must be a dict of str to str; got {type(env).__name__}")
-    return LaunchOptions(nproc, timeout, master_port, dict(env or {}), rendezvous or Rendezvous())
+    if emulate_cuda is True:
+        emulation: EmulatedCuda | None = EmulatedCuda()
+    elif emulate_cuda is False:
+        emulation = None
+    elif isinstance(emulate_cuda, EmulatedCuda):
+        emulation = emulate_cuda
+    else:
+        raise RealConfigError(
+            f"emulate_cuda must be True, False or a real.EmulatedCuda; got {emulate_cuda!r}"
+        )
+    return LaunchOptions(
+        nproc, timeout, master_port, dict(env or {}), rendezvous or Rendezvous(), emulate_cuda=emulation
+    )
 
 
 def _checked_argv(argv: Sequence[str]) -> tuple[str, ...]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from real.emulated_cuda import EmulatedCuda
 from real.errors import RealConfigError
 from real.rendezvous import Rendezvous
 from simdist_base.host import available_memory
@@ -44,6 +45,8 @@ class LaunchOptions:
     env: dict[str, str] = field(default_factory=dict)
     rendezvous: Rendezvous = field(default_factory=Rendezvous)
     console: Console = field(default_factory=Console)
+    #: each process runs on simulated CUDA devices (``--emulate-cuda``), or None: on the machine's own
+    emulate_cuda: EmulatedCuda | None = None
 
     def __post_init__(self) -> None:
         nproc, timeout = self.nproc, self.timeout
@@ -84,6 +87,12 @@ class LaunchOptions:
                     f"env may not set {key}: the launcher sets it for each rank process "
                     f"(reserved: {', '.join(sorted(RESERVED_ENV))})"
                 )
+        if self.emulate_cuda is not None:
+            if not isinstance(self.emulate_cuda, EmulatedCuda):
+                raise RealConfigError(
+                    f"emulate_cuda must be a real.EmulatedCuda or None; got {self.emulate_cuda!r}"
+                )
+            self.emulate_cuda.check(nproc)
         ranks = self.console.local_ranks
         if ranks is not None and (not ranks or not all(0 <= r < nproc for r in ranks)):
             raise RealConfigError(

@@ -24,11 +24,12 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from real import init_guard
+from real.emulated_cuda import emulating
 from real.errors import RealGroupError
 from real.liveness import ended
 from real.main_script import MainScript
 from real.status import CRASH, RETURNED, StatusDir
-from real.target import MainTarget, ScriptTarget, load_job
+from real.target import Job, MainTarget, ScriptTarget, load_job
 
 # Sent by the launcher at a timeout: each still-running rank process dumps its Python stacks to its
 # status file.
@@ -65,14 +66,15 @@ def entry(sys_path: list[str], status_root: str, main: MainScript | None, job_bl
         job = load_job(job_blob, main)
         os.environ.update(job.env)
         _limit_threads()
-        if isinstance(job.target, MainTarget):
-            result = _run_main(job.target, status, rank)
-        else:
-            if isinstance(job.target, ScriptTarget):
-                sys.argv = [job.target.path, *job.target.argv]
-            assert job.backend is not None  # the launcher resolves the backend of every function target
-            result = _run(job.target.resolve(), job.backend, job.args, job.kwargs, status, rank)
-        result = _to_cpu(result)
+        with _devices(job):
+            if isinstance(job.target, MainTarget):
+                result = _run_main(job.target, status, rank)
+            else:
+                if isinstance(job.target, ScriptTarget):
+                    sys.argv = [job.target.path, *job.target.argv]
+                assert job.backend is not None  # the launcher resolves the backend of every function target
+                result = _run(job.target.resolve(), job.backend, job.args, job.kwargs, status, rank)
+            result = _to_cpu(result)
         _check_picklable(result, rank)
     except Exception as exc:
         if status.error(rank) is None:
@@ -80,6 +82,13 @@ def entry(sys_path: list[str], status_root: str, main: MainScript | None, job_bl
         raise
     status.mark(rank, RETURNED)
     return result
+
+
+def _devices(job: Job) -> contextlib.AbstractContextManager[None]:
+    """The CUDA devices the rank code runs on: simulated ones where the launch asked for them, else the machine's."""
+    if job.emulate_cuda is None:
+        return contextlib.nullcontext()
+    return emulating(job.emulate_cuda)  # imports simdist: only where the emulation is asked for
 
 
 def _run(

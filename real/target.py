@@ -76,6 +76,8 @@ class Job:
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    #: the simulated CUDA devices each process runs on (an EmulatedCuda), or None: the machine's own
+    emulate_cuda: Any = None
 
 
 def checked_entry(path: str | Path, entry: str, argv: tuple[str, ...]) -> ScriptTarget:

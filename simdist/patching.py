@@ -109,8 +109,12 @@ INVENTORY: tuple[Patch, ...] = (
           "seeds the CPU generator only: torch's also queues CUDA seeding at a millisecond per call"),
     Patch("torch.random", ("manual_seed",), "simdist.engine.process", "as torch.manual_seed"),
     Patch("torch.cuda", ("synchronize",), "simdist.engine.process", "waits for the rank's simulated device"),
+    Patch("torch.cuda", ("synchronize",), "simdist.cudart.process",
+          "in a process emulating CUDA by itself: the CPU kernels have run, nothing to wait for"),
     Patch("torch.Tensor", HOST_READS, "simdist.engine.process",
           "reading values to the host waits for the simulated device and is checked by the race detector"),
+    Patch("threading.Thread", ("start",), "simdist.cudart.process",
+          "in a process emulating CUDA by itself: threads it starts run on its simulated devices too"),
     Patch("threading.Thread", ("__init__", "start", "join"), "simdist.engine.threads",
           "threads rank code starts act as their rank and take the baton; join waits in simulated time"),
     Patch("random", PYTHON_RANDOM_FUNCTIONS, "simdist.engine.rng", "each rank draws from its own Python generator"),
@@ -147,6 +151,8 @@ INVENTORY: tuple[Patch, ...] = (
     Patch("torch.cuda", CUDA_RANDOM_FUNCTIONS, "simdist.cudart.install", "one generator per (rank, simulated GPU)"),
     Patch("torch.cuda.random", CUDA_RANDOM_FUNCTIONS, "simdist.cudart.install", "as torch.cuda's"),
     Patch("torch.accelerator", ACCELERATOR_FUNCTIONS, "simdist.cudart.install", "the simulated GPUs are torch's accelerator"),
+    Patch("torch._C", ("_get_accelerator",), "simdist.cudart.install",
+          "fully_shard's default mesh and a device's default backend ask C++, which answers the CPU on a CPU build"),
     Patch("torch.cuda.Stream", ("__new__", "__init__", "device", "wait_event", "wait_stream", "record_event", "query",
                                 "synchronize", "is_capturing", "__eq__", "__hash__", "__repr__"), "simdist.cudart.install",
           "side streams of the simulated device, in simulated time", adds=True),
@@ -227,7 +233,11 @@ SETTINGS: Mapping[str, tuple[str, str]] = {
     ),
 }
 
-_BY_TARGET: dict[str, Patch] = {t: p for p in INVENTORY for t in p.targets()}
+#: the modules that may replace each target (a target two modules replace, never at once, lists both)
+_OWNERS: dict[str, frozenset[str]] = {}
+for _patch in INVENTORY:
+    for _target in _patch.targets():
+        _OWNERS[_target] = _OWNERS.get(_target, frozenset()) | {_patch.owner}
 _MISSING = object()
 
 
@@ -258,8 +268,7 @@ def replaced(owner: str, values: Mapping[str, Any]) -> Iterator[None]:
     done: list[tuple[Any, str, Any]] = []
     try:
         for target, value in values.items():
-            patch = _BY_TARGET.get(target)
-            if patch is None or patch.owner != owner:
+            if owner not in _OWNERS.get(target, ()):
                 raise SimdistError(
                     f"{owner} replaces {target}, which simdist.patching.INVENTORY does not list for it: declare every "
                     "process-wide change there"
@@ -294,7 +303,7 @@ def process_state() -> dict[str, Any]:
 
     Equal before and after a run (``==``; attributes compare by identity) when the run restored the process.
     """
-    state: dict[str, Any] = {t: _Identity(current(t)) for t in _BY_TARGET}
+    state: dict[str, Any] = {t: _Identity(current(t)) for t in _OWNERS}
     for path in HOOKS:
         registry = _resolve(path)
         state[path] = tuple(registry.keys()) if registry is not None else None

@@ -117,3 +117,15 @@ def test_python_m_real_works_without_simpy(tmp_path: Path) -> None:
         "[rank0]:[[6.0, 6.0], False]",
         "[rank1]:[[6.0, 6.0], False]",
     ]
+
+
+def test_emulate_cuda_without_the_simulator_stops_before_any_process_starts(tmp_path: Path) -> None:
+    # the one launcher option that needs simdist says so, instead of failing in every rank process
+    (tmp_path / "script.py").write_text(SCRIPT)
+    completed = _run(["-m", "real", "script.py", "--nproc", "2", "--emulate-cuda", "--", "2"], tmp_path)
+    assert completed.returncode == 2, completed.stderr
+    assert (
+        "--emulate-cuda runs each process on simdist's simulated CUDA device, but simdist cannot be imported"
+        in (completed.stderr)
+    )
+    assert "No module named 'simpy'" in completed.stderr and "[rank" not in completed.stdout

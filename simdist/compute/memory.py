@@ -134,8 +134,11 @@ class MemoryTracker:
         now: Callable[[], float],
         call_site: Callable[[], str] | None = None,
         device_name: str = "",
+        clock: str = "simulated time",
     ) -> None:
         self.rank = rank
+        #: what ``now`` reads, as an out-of-memory error names it
+        self._clock = clock
         self.capacity = capacity
         self._now = now
         self._call_site = call_site
@@ -411,7 +414,7 @@ class MemoryTracker:
         raise OutOfMemoryError(
             f"simulated out of memory: tried to allocate {format_size(nbytes)} ({what}); rank {self.rank} has "
             f"{format_size(self.current)} of {format_size(self.capacity)}{device} in use, "
-            f"{format_size(max(0, self.capacity - self.current))} free, at simulated time {now:.9g} s, in op {op}"
+            f"{format_size(max(0, self.capacity - self.current))} free, at {self._clock} {now:.9g} s, in op {op}"
             + (f", called from {site}" if site else "")
             + f".\n  largest live tensors on rank {self.rank}:\n{lines}\n"
             "  Reduce the batch or sequence length, shard parameters, gradients or optimizer state (FSDP, ZeRO), "

@@ -346,6 +346,38 @@ def _mismatch(func: Any, first: torch.device, second: torch.device) -> DeviceMis
     )
 
 
+#: ``Tensor.to``'s overloads: composite ops that reach a dispatch mode undecomposed where autograd is skipped
+#: (DTensor's random-number tracker moves a generator state to the device so)
+_TO = frozenset({aten.to.device, aten.to.dtype, aten.to.dtype_layout, aten.to.other})
+
+
+def _as_to_copy(func: Any, args: Any, kwargs: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    """A ``Tensor.to`` call as what it decomposes to: ``_to_copy`` (a copy, across devices included), or ``alias``
+    when nothing changes, as ``to`` returns its own tensor then."""
+    arguments = func._schema.arguments
+    values = {a.name: a.default_value if a.has_default_value() else None for a in arguments}
+    values.update(zip((a.name for a in arguments), args))
+    values.update(kwargs)
+    src = values["self"]
+    if func is aten.to.other:
+        dev, dtype = values["other"].device, values["other"].dtype
+    else:
+        dev, dtype = values.get("device"), values.get("dtype")
+    if isinstance(dev, str):
+        dev = torch.device(dev)
+    if isinstance(dev, torch.device) and dev.type == "cuda":
+        dev = device.resolve(dev.index)
+    same = (dev is None or dev == src.device) and (dtype is None or dtype == src.dtype)
+    fmt = values.get("memory_format")
+    if same and not values.get("copy") and fmt in (None, torch.preserve_format):
+        return aten.alias.default, (src,), {}
+    copy_kwargs = {"dtype": dtype, "device": dev, "non_blocking": bool(values.get("non_blocking"))}
+    for name in ("layout", "pin_memory", "memory_format"):
+        if values.get(name) is not None:
+            copy_kwargs[name] = values[name]
+    return aten._to_copy.default, (src,), copy_kwargs
+
+
 def unwrap(func: Any, args: Any, kwargs: dict[str, Any]) -> Call | None | Any:
     """``func``'s call with simulated-GPU operands replaced by their CPU tensors.
 
@@ -353,6 +385,8 @@ def unwrap(func: Any, args: Any, kwargs: dict[str, Any]) -> Call | None | Any:
     another tensor subclass must unwrap first, or the :class:`Call`. Raises :class:`DeviceMismatchError` where
     CUDA would refuse the operands' devices.
     """
+    if func in _TO:
+        func, args, kwargs = _as_to_copy(func, args, kwargs)
     dev: torch.device | None = None
     host = False
     new_args: list[Any] | None = None
@@ -373,6 +407,23 @@ def unwrap(func: Any, args: Any, kwargs: dict[str, Any]) -> Call | None | Any:
             if _fake(a):
                 return None  # tracing or shape propagation: nothing runs, nothing to unwrap
             return NotImplemented  # DTensor, AsyncCollectiveTensor, ...: they unwrap to these first
+        elif (kind is list or kind is tuple) and a and type(a[0]) is list:
+            # lists of tensor lists: a collective's outputs (all_gather's, gather's) or inputs (scatter's), which
+            # a process group of real processes reads in C++
+            nested = []
+            for inner in a:
+                items = list(inner)
+                for j, t in enumerate(items):
+                    if type(t) is SimCudaTensor:
+                        if dev is None:
+                            dev = t._dev
+                        elif t._dev != dev:
+                            raise _mismatch(func, dev, t._dev)
+                        items[j] = t._elem
+                nested.append(items)
+            if new_args is None:
+                new_args = list(args)
+            new_args[i] = nested
         elif kind is list or kind is tuple:
             if a and isinstance(a[0], torch.Tensor) or any(type(t) is SimCudaTensor for t in a):
                 items = list(a)

@@ -32,7 +32,7 @@ from simdist.cuda.tensor import SimCudaTensor
 from simdist.cudart import api, checkpoints, events, streams
 from simdist.cudart.generator import CudaGenerator
 from simdist.cudart.nvtx import NvtxRanges, record_function_methods
-from simdist.cudart.state import Emulation, activate, in_ranks
+from simdist.cudart.state import Emulation, activate, in_rank_code, in_ranks
 from simdist.errors import CudaEmulationError, NoCudaError
 from simdist.patching import replaced
 
@@ -139,6 +139,11 @@ def _patches() -> dict[str, Any]:
     patches["torch.autograd.profiler.record_function.__enter__"] = enter
     patches["torch.autograd.profiler.record_function.__exit__"] = leave
     patches["torch.distributed.is_nccl_available"] = in_ranks(dist.is_nccl_available, lambda: True)
+    # torch's Python code asks C++ for the accelerator (fully_shard's default mesh, the default backend of a
+    # device): the CPU build's answer is the CPU
+    patches["torch._C._get_accelerator"] = in_ranks(
+        torch._C._get_accelerator, lambda check=None: torch.device("cuda")
+    )
     patches["torch.version.cuda"] = api.CUDA_VERSION
     # activation checkpointing saves and restores the device generators only where CUDA is initialised
     patches["torch.cuda._initialized"] = True
@@ -189,13 +194,22 @@ def _smoke_test() -> None:
 
 
 @contextlib.contextmanager
-def emulated(ctx: RunContext, spec: DeviceSpec, per_node: int, ranks: list[RankCuda]) -> Iterator[None]:
+def emulated(
+    ctx: RunContext | Any,
+    spec: DeviceSpec,
+    per_node: int,
+    ranks: list[RankCuda],
+    process_rank: RankCuda | None = None,
+) -> Iterator[None]:
     """During the block, rank code sees ``per_node`` simulated GPUs of model ``spec``; raises
-    :class:`CudaEmulationError` (having changed nothing) if they cannot be set up in this process."""
+    :class:`CudaEmulationError` (having changed nothing) if they cannot be set up in this process.
+
+    With ``process_rank`` the whole process is that rank's code (:mod:`simdist.cudart.process`), and ``ctx`` is
+    the clock its events read."""
     native.install(per_node)
     try:
         with replaced(_OWNER, _patches()), _foreach_types():
-            activate(Emulation(ctx, spec, per_node, ranks))
+            activate(Emulation(ctx, spec, per_node, ranks, process_rank=process_rank))
             try:
                 _smoke_test()
                 yield

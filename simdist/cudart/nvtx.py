@@ -48,6 +48,8 @@ class NvtxRanges:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             if current_rank_state() is None:
+                if in_rank_code():  # a real process emulating CUDA by itself: no trace to record ranges in
+                    return 0
                 if original is None:
                     raise AttributeError(f"{type(self._stub).__name__!r} object has no attribute {name!r}")
                 return original(*args, **kwargs)

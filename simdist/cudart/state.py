@@ -1,4 +1,9 @@
-"""The run whose simulated CUDA devices ``torch.cuda`` answers for, and which rank is asking."""
+"""The run whose simulated CUDA devices ``torch.cuda`` answers for, and which rank is asking.
+
+In a simulated run, rank code (a thread of a rank) asks; any other thread gets torch's own answers. A process
+that emulates CUDA by itself (one rank per process, as ``python -m real --emulate-cuda`` starts them) is all rank
+code: every thread of it asks for its one rank.
+"""
 
 from __future__ import annotations
 
@@ -14,9 +19,10 @@ from simdist.cuda.rank import RankCuda
 
 @dataclass
 class Emulation:
-    """One run's simulated CUDA runtime: its communication context, device model, GPUs per node and ranks."""
+    """One run's simulated CUDA runtime: its communication context (the clock events read), device model, GPUs
+    per node and ranks."""
 
-    ctx: RunContext
+    ctx: RunContext | Any
     spec: DeviceSpec
     per_node: int
     ranks: list[RankCuda]
@@ -24,6 +30,8 @@ class Emulation:
     warned_memory: bool = False
     #: each rank's open NVTX ranges by handle (``range_start``), and the last handle given
     nvtx_handles: dict[int, dict[Any, Any]] = field(default_factory=dict)
+    #: the process's own rank when it emulates CUDA by itself (every thread is its code); None in a simulated run
+    process_rank: RankCuda | None = None
 
 
 _active: list[Emulation] = []
@@ -41,20 +49,30 @@ def activate(emulation: Emulation | None) -> None:
         _active.append(emulation)
 
 
+def in_rank_code() -> bool:
+    """Whether the calling thread is rank code of an emulation (a rank thread, or any thread of a process that
+    emulates CUDA by itself)."""
+    if current_rank_state() is not None:
+        return True
+    return bool(_active) and _active[-1].process_rank is not None
+
+
 def rank() -> RankCuda | None:
     """The calling rank's simulated devices, or None outside rank code (where torch's own functions answer)."""
-    state = current_rank_state()
     emulation = active()
-    if state is None or emulation is None:
+    if emulation is None:
         return None
-    return emulation.ranks[state.rank]
+    if emulation.process_rank is not None:
+        return emulation.process_rank
+    state = current_rank_state()
+    return None if state is None else emulation.ranks[state.rank]
 
 
 def in_ranks(original: Any, emulated: Any) -> Any:
     """``emulated`` called from rank code, ``original`` (torch's own) from anywhere else."""
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        if current_rank_state() is None:
+        if not in_rank_code():
             return original(*args, **kwargs)
         return emulated(*args, **kwargs)
 

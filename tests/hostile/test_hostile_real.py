@@ -201,7 +201,34 @@ def _kept_and_refused(result: real.RealResult) -> None:
         ), world
 
 
+def _refused(pattern: str) -> Callable[[tuple[int, str, str]], None]:
+    """Oracle: python -m real's usage status (2), nothing started (no rank's output), and the message."""
+
+    def refused(got: tuple[int, str, str]) -> None:
+        status, out, err = got
+        assert status == 2 and not out and "[rank" not in err, (status, out, err)
+        assert re.match(rf"python -m real: error: {pattern}", err), err
+
+    return refused
+
+
 CASES: list[Case] = [
+    Case("real-emulate-cuda-too-few-devices", "python -m real --nproc 2 --emulate-cuda --emulated-devices 1",
+         _cli([str(_ARGPARSE), "--nproc", "2", "--emulate-cuda", "--emulated-devices", "1"]),
+         check=_refused(r"2 processes on this node but 1 emulated CUDA device per node: each local rank needs its "
+                        r"own device")),
+    Case("real-emulate-cuda-cpu-model", "python -m real --emulate-cuda --emulated-gpu cpu",
+         _cli([str(_ARGPARSE), "--nproc", "1", "--emulate-cuda", "--emulated-gpu", "cpu"]),
+         check=_refused(r"--emulate-cuda: 'cpu' is not a GPU model; name one such as 'H100'")),
+    Case("real-emulate-cuda-unknown-model", "python -m real --emulate-cuda --emulated-gpu H900",
+         _cli([str(_ARGPARSE), "--nproc", "1", "--emulate-cuda", "--emulated-gpu", "H900"]),
+         check=_refused(r"--emulate-cuda: no GPU model named 'H900' \(unknown device 'H900'; known devices: H100")),
+    Case("real-emulated-devices-without-emulation", "python -m real --emulated-devices 4 without --emulate-cuda",
+         _cli([str(_ARGPARSE), "--nproc", "1", "--emulated-devices", "4"]),
+         check=_refused(r"--emulated-devices describes the devices of --emulate-cuda: add --emulate-cuda")),
+    Case("real-emulate-cuda-not-a-flag", "real.run(fn, 2, emulate_cuda='yes')",
+         lambda: real.run(exit_on_rank_1, 2, emulate_cuda="yes"),  # type: ignore[arg-type]
+         error=real.RealConfigError, match=r"emulate_cuda must be True, False or a real\.EmulatedCuda; got 'yes'"),
     Case("real-os-exit", "rank 1 calls os._exit(7) while rank 0 waits in a barrier", _launch(exit_on_rank_1),
          error=real.RealRunError,
          match=r"^rank 1 failed on 2 real processes \(backend gloo\):\nprocess exited with code 7 without a "
