@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch.nn.attention import SDPBackend
+from torch.overrides import handle_torch_function, has_torch_function
 
 from simdist.cuda.tensor import SimCudaTensor
 
@@ -41,6 +42,12 @@ def _bind(
 def scaled_dot_product_attention(*args: Any, **kwargs: Any) -> Any:
     """``F.scaled_dot_product_attention``, taking the CPU's fused kernel on simulated GPU tensors where the CPU
     program takes it."""
+    query, key, value, mask = _bind(*args, **kwargs)[:4]
+    operands = tuple(t for t in (query, key, value, mask) if isinstance(t, torch.Tensor))
+    if has_torch_function(operands):
+        # as torch.nn.functional's Python functions do: a TorchFunctionMode or a subclass sees this function, which is
+        # F.scaled_dot_product_attention during the run (a mode comparing func with it keeps working)
+        return handle_torch_function(scaled_dot_product_attention, operands, *args, **kwargs)
     out = _fused(args, kwargs)
     return SDPA(*args, **kwargs) if out is NotImplemented else out
 

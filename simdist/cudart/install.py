@@ -33,6 +33,7 @@ from simdist.cudart import api, checkpoints, events, streams
 from simdist.cudart.generator import CudaGenerator
 from simdist.cudart.nvtx import NvtxRanges, record_function_methods
 from simdist.cudart.state import Emulation, activate, in_rank_code, in_ranks
+from simdist.cudart.state import rank as rank_cuda
 from simdist.errors import CudaEmulationError, NoCudaError
 from simdist.patching import replaced
 
@@ -140,10 +141,15 @@ def _patches() -> dict[str, Any]:
     patches["torch.autograd.profiler.record_function.__exit__"] = leave
     patches["torch.distributed.is_nccl_available"] = in_ranks(dist.is_nccl_available, lambda: True)
     # torch's Python code asks C++ for the accelerator (fully_shard's default mesh, the default backend of a
-    # device): the CPU build's answer is the CPU
-    patches["torch._C._get_accelerator"] = in_ranks(
-        torch._C._get_accelerator, lambda check=None: torch.device("cuda")
-    )
+    # device): the CPU build's answer is the CPU. A rank whose code never used CUDA keeps that answer, so a program
+    # written for the CPU runs on a GPU cluster as it did before (its fully_shard stays on the host)
+    original_accelerator = torch._C._get_accelerator
+
+    def accelerator(*args: Any, **kwargs: Any) -> torch.device:
+        cuda = rank_cuda()
+        return torch.device("cuda") if cuda is not None and cuda.in_use else original_accelerator(*args, **kwargs)
+
+    patches["torch._C._get_accelerator"] = in_ranks(original_accelerator, accelerator)
     patches["torch.version.cuda"] = api.CUDA_VERSION
     # activation checkpointing saves and restores the device generators only where CUDA is initialised
     patches["torch.cuda._initialized"] = True

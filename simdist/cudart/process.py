@@ -45,6 +45,7 @@ class WallClock:
         #: events ask ``ctx.time.device_now()``: the device's clock is the host's
         self.time = self
         self.baton = self
+        self.races = self
 
     def now(self) -> float:
         """The host's clock, seconds."""
@@ -59,6 +60,23 @@ class WallClock:
 
     def synchronize(self) -> None:
         """Nothing is queued."""
+
+    def stream_end(self, stream: int) -> float:
+        """Where a stream's queue ends: now (every stream's kernels have run when their calls return)."""
+        return time.perf_counter()
+
+    def stream_wait(self, stream: int, until: float) -> None:
+        """Nothing to wait for: every stream has run what it was given."""
+
+    def synchronize_stream(self, stream: int) -> None:
+        """Nothing is queued."""
+
+    def clock(self, rank: int, stream: int, at: float) -> dict[int, float]:
+        """No race detector runs in a process of its own: an event orders nothing it would check."""
+        return {}
+
+    def stream_waited(self, rank: int, stream: int | None, clock: dict[int, float]) -> None:
+        """No race detector runs here."""
 
     def sleep(self, seconds: float, why: str = "") -> None:
         """Wait ``seconds`` of wall time (an event recorded in the future; never the case here)."""

@@ -78,7 +78,8 @@ def stream_synchronize(self: Any) -> None:
     """Wait on the host until this stream has run everything queued on it."""
     ctx = _ctx()
     ctx.time.synchronize_stream(self.stream_id)
-    rank = current_rank_state().rank
+    state = current_rank_state()
+    rank = 0 if state is None else state.rank  # 0: a process that emulates CUDA by itself
     ctx.races.stream_waited(rank, None, ctx.races.clock(rank, self.stream_id, ctx.now()))
 
 
