@@ -5,6 +5,7 @@ a sweep over modules, dtypes and ``torch.cuda`` calls that must end in results o
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -76,6 +77,32 @@ def _self_check_fails() -> None:
         simdist.run(lambda: None, PAIR)
     finally:
         torch.__version__ = version
+
+
+def _hook_raises_in_a_child(wrapper: str, hook: str) -> None:
+    """``cuda_hook_raises.py`` in a child process (an abort there fails this case, not pytest); its run's
+    :class:`RankError` raised again here, from what the child reported."""
+    done = subprocess.run(
+        [sys.executable, str(HERE / "cuda_hook_raises.py"), wrapper, hook],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_child_env(),
+        check=False,
+    )
+    tail = (done.stdout + done.stderr)[-3000:]
+    assert done.returncode == 0, f"the child process ended with status {done.returncode}:\n{tail}"
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report is not None, f"the run raised nothing:\n{tail}"
+    raise RankError(report["rank"], ValueError(report["error"]), report["traceback"])
+
+
+def _child_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent.parent), os.environ.get("PYTHONPATH", "")])}
+
+
+#: the line of the hook that raises, as a rank's traceback names it
+_HOOK_LINE = r'cuda_hook_raises\.py", line \d+, in _raise\n    raise ValueError\("a hook raised"\)'
 
 
 def _swap_data(kind: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -325,6 +352,34 @@ CASES = [
         check=_check_staged,
     ),
     Case(
+        "fsdp2_backward_hook_raises",
+        "raises in a module's backward hook on one rank while the other is in FSDP2's backward",
+        lambda: _hook_raises_in_a_child("fsdp2", "backward"),
+        error=RankError,
+        match=r"(?s)^rank 0 raised ValueError: a hook raised\n.*" + _HOOK_LINE,
+    ),
+    Case(
+        "fsdp2_tensor_hook_raises",
+        "raises in a tensor's gradient hook on one rank while the other is in FSDP2's backward",
+        lambda: _hook_raises_in_a_child("fsdp2", "tensor"),
+        error=RankError,
+        match=r"(?s)^rank 0 raised ValueError: a hook raised\n.*" + _HOOK_LINE,
+    ),
+    Case(
+        "ddp_backward_hook_raises",
+        "raises in a module's backward hook on one rank while the other is in DDP's backward",
+        lambda: _hook_raises_in_a_child("ddp", "backward"),
+        error=RankError,
+        match=r"(?s)^rank 0 raised ValueError: a hook raised\n.*" + _HOOK_LINE,
+    ),
+    Case(
+        "ddp_forward_hook_raises",
+        "raises in a module's forward hook on one rank while the other runs DDP's forward",
+        lambda: _hook_raises_in_a_child("ddp", "forward"),
+        error=RankError,
+        match=r"(?s)^rank 0 raised ValueError: a hook raised\n.*" + _HOOK_LINE,
+    ),
+    Case(
         "self_check_fails",
         "runs CUDA code on a torch whose native layout the emulation does not know",
         _self_check_fails,
@@ -343,16 +398,12 @@ def test_hostile_cuda(case: Case) -> None:
 def test_a_sweep_over_modules_dtypes_and_cuda_calls_never_aborts() -> None:
     """Hypothesis drives programs in a child process: an abort (a C++ path ending the process) fails this test
     with the last program it started, instead of ending pytest."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(HERE.parent.parent), os.environ.get("PYTHONPATH", "")]),
-    }
     done = subprocess.run(
         [sys.executable, str(HERE / "cuda_sweep.py")],
         capture_output=True,
         text=True,
         timeout=600,
-        env=env,
+        env=_child_env(),
         check=False,
     )
     tail = (done.stdout + done.stderr)[-3000:]
