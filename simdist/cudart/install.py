@@ -29,10 +29,10 @@ from simdist.compute.devices import DeviceSpec
 from simdist.cuda import attention, native, pending
 from simdist.cuda.rank import RankCuda
 from simdist.cuda.tensor import SimCudaTensor
-from simdist.cudart import api, checkpoints, events, streams
+from simdist.cudart import api, checkpoints, dtensor_random, events, streams
 from simdist.cudart.generator import CudaGenerator
 from simdist.cudart.nvtx import NvtxRanges, record_function_methods
-from simdist.cudart.state import Emulation, activate, in_rank_code, in_ranks
+from simdist.cudart.state import Emulation, activate, in_ranks
 from simdist.errors import CudaEmulationError, NoCudaError
 from simdist.patching import replaced
 
@@ -163,6 +163,7 @@ def _patches() -> dict[str, Any]:
     )
     patches["torch._utils._rebuild_tensor_v2"] = checkpoints.rebuild_tensor(torch._utils._rebuild_tensor_v2)
     patches["torch.nn.functional.scaled_dot_product_attention"] = attention.scaled_dot_product_attention
+    patches["torch.distributed.tensor._random._PhiloxState.__init__"] = dtensor_random.philox_state_init()
     run_backward = _run_backward(torch.autograd.graph._engine_run_backward)
     patches["torch.autograd._engine_run_backward"] = run_backward
     patches["torch.autograd.graph._engine_run_backward"] = run_backward

@@ -45,9 +45,19 @@ def program(wrapper: str, hook: str) -> None:
 
 if __name__ == "__main__":
     try:
-        simdist.run(program, simdist.Cluster.switch(2, device="H100"), args=tuple(sys.argv[1:3]), watchdog=120)
+        simdist.run(
+            program, simdist.Cluster.switch(2, device="H100"), args=tuple(sys.argv[1:3]), watchdog=120
+        )
     except RankError as e:
-        print(json.dumps({"rank": e.rank, "type": type(e.exc).__name__, "error": str(e.exc),
-                          "traceback": e.traceback_text}))
+        print(
+            json.dumps(
+                {
+                    "rank": e.rank,
+                    "type": type(e.exc).__name__,
+                    "error": str(e.exc),
+                    "traceback": e.traceback_text,
+                }
+            )
+        )
     else:
         print(json.dumps(None))

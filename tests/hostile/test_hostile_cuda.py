@@ -16,6 +16,8 @@ import pytest
 import torch
 import torch.distributed as dist
 from hostile_cases import Case, check, params
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import simdist
 from simdist.compute import get_device
@@ -98,11 +100,28 @@ def _hook_raises_in_a_child(wrapper: str, hook: str) -> None:
 
 
 def _child_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent.parent), os.environ.get("PYTHONPATH", "")])}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(HERE.parent.parent), os.environ.get("PYTHONPATH", "")]),
+    }
 
 
 #: the line of the hook that raises, as a rank's traceback names it
 _HOOK_LINE = r'cuda_hook_raises\.py", line \d+, in _raise\n    raise ValueError\("a hook raised"\)'
+
+
+def _init_a_sharded_parameter() -> None:
+    """What FSDP2 scripts do after ``fully_shard`` on the meta device: initialise the sharded parameters."""
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cuda", (dist.get_world_size(),))
+    weight = distribute_tensor(torch.zeros(4, 3, device="cuda"), mesh, [Shard(0)])
+    torch.nn.init.normal_(weight)
+
+
+def _dropout_on_a_dtensor() -> None:
+    mesh = init_device_mesh("cuda", (dist.get_world_size(),))
+    x = distribute_tensor(torch.ones(4, 3, device="cuda"), mesh, [Replicate()])
+    torch.nn.functional.dropout(x, 0.5)
 
 
 def _swap_data(kind: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -378,6 +397,21 @@ CASES = [
         lambda: _hook_raises_in_a_child("ddp", "forward"),
         error=RankError,
         match=r"(?s)^rank 0 raised ValueError: a hook raised\n.*" + _HOOK_LINE,
+    ),
+    Case(
+        "dtensor_init_on_sharded_parameter",
+        "initialises a sharded parameter with torch.nn.init (DTensor's random ops want CUDA's Philox state)",
+        lambda: simdist.run(_init_a_sharded_parameter, PAIR),
+        error=RankError,
+        match=r"raised UnsupportedCudaOpError: a random op on a DTensor \(called at .*test_hostile_cuda\.py:\d+\) "
+        r"needs CUDA's Philox generator state \(a seed and an offset, 16 bytes\).*CPU generator \(5056 bytes",
+    ),
+    Case(
+        "dtensor_dropout",
+        "applies dropout to a replicated DTensor on simulated GPUs",
+        lambda: simdist.run(_dropout_on_a_dtensor, PAIR),
+        error=RankError,
+        match=r"a random op on a DTensor \(called at .*test_hostile_cuda\.py:\d+\) needs CUDA's Philox",
     ),
     Case(
         "self_check_fails",
