@@ -64,6 +64,35 @@ class WallClock:
         """Wait ``seconds`` of wall time (an event recorded in the future; never the case here)."""
         time.sleep(max(0.0, seconds))
 
+    def stream_end(self, stream: int | None = None) -> float:
+        """Where a stream's queue ends, seconds: now (each kernel has run when its call returns)."""
+        return time.perf_counter()
+
+    def stream_wait(self, stream: int, until: float) -> None:
+        """A stream waiting for an event: nothing to wait for, the event was reached when it was recorded."""
+
+    def synchronize_stream(self, stream: int | None = None) -> None:
+        """Nothing is queued."""
+
+    @property
+    def races(self) -> NoRaces:
+        """Streams never overlap here (each kernel has run when its call returns): no race to look for."""
+        return _NO_RACES
+
+
+class NoRaces:
+    """The race detector's part that events and streams call, for a process whose streams never overlap."""
+
+    def clock(self, rank: int, stream: int, now: float) -> dict[int, float]:
+        """What an event orders after it: nothing to order."""
+        return {}
+
+    def stream_waited(self, rank: int, waiter: int | None, clock: dict[int, float]) -> None:
+        """A stream or the host waited for an event: nothing was in flight."""
+
+
+_NO_RACES = NoRaces()
+
 
 class ProcessCudaMode(TorchDispatchMode):
     """Runs each op on simulated-GPU tensors on the CPU tensors inside them, as a simulated run's rank mode does,
