@@ -176,6 +176,13 @@ INVENTORY: tuple[Patch, ...] = (
     Patch("torch.nn.functional", ("scaled_dot_product_attention",), "simdist.cudart.install",
           "attention on simulated GPUs takes the CPU's fused kernel where the CPU program does (torch picks by "
           "device in C++)"),
+    Patch("torch.distributed.tensor._random._PhiloxState", ("__init__",), "simdist.cudart.install",
+          "DTensor's random ops read the device generator's state as CUDA's Philox state (seed and offset); a "
+          "simulated GPU's generator has no offset, and they are refused naming the user's line"),
+    Patch("torch.autograd", ("_engine_run_backward",), "simdist.cudart.install",
+          "a hook that raises in a backward pass over simulated GPU tensors raises its own error (C++ unwinds "
+          "through the simulated device guard, which keeps the error aside)"),
+    Patch("torch.autograd.graph", ("_engine_run_backward",), "simdist.cudart.install", "as torch.autograd's"),
     Patch("torch._C._distributed_c10d.Logger", ("set_runtime_stats_and_log",), "simdist.cudart.install",
           "a CPU build's DDP keeps no timer for CUDA parameters, and its statistics logging asserts on one"),
     Patch("torch.UntypedStorage", ("resize_",), "simdist.compute.memory",

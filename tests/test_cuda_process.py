@@ -245,3 +245,44 @@ def test_tensor_to_reaching_the_mode_undecomposed_copies_across_devices() -> Non
     for got in (mine, simulated):
         _equal = [torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(got, expected)]
         assert all(_equal), got
+
+
+def _events_and_streams() -> list[Any]:
+    """Events, a side stream waited for, and their queries, as training scripts time and overlap their steps."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    x = torch.arange(4.0, device="cuda") * 2
+    end.record()
+    end.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y = x + 1
+    done = side.record_event()
+    torch.cuda.current_stream().wait_event(done)
+    torch.cuda.current_stream().wait_stream(side)
+    side.synchronize()
+    torch.cuda.synchronize()
+    return [y.cpu(), start.elapsed_time(end) >= 0, end.query(), done.query(), side.query()]
+
+
+def test_events_and_streams_answer_as_in_a_simulated_run() -> None:
+    # they read the simulated rank's clock and race detector, which a process of its own has not
+    with emulated_process(1):
+        mine = _events_and_streams()
+    simulated = simdist.run(_events_and_streams, simdist.Cluster.switch(1, device="H100")).returns[0]
+    assert torch.equal(mine[0], simulated[0]) and mine[1:] == simulated[1:] == [True] * 4
+
+
+def _one_nvtx_range() -> list[int]:
+    pushed = torch.cuda.nvtx.range_push("step")
+    with torch.cuda.nvtx.range("forward"), torch.autograd.profiler.record_function("loss"):
+        torch.ones(2, device="cuda").sum()
+    return [pushed, torch.cuda.nvtx.range_pop()]
+
+
+def test_nvtx_ranges_answer_as_in_a_simulated_run() -> None:
+    # a process of its own has no trace to put them in; they failed naming a function never imported
+    with emulated_process(1):
+        mine = _one_nvtx_range()
+    assert mine == simdist.run(_one_nvtx_range, simdist.Cluster.switch(1, device="H100")).returns[0] == [0, 0]

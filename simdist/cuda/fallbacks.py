@@ -322,7 +322,7 @@ FALLBACKS: dict[Any, Callable[..., Any]] = {
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
-def _user_line() -> str:
+def user_line() -> str:
     """The innermost frame that is neither torch's nor the simulator's: the user's line, as ``file:line``."""
     frame = sys._getframe(1)
     while frame is not None:
@@ -336,7 +336,7 @@ def _user_line() -> str:
 def unsupported(func: Any, device: torch.device) -> UnsupportedCudaOpError:
     """The error for ``func``, which has no CPU kernel and no entry in :data:`FALLBACKS`, called on ``device``."""
     return UnsupportedCudaOpError(
-        f"{func._schema.name} (called at {_user_line()}) has a CUDA kernel only, and the simulated GPU ({device}) has "
+        f"{func._schema.name} (called at {user_line()}) has a CUDA kernel only, and the simulated GPU ({device}) has "
         "no CPU stand-in for it: the simulated GPUs compute with the CPU kernels. Use an op with a CPU kernel there "
         "(the program written for the CPU shows which), or run this part of the program on the CPU"
     )

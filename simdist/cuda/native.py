@@ -22,7 +22,9 @@ resets that when the run ends.
 
 The borrowed functions are native ones of torch that answer what the slot must (the Python guard's
 ``queryEvent`` returns true, its ``synchronizeStream`` does nothing, the default ``isBuilt`` returns false,
-c10's ``GetCPUAllocator``), so a slot never calls into Python; only the three device callbacks do.
+c10's ``GetCPUAllocator``), so a slot never calls into Python; only the three device callbacks do, and the
+guard's stream slots (``getStream``, ``exchangeStream``, ``getNewStream``), which ask the Python guard's ``type_``.
+Each of these first takes any pending Python error off the thread (:mod:`simdist.cuda.pending`).
 
 All of this depends on torch 2.13's layout (vtable slots in declaration order from its headers, the sizes
 its libraries declare), the Itanium C++ ABI and a 2-byte ``c10::Device`` passed in a register: Linux on x86-64
@@ -105,6 +107,10 @@ class _CudaGuard(torch._C._acc.DeviceGuard):
     """torch's guard for Python backends (no-op streams and events), for device type CUDA."""
 
     def type_(self) -> Any:
+        # C++ calls this from the guard's stream slots, also while it unwinds from a Python error (the autograd
+        # engine's stream guard, when a backward hook raised): with the error still set the call would fail in
+        # ``noexcept`` code and end the process
+        pending.take()
         return _DT.CUDA
 
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from simdist.clock.baton import current_rank_state
 from simdist.cuda import device as current
-from simdist.cudart.state import active
+from simdist.cudart.state import active, caller
 from simdist.errors import CudaError
 
 
@@ -40,9 +39,10 @@ def event_record(self: Any, stream: Any = None) -> None:
     """Stamp the event where ``stream`` (the current stream for None) will be once everything queued on it has
     run."""
     ctx = _ctx()
-    number = current.current_stream(current.current()) if stream is None else int(stream.stream_id)
+    rank, current_stream = caller()
+    number = current_stream if stream is None else int(stream.stream_id)
     self._time = ctx.time.stream_end(number)
-    self._clock = ctx.races.clock(_rank_number(), number, self._time)
+    self._clock = ctx.races.clock(rank, number, self._time)
     self._device_index = current.current() if stream is None else stream.device_index
 
 
@@ -60,7 +60,7 @@ def event_synchronize(self: Any) -> None:
     wait = self._time - ctx.now()
     if wait > 0:
         ctx.baton.sleep(wait, "cudaEventSynchronize")
-    ctx.races.stream_waited(_rank_number(), None, self._clock)
+    ctx.races.stream_waited(caller()[0], None, self._clock)
 
 
 def event_wait(self: Any, stream: Any = None) -> None:
@@ -69,9 +69,10 @@ def event_wait(self: Any, stream: Any = None) -> None:
     if self._time is None:
         return
     ctx = _ctx()
-    number = current.current_stream(current.current()) if stream is None else int(stream.stream_id)
+    rank, current_stream = caller()
+    number = current_stream if stream is None else int(stream.stream_id)
     ctx.time.stream_wait(number, self._time)
-    ctx.races.stream_waited(_rank_number(), number, self._clock)
+    ctx.races.stream_waited(rank, number, self._clock)
 
 
 def event_elapsed_time(self: Any, end_event: Any) -> float:
@@ -101,12 +102,6 @@ def event_repr(self: Any) -> str:
 
 def event_ipc_handle(self: Any) -> Any:
     raise CudaError("CUDA IPC is not simulated: events cannot be shared between processes in a simulated run")
-
-
-def _rank_number() -> int:
-    """The calling rank's number (0 in a process that emulates CUDA by itself, where there is one rank)."""
-    state = current_rank_state()
-    return 0 if state is None else state.rank
 
 
 def _ctx() -> Any:

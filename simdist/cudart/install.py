@@ -26,10 +26,10 @@ import torch.utils._foreach_utils as foreach_utils
 from simdist.clock.baton import current_rank_state
 from simdist.comm.context import RunContext
 from simdist.compute.devices import DeviceSpec
-from simdist.cuda import attention, native
+from simdist.cuda import attention, native, pending
 from simdist.cuda.rank import RankCuda
 from simdist.cuda.tensor import SimCudaTensor
-from simdist.cudart import api, checkpoints, events, streams
+from simdist.cudart import api, checkpoints, dtensor_random, events, streams
 from simdist.cudart.generator import CudaGenerator
 from simdist.cudart.nvtx import NvtxRanges, record_function_methods
 from simdist.cudart.state import Emulation, activate, in_rank_code, in_ranks
@@ -116,6 +116,16 @@ _ACCELERATOR: dict[str, Any] = {
 _FOREACH_TYPE_LISTS = (optimizer_module._foreach_supported_types, foreach_utils._foreach_supported_types)
 
 
+def _run_backward(original: Any) -> Any:
+    """autograd's entry to its C++ engine, raising the error of a hook that raised (kept while the engine unwound
+    through the simulated device guard, see :mod:`simdist.cuda.pending`) where the engine returned without one."""
+
+    def run_backward(*args: Any, **kwargs: Any) -> Any:
+        return pending.guarded(original, *args, **kwargs)
+
+    return run_backward
+
+
 def _patches() -> dict[str, Any]:
     """Every attribute the emulation replaces, with its replacement."""
     patches: dict[str, Any] = {}
@@ -159,6 +169,10 @@ def _patches() -> dict[str, Any]:
     )
     patches["torch._utils._rebuild_tensor_v2"] = checkpoints.rebuild_tensor(torch._utils._rebuild_tensor_v2)
     patches["torch.nn.functional.scaled_dot_product_attention"] = attention.scaled_dot_product_attention
+    patches["torch.distributed.tensor._random._PhiloxState.__init__"] = dtensor_random.philox_state_init()
+    run_backward = _run_backward(torch.autograd.graph._engine_run_backward)
+    patches["torch.autograd._engine_run_backward"] = run_backward
+    patches["torch.autograd.graph._engine_run_backward"] = run_backward
     # DDP's reducer keeps no timer for CUDA parameters on a CPU build (it is compiled with CUDA only), and its
     # runtime-statistics logging asserts on it: nothing is logged
     logger = torch._C._distributed_c10d.Logger

@@ -29,7 +29,7 @@ from torch.autograd import profiler
 from simdist.clock.baton import current_rank_state
 from simdist.clock.sites import TORCH_DIR
 from simdist.comm.context import RunContext
-from simdist.cudart.state import active
+from simdist.cudart.state import active, in_rank_code
 from simdist.trace.trace import NVTX, NVTX_DEVICE
 
 _thread = threading.local()

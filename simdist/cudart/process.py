@@ -45,7 +45,6 @@ class WallClock:
         #: events ask ``ctx.time.device_now()``: the device's clock is the host's
         self.time = self
         self.baton = self
-        self.races = self
 
     def now(self) -> float:
         """The host's clock, seconds."""
@@ -61,26 +60,38 @@ class WallClock:
     def synchronize(self) -> None:
         """Nothing is queued."""
 
-    def stream_end(self, stream: int) -> float:
-        """Where a stream's queue ends: now (every stream's kernels have run when their calls return)."""
-        return time.perf_counter()
-
-    def stream_wait(self, stream: int, until: float) -> None:
-        """Nothing to wait for: every stream has run what it was given."""
-
-    def synchronize_stream(self, stream: int) -> None:
-        """Nothing is queued."""
-
-    def clock(self, rank: int, stream: int, at: float) -> dict[int, float]:
-        """No race detector runs in a process of its own: an event orders nothing it would check."""
-        return {}
-
-    def stream_waited(self, rank: int, stream: int | None, clock: dict[int, float]) -> None:
-        """No race detector runs here."""
-
     def sleep(self, seconds: float, why: str = "") -> None:
         """Wait ``seconds`` of wall time (an event recorded in the future; never the case here)."""
         time.sleep(max(0.0, seconds))
+
+    def stream_end(self, stream: int | None = None) -> float:
+        """Where a stream's queue ends, seconds: now (each kernel has run when its call returns)."""
+        return time.perf_counter()
+
+    def stream_wait(self, stream: int, until: float) -> None:
+        """A stream waiting for an event: nothing to wait for, the event was reached when it was recorded."""
+
+    def synchronize_stream(self, stream: int | None = None) -> None:
+        """Nothing is queued."""
+
+    @property
+    def races(self) -> NoRaces:
+        """Streams never overlap here (each kernel has run when its call returns): no race to look for."""
+        return _NO_RACES
+
+
+class NoRaces:
+    """The race detector's part that events and streams call, for a process whose streams never overlap."""
+
+    def clock(self, rank: int, stream: int, now: float) -> dict[int, float]:
+        """What an event orders after it: nothing to order."""
+        return {}
+
+    def stream_waited(self, rank: int, waiter: int | None, clock: dict[int, float]) -> None:
+        """A stream or the host waited for an event: nothing was in flight."""
+
+
+_NO_RACES = NoRaces()
 
 
 class ProcessCudaMode(TorchDispatchMode):

@@ -83,6 +83,15 @@ def in_ranks(original: Any, emulated: Any) -> Any:
     return call
 
 
+def caller() -> tuple[int, int]:
+    """The calling rank and the number of its current stream; in a process of its own (``python -m real
+    --emulate-cuda``), which has no simulated rank, rank 0 and the thread's current stream."""
+    state = current_rank_state()
+    if state is not None:
+        return state.rank, state.stream
+    return 0, device.current_stream(device.current())
+
+
 def follow() -> None:
     """Send the calling rank thread's device work to its current stream on its current device (after either
     changed)."""

@@ -15,10 +15,9 @@ from typing import Any
 
 import torch
 
-from simdist.clock.baton import current_rank_state
 from simdist.cuda import device as current
 from simdist.cudart.api import index_of
-from simdist.cudart.state import active, follow, rank
+from simdist.cudart.state import active, caller, follow, rank
 
 #: device_type of a CUDA stream (c10::DeviceType::CUDA)
 CUDA_TYPE = 1
@@ -78,8 +77,7 @@ def stream_synchronize(self: Any) -> None:
     """Wait on the host until this stream has run everything queued on it."""
     ctx = _ctx()
     ctx.time.synchronize_stream(self.stream_id)
-    state = current_rank_state()
-    rank = 0 if state is None else state.rank  # 0: a process that emulates CUDA by itself
+    rank = caller()[0]
     ctx.races.stream_waited(rank, None, ctx.races.clock(rank, self.stream_id, ctx.now()))
 
 

@@ -1,7 +1,7 @@
 """A hypothesis sweep over modules, dtypes and ``torch.cuda`` calls on simulated GPUs, run in a child process.
 
 Each example is a program for two ranks: ``torch.cuda`` calls, then a module in a dtype on a device, forward and
-backward (sometimes under CUDA autocast), then more calls. It may succeed or raise anything; what it must never do
+backward (sometimes under CUDA autocast, sometimes with a hook that raises on rank 0), then more calls. It may succeed or raise anything; what it must never do
 is end the process (a C++ path calling ``std::terminate``). The program about to run is printed first, so a crash
 names it. ``test_hostile_cuda.py`` runs this file and checks it reaches its last line.
 """
@@ -162,8 +162,23 @@ CALLS = sorted(
 )
 
 
+#: where rank 0 registers a hook that raises: none, a gradient hook on the output, the module's backward or
+#: forward hook (C++ unwinds from the hook's error through the device guard)
+HOOKS = [None, None, "tensor", "backward", "forward"]
+
+
+def _raise(*args: object) -> None:
+    raise ValueError("a hook raised")
+
+
 def _program(
-    module: str, dtype: torch.dtype, device: str, autocast: bool, before: list[str], after: list[str]
+    module: str,
+    dtype: torch.dtype,
+    device: str,
+    autocast: bool,
+    before: list[str],
+    after: list[str],
+    hook: str | None = None,
 ) -> Callable[[], None]:
     make, shape, indices = MODULES[module]
 
@@ -175,9 +190,16 @@ def _program(
         x = x.to(device=device, dtype=None if indices else dtype)
         if x.is_floating_point():
             x.requires_grad_()
+        raises = dist.get_rank() == 0 and hook is not None
+        if raises and hook == "backward":
+            m.register_full_backward_hook(_raise)
+        elif raises and hook == "forward":
+            m.register_forward_hook(_raise)
         with torch.autocast("cuda", enabled=autocast):
             out = m(x)
         out = out[0] if isinstance(out, tuple) else out
+        if raises and hook == "tensor" and out.requires_grad:
+            out.register_hook(_raise)
         out.float().sum().backward()
         for name in after:
             _call(name)
@@ -196,6 +218,7 @@ def _program(
     before=st.lists(st.sampled_from(CALLS), max_size=3),
     after=st.lists(st.sampled_from(CALLS), max_size=3),
     memory=st.booleans(),
+    hook=st.sampled_from(HOOKS),
 )
 def sweep(
     module: str,
@@ -205,14 +228,16 @@ def sweep(
     before: list[str],
     after: list[str],
     memory: bool,
+    hook: str | None,
 ) -> None:
     print(
-        f"program: {module} {dtype} {device} autocast={autocast} before={before} after={after} memory={memory}",
+        f"program: {module} {dtype} {device} autocast={autocast} before={before} after={after} memory={memory} "
+        f"hook={hook}",
         flush=True,
     )
     try:
         simdist.run(
-            _program(module, dtype, device, autocast, before, after), PAIR, memory=memory, watchdog=120
+            _program(module, dtype, device, autocast, before, after, hook), PAIR, memory=memory, watchdog=120
         )
     except Exception as e:  # noqa: BLE001 - any error is an acceptable outcome; ending the process is not
         outcome = type(getattr(e, "exc", e)).__name__

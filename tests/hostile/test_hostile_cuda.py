@@ -5,6 +5,7 @@ a sweep over modules, dtypes and ``torch.cuda`` calls that must end in results o
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -15,6 +16,8 @@ import pytest
 import torch
 import torch.distributed as dist
 from hostile_cases import Case, check, params
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import simdist
 from simdist.compute import get_device
@@ -76,6 +79,49 @@ def _self_check_fails() -> None:
         simdist.run(lambda: None, PAIR)
     finally:
         torch.__version__ = version
+
+
+def _hook_raises_in_a_child(wrapper: str, hook: str) -> None:
+    """``cuda_hook_raises.py`` in a child process (an abort there fails this case, not pytest); its run's
+    :class:`RankError` raised again here, from what the child reported."""
+    done = subprocess.run(
+        [sys.executable, str(HERE / "cuda_hook_raises.py"), wrapper, hook],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_child_env(),
+        check=False,
+    )
+    tail = (done.stdout + done.stderr)[-3000:]
+    assert done.returncode == 0, f"the child process ended with status {done.returncode}:\n{tail}"
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report is not None, f"the run raised nothing:\n{tail}"
+    raise RankError(report["rank"], ValueError(report["error"]), report["traceback"])
+
+
+def _child_env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(HERE.parent.parent), os.environ.get("PYTHONPATH", "")]),
+    }
+
+
+#: the line of the hook that raises, as a rank's traceback names it
+_HOOK_LINE = r'cuda_hook_raises\.py", line \d+, in _raise\n    raise ValueError\("a hook raised"\)'
+
+
+def _init_a_sharded_parameter() -> None:
+    """What FSDP2 scripts do after ``fully_shard`` on the meta device: initialise the sharded parameters."""
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cuda", (dist.get_world_size(),))
+    weight = distribute_tensor(torch.zeros(4, 3, device="cuda"), mesh, [Shard(0)])
+    torch.nn.init.normal_(weight)
+
+
+def _dropout_on_a_dtensor() -> None:
+    mesh = init_device_mesh("cuda", (dist.get_world_size(),))
+    x = distribute_tensor(torch.ones(4, 3, device="cuda"), mesh, [Replicate()])
+    torch.nn.functional.dropout(x, 0.5)
 
 
 def _swap_data(kind: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -325,6 +371,49 @@ CASES = [
         check=_check_staged,
     ),
     Case(
+        "fsdp2_backward_hook_raises",
+        "raises in a module's backward hook on one rank while the other is in FSDP2's backward",
+        lambda: _hook_raises_in_a_child("fsdp2", "backward"),
+        error=RankError,
+        match=r"(?s)^rank 0 raised ValueError: a hook raised\n.*" + _HOOK_LINE,
+    ),
+    Case(
+        "fsdp2_tensor_hook_raises",
+        "raises in a tensor's gradient hook on one rank while the other is in FSDP2's backward",
+        lambda: _hook_raises_in_a_child("fsdp2", "tensor"),
+        error=RankError,
+        match=r"(?s)^rank 0 raised ValueError: a hook raised\n.*" + _HOOK_LINE,
+    ),
+    Case(
+        "ddp_backward_hook_raises",
+        "raises in a module's backward hook on one rank while the other is in DDP's backward",
+        lambda: _hook_raises_in_a_child("ddp", "backward"),
+        error=RankError,
+        match=r"(?s)^rank 0 raised ValueError: a hook raised\n.*" + _HOOK_LINE,
+    ),
+    Case(
+        "ddp_forward_hook_raises",
+        "raises in a module's forward hook on one rank while the other runs DDP's forward",
+        lambda: _hook_raises_in_a_child("ddp", "forward"),
+        error=RankError,
+        match=r"(?s)^rank 0 raised ValueError: a hook raised\n.*" + _HOOK_LINE,
+    ),
+    Case(
+        "dtensor_init_on_sharded_parameter",
+        "initialises a sharded parameter with torch.nn.init (DTensor's random ops want CUDA's Philox state)",
+        lambda: simdist.run(_init_a_sharded_parameter, PAIR),
+        error=RankError,
+        match=r"raised UnsupportedCudaOpError: a random op on a DTensor \(called at .*test_hostile_cuda\.py:\d+\) "
+        r"needs CUDA's Philox generator state \(a seed and an offset, 16 bytes\).*CPU generator \(5056 bytes",
+    ),
+    Case(
+        "dtensor_dropout",
+        "applies dropout to a replicated DTensor on simulated GPUs",
+        lambda: simdist.run(_dropout_on_a_dtensor, PAIR),
+        error=RankError,
+        match=r"a random op on a DTensor \(called at .*test_hostile_cuda\.py:\d+\) needs CUDA's Philox",
+    ),
+    Case(
         "self_check_fails",
         "runs CUDA code on a torch whose native layout the emulation does not know",
         _self_check_fails,
@@ -343,16 +432,12 @@ def test_hostile_cuda(case: Case) -> None:
 def test_a_sweep_over_modules_dtypes_and_cuda_calls_never_aborts() -> None:
     """Hypothesis drives programs in a child process: an abort (a C++ path ending the process) fails this test
     with the last program it started, instead of ending pytest."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(HERE.parent.parent), os.environ.get("PYTHONPATH", "")]),
-    }
     done = subprocess.run(
         [sys.executable, str(HERE / "cuda_sweep.py")],
         capture_output=True,
         text=True,
         timeout=600,
-        env=env,
+        env=_child_env(),
         check=False,
     )
     tail = (done.stdout + done.stderr)[-3000:]
