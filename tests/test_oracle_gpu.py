@@ -34,9 +34,12 @@ def data(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def reference(world: int) -> None:
-    """Every rank's batch at once, in one process on the CPU."""
+    """Every rank's batch at once, in one process on the CPU.
+
+    The optimizer takes the path it takes on CUDA by default (foreach), so that the optimizer ops align.
+    """
     net = model()
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, foreach=True)
     for step in range(STEPS):
         opt.zero_grad()
         xs, ys = zip(*(data(r, step) for r in range(world)))
@@ -77,3 +80,8 @@ def test_a_fault_in_a_gpu_program_is_found_at_its_step_and_tensor() -> None:
     assert rep.first.step == 1, str(rep)
     # the perturbed gradient differs from the reference and between the replicas (rank 1's only)
     assert any(d.kind == "replica" and d.name == "0.weight" for d in rep.divergences), str(rep)
+    # localisation follows the ops on simulated GPU tensors to the optimizer's op that read the gradient
+    where = rep.localization
+    assert where is not None, str(rep)
+    assert where.op == "aten._foreach_add_" and where.phase == "optimizer", str(rep)
+    assert where.ranks == (1,), str(rep)
