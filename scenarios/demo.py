@@ -1,5 +1,8 @@
 """A tour of simdist on two simulated DGX-H100 nodes (16 ranks): timing, a hang, a mismatch, replay.
 
+Every rank function is written as for torchrun on GPUs: NCCL, the GPU its LOCAL_RANK names, the model and each
+batch copied to it; on simulated H100s they run on this machine's CPU.
+
 1. What does overlapping gradient all-reduces with backward buy? The same data-parallel step twice: reducing
    after backward, and reducing each gradient asynchronously as soon as autograd has produced it. Both must
    equal the single-process model trained on the full batch.
@@ -18,6 +21,7 @@ Prints a verdict table and exits non-zero if any expectation fails. Usage: pytho
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -32,6 +36,14 @@ NODES, GPUS = 2, 8
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
 
 
+def setup() -> torch.device:
+    """What a script launched by torchrun on GPUs does first: NCCL, and the GPU its LOCAL_RANK names."""
+    dist.init_process_group("nccl")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
 def make_model() -> torch.nn.Module:
     torch.manual_seed(0)
     layers: list[torch.nn.Module] = []
@@ -41,14 +53,16 @@ def make_model() -> torch.nn.Module:
 
 
 def batch(rank: int) -> torch.Tensor:
+    """Rank ``rank``'s batch as its data loader gives it: on the host."""
     g = torch.Generator().manual_seed(1000 + rank)
     return torch.randn(BATCH, WIDTH, generator=g)
 
 
 def step_reduce_after_backward() -> list[torch.Tensor]:
     """Backward first, then one blocking all-reduce per gradient."""
-    model = make_model()
-    model(batch(dist.get_rank())).pow(2).mean().backward()
+    device = setup()
+    model = make_model().to(device)
+    model(batch(dist.get_rank()).to(device)).pow(2).mean().backward()
     for p in model.parameters():
         dist.all_reduce(p.grad)
         p.grad /= dist.get_world_size()
@@ -57,7 +71,8 @@ def step_reduce_after_backward() -> list[torch.Tensor]:
 
 def step_overlapped() -> list[torch.Tensor]:
     """Each gradient's all-reduce starts from its post-accumulate hook, overlapping the rest of backward."""
-    model = make_model()
+    device = setup()
+    model = make_model().to(device)
     works = []
 
     def hook(p: torch.Tensor) -> None:
@@ -65,7 +80,7 @@ def step_overlapped() -> list[torch.Tensor]:
 
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(hook)
-    model(batch(dist.get_rank())).pow(2).mean().backward()
+    model(batch(dist.get_rank()).to(device)).pow(2).mean().backward()
     for w in works:
         w.wait()
     for p in model.parameters():
@@ -75,18 +90,20 @@ def step_overlapped() -> list[torch.Tensor]:
 
 def step_one_rank_skips() -> None:
     """Rank 11 takes an early exit (say, an empty shard of data) and skips the last all-reduce."""
-    t = torch.ones(1024)
+    t = torch.ones(1024, device=setup())
     dist.all_reduce(t)
     if dist.get_rank() != 11:
         dist.all_reduce(t)
 
 
 def step_wrong_dtype() -> None:
+    device = setup()
     dtype = torch.bfloat16 if dist.get_rank() == 3 else torch.float32
-    dist.all_reduce(torch.ones(256, dtype=dtype))
+    dist.all_reduce(torch.ones(256, dtype=dtype, device=device))
 
 
 def single_process_grads() -> list[torch.Tensor]:
+    """The oracle: one process (here on the CPU) trains the model on every rank's batch at once."""
     model = make_model()
     full = torch.cat([batch(r) for r in range(NODES * GPUS)])
     model(full).pow(2).mean().backward()
@@ -99,12 +116,23 @@ def breakdown(res: simdist.RunResult, rank: int) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=REPORTS, metavar="DIR", help="where the HTML report and the Chrome trace are written (default: %(default)s)")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=REPORTS,
+        metavar="DIR",
+        help="where the HTML report and the Chrome trace are written (default: %(default)s)",
+    )
     args = ap.parse_args(argv)
     cluster = simdist.Cluster.preset("dgx-h100", world_size=NODES * GPUS)
     verdicts: list[tuple[str, bool, str]] = []
-    page = simdist.report.ScenarioReport("simdist demo: 16 ranks on two DGX-H100 nodes", description=__doc__,
-                                         cluster=cluster, seed=0, command="python scenarios/demo.py")
+    page = simdist.report.ScenarioReport(
+        "simdist demo: 16 ranks on two DGX-H100 nodes",
+        description=__doc__,
+        cluster=cluster,
+        seed=0,
+        command="python scenarios/demo.py",
+    )
     print(cluster.describe())
     print()
 
@@ -112,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     after = simdist.run(step_reduce_after_backward, cluster, seed=0)
     overlap = simdist.run(step_overlapped, cluster, seed=0)
     print("1. data-parallel step, 4x512 MLP, batch 32 per rank, H100 cost model")
+    print("   (compute includes copying the model and the batch from the host to the GPU)")
     print(f"   {'variant':28s} {'step (us)':>10} {'compute (us)':>13} {'comm (us)':>10}")
     for name, res in (("reduce after backward", after), ("overlapped (async in hooks)", overlap)):
         comp, comm = breakdown(res, 0)
@@ -122,13 +151,26 @@ def main(argv: list[str] | None = None) -> int:
         for g, r in zip(res.returns[5], ref)
     )
     verdicts.append(("both variants equal the single-process model", same, "rank 5 vs full-batch gradients"))
-    page.runs("Reduce after backward vs overlapped", {"reduce after backward": after, "overlapped (async in hooks)": overlap},
-              note="One data-parallel step of a 4x512 MLP on 16 ranks; the overlapped variant starts each "
-                   "gradient's all-reduce from its post-accumulate hook.")
-    page.bar_plot("Step time per variant", {
-        name: {"step": res.sim_time, "compute (rank 0)": breakdown(res, 0)[0], "communication (rank 0)": breakdown(res, 0)[1]}
-        for name, res in (("reduce after backward", after), ("overlapped", overlap))
-    }, y_label="simulated time", unit="time", nav="step time")
+    page.runs(
+        "Reduce after backward vs overlapped",
+        {"reduce after backward": after, "overlapped (async in hooks)": overlap},
+        note="One data-parallel step of a 4x512 MLP on 16 ranks; the overlapped variant starts each "
+        "gradient's all-reduce from its post-accumulate hook.",
+    )
+    page.bar_plot(
+        "Step time per variant",
+        {
+            name: {
+                "step": res.sim_time,
+                "compute (rank 0)": breakdown(res, 0)[0],
+                "communication (rank 0)": breakdown(res, 0)[1],
+            }
+            for name, res in (("reduce after backward", after), ("overlapped", overlap))
+        },
+        y_label="simulated time",
+        unit="time",
+        nav="step time",
+    )
     gain = after.sim_time / overlap.sim_time
     verdicts.append(("overlap shortens the step", gain > 1.0, f"{gain:.2f}x faster"))
     print()
@@ -140,8 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     except simdist.DeadlockError as e:
         text = str(e)
         print("   " + "\n   ".join(text.splitlines()))
-        page.text("Diagnosis: one rank skips a collective", text, error=True, nav="deadlock",
-                  note="Rank 11 skips the last all-reduce; instead of hanging, the run reports what every rank waits on.")
+        page.text(
+            "Diagnosis: one rank skips a collective",
+            text,
+            error=True,
+            nav="deadlock",
+            note="Rank 11 skips the last all-reduce; instead of hanging, the run reports what every rank waits on.",
+        )
         verdicts.append(("hang reported as a deadlock", "never issued by rank 11;" in text, "names rank 11"))
     print()
 
@@ -153,14 +200,22 @@ def main(argv: list[str] | None = None) -> int:
         lines = str(e).splitlines()
         print("   " + "\n   ".join(lines[:3]))
         page.text("Diagnosis: a rank reduces the wrong dtype", str(e), error=True, nav="mismatch")
-        verdicts.append(("mismatch reported", "rank 3: all_reduce(shape=(256,), dtype=bfloat16" in str(e), "names rank 3 and its call site"))
+        verdicts.append(
+            (
+                "mismatch reported",
+                "rank 3: all_reduce(shape=(256,), dtype=bfloat16" in str(e),
+                "names rank 3 and its call site",
+            )
+        )
     print()
 
     again = simdist.run(step_overlapped, cluster, seed=0)
     out = args.out / "demo_step.json"
     overlap.trace.save_chrome(out)
     print(f"4. replay: trace hash {overlap.trace_hash[:16]} twice; Chrome trace written to {out}")
-    verdicts.append(("same seed, same trace hash", again.trace_hash == overlap.trace_hash, overlap.trace_hash[:16]))
+    verdicts.append(
+        ("same seed, same trace hash", again.trace_hash == overlap.trace_hash, overlap.trace_hash[:16])
+    )
     print()
 
     return finish(page, verdicts, args.out, "demo")

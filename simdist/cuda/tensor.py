@@ -167,6 +167,12 @@ class SimCudaTensor(torch.Tensor):
         return rewrap(call, call.run())
 
 
+def host_values(t: torch.Tensor) -> torch.Tensor:
+    """The CPU tensor holding ``t``'s values where ``t`` is on a simulated GPU, else ``t``: what simdist's own
+    bookkeeping (the equivalence oracle's snapshots) reads, with no copy priced and no device waited for."""
+    return t._elem if isinstance(t, SimCudaTensor) else t
+
+
 def _take_host_data(t: SimCudaTensor, new: torch.Tensor) -> None:
     """``t.data = new`` for ``new`` off the simulated GPUs (``Module.cpu()`` does it): on CUDA ``t`` becomes a host
     tensor, keeping its identity; here its Python object is swapped with one of ``new``'s (a wrapper cannot hold

@@ -50,6 +50,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import _disable_current_modes
 
 from simdist.clock.baton import RankState, current_rank_state
+from simdist.cuda.tensor import host_values
 from simdist.errors import SimdistError
 from simdist.oracle.flat import (
     SHARD_ATTR,
@@ -88,11 +89,16 @@ Layout = MeshLayout | FlatLayout | None
 
 @dataclass
 class Piece:
-    """One rank's copy (or part) of a tensor at a step."""
+    """One rank's copy (or part) of a tensor at a step, on the host."""
 
     rank: int
     value: torch.Tensor
     layout: Layout = None
+
+    def __post_init__(self) -> None:
+        # a simulated GPU's tensor is kept as its host values: pieces of several ranks' devices are compared
+        # with each other and with the reference's CPU tensors, and a simulated device ends with its run
+        self.value = host_values(self.value)
 
 
 @dataclass
@@ -207,7 +213,7 @@ class Capture:
             # a gradient of one is what backward() supplies itself: the root is still the loss
             if grads is not None and not _is_one(grads):
                 return
-            self._losses.setdefault(_rank(), []).append(tensors.detach().reshape(()).clone())
+            self._losses.setdefault(_rank(), []).append(host_values(tensors).detach().reshape(()).clone())
 
     def roots(self, rank: int) -> list[nn.Module]:
         """The rank's root modules: those it ran that are not inside another module it ran."""
@@ -285,8 +291,8 @@ class Capture:
         assembly's replica check sees the same object.
         """
         if isinstance(tensor, DTensor):
-            return Piece(rank, tensor._local_tensor.detach().clone(), mesh_layout(tensor))
-        value = tensor.detach()
+            return Piece(rank, host_values(tensor._local_tensor).detach().clone(), mesh_layout(tensor))
+        value = host_values(tensor).detach()
         key = (k, table, name)
         first = self._copies.get(key)
         if first is not None and bitwise_equal(value, first):

@@ -32,6 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from simdist.c10d import process_group
 from simdist.clock.sites import caller_site
+from simdist.cuda.tensor import SimCudaTensor, host_values
 from simdist.layers import NOT_CALL_SITES
 from simdist.oracle.names import canonical_names, named_tensors
 from simdist.oracle.shared import SharedHooks
@@ -41,8 +42,9 @@ from simdist.untraced import never_compiled
 #: ops not recorded: they compute nothing (aliases autograd makes for itself)
 _SILENT = frozenset({"aten.detach", "aten.alias", "aten.lift_fresh", "aten._to_copy.out", "aten.set_"})
 
-#: tensor types whose storage is their data (subclasses such as DTensor dispatch to plain ops, recorded then)
-_PLAIN = (torch.Tensor, nn.Parameter)
+#: tensor types whose storage is their data (subclasses such as DTensor dispatch to plain ops, recorded then);
+#: a simulated GPU's tensor is recorded as one: the rank's mode runs its ops on the host tensor inside, unseen here
+_PLAIN = (torch.Tensor, nn.Parameter, SimCudaTensor)
 
 #: the recorder of the calling rank thread (hooks are process-wide; each rank's thread sets its own)
 _current = threading.local()
@@ -391,7 +393,7 @@ class Recorder(TorchDispatchMode):
             with _disable_current_modes(), torch.no_grad():
                 for i, t in enumerate(inputs):
                     if id(t) in targets and keys[i] not in self._producers and _backed(t):
-                        before[i] = t.detach().clone()
+                        before[i] = host_values(t).detach().clone()
         context = self._context(inputs)  # before the op, and outside the no_grad below (the phase reads grad mode)
         out = func(*args, **kwargs)
         with _disable_current_modes(), torch.no_grad():
@@ -420,7 +422,7 @@ class Recorder(TorchDispatchMode):
                 continue
             value = before.get(i)
             if value is None:
-                value = t.detach().clone()
+                value = host_values(t).detach().clone()
             ptr = t.untyped_storage().data_ptr()
             writer = self._writers.get(ptr)
             recorded_inputs.append((value, Source(
@@ -432,7 +434,7 @@ class Recorder(TorchDispatchMode):
             results = _tensors(tuple(args[i] for i in written if i < len(args)))
         outputs: list[torch.Tensor | None] = []
         for j, t in enumerate(results):
-            outputs.append(t.detach().clone())
+            outputs.append(host_values(t).detach().clone())
             self._producers[_key(t)] = (index, j)
             if written and any(t is x for x in inputs):
                 # an in-place or out= op bumps the version of what it writes only on its way back through

@@ -1,0 +1,87 @@
+"""The equivalence oracle on programs written for GPUs: their snapshots are compared with the CPU reference.
+
+The oracle is the reference model trained in one process on the CPU; the parallel program is the same model
+trained with torch's DDP on simulated GPUs, as a torchrun script on GPUs writes it. Its verdicts must be those
+of the same program written for the CPU: equal when clean, the perturbed step and tensor when one rank's
+gradient is perturbed.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+import simdist
+
+WIDTH, BATCH, STEPS = 8, 4, 2
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh(), nn.Linear(WIDTH, 1)).double()
+
+
+def data(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 * step + rank)
+    x = torch.randn(BATCH, WIDTH, generator=g, dtype=torch.float64)
+    return x, torch.randn(BATCH, 1, generator=g, dtype=torch.float64)
+
+
+def reference(world: int) -> None:
+    """Every rank's batch at once, in one process on the CPU.
+
+    The optimizer takes the path it takes on CUDA by default (foreach), so that the optimizer ops align.
+    """
+    net = model()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, foreach=True)
+    for step in range(STEPS):
+        opt.zero_grad()
+        xs, ys = zip(*(data(r, step) for r in range(world)))
+        F.mse_loss(net(torch.cat(xs)), torch.cat(ys)).backward()
+        opt.step()
+
+
+def on_gpus(perturb_rank: int | None) -> None:
+    """DDP on the GPU LOCAL_RANK names; ``perturb_rank`` adds 1 to one gradient element at step 1."""
+    dist.init_process_group("nccl")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    net = model().to("cuda")
+    ddp = DistributedDataParallel(net, device_ids=[local_rank])
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(STEPS):
+        opt.zero_grad()
+        x, y = data(dist.get_rank(), step)
+        F.mse_loss(ddp(x.to("cuda")), y.to("cuda")).backward()
+        if step == 1 and dist.get_rank() == perturb_rank:
+            with torch.no_grad():
+                net[0].weight.grad[0, 0] += 1.0
+        opt.step()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_clean_gpu_program_equals_its_cpu_reference(world: int) -> None:
+    cluster = simdist.Cluster.switch(world, device="H100")
+    rep = simdist.check_equivalence(on_gpus, reference, cluster, args=(None,), reference_args=(world,))
+    assert rep.ok, str(rep)
+    assert rep.steps == STEPS
+
+
+def test_a_fault_in_a_gpu_program_is_found_at_its_step_and_tensor() -> None:
+    cluster = simdist.Cluster.switch(2, device="H100")
+    rep = simdist.check_equivalence(on_gpus, reference, cluster, args=(1,), reference_args=(2,))
+    assert not rep.ok
+    assert rep.first.step == 1, str(rep)
+    # the perturbed gradient differs from the reference and between the replicas (rank 1's only)
+    assert any(d.kind == "replica" and d.name == "0.weight" for d in rep.divergences), str(rep)
+    # localisation follows the ops on simulated GPU tensors to the optimizer's op that read the gradient
+    where = rep.localization
+    assert where is not None, str(rep)
+    assert where.op == "aten._foreach_add_" and where.phase == "optimizer", str(rep)
+    assert where.ranks == (1,), str(rep)
