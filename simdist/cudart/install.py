@@ -32,7 +32,7 @@ from simdist.cuda.tensor import SimCudaTensor
 from simdist.cudart import api, checkpoints, dtensor_random, events, streams
 from simdist.cudart.generator import CudaGenerator
 from simdist.cudart.nvtx import NvtxRanges, record_function_methods
-from simdist.cudart.state import Emulation, activate, in_rank_code, in_ranks
+from simdist.cudart.state import Emulation, activate, in_ranks
 from simdist.cudart.state import rank as rank_cuda
 from simdist.errors import CudaEmulationError, NoCudaError
 from simdist.patching import replaced
