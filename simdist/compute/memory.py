@@ -86,8 +86,9 @@ class _Block:
         self.ref = ref
 
 
-def _storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
-    """The storages behind ``t``: its own, or its inner tensors' for a wrapper subclass such as DTensor."""
+def _storages(t: torch.Tensor, device_only: bool = False) -> list[torch.UntypedStorage]:
+    """The storages behind ``t``: its own, or its inner tensors' for a wrapper subclass such as DTensor; with
+    ``device_only``, only those on a simulated GPU (reached through a :class:`SimCudaTensor`)."""
     if type(t) is SimCudaTensor:
         return [t._elem.untyped_storage()]
     if is_traceable_wrapper_subclass(t):
@@ -96,27 +97,14 @@ def _storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
         for name in names:
             inner = getattr(t, name)
             if isinstance(inner, torch.Tensor):
-                out.extend(_storages(inner))
+                out.extend(_storages(inner, device_only))
         return out
+    if device_only:
+        return []
     try:
         return [t.untyped_storage()]
     except (RuntimeError, NotImplementedError, TypeError):
         return []  # sparse and other layouts without one storage: not counted
-
-
-def _device_storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
-    """The storages behind ``t`` that are on a simulated GPU: reached through a :class:`SimCudaTensor`."""
-    if type(t) is SimCudaTensor:
-        return [t._elem.untyped_storage()]
-    if is_traceable_wrapper_subclass(t):
-        names, _ = t.__tensor_flatten__()
-        out: list[torch.UntypedStorage] = []
-        for name in names:
-            inner = getattr(t, name)
-            if isinstance(inner, torch.Tensor):
-                out.extend(_device_storages(inner))
-        return out
-    return []
 
 
 class MemoryTracker:
@@ -201,7 +189,7 @@ class MemoryTracker:
         live = self._live
         kind = type(t)
         if not self._host_counts:
-            storages = _device_storages(t)
+            storages = _storages(t, device_only=True)
         elif kind is torch.Tensor or kind is Parameter:
             storages = [t.untyped_storage()]
         else:
