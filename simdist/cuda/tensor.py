@@ -344,6 +344,16 @@ def _fake(t: torch.Tensor) -> bool:
     return module is not None and isinstance(t, module.FakeTensor)
 
 
+def _joined(func: Any, dev: torch.device | None, t: SimCudaTensor) -> torch.device:
+    """The device of a call's simulated-GPU operands so far, with ``t``'s: an operand on another GPU is CUDA's
+    device mismatch."""
+    if dev is None:
+        return t._dev
+    if t._dev != dev:
+        raise _mismatch(func, dev, t._dev)
+    return dev
+
+
 def _mismatch(func: Any, first: torch.device, second: torch.device) -> DeviceMismatchError:
     return DeviceMismatchError(
         f"Expected all tensors to be on the same device, but found at least two devices, {first} and {second}! "
@@ -399,10 +409,7 @@ def unwrap(func: Any, args: Any, kwargs: dict[str, Any]) -> Call | None | Any:
     for i, a in enumerate(args):
         kind = type(a)
         if kind is SimCudaTensor:
-            if dev is None:
-                dev = a._dev
-            elif a._dev != dev:
-                raise _mismatch(func, dev, a._dev)
+            dev = _joined(func, dev, a)
             if new_args is None:
                 new_args = list(args)
             new_args[i] = a._elem
@@ -421,10 +428,7 @@ def unwrap(func: Any, args: Any, kwargs: dict[str, Any]) -> Call | None | Any:
                 items = list(inner)
                 for j, t in enumerate(items):
                     if type(t) is SimCudaTensor:
-                        if dev is None:
-                            dev = t._dev
-                        elif t._dev != dev:
-                            raise _mismatch(func, dev, t._dev)
+                        dev = _joined(func, dev, t)
                         items[j] = t._elem
                 nested.append(items)
             if new_args is None:
@@ -435,10 +439,7 @@ def unwrap(func: Any, args: Any, kwargs: dict[str, Any]) -> Call | None | Any:
                 items = list(a)
                 for j, t in enumerate(items):
                     if type(t) is SimCudaTensor:
-                        if dev is None:
-                            dev = t._dev
-                        elif t._dev != dev:
-                            raise _mismatch(func, dev, t._dev)
+                        dev = _joined(func, dev, t)
                         items[j] = t._elem
                     elif isinstance(t, torch.Tensor) and t.dim() > 0 and not t.is_meta:
                         if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
