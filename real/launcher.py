@@ -51,6 +51,17 @@ _STACK_DUMP_WAIT = 2.0  # seconds the still-running rank processes get to write 
 _AGENT_EXIT_WAIT = 30.0  # seconds the agent gets to notice killed rank processes and return
 _WATCH_INTERVAL = 0.02  # seconds between checks of the agent's thread while waiting for rank processes to end
 _PORT_ATTEMPTS = 3  # launches tried with a fresh free port when the previous one was taken meanwhile
+
+
+class _DefaultBackend(str):
+    """``backend``'s default: ``"gloo"``, or ``"nccl"`` (presented over gloo) for code on emulated GPUs."""
+
+    def __repr__(self) -> str:
+        return "'gloo' (with emulate_cuda: 'nccl')"
+
+
+DEFAULT_BACKEND = _DefaultBackend("gloo")
+
 #: the backend a torchrun-style run reports when no rank created a process group
 NO_GROUP = "none"
 
@@ -75,7 +86,7 @@ class RealResult:
 def run(
     fn: Callable[..., Any],
     nproc: int,
-    backend: str | None = "gloo",
+    backend: str | None = DEFAULT_BACKEND,
     args: tuple[Any, ...] = (),
     kwargs: dict[str, Any] | None = None,
     *,
@@ -108,7 +119,7 @@ def run(
 def run_script(
     path: str | Path,
     nproc: int,
-    backend: str | None = "gloo",
+    backend: str | None = DEFAULT_BACKEND,
     entry: str | None = "main",
     args: tuple[Any, ...] = (),
     kwargs: dict[str, Any] | None = None,
@@ -163,12 +174,7 @@ def launch(
     """Start the rank processes of ``target`` (with ``backend``'s group unless it is a torchrun-style script),
     wait for them (at most ``options.timeout``), collect their returns or explain their failure."""
     emulation = options.emulate_cuda
-    if isinstance(target, MainTarget):
-        resolved = None
-    elif emulation is not None:
-        resolved = emulated_backend(backend)
-    else:
-        resolved = resolve_backend(backend, options.nproc)
+    resolved = group_backend(target, backend, options)
     blob, main = dump_job(
         Job(target, resolved, tuple(args), dict(kwargs or {}), dict(options.env), emulate_cuda=emulation)
     )
@@ -241,6 +247,16 @@ def _checked_argv(argv: Sequence[str]) -> tuple[str, ...]:
     if isinstance(argv, (str, bytes)) or not all(isinstance(a, str) for a in argv):
         raise RealConfigError(f"argv must be a list of strings (the script's arguments); got {argv!r}")
     return tuple(argv)
+
+
+def group_backend(target: Target, backend: str | None, options: LaunchOptions) -> str | None:
+    """The backend of the group real creates around ``target``; None for a torchrun-style script (it creates
+    its own)."""
+    if isinstance(target, MainTarget):
+        return None
+    if options.emulate_cuda is not None:
+        return emulated_backend(None if backend is DEFAULT_BACKEND else backend)
+    return resolve_backend(backend, options.nproc)
 
 
 def _script_backend(status: StatusDir, ranks: list[int]) -> str:

@@ -5,6 +5,7 @@ code under simdist.run, torch's own generators and the tensors' sizes; and the p
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import threading
 from collections.abc import Iterator
@@ -17,9 +18,12 @@ import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
 
+import real
 import simdist
+from real import launcher
 from real.emulated_cuda import EmulatedCuda, nccl_over_gloo
 from real.errors import RealConfigError
+from real.target import target_for
 from simdist import patching
 from simdist.cudart.process import emulated_process
 from simdist.errors import CudaEmulationError
@@ -286,3 +290,27 @@ def test_nvtx_ranges_answer_as_in_a_simulated_run() -> None:
     with emulated_process(1):
         mine = _one_nvtx_range()
     assert mine == simdist.run(_one_nvtx_range, simdist.Cluster.switch(1, device="H100")).returns[0] == [0, 0]
+
+
+def _entry() -> None:
+    """A rank function for the launcher's choice of backend (never launched here)."""
+
+
+@pytest.mark.parametrize(
+    ("backend", "emulate", "expected"),
+    [
+        (launcher.DEFAULT_BACKEND, True, "nccl"),
+        (launcher.DEFAULT_BACKEND, False, "gloo"),
+        ("gloo", True, "gloo"),
+        ("nccl", True, "nccl"),
+        (None, True, "nccl"),
+    ],
+)
+def test_real_run_creates_nccl_for_emulated_gpus_unless_told_otherwise(
+    backend: str | None, emulate: bool, expected: str
+) -> None:
+    """``real.run(fn, n, emulate_cuda=True)`` gives code written for GPUs the group ``python -m real --emulate-cuda``
+    gives it (NCCL's, presented over gloo); an explicit backend wins."""
+    options = launcher._options(2, 60.0, None, None, None, emulate)
+    assert launcher.group_backend(target_for(_entry), backend, options) == expected
+    assert inspect.signature(real.run).parameters["backend"].default is launcher.DEFAULT_BACKEND
