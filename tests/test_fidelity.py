@@ -103,3 +103,16 @@ def test_check_prices_every_table_with_finite_positive_predictions() -> None:
     for table in tables:
         assert f"| {table} |" in out.getvalue(), table
 
+
+@pytest.mark.slow
+def test_the_docs_show_what_the_script_prints() -> None:
+    # docs/fidelity.md's results are the script's output under the default model, verbatim
+    doc = (BENCHMARKS.parent / "docs" / "fidelity.md").read_text()
+    start = doc.index("<!-- fidelity: output of `python3 benchmarks/fidelity.py` -->\n")
+    shown = doc[doc.index("\n", start) + 1 : doc.index("\n<!-- fidelity: end -->")]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert fidelity.main([]) == 0
+    assert shown == out.getvalue().rstrip("\n"), (
+        "docs/fidelity.md is stale: paste `python3 benchmarks/fidelity.py`"
+    )
