@@ -104,7 +104,10 @@ def _recording(job: Job, rank: int) -> contextlib.AbstractContextManager[None]:
     """Where the launch asked for a timeline, the recording of this rank's collectives around its code."""
     if job.timeline is None:
         return contextlib.nullcontext()
-    return Recorder(rank, job.timeline.directory, job.timeline.profile).recording()
+    recorder = Recorder(
+        rank, job.timeline.directory, job.timeline.profile, device_events=job.emulate_cuda is None
+    )
+    return recorder.recording()
 
 
 def _run(

@@ -93,10 +93,15 @@ class Recorder:
     profiler (``profile=True``) stopped.
     """
 
-    def __init__(self, rank: int, directory: str | Path, profile: bool = False) -> None:
+    def __init__(
+        self, rank: int, directory: str | Path, profile: bool = False, device_events: bool = True
+    ) -> None:
         self.rank = rank
         self.directory = Path(directory)
         self.profile = profile
+        # CUDA tensors' ops are timed by CUDA events only on a real device: an emulated one computes on the
+        # CPU, where the host's times are the op's
+        self.device_events = device_events
         self._pending: list[_Pending] = []
         self._count = itertools.count()
         self._by_work: dict[int, tuple[Any, _Pending]] = {}
@@ -148,7 +153,7 @@ class Recorder:
             self._inside.active = True
             try:
                 tensors = _tensors(args[input_at]) if input_at is not None and input_at < len(args) else []
-                cuda = any(t.is_cuda for t in tensors)
+                cuda = self.device_events and any(t.is_cuda for t in tensors)
                 pending = _Pending(self._describe(op_name, args, group_at, peer_at, tensors))
                 if cuda:
                     pending.start_event = self._event()
@@ -200,9 +205,9 @@ class Recorder:
             return
 
         def completed(_future: Any) -> None:
+            pending.end, pending.completion = time.monotonic(), BY_FUTURE
             if cuda:
                 pending.end_event = self._event()  # on a stream that waits for the op's own events
-            pending.end, pending.completion = time.monotonic(), BY_FUTURE
 
         future.add_done_callback(completed)
 

@@ -28,3 +28,14 @@ def ddp_step_and_more() -> torch.Tensor:
     grad = ddp_step()
     dist.barrier()
     return grad
+
+
+def ddp_step_on_cuda() -> torch.Tensor:
+    """``ddp_step``'s DDP step written for GPUs (run on emulated ones)."""
+    torch.cuda.set_device(dist.get_rank())
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(16, 4).cuda())
+    model(torch.randn(8, 16, device="cuda")).sum().backward()
+    t = torch.ones(5, device="cuda")
+    dist.all_reduce(t)
+    return model.module.weight.grad

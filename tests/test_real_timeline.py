@@ -207,3 +207,14 @@ def test_a_directory_without_a_timeline_is_named(tmp_path, capsys) -> None:
     write(RankTimeline(0, "host", 0.0, 0.0), valid)
     assert cli.main(["run", fns.__file__, "--entry", "ddp_step", "--real", str(valid)]) == 2
     assert "add --report" in capsys.readouterr().err
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_code_on_emulated_gpus_is_timed_on_the_host() -> None:
+    # the emulated device computes on the CPU: the host's times are the ops' (no CUDA events), and every
+    # completion is seen, also those that gloo's worker thread reports
+    result = real.run(fns.ddp_step_on_cuda, 2, emulate_cuda=True, timeline=True)
+    for records in result.timeline.records.values():
+        assert [r.op for r in records] == ["all_gather", "broadcast", "broadcast", "all_reduce", "all_reduce"]
+        assert all(r.completion == BY_FUTURE and r.end >= r.start for r in records), records
