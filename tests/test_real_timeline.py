@@ -12,6 +12,7 @@ import pytest
 import real_timeline_fns as fns
 import torch
 import torch.distributed as dist
+from browser import CHROMIUM, chromium
 
 import real
 import simdist
@@ -112,6 +113,9 @@ def test_the_simulated_run_matches_one_to_one_and_the_report_shows_both(
     real_rows = [i for i, (_, stream) in enumerate(payload["rows"]) if stream.startswith("real")]
     assert {tuple(payload["rows"][i]) for i in real_rows} == {(0, "real comm"), (0, "real p2p"), (1, "real comm"),
                                                               (1, "real p2p")}  # fmt: skip
+    if CHROMIUM is not None:  # the page's script draws every row, the real ones too
+        body = re.search(r"<body [^>]*>", chromium("--dump-dom", page.as_uri())).group(0)
+        assert 'data-js-errors=""' in body and f'data-timeline-rows="{len(payload["rows"])}"' in body
     drawn = [s for s in payload["spans"] if s[0] in real_rows]
     assert sorted(s[1] for s in drawn) == sorted(
         r.start * 1e6 for rs in result.timeline.records.values() for r in rs

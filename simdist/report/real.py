@@ -145,51 +145,42 @@ def _pair(rank: int, span: Span | None, record: CommRecord | None, sites: dict, 
 def _difference(rank: int, spans: list[Span], records: list[CommRecord], blocks: list, sites: dict,
                 p2p_sites: dict) -> str:  # fmt: skip
     """The first place where ``rank``'s two sequences part, in words."""
-    _tag, i0, _i1, j0, _j1 = next(b for b in blocks if b[0] != "equal")
-    sim = (
-        f"{data.op_name(spans[i0])} at {_site(spans[i0], sites, p2p_sites) or 'an unknown site'}"
-        if i0 < len(spans)
-        else "nothing more"
+    tag, i0, i1, j0, j1 = next(b for b in blocks if b[0] != "equal")
+    sim = ", ".join(
+        f"{data.op_name(s)} at {_site(s, sites, p2p_sites) or 'an unknown site'}" for s in spans[i0:i1]
     )
-    real = (
-        f"{records[j0].op} at {records[j0].site or 'an unknown site'}"
-        if j0 < len(records)
-        else "nothing more"
-    )
-    return (f"rank {rank}: {len(spans)} operations simulated, {len(records)} recorded; they part at operation "
-            f"#{i0} of the simulated run (#{j0} of the real one): {sim} in the simulated run, {real} in the real "
-            f"one")  # fmt: skip
+    real = ", ".join(f"{r.op} at {r.site or 'an unknown site'}" for r in records[j0:j1])
+    head = f"rank {rank}: {len(spans)} operations simulated, {len(records)} recorded; "
+    if tag == "insert":
+        return (
+            head + f"the real run has {real} (its #{j0}) where the simulated run has none (before its #{i0})"
+        )
+    if tag == "delete":
+        return (
+            head + f"the simulated run has {sim} (its #{i0}) where the real run has none (before its #{j0})"
+        )
+    return head + f"the simulated run's #{i0} is {sim} where the real run's #{j0} is {real}"
 
 
 def timeline_rows(payload: dict[str, Any], comparison: Comparison, colours: dict[str, str]) -> None:
     """Add each drawn rank's real operations to the timeline ``payload`` (rows "real comm" and "real p2p" under
     the rank's own rows), on the simulated run's time scale; a matched span shares its simulated call's key, so
     hovering one outlines both."""
-    rows = payload["rows"]
-    shown = {r for r, _ in rows}
-    real_rows: dict[tuple[int, str], int] = {}
-    for p in comparison.pairs:
-        if p.real is None or p.real.end is None or p.rank not in shown:
-            continue
-        stream = "real p2p" if p.real.op in ("send", "recv") else "real comm"
-        real_rows.setdefault((p.rank, stream), -1)
-    # rows go after their rank's simulated rows: rebuild the order and renumber the spans and messages
-    order: list[tuple[int, str]] = []
-    for r, stream in rows:
-        order.append((r, stream))
-    for key in sorted(real_rows):
-        last = max(i for i, (r, _) in enumerate(order) if r == key[0])
-        order.insert(last + 1, key)
+    shown = {r for r, _ in payload["rows"]}
+    drawn = [p for p in comparison.pairs if p.real is not None and p.real.end is not None and p.rank in shown]
+    # each rank's real rows go right after its simulated ones: renumber the rows, then the spans and messages
+    order = [(r, s) for r, s in payload["rows"]]
+    for key in sorted({(p.rank, _real_stream(p.real.op)) for p in drawn if p.real is not None}):
+        order.insert(max(i for i, (r, _) in enumerate(order) if r == key[0]) + 1, key)
     index = {key: i for i, key in enumerate(order)}
-    old = [index[(r, s)] for r, s in rows]
-    payload["spans"] = [[old[s[0]], *s[1:]] for s in payload["spans"]]
-    payload["messages"] = [[old[m[0]], old[m[1]], *m[2:]] for m in payload["messages"]]
+    moved = [index[(r, s)] for r, s in payload["rows"]]
     payload["rows"] = [[r, s] for r, s in order]
+    payload["spans"] = [[moved[s[0]], *s[1:]] for s in payload["spans"]]
+    payload["messages"] = [[moved[m[0]], moved[m[1]], *m[2:]] for m in payload["messages"]]
     colour_index = {c: i for i, c in enumerate(payload["colours"])}
-    for p in comparison.pairs:
+    for p in drawn:
         rec = p.real
-        if rec is None or rec.end is None or p.rank not in shown:
-            continue
+        assert rec is not None and rec.end is not None
         colour = data.colour_of(rec.op, colours)
         if colour not in colour_index:
             colour_index[colour] = len(payload["colours"])
@@ -202,13 +193,18 @@ def timeline_rows(payload: dict[str, Any], comparison: Comparison, colours: dict
         }
         if rec.peer is not None:
             info["peer"] = rec.peer
-        if p.sim is not None and "Seq" in p.sim.args:
+        if p.sim is not None and "Seq" in p.sim.args:  # the simulated call's key: hovering outlines both
             info["seq"] = p.sim.args["Seq"]
             info["group"] = str(p.sim.args.get("Process Group Name", rec.group))
         payload["details"].append(info)
-        stream = "real p2p" if rec.op in ("send", "recv") else "real comm"
-        payload["spans"].append([index[(p.rank, stream)], rec.start * 1e6, rec.end * 1e6, colour_index[colour],
-                                 rec.op, len(payload["details"]) - 1])  # fmt: skip
+        row = index[(p.rank, _real_stream(rec.op))]
+        detail = len(payload["details"]) - 1
+        payload["spans"].append([row, rec.start * 1e6, rec.end * 1e6, colour_index[colour], rec.op, detail])
+
+
+def _real_stream(op: str) -> str:
+    """The timeline row of a real operation: sends and receives apart from collectives, as simulated."""
+    return "real p2p" if op in ("send", "recv") else "real comm"
 
 
 def _ranks(ranks: list[int]) -> str:
