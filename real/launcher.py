@@ -234,6 +234,8 @@ def launch(
             raise failure from (None if isinstance(error, ChildFailedError) else error)
         used = resolved if resolved is not None else _script_backend(status, sorted(values))
         recorded = None if timeline is None else load(timeline.directory)
+        if recorded is not None and options.timeline is not None and not options.timeline.directory:
+            recorded.directory = ""  # timeline=True: the files went with the launch's temporary directory
     ranks = tuple(sorted(values))
     return RealResult([values[rank] for rank in ranks], wall_time, used, nproc, ranks, recorded)
 

@@ -160,7 +160,9 @@ class Recorder:
                 self._pending.append(pending)
                 pending.record["start"] = time.monotonic()
                 out = op.redispatch(keyset & below, *args, **kwargs)
-                self._watch(pending, out[-1] if isinstance(out, tuple) else out, cuda)
+                # the op ran; a work this recorder cannot watch leaves its end unobserved, never fails the call
+                with contextlib.suppress(RuntimeError, TypeError, AttributeError):
+                    self._watch(pending, out[-1] if isinstance(out, tuple) else out, cuda)
                 return out
             finally:
                 self._inside.active = False
@@ -171,7 +173,10 @@ class Recorder:
         self, op: str, args: tuple[Any, ...], group_at: int, peer_at: int | None, tensors: list[torch.Tensor]
     ) -> dict[str, Any]:
         """The record's fields known at issue: op, group, sizes, peer and call site."""
-        group, ranks = self._group(args[group_at])
+        try:
+            group, ranks = self._group(args[group_at])
+        except (RuntimeError, TypeError, AttributeError):
+            group, ranks = "", ()  # a group this recorder cannot name: the op still runs, unnamed
         peer = None
         if peer_at is not None and peer_at < len(args):
             local = int(args[peer_at])
@@ -206,8 +211,9 @@ class Recorder:
 
         def completed(_future: Any) -> None:
             pending.end, pending.completion = time.monotonic(), BY_FUTURE
-            if cuda:
-                pending.end_event = self._event()  # on a stream that waits for the op's own events
+            if cuda:  # on a stream that waits for the op's own events; without one, the host's times stand
+                with contextlib.suppress(RuntimeError):
+                    pending.end_event = self._event()
 
         future.add_done_callback(completed)
 
@@ -252,11 +258,14 @@ class Recorder:
         for p in self._pending:
             fields = dict(p.record)
             end, completion = p.end, p.completion
-            if self._cuda_anchor is not None and p.start_event is not None:
+            if self._cuda_anchor is not None and p.start_event is not None and p.end_event is not None:
                 anchor, at = self._cuda_anchor
-                fields["start"] = at + anchor.elapsed_time(p.start_event) / 1e3
-                if p.end_event is not None:
-                    end = at + anchor.elapsed_time(p.end_event) / 1e3
+                # an event that cannot be read (another device's, a failed op's) leaves the host's times
+                with contextlib.suppress(RuntimeError):
+                    fields["start"], end = (
+                        at + anchor.elapsed_time(p.start_event) / 1e3,
+                        at + anchor.elapsed_time(p.end_event) / 1e3,
+                    )
             out.append(CommRecord(**fields, end=end, completion=completion))
         return out
 
