@@ -8,7 +8,8 @@ functional collectives, DTensor, FSDP2), goes through the dispatcher as an op of
 duration of the rank code, through a ``torch.library.Library`` it destroys afterwards) that notes the time,
 hands the call on unchanged to the backend's kernel, and watches the returned work complete. Autograd's own
 handling of these ops (above that key) is untouched, and no other op passes through Python, so a rank that
-records runs as one that does not, at a few microseconds per collective. Collectives issued inside
+records computes as one that does not, each collective paying the recorder's Python (tens to hundreds of
+microseconds on a loaded 2-core machine; see docs/real.md). Collectives issued inside
 ``torch.inference_mode()`` skip that key and are not recorded.
 
 How an op's end is seen: by a callback on its work's future (gloo completes it on its worker thread when the
