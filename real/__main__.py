@@ -18,8 +18,8 @@ import torch
 from real.backend import BACKENDS
 from real.emulated_cuda import DEFAULT_MODEL, EmulatedCuda
 from real.errors import RealConfigError, RealRunError
-from real.launcher import NO_GROUP, RealResult, launch
-from real.options import DEFAULT_TIMEOUT, MAX_TIMEOUT, Console, LaunchOptions
+from real.launcher import NO_GROUP, RealResult, launch, timeline_options
+from real.options import DEFAULT_TIMEOUT, MAX_TIMEOUT, Console, LaunchOptions, TimelineOptions
 from real.rendezvous import RDZV_BACKENDS, Rendezvous
 from real.target import Target, checked_entry, main_target
 from simdist_base.script import ScriptError
@@ -81,6 +81,19 @@ def _parser() -> argparse.ArgumentParser:
         "--no-prefix",
         action="store_true",
         help="leave the ranks' output lines as they are (default: prefixed with [rankN]: as torchrun's --tee)",
+    )
+    recorded = parser.add_argument_group("timeline")
+    recorded.add_argument(
+        "--timeline",
+        default=None,
+        metavar="DIR",
+        help="record each rank's collectives and sends/recvs with their start and end times into DIR "
+        "(rank<R>.timeline.json; `simdist run SCRIPT --report OUT.html --real DIR` sets them beside a simulated run)",
+    )
+    recorded.add_argument(
+        "--profile",
+        action="store_true",
+        help="with --timeline: also write each rank's torch profiler trace (Kineto JSON) into DIR (rank<R>.trace.json)",
     )
     gpus = parser.add_argument_group("GPU code without GPUs")
     gpus.add_argument(
@@ -265,6 +278,7 @@ def _plan(
         rendezvous=_rendezvous(options),
         console=Console(prefix=not options.no_prefix, local_ranks=_local_ranks(options.local_ranks_filter)),
         emulate_cuda=_emulation(options),
+        timeline=_timeline(options),
     )
     # on emulated GPUs an entry function's group is NCCL's, presented over gloo, unless --backend says otherwise
     default = "auto" if options.emulate_cuda else "gloo"
@@ -344,13 +358,37 @@ def _local_ranks(text: str | None) -> frozenset[int] | None:
         ) from None
 
 
+def _report_timeline(result: RealResult) -> None:
+    """Say where the timeline went and how much it holds."""
+    if result.timeline is not None:
+        count = sum(len(r) for r in result.timeline.records.values())
+        print(
+            f"{PROG}: timeline of {count} operations on {len(result.timeline.ranks)} ranks written to "
+            f"{result.timeline.directory}",
+            file=sys.stderr,
+        )
+
+
+def _timeline(options: argparse.Namespace) -> TimelineOptions | None:
+    """Where ``--timeline`` records; RealConfigError for ``--profile`` without it."""
+    if options.timeline is None:
+        if options.profile:
+            raise RealConfigError(
+                "--profile writes each rank's profiler trace beside its timeline: add --timeline DIR"
+            )
+        return None
+    return timeline_options(options.timeline, options.profile)
+
+
 def _report(result: RealResult, options: argparse.Namespace) -> None:
     """Print each rank's return value under --entry; note a torchrun-style script that created no group."""
     if options.entry is not None:
         for rank, value in zip(result.ranks, result.returns):
             print(f"rank {rank}: {value!r}")
         print(f"wall time: {result.wall_time:.3f} s ({result.nproc} processes, backend {result.backend})")
+        _report_timeline(result)
         return
+    _report_timeline(result)
     if result.backend == NO_GROUP:
         defined = sorted(_functions(options.script))
         functions = f" (it defines {', '.join(defined)})" if defined else ""

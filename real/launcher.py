@@ -29,11 +29,12 @@ from real.backend import emulated_backend, resolve_backend
 from real.emulated_cuda import EmulatedCuda
 from real.errors import RealConfigError
 from real.exits import ExitWatch
-from real.options import LINE_PREFIX, MAX_TIMEOUT, PROCESS_MEMORY, LaunchOptions
+from real.options import LINE_PREFIX, MAX_TIMEOUT, PROCESS_MEMORY, LaunchOptions, TimelineOptions
 from real.rendezvous import LOOPBACK, Rendezvous
 from real.report import failure_error
 from real.status import RETURNED, StatusDir
 from real.target import Job, MainTarget, Target, checked_entry, dump_job, main_target, target_for
+from simdist_base.timeline import Timeline, clear, load
 
 __all__ = [
     "MAX_TIMEOUT",
@@ -73,7 +74,8 @@ class RealResult:
     ``returns[i]`` is the value of rank ``ranks[i]``: on one node every rank, in order (``returns[r]`` is rank
     ``r``'s); on one node of several, that node's ranks. ``backend`` is the default group's: the one real
     created around a function, or the one a torchrun-style script's ranks created (``"none"`` if none did).
-    ``nproc`` counts this node's processes.
+    ``nproc`` counts this node's processes. ``timeline`` holds every rank's collectives and sends/recvs with
+    their times when the run recorded them (``timeline=``), else None.
     """
 
     returns: list[Any]
@@ -81,6 +83,7 @@ class RealResult:
     backend: str
     nproc: int
     ranks: tuple[int, ...] = ()
+    timeline: Timeline | None = None
 
 
 def run(
@@ -95,6 +98,8 @@ def run(
     env: dict[str, str] | None = None,
     rendezvous: Rendezvous | None = None,
     emulate_cuda: bool | EmulatedCuda = False,
+    timeline: bool | str | Path = False,
+    profile: bool = False,
 ) -> RealResult:
     """Run ``fn(*args, **kwargs)`` as every rank of ``nproc`` real processes and collect the returns.
 
@@ -111,8 +116,11 @@ def run(
     the REPL, notebooks), and arguments that cannot be pickled. ``rendezvous`` runs this node's part of a
     launch on several nodes. ``emulate_cuda`` (True, or an :class:`EmulatedCuda` naming the devices) runs code
     written for GPUs on simdist's simulated CUDA device in each process, its NCCL groups over gloo.
+    ``timeline`` (True, or a directory to write the files to) records each rank's collectives and sends/recvs
+    with their times into ``RealResult.timeline``; ``profile`` also writes a torch profiler trace per rank
+    into that directory.
     """
-    options = _options(nproc, timeout, master_port, env, rendezvous, emulate_cuda)
+    options = _options(nproc, timeout, master_port, env, rendezvous, emulate_cuda, timeline, profile)
     return launch(target_for(fn), backend, options, args, kwargs)
 
 
@@ -130,6 +138,8 @@ def run_script(
     env: dict[str, str] | None = None,
     rendezvous: Rendezvous | None = None,
     emulate_cuda: bool | EmulatedCuda = False,
+    timeline: bool | str | Path = False,
+    profile: bool = False,
 ) -> RealResult:
     """Run the script at ``path`` as every rank of ``nproc`` real processes.
 
@@ -137,9 +147,9 @@ def run_script(
     function ``entry(*args, **kwargs)``, the script loaded under a module name of its own. With
     ``entry=None`` each process runs the script as torchrun does: as ``__main__``, with
     ``sys.argv == [path, *argv]``, creating its own group; every return is then None. Either way ``argv`` is
-    the command line the script sees. ``emulate_cuda`` as for :func:`run`.
+    the command line the script sees. ``emulate_cuda``, ``timeline`` and ``profile`` as for :func:`run`.
     """
-    options = _options(nproc, timeout, master_port, env, rendezvous, emulate_cuda)
+    options = _options(nproc, timeout, master_port, env, rendezvous, emulate_cuda, timeline, profile)
     argv = _checked_argv(argv)
     if entry is None:
         if args or kwargs:
@@ -175,11 +185,22 @@ def launch(
     wait for them (at most ``options.timeout``), collect their returns or explain their failure."""
     emulation = options.emulate_cuda
     resolved = group_backend(target, backend, options)
-    blob, main = dump_job(
-        Job(target, resolved, tuple(args), dict(kwargs or {}), dict(options.env), emulate_cuda=emulation)
-    )
     rdzv, nproc = options.rendezvous, options.nproc
     with tempfile.TemporaryDirectory(prefix="real-run-") as root:
+        timeline = _timeline_in(options.timeline, root)
+        if timeline is not None and rdzv.nnodes == 1:  # nodes sharing a directory each write their own ranks
+            clear(timeline.directory)
+        blob, main = dump_job(
+            Job(
+                target,
+                resolved,
+                tuple(args),
+                dict(kwargs or {}),
+                dict(options.env),
+                emulate_cuda=emulation,
+                timeline=timeline,
+            )
+        )
         status = StatusDir(root)
         # A port found free can be taken before the launcher binds it; then try another one.
         for _attempt in range(_PORT_ATTEMPTS if rdzv.needs_port and options.master_port is None else 1):
@@ -212,8 +233,22 @@ def launch(
             # Elastic's ChildFailedError is fully retold by the failure; any other error is the cause.
             raise failure from (None if isinstance(error, ChildFailedError) else error)
         used = resolved if resolved is not None else _script_backend(status, sorted(values))
+        recorded = None if timeline is None else load(timeline.directory)
+        if recorded is not None and options.timeline is not None and not options.timeline.directory:
+            recorded.directory = ""  # timeline=True: the files went with the launch's temporary directory
     ranks = tuple(sorted(values))
-    return RealResult([values[rank] for rank in ranks], wall_time, used, nproc, ranks)
+    return RealResult([values[rank] for rank in ranks], wall_time, used, nproc, ranks, recorded)
+
+
+#: the directory, under a launch's own, where ``timeline=True`` records (removed with it)
+_TIMELINE_DIR = "timeline"
+
+
+def _timeline_in(timeline: TimelineOptions | None, root: str) -> TimelineOptions | None:
+    """``timeline`` with a directory: its own, or for ``timeline=True`` (directory "") one under ``root``."""
+    if timeline is None or timeline.directory:
+        return timeline
+    return TimelineOptions(os.path.join(root, _TIMELINE_DIR), timeline.profile)
 
 
 def _options(
@@ -223,6 +258,8 @@ def _options(
     env: dict[str, str] | None,
     rendezvous: Rendezvous | None,
     emulate_cuda: bool | EmulatedCuda = False,
+    timeline: bool | str | Path = False,
+    profile: bool = False,
 ) -> LaunchOptions:
     """The public functions' keywords as one checked LaunchOptions."""
     if env is not None and not isinstance(env, dict):
@@ -238,8 +275,42 @@ def _options(
             f"emulate_cuda must be True, False or a real.EmulatedCuda; got {emulate_cuda!r}"
         )
     return LaunchOptions(
-        nproc, timeout, master_port, dict(env or {}), rendezvous or Rendezvous(), emulate_cuda=emulation
+        nproc,
+        timeout,
+        master_port,
+        dict(env or {}),
+        rendezvous or Rendezvous(),
+        emulate_cuda=emulation,
+        timeline=timeline_options(timeline, profile),
     )
+
+
+def timeline_options(timeline: bool | str | Path, profile: bool) -> TimelineOptions | None:
+    """``timeline=`` and ``profile=`` as TimelineOptions (directory "" for a temporary one); RealConfigError
+    for anything else."""
+    if not isinstance(profile, bool):
+        raise RealConfigError(f"profile must be True or False; got {profile!r}")
+    if timeline is False:
+        if profile:
+            raise RealConfigError(
+                "profile=True writes each rank's profiler trace beside its timeline: pass timeline=DIR too"
+            )
+        return None
+    if timeline is True:
+        if profile:
+            raise RealConfigError(
+                "profile=True writes each rank's profiler trace into the timeline's directory, and timeline=True "
+                "keeps none: pass timeline=DIR, a directory to write to"
+            )
+        return TimelineOptions("")
+    if not isinstance(timeline, (str, Path)) or not str(timeline):
+        raise RealConfigError(f"timeline must be True, False or a directory to write to; got {timeline!r}")
+    path = Path(timeline).expanduser().resolve()
+    if path.exists() and not path.is_dir():
+        raise RealConfigError(
+            f"timeline directory {str(timeline)!r} is a file; name a directory (created if missing)"
+        )
+    return TimelineOptions(str(path), profile)
 
 
 def _checked_argv(argv: Sequence[str]) -> tuple[str, ...]:

@@ -36,6 +36,15 @@ class Console:
 
 
 @dataclass(frozen=True)
+class TimelineOptions:
+    """Where each rank process writes its timeline (``rank<R>.timeline.json``), and whether it also writes a
+    torch profiler trace there (``rank<R>.trace.json``)."""
+
+    directory: str
+    profile: bool = False
+
+
+@dataclass(frozen=True)
 class LaunchOptions:
     """Everything about a launch besides what each rank runs: checked here, so a bad one never starts."""
 
@@ -47,6 +56,8 @@ class LaunchOptions:
     console: Console = field(default_factory=Console)
     #: each process runs on simulated CUDA devices (``--emulate-cuda``), or None: on the machine's own
     emulate_cuda: EmulatedCuda | None = None
+    #: each rank records its collectives and sends/recvs there (``timeline=``), or None: nothing is recorded
+    timeline: TimelineOptions | None = None
 
     def __post_init__(self) -> None:
         nproc, timeout = self.nproc, self.timeout

@@ -30,6 +30,7 @@ from real.liveness import ended
 from real.main_script import MainScript
 from real.status import CRASH, RETURNED, StatusDir
 from real.target import Job, MainTarget, ScriptTarget, load_job
+from real.timeline import Recorder
 
 # Sent by the launcher at a timeout: each still-running rank process dumps its Python stacks to its
 # status file.
@@ -68,12 +69,20 @@ def entry(sys_path: list[str], status_root: str, main: MainScript | None, job_bl
         _limit_threads()
         with _devices(job):
             if isinstance(job.target, MainTarget):
-                result = _run_main(job.target, status, rank)
+                result = _run_main(job.target, status, rank, _recording(job, rank))
             else:
                 if isinstance(job.target, ScriptTarget):
                     sys.argv = [job.target.path, *job.target.argv]
                 assert job.backend is not None  # the launcher resolves the backend of every function target
-                result = _run(job.target.resolve(), job.backend, job.args, job.kwargs, status, rank)
+                result = _run(
+                    job.target.resolve(),
+                    job.backend,
+                    job.args,
+                    job.kwargs,
+                    status,
+                    rank,
+                    _recording(job, rank),
+                )
             result = _to_cpu(result)
         _check_picklable(result, rank)
     except Exception as exc:
@@ -91,6 +100,16 @@ def _devices(job: Job) -> contextlib.AbstractContextManager[None]:
     return emulating(job.emulate_cuda)  # imports simdist: only where the emulation is asked for
 
 
+def _recording(job: Job, rank: int) -> contextlib.AbstractContextManager[None]:
+    """Where the launch asked for a timeline, the recording of this rank's collectives around its code."""
+    if job.timeline is None:
+        return contextlib.nullcontext()
+    recorder = Recorder(
+        rank, job.timeline.directory, job.timeline.profile, device_events=job.emulate_cuda is None
+    )
+    return recorder.recording()
+
+
 def _run(
     fn: Callable[..., Any],
     backend: str,
@@ -98,6 +117,7 @@ def _run(
     kwargs: dict[str, Any],
     status: StatusDir,
     rank: int,
+    recording: contextlib.AbstractContextManager[None],
 ) -> Any:
     """Call ``fn`` inside a process group created from the launcher's environment variables."""
     if backend == "nccl":
@@ -105,7 +125,7 @@ def _run(
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group(backend)
     keep = init_guard.keeper(dist.group.WORLD, backend, rank, int(os.environ["WORLD_SIZE"]))
-    with init_guard.intercepted(keep):
+    with init_guard.intercepted(keep), recording:
         result = _call(lambda: fn(*args, **kwargs), status, rank)
     # The user's code may already have destroyed the group.
     if dist.is_initialized():
@@ -113,13 +133,15 @@ def _run(
     return result
 
 
-def _run_main(target: MainTarget, status: StatusDir, rank: int) -> None:
+def _run_main(
+    target: MainTarget, status: StatusDir, rank: int, recording: contextlib.AbstractContextManager[None]
+) -> None:
     """Run a script as ``__main__`` with its own command line, as ``python -u script.py ARGS`` under torchrun."""
     sys.argv = [target.path, *target.argv]
     # as `python script.py` puts the script's directory first
     sys.path.insert(0, os.path.dirname(target.path))
     noted = init_guard.observer(lambda backend: status.record_group(rank, backend))
-    with init_guard.intercepted(noted):
+    with init_guard.intercepted(noted), recording:
         _call(lambda: runpy.run_path(target.path, run_name="__main__"), status, rank)
 
 

@@ -78,6 +78,8 @@ class Job:
     env: dict[str, str] = field(default_factory=dict)
     #: the simulated CUDA devices each process runs on (an EmulatedCuda), or None: the machine's own
     emulate_cuda: Any = None
+    #: where each rank records its timeline (a real.options.TimelineOptions), or None: nothing is recorded
+    timeline: Any = None
 
 
 def checked_entry(path: str | Path, entry: str, argv: tuple[str, ...]) -> ScriptTarget:

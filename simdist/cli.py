@@ -47,6 +47,8 @@ from simdist.ranks import by_text, format_ranks
 from simdist.report import build_index, write_run_report
 from simdist.script import ScriptError, load_entry
 from simdist.units import format_size, parse_size
+from simdist_base.timeline import Timeline, TimelineError
+from simdist_base.timeline import load as load_timeline
 
 #: the seeds torch.manual_seed accepts: a negative seed is taken modulo 2**64 (-1 is the seed 2**64 - 1)
 SEED_RANGE = (-(2**63), 2**64 - 1)
@@ -117,6 +119,17 @@ def _output_file(text: str) -> Path:
     return path
 
 
+def _timeline_dir(text: str) -> Timeline:
+    """An argparse type: a real run's timeline directory, read before the run so a long run is not lost to a typo."""
+    try:
+        return load_timeline(text)
+    except TimelineError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+_timeline_dir.__name__ = "timeline directory"
+
+
 def _size(text: str) -> int:
     """Bytes from "8", "64K", "128M", "1G" (nccl-tests' binary suffixes) or any unit string ("25MiB")."""
     suffix = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -152,6 +165,10 @@ _local_ranks.__name__ = "local ranks"
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a script on every rank of a simulated cluster: as torchrun would, or its entry function (``--entry``)."""
+    if args.real is not None and args.report is None:
+        print("simdist run: error: --real sets a real run beside this one in its report: add --report OUT.html",
+              file=sys.stderr)
+        return 2
     cluster = _cluster(args.cluster, args.world_size)
     program = f"{args.script}:{args.entry}" if args.entry else args.script
     t0 = time.perf_counter()
@@ -188,7 +205,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             return 2
         print(f"trace written to {path} (open it in ui.perfetto.dev)")
     if args.report:
-        path = write_run_report(res, args.report, program=program, title=f"simdist run: {Path(args.script).name}")
+        title = f"simdist run: {Path(args.script).name}"
+        path = write_run_report(res, args.report, program=program, title=title, real=args.real)
         print(f"report written to {path}")
     if args.memory:
         print(_memory_summary(res))
@@ -312,6 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the Chrome/Perfetto trace JSON here (its directory must exist)")
     r.add_argument("--report", type=_output_file, default=None,
                    help="write a self-contained HTML report of the run here (also when a diagnosis stops the run)")
+    r.add_argument("--real", type=_timeline_dir, default=None, metavar="DIR",
+                   help="with --report: set the real run recorded in DIR (python -m real --timeline DIR) beside this "
+                        "one: its operations on the timeline, and each one's predicted and measured time")
     r.add_argument("--entry", default=None, metavar="NAME",
                    help="call SCRIPT's function NAME on every rank, in a world whose default process group exists, "
                         "instead of running SCRIPT as torchrun would")

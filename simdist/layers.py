@@ -29,7 +29,7 @@ class Layer:
 LAYERS: tuple[Layer, ...] = (
     Layer("base", ("simdist_base",),
           "what the `real` launcher shares with the simulator and needs nothing but torch for: the error root, "
-          "script loading, the host-memory check"),
+          "script loading, the host-memory check, a real run's timeline records"),
     Layer("foundation",
           ("simdist.errors", "simdist.layers", "simdist.options", "simdist.patching", "simdist.ranks", "simdist.units",
            "simdist.trace", "simdist.untraced", "simdist.cuda", "simdist.compute", "simdist.algorithms"),

@@ -27,7 +27,7 @@ import real
 import real.__main__ as cli
 from real import RealConfigError, Rendezvous
 from real.init_guard import backends_named, conflict, intercepted
-from real.options import MAX_TIMEOUT
+from real.options import MAX_TIMEOUT, TimelineOptions
 from real.rank_process import exit_status
 from real.rendezvous import C10D_PORT, RDZV_TIMEOUT
 from real.target import MainTarget, ScriptTarget
@@ -471,3 +471,12 @@ def test_a_rank_s_exit_status_is_the_one_python_exits_with() -> None:
     for thread in threads:
         thread.join(60)
     assert {code: exit_status(SystemExit(eval(code))) for code in codes} == statuses
+
+
+def test_timeline_options_reach_the_launch(planned: list[tuple], tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    assert cli.main([str(script), "--nproc", "2", "--timeline", str(tmp_path / "tl"), "--profile"]) == 1
+    assert planned[-1][2].timeline == TimelineOptions(str(tmp_path / "tl"), profile=True)
+    assert cli.main([str(script), "--nproc", "2"]) == 1
+    assert planned[-1][2].timeline is None

@@ -54,11 +54,11 @@ _RUN_LOCK = threading.Lock()
 
 #: writes a run's HTML report to a path and returns it; installed by ``simdist.report``, a later layer that
 #: imports this one (``import simdist`` always installs it)
-_report_writer: Callable[[RunResult, Path], Path] | None = None
+_report_writer: Callable[..., Path] | None = None
 
 
-def install_report_writer(writer: Callable[[RunResult, Path], Path]) -> None:
-    """Make ``writer(result, path)`` what :meth:`RunResult.save_report` calls."""
+def install_report_writer(writer: Callable[..., Path]) -> None:
+    """Make ``writer(result, path, **options)`` what :meth:`RunResult.save_report` calls (options: ``real=``)."""
     global _report_writer
     _report_writer = writer
 
@@ -97,11 +97,16 @@ class RunResult:
     #: in the trace has them; not part of the trace or its hash
     p2p_sites: dict[tuple[int, str, float, float], str] = dataclasses.field(default_factory=dict)
 
-    def save_report(self, path: str | Path) -> Path:
-        """Write this run's self-contained HTML report (timeline, collectives, breakdown, memory, races) to ``path``."""
+    def save_report(self, path: str | Path, *, real: Any = None) -> Path:
+        """Write this run's self-contained HTML report (timeline, collectives, breakdown, memory, races) to ``path``.
+
+        ``real`` (a real run's ``RealResult.timeline``, or the directory ``real`` recorded it to) adds that run's
+        operations to the timeline and a table of predicted against measured time."""
         if _report_writer is None:
             raise SimdistError("no report writer is installed: import simdist (or simdist.report) before saving a report")
-        return _report_writer(self, Path(path))
+        if real is None:
+            return _report_writer(self, Path(path))
+        return _report_writer(self, Path(path), real=real)
 
     def race_summary(self) -> str:
         """One paragraph per distinct race (same kind and call sites), naming every rank it happened on."""

@@ -17,8 +17,10 @@ from simdist.network.cluster import Cluster
 from simdist.oracle.report import HISTORY_KINDS, EquivalenceReport, StepDifference
 from simdist.ranks import format_ranks, ranges
 from simdist.report import data
+from simdist.report import real as real_run
 from simdist.report.topology import BOX_H, topology_picture
 from simdist.units import format_bandwidth, format_size, format_time
+from simdist_base.timeline import Timeline
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -113,8 +115,13 @@ def render_run_report(
     program: str = "",
     title: str | None = None,
     oracle: dict[str, Any] | None = None,
+    real: Timeline | str | Path | None = None,
 ) -> str:
-    """The HTML text of a run's report; ``result`` None with ``error`` set reports a run that a diagnosis stopped."""
+    """The HTML text of a run's report; ``result`` None with ``error`` set reports a run that a diagnosis stopped.
+
+    ``real`` (a real run's timeline, or the directory it was recorded to) adds its operations to the timeline on
+    the same time scale, and a table of each one's predicted and measured time.
+    """
     if result is None and error is None:
         raise ValueError("render_run_report needs a RunResult, or the error that stopped the run (error=...)")
     cluster = cluster if cluster is not None else (result.cluster if result is not None else None)
@@ -133,6 +140,7 @@ def render_run_report(
         "result": result,
         "error": None if error is None else _error(error),
         "oracle": oracle,
+        "real": None,
     }
     if result is not None:
         ranks = data.sampled_ranks(result.world_size)
@@ -140,9 +148,16 @@ def render_run_report(
         for row in table:
             data.colour_of(row.op, colours)
         breakdown = data.breakdowns(result.trace, result.finish_times)
+        drawn = data.timeline(result.trace, ranks, colours, result.call_sites, result.p2p_sites)
+        comparison = None
+        if real is not None:
+            comparison = real_run.compare(result.trace, real_run.as_timeline(real), result.world_size,
+                                          result.call_sites, result.p2p_sites)  # fmt: skip
+            real_run.timeline_rows(drawn, comparison, colours)
         ctx.update(
             trace_hash=result.trace_hash,
-            timeline=data.timeline(result.trace, ranks, colours, result.call_sites, result.p2p_sites),
+            timeline=drawn,
+            real=comparison,
             sampled=len(ranks) < result.world_size,
             ranks_shown=ranks,
             collectives=table,
