@@ -5,12 +5,14 @@ no downward jump where the algorithm or protocol changes)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from simdist.algorithms import nccl
+from simdist.algorithms.nccl.table import update
 
 H100_1 = nccl.fabric("H100", 8, 1, math.inf)
 H100_2N = nccl.fabric("H100", 16, 2, 50e9)
@@ -151,6 +153,13 @@ def test_env_syntax_as_nccl_parses_it() -> None:
     for bad in ({"NCCL_ALGO": "rng"}, {"NCCL_PROTO": "LL129"}, {"NCCL_ALGO": ""}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             nccl.parse_enabled(bad)
+
+
+def test_docs_page_is_current() -> None:
+    page = (Path(__file__).parent.parent / "docs" / "nccl.md").read_text()
+    assert update(page) == page, (
+        "docs/nccl.md is stale: run python3 -m simdist.algorithms.nccl.table docs/nccl.md"
+    )
 
 
 def test_unknown_device_refused() -> None:

@@ -14,6 +14,7 @@ import torch.distributed as dist
 import simdist
 from simdist import Cluster
 from simdist.algorithms import nccl
+from simdist.cli import main
 from simdist.errors import ClusterSpecError, NcclEnvironmentError
 
 
@@ -31,6 +32,8 @@ def _timed(collective: str, numel: int, env: dict[str, str]) -> tuple[float, str
         out = torch.empty(numel)
         x = torch.ones(numel * n)
         call = lambda: dist.reduce_scatter_tensor(out, x)
+    elif collective == "reduce":
+        call = lambda: dist.reduce(x, 0)
     else:
         call = lambda: dist.broadcast(x, 0)
     t0 = simdist.now()
@@ -59,6 +62,8 @@ def _label(res: simdist.RunResult) -> str:
         (8, "all_gather", 1 << 18),
         (8, "reduce_scatter", 1 << 16),
         (8, "broadcast", 1 << 20),
+        (16, "reduce", 1 << 20),
+        (16, "reduce_scatter", 1 << 12),
         (16, "all_reduce", 1 << 22),
         (16, "all_gather", 1 << 10),
     ],
@@ -141,3 +146,13 @@ def test_refused_where_nccl_model_does_not_apply() -> None:
     cluster = Cluster(graph, collective_model="nccl")
     with pytest.raises(ClusterSpecError, match="nodes of GPUs"):
         _run(cluster, "all_reduce", 2)
+
+
+def test_bench_times_with_nccl_model(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "all_reduce", "--world-size", "8", "-b", "8M", "-e", "8M", "-m", "nccl"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("8388608"))
+    predicted = nccl.choose(nccl.fabric("H100", 8, 1, 50e9), "all_reduce", 8 << 20)
+    assert row.split()[-1] == predicted.label
+    assert float(row.split()[5]) == pytest.approx(predicted.seconds * 1e6, abs=0.01)
+    with pytest.raises(SystemExit):
+        main(["bench", "-m", "nccl2"])

@@ -58,7 +58,7 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
         self.name: str = name
         self.algorithms: dict[str, str] = validate_algorithms(algorithms)
         #: how collectives are timed: "alpha-beta" (each message on its links) or "nccl" (NCCL's tuner)
-        self.collective_model: str = _check_model(collective_model, device)
+        self.collective_model: str = check_collective_model(collective_model, device)
         self.links: tuple[Link, ...] = tuple(
             Link(data["link"], u, v, data["bandwidth"], data["latency"])
             for u, v, data in self.graph.edges(data=True)
@@ -245,8 +245,9 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
         return {"cluster": cluster, "links": links}
 
 
-def _check_model(model: object, device: object) -> str:
-    """``model`` if it is a collective model the cluster's ``device`` can be timed with."""
+def check_collective_model(model: object, device: object) -> str:
+    """``model`` if it is a collective model (``simdist.options.COLLECTIVE_MODELS``) that ``device`` can be
+    timed with; a ClusterSpecError naming the choices otherwise."""
     if not isinstance(model, str) or model not in COLLECTIVE_MODELS:
         raise ClusterSpecError(f"collective_model must be one of {', '.join(COLLECTIVE_MODELS)}; found {model!r}")
     name = get_device(device).name if isinstance(device, str) else getattr(device, "name", "")
