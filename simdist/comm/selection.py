@@ -3,7 +3,8 @@
 
 The group's choice (``simdist.set_algorithms`` in rank code) comes first, then the cluster's
 (``Cluster.algorithms``), then ``"auto"``. Under the cluster's ``"alpha-beta"`` collective model, ``auto`` is
-the algorithm with the smallest closed-form time, priced with the alpha-beta of the group's ranks, and each
+the algorithm with the smallest closed-form time, priced with the alpha-beta of the group's ranks (round by
+round for recursive halving/doubling, whose partners are at a different distance each round), and each
 message moves at its links' own latency and bandwidth. Under ``"nccl"``, ``auto`` is the algorithm and
 protocol NCCL's tuner picks (within the group's ``NCCL_ALGO``/``NCCL_PROTO``), the schedule that moves the
 data is the closest one simdist has (ring for NCCL's rings and NVLS, the binomial tree for its tree), and
@@ -44,6 +45,9 @@ class AlgorithmSelector:
         self.cluster = cluster
         self._alpha_beta: dict[int, tuple[tuple[float, float], tuple[float, float]]] = {}
         self._fabrics: dict[int, nccl.Fabric] = {}
+        self._hops: dict[int, dict[int, tuple[float, float]]] = {}
+        #: (group, collective, bytes) -> auto's choice: pricing round by round costs O(n log n)
+        self._auto: dict[tuple[int, str, int], Selection] = {}
         if cluster.collective_model == "nccl" and cluster.world_size > 1:
             cluster.nccl_fabric([0, 1])  # a cluster without nodes is refused before any rank runs
 
@@ -70,7 +74,22 @@ class AlgorithmSelector:
         if ab is None:
             ab = self._alpha_beta[group] = self.cluster.alpha_beta(ranks)
         near, far = ab
-        return Selection(algorithms.choose(collective, n, nbytes, near, far).effective(n))
+        key = (group, collective, nbytes)
+        known = self._auto.get(key)
+        if known is not None:
+            return known
+        hops = self._hops.setdefault(group, {})
+
+        def hop(d: int) -> tuple[float, float]:
+            price = hops.get(d)
+            if price is None:
+                price = hops[d] = self.cluster.hop_alpha_beta(ranks, d)
+            return price
+
+        chosen = self._auto[key] = Selection(
+            algorithms.choose(collective, n, nbytes, near, far, hop).effective(n)
+        )
+        return chosen
 
     def _nccl(
         self, group: int, ranks: list[int], name: str, collective: str, nbytes: int, enabled: nccl.Enabled

@@ -166,19 +166,33 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
             return value
 
     def alpha_beta(self, ranks: Sequence[int]) -> tuple[tuple[float, float], tuple[float, float]]:
-        """(latency s, seconds per byte) of the slowest hop between ring neighbours of ``ranks``, and between
-        its farthest-apart members (the first and the middle one): what prices an algorithm that talks to
-        neighbours only, and one that talks across the group."""
+        """(latency s, seconds per byte) between ring neighbours of ``ranks`` (the mean latency and the slowest
+        bandwidth of its hops), and between its farthest-apart members (the first and the middle one): what
+        prices an algorithm that talks to neighbours only, and one that talks across the group."""
         n = len(ranks)
         if n < 2:
             return (0.0, 0.0), (0.0, 0.0)
-        # a ring moves at the pace of its slowest hop (e.g. the one crossing nodes)
+        # a ring's bytes move at the pace of its slowest hop (e.g. the one crossing nodes), but its latencies add
+        # up hop after hop around the ring: each step's message is the next hop's, so a call pays the mean
+        # latency of its hops per step, not the highest
         near = (
-            max(self.path_latency(ranks[i], ranks[(i + 1) % n]) for i in range(n)),
+            math.fsum(self.path_latency(ranks[i], ranks[(i + 1) % n]) for i in range(n)) / n,
             max(1.0 / self.path_bandwidth(ranks[i], ranks[(i + 1) % n]) for i in range(n)),
         )
         far = (self.path_latency(ranks[0], ranks[n // 2]), 1.0 / self.path_bandwidth(ranks[0], ranks[n // 2]))
         return near, far
+
+    def hop_alpha_beta(self, ranks: Sequence[int], distance: int) -> tuple[float, float]:
+        """(latency s, seconds per byte) of the slowest route between members ``i`` and ``i XOR distance`` of
+        ``ranks``: what one round of recursive halving or doubling at that distance costs."""
+        n = len(ranks)
+        pairs = [(ranks[i], ranks[i ^ distance]) for i in range(n) if (i ^ distance) < n and i != i ^ distance]
+        if not pairs:
+            return 0.0, 0.0
+        return (
+            max(self.path_latency(a, b) for a, b in pairs),
+            max(1.0 / self.path_bandwidth(a, b) for a, b in pairs),
+        )
 
     def link(self, link_id: int) -> Link:
         """Return the link numbered ``link_id`` (0..len(links)-1)."""
