@@ -129,6 +129,23 @@ def test_pinned_algorithms() -> None:
     assert _label(res) == "" and res.trace.spans[-1].args["algorithm"] == "rhd"
 
 
+def _by_backend() -> dict[str, str]:
+    dist.init_process_group("nccl")
+    gloo = dist.new_group(backend="gloo")
+    both = dist.new_group(backend="cpu:gloo,cuda:nccl")
+    dist.all_reduce(torch.ones(1 << 16))
+    dist.all_reduce(torch.ones(1 << 16), group=gloo)
+    dist.all_reduce(torch.ones(1 << 16), group=both)  # CPU tensors: its gloo part
+    return {}
+
+
+def test_groups_presenting_gloo_keep_link_timing() -> None:
+    cluster = Cluster.preset("dgx-h100", world_size=8, collective_model="nccl")
+    res = simdist.run(_by_backend, cluster, compute=False, trace="collectives")
+    spans = [s for s in res.trace.spans if s.rank == 0 and "Collective name" in s.args]
+    assert [s.args.get("nccl") for s in spans] == ["Ring/LL", None, None]
+
+
 def test_alpha_beta_is_the_default_and_unchanged() -> None:
     cluster = Cluster.preset("dgx-h100", world_size=8)
     assert cluster.collective_model == "alpha-beta"

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from simdist.algorithms import reduce_op
 from simdist.comm.group import Call, GroupState, Instance
 from simdist.comm.messages import ScheduleRun
-from simdist.comm.ordering import GlooResult, order_matters, reduces_as_gloo
+from simdist.comm.ordering import GlooResult, backend_for, order_matters, reduces_as_gloo
 from simdist.comm.plans import Plan
 from simdist.trace.trace import Span
 
@@ -26,8 +26,10 @@ def launch(sim: RunContext, st: GroupState, inst: Instance) -> None:
     first = specs[0]
     kind = type(first)
     kind.check_across(specs, [c.site for c in calls])
+    # NCCL's model times what NCCL would run: not a group that presents gloo for these tensors
+    by_nccl = backend_for(st.backend_name, first.device_type()) != "gloo"
     selection = sim.selector.select(
-        st.index, st.global_ranks, st.algorithms, first.collective, first.sizes().nbytes, st.nccl_enabled
+        st.index, st.global_ranks, st.algorithms, first.collective, first.sizes().nbytes, st.nccl_enabled, by_nccl
     )
     algo = selection.algorithm
     plan = kind.plan(specs, algo)

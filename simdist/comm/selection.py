@@ -59,12 +59,14 @@ class AlgorithmSelector:
         collective: str,
         nbytes: int,
         enabled: nccl.Enabled | None = None,
+        by_nccl: bool = True,
     ) -> Selection:
         """The algorithm for ``collective`` of ``nbytes`` per rank on group number ``group`` (global ``ranks``),
-        whose own choices are ``choices`` and whose ``NCCL_ALGO``/``NCCL_PROTO`` leave ``enabled``."""
+        whose own choices are ``choices`` and whose ``NCCL_ALGO``/``NCCL_PROTO`` leave ``enabled``; ``by_nccl``
+        False (a group presenting gloo) keeps the alpha-beta timing under the cluster's NCCL model."""
         name = choices.get(collective) or self.cluster.algorithms.get(collective) or algorithms.AUTO
         n = len(ranks)
-        if self.cluster.collective_model == "nccl" and n > 1 and collective in nccl.COLLECTIVES:
+        if by_nccl and self.cluster.collective_model == "nccl" and n > 1 and collective in nccl.COLLECTIVES:
             timed = self._nccl(group, ranks, name, collective, nbytes, enabled or nccl.Enabled())
             if timed is not None:
                 return timed
