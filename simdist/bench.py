@@ -19,6 +19,7 @@ import functools
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -262,11 +263,16 @@ def _row(
         algbw=algbw,
         busbw=algbw * record.bus_factor(n),
         wrong=sum(res.returns),
-        algorithm=spans[0].args.get("algorithm", "") if spans else "",
+        algorithm=_algorithm(spans[0].args) if spans else "",
     )
     if on_row is not None:
         on_row(row)
     return row
+
+
+def _algorithm(args: dict[str, Any]) -> str:
+    """A row's algorithm: NCCL's algorithm and protocol where NCCL's model timed it, else simdist's algorithm."""
+    return str(args.get("nccl") or args.get("algorithm", ""))
 
 
 def table_header(collective: str, cluster: Cluster) -> str:

@@ -40,8 +40,9 @@ from simdist.engine.runner import RunResult
 from simdist.engine.torchrun import ScriptProgram, run_script
 from simdist.errors import ClusterSpecError, RaceWarning, RankError, SimdistError
 from simdist.network import Cluster
+from simdist.network.cluster import check_collective_model
 from simdist.network.presets import PRESETS
-from simdist.options import BACKEND_NAMES, LOSS_MODES, PROGRESS_MODES, RACE_MODES
+from simdist.options import BACKEND_NAMES, COLLECTIVE_MODELS, LOSS_MODES, PROGRESS_MODES, RACE_MODES
 from simdist.oracle import check_equivalence
 from simdist.ranks import by_text, format_ranks
 from simdist.report import build_index, write_run_report
@@ -292,6 +293,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.world_size is not None and args.world_size > MAX_WORLD:
         raise BenchError(f"--world-size: {too_many_ranks(args.world_size)}")  # before building a huge cluster
     cluster = _cluster(args.cluster, args.world_size)
+    if args.collective_model is not None:
+        cluster.collective_model = check_collective_model(args.collective_model, cluster.device)
+        if cluster.collective_model == "nccl":
+            cluster.nccl_fabric(list(range(cluster.world_size)))  # a cluster without nodes is refused here
     sweep = (args.collective, args.minbytes, args.maxbytes, args.stepfactor, args.datatype, args.op, args.root, args.algorithm)
     plan(cluster, *sweep)  # every refusal comes before the table starts
     print(table_header(args.collective, cluster), flush=True)
@@ -396,6 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-r", "--root", type=_whole_number(0), default=0)
     b.add_argument("-a", "--algorithm", default="auto", choices=(*algorithms.NAMES, algorithms.AUTO),
                    help=f"one of {', '.join(algorithms.NAMES)}, or auto (default)")
+    b.add_argument("-m", "--collective-model", default=None, choices=COLLECTIVE_MODELS,
+                   help="how collectives are timed (default: the cluster's own; see docs/nccl.md)")
     b.set_defaults(func=cmd_bench)
 
     rp = sub.add_parser("report", help="(re)build DIR/index.html linking every HTML report in DIR")

@@ -36,6 +36,10 @@ class RunArgumentError(SimdistError, ValueError):
     """An argument of :func:`simdist.run` is invalid (not callable, a seed out of range, an unknown mode)."""
 
 
+class NcclEnvironmentError(SimdistError, ValueError):
+    """``NCCL_ALGO`` or ``NCCL_PROTO`` in a rank's environment names no NCCL algorithm or protocol."""
+
+
 class RankError(SimdistError):
     """A rank's function raised; the original exception is ``__cause__`` and the text has its traceback."""
 

@@ -23,6 +23,9 @@ from simdist.errors import RunArgumentError
 #: (rank, group); "gloo" runs them on a pool of threads per (rank, group), so independent async
 #: operations overlap (ProcessGroupGloo's default pool has 2 threads)
 PROGRESS_MODES = ("nccl", "gloo")
+#: how collectives are timed: "alpha-beta" prices each message of the algorithm's schedule on the links it
+#: crosses; "nccl" times the whole call as NCCL's tuner predicts it (simdist.algorithms.nccl)
+COLLECTIVE_MODELS = ("alpha-beta", "nccl")
 #: the in-flight buffer race detector: raise at the first race, warn about each distinct race, check nothing
 RACE_MODES = ("error", "warn", "off")
 #: the names a run may present to rank code as its backend (``dist.get_backend()``)

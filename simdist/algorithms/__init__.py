@@ -10,6 +10,7 @@ and per reduce op.
     algorithms.reduce_op("avg").divides               # True
 """
 
+from simdist.algorithms import nccl
 from simdist.algorithms.collectives import COLLECTIVE_RECORDS, Collective
 from simdist.algorithms.reduce_ops import REDUCE_OPS, Reduction, reduce_op, reduce_op_of
 from simdist.algorithms.registry import (
@@ -51,6 +52,7 @@ __all__ = [
     "format_schedule",
     "get",
     "names",
+    "nccl",
     "offsets_from_sizes",
     "reduce_op",
     "reduce_op_of",

@@ -46,6 +46,10 @@ class Problem:
 Builder = Callable[[Problem], list[Msg]]
 #: a closed form: seconds for (n ranks, m bytes, alpha seconds, beta seconds per byte, numel elements)
 ClosedForm = Callable[[int, float, float, float, int], float]
+#: the slowest (alpha seconds, beta seconds per byte) between the group's ranks r and r XOR d, for a distance d
+HopPrice = Callable[[int], "tuple[float, float]"]
+#: a closed form priced round by round: seconds for (n ranks, m bytes, the price of each exchange distance)
+RoundsForm = Callable[[int, float, HopPrice], float]
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,10 @@ class Algorithm:
     auto_max_ranks: int | None = None
     #: formula of ``closed_form`` as documentation prints it
     formula: str = ""
+    #: the closed form with each round priced between the ranks it pairs (None: every round at one price);
+    #: recursive halving and doubling exchange with partners at a different distance each round, so on a
+    #: two-level cluster only the rounds that cross nodes pay the fabric's latency and bandwidth
+    rounds_form: RoundsForm | None = None
 
     def effective(self, n: int) -> Algorithm:
         """The algorithm that runs on ``n`` ranks (itself, or its fallback off powers of two)."""
@@ -81,6 +89,13 @@ class Algorithm:
             return 0.0
         algo = self.effective(n)
         return algo.closed_form(n, nbytes, alpha, beta, numel if numel is not None else max(1, int(nbytes)))
+
+    def estimate_rounds(self, n: int, nbytes: float, price: HopPrice) -> float | None:
+        """Seconds on ``n`` ranks priced round by round with ``price``, or None without a per-round form."""
+        if n <= 1:
+            return 0.0
+        algo = self.effective(n)
+        return algo.rounds_form(n, nbytes, price) if algo.rounds_form is not None else None
 
     def schedule(self, problem: Problem) -> list[Msg]:
         """The messages of ``problem`` (none on one rank)."""
@@ -115,6 +130,50 @@ def _rhd_all_reduce_time(n: int, m: float, a: float, b: float, _numel: int) -> f
     return 2 * (p.bit_length() - 1) * a + 2 * (p - 1) / p * m * b + fold
 
 
+def _halving_rounds(p: int, m: float, price: HopPrice) -> float:
+    """Recursive halving over a power of two ``p``: round i exchanges m / 2^(i+1) bytes at distance p / 2^(i+1)
+    (recursive doubling sends the same amounts at the same distances in the reverse order)."""
+    t = 0.0
+    for i in range(p.bit_length() - 1):
+        a, b = price(p >> (i + 1))
+        t += a + m / (2 << i) * b
+    return t
+
+
+def _rhd_all_reduce_rounds(n: int, m: float, price: HopPrice) -> float:
+    p = halving_doubling.pow2_floor(n)
+    fold = 0.0
+    if p != n:
+        a, b = price(p)  # extra rank p + e folds into e = (p + e) XOR p
+        fold = 2 * (a + m * b)
+    return 2 * _halving_rounds(p, m, price) + fold
+
+
+def _tree_all_reduce_rounds(n: int, m: float, price: HopPrice) -> float:
+    """Binomial reduce then broadcast, each message the whole buffer between ranks 2^k apart. A rank sends as
+    soon as its own subtree is done, so the subtrees of a group that is not a power of two finish at
+    different times; messages arriving at one rank at the same price share its link and arrive one after
+    another. The reduce takes the longest such chain to rank 0; the broadcast walks the same tree down."""
+    prices = [price(1 << k) for k in range(_lg(n))]
+    done = [0.0] * n  # when relative rank v holds its whole subtree's reduction
+    for v in range(n - 1, -1, -1):
+        children = []
+        k = 0
+        while k < len(prices) and v % (2 << k) == 0 and v + (1 << k) < n:
+            children.append((done[v + (1 << k)], k))
+            k += 1
+        free: dict[tuple[float, float], float] = {}  # when v's link at each price is next free
+        for ready, k in sorted(children):
+            a, b = prices[k]
+            leave = free[prices[k]] = max(free.get(prices[k], 0.0), ready) + m * b
+            done[v] = max(done[v], leave + a)
+    return 2 * done[0]
+
+
+def _rhd_half_rounds(n: int, m: float, price: HopPrice) -> float:
+    return _halving_rounds(n, m, price)
+
+
 def _ring_pipeline_time(n: int, m: float, a: float, b: float, numel: int) -> float:
     # a chain of n-1 links carrying K pieces back to back: the latency is paid once per hop and the last
     # piece leaves the root after K piece-times, then crosses n-2 more links
@@ -134,12 +193,14 @@ def _all_reduce_family(collective: str) -> list[Algorithm]:
             collective, "tree", lambda p: tree.all_reduce(p.n, p.numel),
             lambda n, m, a, b, _: 2 * _lg(n) * (a + m * b), "group",
             "binomial-tree reduce to rank 0, then binomial-tree broadcast", formula="2⌈log2 n⌉(α + mβ)",
+            rounds_form=_tree_all_reduce_rounds,
         ),
         Algorithm(
             collective, "rhd", lambda p: halving_doubling.all_reduce(p.n, p.numel), _rhd_all_reduce_time, "group",
             "recursive halving reduce-scatter, recursive doubling all-gather (Rabenseifner); extra ranks of a "
             "non-power-of-two group fold into partners first",
             formula="2 log2(p)α + 2(p-1)/p·mβ (+ 2(α + mβ) to fold when p < n; p = largest power of two ≤ n)",
+            rounds_form=_rhd_all_reduce_rounds,
         ),
         Algorithm(
             collective, "direct", lambda p: direct.all_reduce(p.n, p.numel),
@@ -161,6 +222,7 @@ ALGORITHMS: tuple[Algorithm, ...] = (
         "reduce_scatter", "rhd", _chunked(halving_doubling.reduce_scatter),
         lambda n, m, a, b, _: _lg(n) * a + (n - 1) / n * m * b, "group",
         "recursive halving", non_power_of_two="ring", formula="log2(n)α + (n-1)/n·mβ",
+        rounds_form=_rhd_half_rounds,
     ),
     Algorithm(
         "reduce_scatter", "direct", _chunked(direct.reduce_scatter),
@@ -176,6 +238,7 @@ ALGORITHMS: tuple[Algorithm, ...] = (
         "all_gather", "rhd", _chunked(halving_doubling.all_gather),
         lambda n, m, a, b, _: _lg(n) * a + (n - 1) / n * m * b, "group",
         "recursive doubling", non_power_of_two="ring", formula="log2(n)α + (n-1)/n·mβ",
+        rounds_form=_rhd_half_rounds,
     ),
     Algorithm(
         "all_gather", "direct", _chunked(direct.all_gather),
@@ -308,18 +371,28 @@ def check_choice(collective: str, name: str) -> None:
     raise ValueError(f"{name!r} does not implement {collective}; choose one of {', '.join(names(collective))} or 'auto'")
 
 
-def choose(collective: str, n: int, nbytes: float, near: tuple[float, float], far: tuple[float, float]) -> Algorithm:
+def choose(
+    collective: str,
+    n: int,
+    nbytes: float,
+    near: tuple[float, float],
+    far: tuple[float, float],
+    hop: HopPrice | None = None,
+) -> Algorithm:
     """The algorithm ``"auto"`` picks: the smallest closed-form time, ties to the earlier declared.
 
     ``near`` is the slowest (alpha, beta) between ring neighbours, ``far`` between the farthest-apart ranks;
-    each algorithm is priced with the pair its ``reach`` names.
+    each algorithm is priced with the pair its ``reach`` names, or round by round with ``hop`` where it has a
+    per-round form.
     """
     best, best_t = None, math.inf
     for algo in ALGORITHMS:
         if algo.collective != collective or (algo.auto_max_ranks is not None and n > algo.auto_max_ranks):
             continue
         alpha, beta = near if algo.reach == "neighbours" else far
-        t = algo.estimate(n, nbytes, alpha, beta)
+        t = algo.estimate_rounds(n, nbytes, hop) if hop is not None else None
+        if t is None:
+            t = algo.estimate(n, nbytes, alpha, beta)
         if t < best_t * (1 - 1e-9):
             best, best_t = algo, t
     if best is None:

@@ -9,6 +9,7 @@ calls ``wait()`` for synchronous calls.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from simdist.algorithms import Reduction, reduce_op_of
+from simdist.algorithms import Reduction, nccl, reduce_op_of
 from simdist.c10d import funcol
 from simdist.c10d.arguments import SUPPORTED_DTYPES, GlooArguments, check_tensor
 from simdist.comm import monitored, ops
@@ -27,6 +28,7 @@ from simdist.comm.launch import launch
 from simdist.comm.ops import dtype_name
 from simdist.comm.work import SimWork
 from simdist.cuda.tensor import SimCudaTensor
+from simdist.errors import NcclEnvironmentError
 
 #: functions called as ``observe(group, op_name, written)`` when a rank issues a collective or a point-to-point
 #: operation, before it runs (``written``: the user's buffers it will write); the equivalence oracle's
@@ -44,6 +46,9 @@ class SimProcessGroup(dist.ProcessGroup):
         #: the backend name rank code sees (``pg.name()``, ``pg._get_backend_name()``)
         self.backend_name = backend_name
         state.backend_name = backend_name  # the same on every member: results follow its reduction order
+        #: whether this rank has read NCCL_ALGO/NCCL_PROTO for the group (at its first collective, where torch
+        #: creates the NCCL communicator)
+        self._nccl_env_read = sim.cluster.collective_model != "nccl"
         #: the works issued inside a ``_coalescing_manager(device=...)`` block (None outside one)
         self._coalesced: list[SimWork] | None = None
         #: what this group refuses, as gloo refuses it
@@ -84,6 +89,9 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def _issue_internal(self, spec: ops.OpSpec, outputs: list[torch.Tensor], reads: Any, writes: Any) -> SimWork:
         sim = self.sim
+        if not self._nccl_env_read:
+            self._nccl_env_read = True
+            self.state.nccl_enabled = _nccl_enabled(sim, self.global_rank)
         ready_at = sim.issue_time()
         site = sim.call_site()
         seq = self.state.next_seq(self.grank)
@@ -346,6 +354,17 @@ class SimProcessGroup(dist.ProcessGroup):
         else:
             sim.p2p.post_recv(st, g_peer, me, tag, t, work, site, ready_at)
         return work
+
+
+def _nccl_enabled(sim: RunContext, rank: int) -> nccl.Enabled:
+    """What ``NCCL_ALGO`` and ``NCCL_PROTO`` in the calling rank's environment leave NCCL, as NCCL reads them
+    when a communicator is made (torch makes it at the group's first collective)."""
+    try:
+        return nccl.parse_enabled(os.environ)
+    except ValueError as exc:
+        raise NcclEnvironmentError(
+            f"rank {rank}: {exc} (read at the group's first collective, {sim.call_site()})"
+        ) from None
 
 
 def _scatter_back_on_completion(work: SimWork, flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:

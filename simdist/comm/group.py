@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from simdist.algorithms.nccl import Enabled
 from simdist.comm.ops import OpSpec
 from simdist.comm.work import SimWork
 from simdist.errors import CollectiveMismatchError
@@ -76,6 +77,9 @@ class GroupState:
         #: it decides whose reduction order results follow (:mod:`simdist.comm.ordering`)
         self.backend_name = "simdist"
         self.algorithms: dict[str, str] = {}
+        #: the NCCL algorithms and protocols the group's ``NCCL_ALGO``/``NCCL_PROTO`` leave (read when it is
+        #: created, as NCCL reads them when a communicator is made; None: all)
+        self.nccl_enabled: Enabled | None = None
         self.timeout: float | None = None
         self._seq = [0] * self.size
         self.slots = slots

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from simdist.algorithms import reduce_op
 from simdist.comm.group import Call, GroupState, Instance
 from simdist.comm.messages import ScheduleRun
-from simdist.comm.ordering import GlooResult, order_matters, reduces_as_gloo
+from simdist.comm.ordering import GlooResult, backend_for, order_matters, reduces_as_gloo
 from simdist.comm.plans import Plan
 from simdist.trace.trace import Span
 
@@ -26,7 +26,12 @@ def launch(sim: RunContext, st: GroupState, inst: Instance) -> None:
     first = specs[0]
     kind = type(first)
     kind.check_across(specs, [c.site for c in calls])
-    algo = sim.selector.select(st.index, st.global_ranks, st.algorithms, first.collective, first.sizes().nbytes)
+    # NCCL's model times what NCCL would run: not a group that presents gloo for these tensors
+    by_nccl = backend_for(st.backend_name, first.device_type()) != "gloo"
+    selection = sim.selector.select(
+        st.index, st.global_ranks, st.algorithms, first.collective, first.sizes().nbytes, st.nccl_enabled, by_nccl
+    )
+    algo = selection.algorithm
     plan = kind.plan(specs, algo)
     name = f"{sim.progress}:{first.name}"
     # every rank's stream reaches the collective (a CUDA event on its compute stream) before it runs
@@ -41,13 +46,17 @@ def launch(sim: RunContext, st: GroupState, inst: Instance) -> None:
         plan.finish[r]()
         c = calls[r]
         sim.trace.add(
-            Span(st.global_ranks[r], streams[r], name, start_time, sim.env.now, _span_args(c, st, inst, algo.name))
+            Span(
+                st.global_ranks[r], streams[r], name, start_time, sim.env.now,
+                _span_args(c, st, inst, algo.name, selection.nccl),
+            )
         )
         c.work.complete()
         st.rank_done(inst, r)
 
     run = ScheduleRun(
-        sim, plan.msgs, n, plan.src, plan.dst, plan.reduce_op, st.global_ranks, rank_done, streams, name, order
+        sim, plan.msgs, n, plan.src, plan.dst, plan.reduce_op, st.global_ranks, rank_done, streams, name, order,
+        selection.pace,
     )
     for c in calls:
         c.work.messages = run
@@ -71,10 +80,11 @@ def _gloo_result(plan: Plan, st: GroupState, device_type: str) -> GlooResult | N
     return GlooResult(plan.gloo_spans, bufs, reduction.gloo_step)
 
 
-def _span_args(call: Call, st: GroupState, inst: Instance, algorithm: str) -> dict[str, Any]:
-    """A collective span's arguments, named as torch's profiler names them (plus the algorithm and issue time)."""
+def _span_args(call: Call, st: GroupState, inst: Instance, algorithm: str, nccl: str | None) -> dict[str, Any]:
+    """A collective span's arguments, named as torch's profiler names them (plus the algorithm, NCCL's
+    algorithm and protocol where NCCL's model timed it, and the issue time)."""
     sizes = call.spec.sizes()
-    return {
+    args = {
         "Collective name": call.op,
         "In msg nelems": sizes.in_nelems,
         "Out msg nelems": sizes.out_nelems,
@@ -85,3 +95,6 @@ def _span_args(call: Call, st: GroupState, inst: Instance, algorithm: str) -> di
         "algorithm": algorithm,
         "issued": call.work.issued_at,
     }
+    if nccl is not None:
+        args["nccl"] = nccl
+    return args

@@ -27,7 +27,8 @@ class ScheduleRun:
 
     ``src_bufs[r]``/``dst_bufs[r]`` are flat 1-D tensors of group rank ``r``; ``global_ranks[r]`` its global
     rank for routing; ``streams[r]`` the trace stream rank ``r`` runs it on. ``on_rank_done(r)`` is called (in simulated time) once rank ``r`` has issued all its
-    sends and received all its messages. ``order``, when given, is shown every element a reduce message reads.
+    sends and received all its messages. ``order``, when given, is shown every element a reduce message reads; ``pace``, when given, times every message (see
+    :meth:`simdist.network.links.Network.send`).
     """
 
     def __init__(
@@ -43,8 +44,11 @@ class ScheduleRun:
         streams: list[str],
         name: str,
         order: GlooResult | None = None,
+        pace: tuple[float, float] | None = None,
     ) -> None:
         self.sim = sim
+        #: (latency s, seconds per byte) every message is sent at, or None for the links' own
+        self.pace = pace
         self.order = order
         self.n = n
         self.src_bufs = src_bufs
@@ -108,7 +112,8 @@ class ScheduleRun:
             self.order.capture(m.src, m.slo, m.shi)
         payload = buf[m.slo : m.shi].clone() if count and buf is not None else None
         self.sim.network.send(
-            self.global_ranks[m.src], self.global_ranks[m.dst], count * self.itemsize, self._arrive, (m, payload)
+            self.global_ranks[m.src], self.global_ranks[m.dst], count * self.itemsize, self._arrive, (m, payload),
+            self.pace,
         )
 
     def _arrive(self, ev: object) -> None:

@@ -20,6 +20,16 @@ from simdist.algorithms import Reduction
 from simdist.algorithms.gloo_order import Span, Step, ring_reduce
 
 
+def backend_for(backend_name: str, device_type: str) -> str:
+    """The backend a group presented as ``backend_name`` runs tensors on ``device_type`` with: the name itself,
+    or for a per-device name such as ``"cpu:gloo,cuda:nccl"`` the part for that device."""
+    parts = [p.strip().rpartition(":") for p in backend_name.lower().split(",")]
+    chosen = next((name for device, _, name in parts if device == device_type), None)
+    if chosen is None:  # no part for this device: a plain name serves every device
+        chosen = next((name for device, _, name in parts if not device), parts[0][2])
+    return chosen
+
+
 def reduces_as_gloo(backend_name: str, device_type: str) -> bool:
     """Whether a group presented as ``backend_name`` reduces tensors on ``device_type`` in gloo's order.
 
@@ -27,11 +37,7 @@ def reduces_as_gloo(backend_name: str, device_type: str) -> bool:
     the algorithm that runs (simdist's ring adds as NCCL's ring kernel does, see docs/algorithms.md). A
     per-device name such as ``"cpu:gloo,cuda:nccl"`` is read for the tensor's device.
     """
-    parts = [p.strip().rpartition(":") for p in backend_name.lower().split(",")]
-    chosen = next((name for device, _, name in parts if device == device_type), None)
-    if chosen is None:  # no part for this device: a plain name serves every device
-        chosen = next((name for device, _, name in parts if not device), parts[0][2])
-    return chosen != "nccl"
+    return backend_for(backend_name, device_type) != "nccl"
 
 
 def order_matters(reduction: Reduction, dtype: torch.dtype, n: int) -> bool:

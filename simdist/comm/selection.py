@@ -1,34 +1,117 @@
-"""Which algorithm a collective runs with: the policy over the registry (:mod:`simdist.algorithms`).
+"""Which algorithm a collective runs with, and how its messages are timed: the policy over the registry
+(:mod:`simdist.algorithms`) and NCCL's tuner (:mod:`simdist.algorithms.nccl`).
 
 The group's choice (``simdist.set_algorithms`` in rank code) comes first, then the cluster's
-(``Cluster.algorithms``), then ``"auto"``: the algorithm with the smallest closed-form time, priced with the
-alpha-beta of the group's ranks on this cluster. The result is the algorithm that really runs (recursive
-halving/doubling falls back to ring off powers of two).
+(``Cluster.algorithms``), then ``"auto"``. Under the cluster's ``"alpha-beta"`` collective model, ``auto`` is
+the algorithm with the smallest closed-form time, priced with the alpha-beta of the group's ranks (round by
+round for recursive halving/doubling, whose partners are at a different distance each round), and each
+message moves at its links' own latency and bandwidth. Under ``"nccl"``, ``auto`` is the algorithm and
+protocol NCCL's tuner picks (within the group's ``NCCL_ALGO``/``NCCL_PROTO``), the schedule that moves the
+data is the closest one simdist has (ring for NCCL's rings and NVLS, the binomial tree for its tree), and
+every message is paced so that the uncontended schedule takes the tuner's predicted time. The result is the
+algorithm that really runs (recursive halving/doubling falls back to ring off powers of two).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from simdist import algorithms
-from simdist.algorithms import Algorithm
+from simdist.algorithms import Algorithm, nccl
 from simdist.network.cluster import Cluster
+
+#: the schedule that moves the data of each NCCL algorithm (NVLS reduces in the switch; the ring's messages
+#: carry the same result)
+_SCHEDULE = {"Ring": "ring", "Tree": "tree", "NVLS": "ring", "NVLSTree": "ring"}
+#: a pinned simdist algorithm as NCCL's
+_PINNED = {"ring": "Ring", "tree": "Tree"}
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The algorithm a collective runs and how its messages are timed."""
+
+    algorithm: Algorithm
+    #: (seconds of latency, seconds per byte) of every message; None: each link's own
+    pace: tuple[float, float] | None = None
+    #: NCCL's algorithm and protocol ("NVLS/Simple") when NCCL's model times the call
+    nccl: str | None = None
 
 
 class AlgorithmSelector:
-    """Chooses algorithms for one run's groups on ``cluster``; remembers each group's alpha-beta."""
+    """Chooses algorithms for one run's groups on ``cluster``; remembers each group's alpha-beta and fabric."""
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self._alpha_beta: dict[int, tuple[tuple[float, float], tuple[float, float]]] = {}
+        self._fabrics: dict[int, nccl.Fabric] = {}
+        self._hops: dict[int, dict[int, tuple[float, float]]] = {}
+        #: (group, collective, bytes) -> auto's choice: pricing round by round costs O(n log n)
+        self._auto: dict[tuple[int, str, int], Selection] = {}
+        if cluster.collective_model == "nccl" and cluster.world_size > 1:
+            cluster.nccl_fabric([0, 1])  # a cluster without nodes is refused before any rank runs
 
-    def select(self, group: int, ranks: list[int], choices: dict[str, str], collective: str, nbytes: int) -> Algorithm:
+    def select(
+        self,
+        group: int,
+        ranks: list[int],
+        choices: dict[str, str],
+        collective: str,
+        nbytes: int,
+        enabled: nccl.Enabled | None = None,
+        by_nccl: bool = True,
+    ) -> Selection:
         """The algorithm for ``collective`` of ``nbytes`` per rank on group number ``group`` (global ``ranks``),
-        whose own choices are ``choices``."""
+        whose own choices are ``choices`` and whose ``NCCL_ALGO``/``NCCL_PROTO`` leave ``enabled``; ``by_nccl``
+        False (a group presenting gloo) keeps the alpha-beta timing under the cluster's NCCL model."""
         name = choices.get(collective) or self.cluster.algorithms.get(collective) or algorithms.AUTO
         n = len(ranks)
+        if by_nccl and self.cluster.collective_model == "nccl" and n > 1 and collective in nccl.COLLECTIVES:
+            timed = self._nccl(group, ranks, name, collective, nbytes, enabled or nccl.Enabled())
+            if timed is not None:
+                return timed
         if name != algorithms.AUTO:
-            return algorithms.get(collective, name).effective(n)
+            return Selection(algorithms.get(collective, name).effective(n))
         ab = self._alpha_beta.get(group)
         if ab is None:
             ab = self._alpha_beta[group] = self.cluster.alpha_beta(ranks)
         near, far = ab
-        return algorithms.choose(collective, n, nbytes, near, far).effective(n)
+        key = (group, collective, nbytes)
+        known = self._auto.get(key)
+        if known is not None:
+            return known
+        hops = self._hops.setdefault(group, {})
+
+        def hop(d: int) -> tuple[float, float]:
+            price = hops.get(d)
+            if price is None:
+                price = hops[d] = self.cluster.hop_alpha_beta(ranks, d)
+            return price
+
+        chosen = self._auto[key] = Selection(
+            algorithms.choose(collective, n, nbytes, near, far, hop).effective(n)
+        )
+        return chosen
+
+    def _nccl(
+        self, group: int, ranks: list[int], name: str, collective: str, nbytes: int, enabled: nccl.Enabled
+    ) -> Selection | None:
+        """NCCL's choice and pace, or None where a pinned algorithm is not one NCCL runs this collective with."""
+        fab = self._fabrics.get(group)
+        if fab is None:
+            fab = self._fabrics[group] = self.cluster.nccl_fabric(ranks)
+        if name != algorithms.AUTO:
+            pinned = _PINNED.get(name)
+            if pinned is None or not any(a == pinned for a, _ in nccl.candidates(fab, collective)):
+                return None  # the user's schedule, on the links' own timing
+            enabled = nccl.Enabled(frozenset({pinned}), enabled.protocols)
+        choice = nccl.choose(fab, collective, nbytes, enabled)
+        n = len(ranks)
+        algo = algorithms.get(collective, _SCHEDULE[choice.algorithm]).effective(n)
+        # the schedule's closed form splits into (latency count) x alpha + (bytes on its critical path) x beta:
+        # spreading NCCL's latency over the first and the rest of its time over the second makes the
+        # uncontended schedule take exactly NCCL's time
+        hops = algo.estimate(n, nbytes, 1.0, 0.0)
+        path_bytes = algo.estimate(n, nbytes, 0.0, 1.0)
+        per_byte = (choice.seconds - choice.latency) / path_bytes if path_bytes > 0 else 0.0
+        return Selection(algo, (choice.latency / hops, per_byte), choice.label)

@@ -136,11 +136,13 @@ class ClusterBuilders:
         device: str = "H100",
         algorithms: Mapping[str, str] | None = None,
         name: str | None = None,
+        collective_model: str = "alpha-beta",
     ) -> Self:
         """Nodes of GPUs: each GPU links to its node's "node{k}.nvswitch" and to the fabric switch "ib".
 
         ``ranks_per_node`` ranks use the first GPUs of each node (default: all ``gpus_per_node``), as torchrun's
         ``--nproc-per-node`` does on a node with more GPUs: the cluster's ranks are ``nodes x ranks_per_node``.
+        ``collective_model="nccl"`` times collectives as NCCL's tuner predicts them on such nodes.
         """
         nodes = positive_int(nodes, "two_level: nodes")
         per_node = positive_int(gpus_per_node, "two_level: gpus_per_node")
@@ -175,7 +177,9 @@ class ClusterBuilders:
             graph.add_edge(rank, "ib", **inter)
             graph.add_edge("ib", rank, **inter)
         default_name = f"two-level-{nodes}x{per_node}" if used == per_node else f"two-level-{nodes}x{used}of{per_node}"
-        cluster = cls(graph, device=device, algorithms=algorithms, name=name or default_name)
+        cluster = cls(
+            graph, device=device, algorithms=algorithms, name=name or default_name, collective_model=collective_model
+        )
         cluster.ranks_per_node = used
         cluster.gpus_per_node = per_node
         return cluster

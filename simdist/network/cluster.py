@@ -16,6 +16,7 @@ from typing import Any
 
 import networkx as nx
 
+from simdist.algorithms import nccl
 from simdist.compute.devices import DeviceSpec, get_device
 from simdist.errors import ClusterSpecError
 from simdist.network.builders import ClusterBuilders
@@ -23,6 +24,7 @@ from simdist.network.config import ClusterFiles
 from simdist.network.graph import Link, canonical_graph, plural, validate_algorithms
 from simdist.network.presets import ClusterPresets
 from simdist.network.routing import Router
+from simdist.options import COLLECTIVE_MODELS
 from simdist.units import format_bandwidth, format_time
 
 
@@ -36,6 +38,7 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
         device: str = "H100",
         algorithms: Mapping[str, str] | None = None,
         name: str = "custom",
+        collective_model: str = "alpha-beta",
     ) -> None:
         """Validate ``graph`` (edge ``bandwidth`` in bytes/s or unit strings, ``latency`` in seconds or strings)."""
         if isinstance(device, DeviceSpec):
@@ -54,6 +57,8 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
         self.device: Any = device
         self.name: str = name
         self.algorithms: dict[str, str] = validate_algorithms(algorithms)
+        #: how collectives are timed: "alpha-beta" (each message on its links) or "nccl" (NCCL's tuner)
+        self.collective_model: str = check_collective_model(collective_model, device)
         self.links: tuple[Link, ...] = tuple(
             Link(data["link"], u, v, data["bandwidth"], data["latency"])
             for u, v, data in self.graph.edges(data=True)
@@ -74,6 +79,22 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
         #: topology has no notion of nodes
         self.gpus_per_node: int | None = None
         self._check_connected()
+
+    def nccl_fabric(self, ranks: Sequence[int]) -> nccl.Fabric:
+        """The communicator of ``ranks`` as NCCL's tuner sees it on this cluster (its nodes, NICs and GPUs)."""
+        per_node = self.ranks_per_node
+        if per_node is None:
+            raise ClusterSpecError(
+                f"cluster {self.name!r}: collective_model='nccl' needs nodes of GPUs (a two_level cluster or a "
+                f"preset such as 'dgx-h100'); this cluster has none: use collective_model='alpha-beta'"
+            )
+        nodes = sorted({r // per_node for r in ranks})
+        nic = math.inf
+        if len(nodes) > 1:
+            other = next(r for r in ranks if r // per_node != ranks[0] // per_node)
+            nic = self.path_bandwidth(ranks[0], other)
+        device = get_device(self.device).name if isinstance(self.device, str) else self.device_name
+        return nccl.fabric(device, len(ranks), len(nodes), nic)
 
     @property
     def device_name(self) -> str:
@@ -145,19 +166,33 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
             return value
 
     def alpha_beta(self, ranks: Sequence[int]) -> tuple[tuple[float, float], tuple[float, float]]:
-        """(latency s, seconds per byte) of the slowest hop between ring neighbours of ``ranks``, and between
-        its farthest-apart members (the first and the middle one): what prices an algorithm that talks to
-        neighbours only, and one that talks across the group."""
+        """(latency s, seconds per byte) between ring neighbours of ``ranks`` (the mean latency and the slowest
+        bandwidth of its hops), and between its farthest-apart members (the first and the middle one): what
+        prices an algorithm that talks to neighbours only, and one that talks across the group."""
         n = len(ranks)
         if n < 2:
             return (0.0, 0.0), (0.0, 0.0)
-        # a ring moves at the pace of its slowest hop (e.g. the one crossing nodes)
+        # a ring's bytes move at the pace of its slowest hop (e.g. the one crossing nodes), but its latencies add
+        # up hop after hop around the ring: each step's message is the next hop's, so a call pays the mean
+        # latency of its hops per step, not the highest
         near = (
-            max(self.path_latency(ranks[i], ranks[(i + 1) % n]) for i in range(n)),
+            math.fsum(self.path_latency(ranks[i], ranks[(i + 1) % n]) for i in range(n)) / n,
             max(1.0 / self.path_bandwidth(ranks[i], ranks[(i + 1) % n]) for i in range(n)),
         )
         far = (self.path_latency(ranks[0], ranks[n // 2]), 1.0 / self.path_bandwidth(ranks[0], ranks[n // 2]))
         return near, far
+
+    def hop_alpha_beta(self, ranks: Sequence[int], distance: int) -> tuple[float, float]:
+        """(latency s, seconds per byte) of the slowest route between members ``i`` and ``i XOR distance`` of
+        ``ranks``: what one round of recursive halving or doubling at that distance costs."""
+        n = len(ranks)
+        pairs = [(ranks[i], ranks[i ^ distance]) for i in range(n) if (i ^ distance) < n and i != i ^ distance]
+        if not pairs:
+            return 0.0, 0.0
+        return (
+            max(self.path_latency(a, b) for a, b in pairs),
+            max(1.0 / self.path_bandwidth(a, b) for a, b in pairs),
+        )
 
     def link(self, link_id: int) -> Link:
         """Return the link numbered ``link_id`` (0..len(links)-1)."""
@@ -195,7 +230,8 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
             + (
                 ", ".join(f"{k}={v}" for k, v in sorted(self.algorithms.items()))
                 or "auto for every collective"
-            ),
+            )
+            + ("" if self.collective_model == "alpha-beta" else f"; timed by the {self.collective_model} model"),
             "  link classes (count, bandwidth per direction, latency per link):",
         ]
         for (src, dst, bandwidth, latency), count in classes.items():
@@ -221,6 +257,20 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
             {"src": l.src, "dst": l.dst, "bandwidth": l.bandwidth, "latency": l.latency} for l in self.links
         ]
         return {"cluster": cluster, "links": links}
+
+
+def check_collective_model(model: object, device: object) -> str:
+    """``model`` if it is a collective model (``simdist.options.COLLECTIVE_MODELS``) that ``device`` can be
+    timed with; a ClusterSpecError naming the choices otherwise."""
+    if not isinstance(model, str) or model not in COLLECTIVE_MODELS:
+        raise ClusterSpecError(f"collective_model must be one of {', '.join(COLLECTIVE_MODELS)}; found {model!r}")
+    name = get_device(device).name if isinstance(device, str) else getattr(device, "name", "")
+    if model == "nccl" and nccl.generation_of(name) is None:
+        raise ClusterSpecError(
+            f"collective_model='nccl' knows NCCL's tuning on {', '.join(nccl.GENERATIONS)} only; this cluster's "
+            f"device is {name!r}: use collective_model='alpha-beta'"
+        )
+    return model
 
 
 def build_preset(name: str, world_size: int | None = None, **overrides: Any) -> Cluster:

@@ -5,6 +5,11 @@ starts when the sender issues it or when the last earlier transfer on any of tho
 the links for ``bytes / min(bandwidth)`` seconds, and arrives after the route's summed latency on top. Two
 transfers that share a link therefore take as long as the link needs for both, and an uncontended transfer
 costs ``latency + bytes / bandwidth`` (the alpha-beta model). Routes come from the :class:`Cluster`.
+
+A paced transfer (``pace=(latency, seconds_per_byte)``) reserves the same links but for ``bytes x
+seconds_per_byte``, and arrives ``latency`` after it leaves: a collective timed by NCCL's model sends every
+message so, so that its uncontended time is the model's while it still waits for, and delays, other
+transfers on the links it crosses.
 """
 
 from __future__ import annotations
@@ -40,8 +45,16 @@ class Network:
             hit = self._routes[key] = (route, 1.0 / bw, lat)
         return hit
 
-    def send(self, src: int, dst: int, nbytes: int, callback: Callable[[Event], None], value: Any) -> None:
-        """Send ``nbytes`` from global rank ``src`` to ``dst`` now.
+    def send(
+        self,
+        src: int,
+        dst: int,
+        nbytes: int,
+        callback: Callable[[Event], None],
+        value: Any,
+        pace: tuple[float, float] | None = None,
+    ) -> None:
+        """Send ``nbytes`` from global rank ``src`` to ``dst`` now (at the links' own speed, or at ``pace``).
 
         On arrival ``callback(event)`` runs, with ``event.value`` set to ``value`` and ``event.start`` to the
         simulated time (seconds) the bytes started to move. Runs once per message: written for speed.
@@ -59,6 +72,8 @@ class Network:
             return
         hit = self._routes.get((src, dst))
         route, inv_bw, lat = hit if hit is not None else self._route(src, dst)
+        if pace is not None:
+            lat, inv_bw = pace
         free = self._free_at
         start = now
         for i in route:

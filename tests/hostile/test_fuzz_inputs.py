@@ -141,6 +141,7 @@ _ARGS: dict[str, st.SearchStrategy[Any]] = {
     "bidirectional": _mostly(st.booleans()),
     "device": _mostly(st.sampled_from(["H100", "A100", "cpu", "h200"])),
     "name": _mostly(st.text(min_size=1, max_size=8)),
+    "collective_model": _mostly(st.sampled_from(["alpha-beta", "nccl"])),
     "algorithms": _mostly(
         st.dictionaries(st.sampled_from(["all_reduce", "broadcast", "barrier"]),
                         st.sampled_from(["ring", "tree", "rhd", "direct", "auto"]), max_size=2)

@@ -1,0 +1,167 @@
+"""NCCL's tuning model (simdist.algorithms.nccl): tuning.cc's numbers worked by hand from its constants, the
+published bandwidths it must land near, and properties over every size (monotone, above the physical bound,
+no downward jump where the algorithm or protocol changes)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from simdist.algorithms import nccl
+from simdist.algorithms.nccl.table import update
+
+H100_1 = nccl.fabric("H100", 8, 1, math.inf)
+H100_2N = nccl.fabric("H100", 16, 2, 50e9)
+A100_1 = nccl.fabric("A100", 8, 1, math.inf)
+A100_2N = nccl.fabric("A100", 16, 2, 25e9)
+#: (fabric, line rate of a GPU's NVLinks in bytes/s, NIC bytes/s): DGX data sheets
+FABRICS = [
+    (H100_1, 450e9, math.inf),
+    (H100_2N, 450e9, 50e9),
+    (nccl.fabric("H100", 2, 1, math.inf), 450e9, math.inf),
+    (nccl.fabric("H100", 4, 1, math.inf), 450e9, math.inf),
+    (A100_1, 300e9, math.inf),
+    (A100_2N, 300e9, 25e9),
+    (nccl.fabric("H100", 32, 4, 50e9), 450e9, 50e9),
+]
+BUS = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+}
+
+
+def test_graphs_as_ncclTopoCompute_finds_them() -> None:
+    # H100: 18 NVLinks x 20.6 GB/s = 370.8; the search's 6 x 60 GB/s rings are split into 12 x 30 (search.cc 835-848)
+    assert (H100_1.ring.channels, H100_1.ring.bw_intra) == (12, 30.0)
+    # NVLS: every GPU heads a channel and its head uses its links twice: 9 x 40 <= 370.8 < 9 x 50
+    assert (H100_1.nvls.channels, H100_1.nvls.bw_intra) == (8, 40.0)
+    # A100: 12 x 20 = 240 GB/s; 6 x 40 fills it, then split in two
+    assert (A100_1.ring.channels, A100_1.ring.bw_intra) == (12, 20.0)
+    assert A100_1.nvls is None
+    # across nodes, one channel per 50 GB/s NIC: 8 x 45 GB/s (8 x 48 would exceed the NVLinks); no split (bw < 50)
+    assert (H100_2N.ring.channels, H100_2N.ring.bw_inter) == (8, 45.0)
+    assert (H100_2N.nvls.channels, H100_2N.nvls.bw_intra, H100_2N.nvls.bw_inter) == (8, 40.0, 48.0)
+
+
+def test_reproduces_tuning_cc_by_hand() -> None:
+    us = 1e-6
+    # ring LL, 8 GPUs: baseLat 6.6 + 2(n-1) x hwLat[NVLink][Ring][LL] 0.6; bw min(llMaxBw 141, 360 x .5) x n/nsteps
+    c = nccl.cost(H100_1, "all_reduce", "Ring", "LL", 1 << 20, exact=True)
+    assert c.latency == pytest.approx(15.0 * us)
+    assert c.seconds == pytest.approx((15.0 + (1 << 20) / (1000 * 141.0 * 8 / 14)) * us)
+    # NVLS: latency hwLat[NVLink][NVLS][Simple] 25; bw 8 channels x 40 x 5/6
+    c = nccl.cost(H100_1, "all_reduce", "NVLS", "Simple", 64 << 20, exact=True)
+    assert c.seconds == pytest.approx((25.0 + (64 << 20) / (1000 * 8 * 40 * 5 / 6)) * us)
+    # two nodes, ring Simple: 8.4 + (30 - 4) x max(3.4, 3 x 1.0) + 4 x 14.0, x 1.4 on the plateau; 8 x 45 x 16/30
+    c = nccl.cost(H100_2N, "all_reduce", "Ring", "Simple", 1 << 30, exact=True)
+    lat = (8.4 + 26 * 3.4 + 4 * 14.0) * 1.4
+    assert c.seconds == pytest.approx((lat + (1 << 30) / (1000 * 8 * 45 * 16 / 30)) * us)
+    # A100 two nodes (AMD hosts), tree LL128 at 1 MiB: min(192 x .92, 8 x 23.6) = 176.64, x 120/128 capped at
+    # 8 x 20 = 160, x .5, x treeCorrectionFactor[LL128][14] = .6; latency 14 + 2((8-1) x 1.25 + 1 x 8.5)
+    c = nccl.cost(A100_2N, "all_reduce", "Tree", "LL128", 1 << 20, exact=True)
+    assert c.seconds == pytest.approx((48.5 + (1 << 20) / (1000 * 160 * 0.5 * 0.6)) * us)
+    assert nccl.choose(A100_2N, "all_reduce", 1 << 20, exact=True).label == "Tree/LL128"
+
+
+def test_choices_as_published() -> None:
+    # NVLS wins large all-reduces on 8 H100s and loses to the ring on 2 (nccl-tests#212; NVLS needs many heads)
+    assert nccl.choose(H100_1, "all_reduce", 1 << 30).algorithm == "NVLS"
+    assert nccl.choose(nccl.fabric("H100", 2, 1, math.inf), "all_reduce", 1 << 30).algorithm == "Ring"
+    # small messages take the low-latency protocol
+    assert nccl.choose(H100_1, "all_reduce", 8).label == "Ring/LL"
+    # across nodes NVLS-tree: reduce in the switch, then between nodes over every NIC
+    assert nccl.choose(H100_2N, "all_reduce", 1 << 30).algorithm == "NVLSTree"
+
+
+@pytest.mark.parametrize(
+    ("fab", "collective", "published"),
+    [
+        # sjeaugey, NVIDIA/nccl-tests#212: ring-class busbw ~370 GB/s on H100 NVLink4; NVLS all-reduce ~480
+        (H100_1, "all_gather", 370e9),
+        (H100_1, "all_reduce", 480e9),
+        # A100 all-reduce ~230 GB/s busbw of a 300 GB/s NVLink3 (NVIDIA/nccl-tests#178: 208-230)
+        (A100_1, "all_reduce", 230e9),
+    ],
+)
+def test_peak_bus_bandwidth_near_published(fab: nccl.Fabric, collective: str, published: float) -> None:
+    size = 8 << 30
+    busbw = size / nccl.choose(fab, collective, size).seconds * BUS[collective](fab.ranks)
+    assert busbw == pytest.approx(published, rel=0.05)
+
+
+def _bound(fab: nccl.Fabric, collective: str, nbytes: int, line: float, nic: float) -> float:
+    """Seconds no implementation can beat: each GPU's share of the data over its NVLinks, each node's over its NICs."""
+    n, nodes = fab.ranks, fab.nodes
+    share = (n - 1) / n if collective in ("all_reduce", "all_gather", "reduce_scatter") else 1.0
+    t = share * nbytes / line
+    if nodes > 1:
+        t = max(t, (nodes - 1) / nodes * nbytes / (fab.per_node * nic))
+    return t
+
+
+sizes = st.integers(min_value=0, max_value=1 << 34)
+collectives = st.sampled_from(nccl.COLLECTIVES)
+fabrics = st.sampled_from(range(len(FABRICS)))
+
+
+@given(fabrics, collectives, sizes, sizes)
+def test_time_monotone_in_size(f: int, collective: str, a: int, b: int) -> None:
+    fab = FABRICS[f][0]
+    lo, hi = sorted((a, b))
+    assert nccl.choose(fab, collective, lo).seconds <= nccl.choose(fab, collective, hi).seconds
+
+
+@given(fabrics, collectives, sizes)
+def test_never_below_physical_bound(f: int, collective: str, nbytes: int) -> None:
+    fab, line, nic = FABRICS[f]
+    choice = nccl.choose(fab, collective, nbytes)
+    assert choice.seconds >= _bound(fab, collective, nbytes, line, nic)
+    # and never below the latency of a hop through the NVSwitch (1 us per link in the presets)
+    assert choice.seconds >= choice.latency >= 2e-6
+
+
+@given(fabrics, collectives, st.integers(min_value=1, max_value=1 << 33))
+def test_continuous_where_the_choice_changes(f: int, collective: str, top: int) -> None:
+    fab = FABRICS[f][0]
+    lo, hi = top // 2, top
+    if nccl.choose(fab, collective, lo).label == nccl.choose(fab, collective, hi).label:
+        return
+    while hi - lo > 1:  # bisect to the byte where the algorithm or protocol changes
+        mid = (lo + hi) // 2
+        if nccl.choose(fab, collective, mid).label == nccl.choose(fab, collective, lo).label:
+            lo = mid
+        else:
+            hi = mid
+    before, after = nccl.choose(fab, collective, lo), nccl.choose(fab, collective, hi)
+    assert after.seconds >= before.seconds
+    # one more byte costs at most a byte at the slowest bandwidth, unless the ring's plateau factor starts there
+    plateau = fab.nodes > 1 and after.label == "Ring/Simple"
+    assert plateau or after.seconds - before.seconds < 1e-9
+
+
+def test_env_syntax_as_nccl_parses_it() -> None:
+    env = nccl.parse_enabled({"NCCL_ALGO": "ring,TREE", "NCCL_PROTO": "^ll"})
+    assert env.algorithms == {"Ring", "Tree"}
+    assert env.protocols == {"LL128", "Simple"}
+    assert nccl.choose(H100_1, "all_reduce", 1 << 30, env).label == "Ring/Simple"
+    assert nccl.choose(H100_1, "all_reduce", 8, env).protocol == "LL128"
+    for bad in ({"NCCL_ALGO": "rng"}, {"NCCL_PROTO": "LL129"}, {"NCCL_ALGO": ""}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            nccl.parse_enabled(bad)
+
+
+def test_docs_page_is_current() -> None:
+    page = (Path(__file__).parent.parent / "docs" / "nccl.md").read_text()
+    assert update(page) == page, (
+        "docs/nccl.md is stale: run python3 -m simdist.algorithms.nccl.table docs/nccl.md"
+    )
+
+
+def test_unknown_device_refused() -> None:
+    with pytest.raises(ValueError, match="alpha-beta"):
+        nccl.fabric("cpu", 8, 1, math.inf)

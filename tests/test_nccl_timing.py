@@ -1,0 +1,175 @@
+"""Collectives timed by NCCL's model in a run: the simulated time is the tuner's prediction, contention on shared
+links still shows, NCCL_ALGO/NCCL_PROTO in rank code pin NCCL's choice, and the alpha-beta model stays the
+default."""
+
+from __future__ import annotations
+
+import os
+
+import networkx as nx
+import pytest
+import torch
+import torch.distributed as dist
+
+import simdist
+from simdist import Cluster
+from simdist.algorithms import nccl
+from simdist.cli import main
+from simdist.errors import ClusterSpecError, NcclEnvironmentError
+
+
+def _timed(collective: str, numel: int, env: dict[str, str]) -> tuple[float, str]:
+    os.environ.update(env)
+    dist.init_process_group("nccl")
+    n = dist.get_world_size()
+    x = torch.ones(numel)
+    if collective == "all_reduce":
+        call = lambda: dist.all_reduce(x)
+    elif collective == "all_gather":
+        out = torch.empty(numel * n)
+        call = lambda: dist.all_gather_into_tensor(out, x)
+    elif collective == "reduce_scatter":
+        out = torch.empty(numel)
+        x = torch.ones(numel * n)
+        call = lambda: dist.reduce_scatter_tensor(out, x)
+    elif collective == "reduce":
+        call = lambda: dist.reduce(x, 0)
+    else:
+        call = lambda: dist.broadcast(x, 0)
+    t0 = simdist.now()
+    call()
+    return simdist.now() - t0
+
+
+def _run(
+    cluster: Cluster, collective: str, numel: int, env: dict[str, str] | None = None
+) -> simdist.RunResult:
+    return simdist.run(
+        _timed, cluster, args=(collective, numel, env or {}), compute=False, trace="collectives"
+    )
+
+
+def _label(res: simdist.RunResult) -> str:
+    return res.trace.spans[-1].args.get("nccl", "") if res.trace.spans else ""
+
+
+@pytest.mark.parametrize(
+    ("world", "collective", "numel"),
+    [
+        (8, "all_reduce", 2),
+        (8, "all_reduce", 1 << 18),
+        (8, "all_reduce", 1 << 24),
+        (8, "all_gather", 1 << 18),
+        (8, "reduce_scatter", 1 << 16),
+        (8, "broadcast", 1 << 20),
+        (16, "reduce", 1 << 20),
+        (16, "reduce_scatter", 1 << 12),
+        (16, "all_reduce", 1 << 22),
+        (16, "all_gather", 1 << 10),
+    ],
+)
+def test_uncontended_time_is_the_tuners(world: int, collective: str, numel: int) -> None:
+    cluster = Cluster.preset("dgx-h100", world_size=world, collective_model="nccl")
+    res = _run(cluster, collective, numel)
+    nbytes = 4 * numel * (world if collective in ("all_gather", "reduce_scatter") else 1)
+    fab = nccl.fabric("H100", world, world // 8, 50e9)
+    predicted = nccl.choose(fab, collective, nbytes)
+    assert max(res.returns) == pytest.approx(predicted.seconds, rel=2e-3)
+    assert _label(res) == predicted.label
+
+
+def _two_groups(numel: int, both: bool) -> float:
+    dist.init_process_group("nccl")
+    other = dist.new_group(list(range(dist.get_world_size())))
+    a, b = torch.ones(numel), torch.ones(numel)
+    t0 = simdist.now()
+    works = [dist.all_reduce(a, async_op=True)]
+    if both:
+        works.append(dist.all_reduce(b, group=other, async_op=True))
+    for w in works:
+        w.wait()
+    return simdist.now() - t0
+
+
+def test_concurrent_collectives_share_links() -> None:
+    cluster = Cluster.preset("dgx-h100", world_size=8, collective_model="nccl")
+    one = simdist.run(_two_groups, cluster, args=(1 << 24, False), compute=False).returns[0]
+    two = simdist.run(_two_groups, cluster, args=(1 << 24, True), compute=False).returns[0]
+    assert two > 1.8 * one
+
+
+def test_nccl_env_pins_choice() -> None:
+    cluster = Cluster.preset("dgx-h100", world_size=8, collective_model="nccl")
+    assert _label(_run(cluster, "all_reduce", 1 << 24)) == "NVLS/Simple"
+    assert _label(_run(cluster, "all_reduce", 1 << 24, {"NCCL_ALGO": "^NVLS"})) == "Ring/Simple"
+    # Simple only: NVLS's 25 us beats the ring's 8.4 + 14 x 3.4 us even at 8 bytes
+    assert _label(_run(cluster, "all_reduce", 2, {"NCCL_PROTO": "Simple"})) == "NVLS/Simple"
+    assert (
+        _label(_run(cluster, "all_reduce", 2, {"NCCL_ALGO": "tree", "NCCL_PROTO": "LL128"})) == "Tree/LL128"
+    )
+    with pytest.raises(
+        NcclEnvironmentError, match=r"rank 0: NCCL_ALGO='Rign': unknown name .*test_nccl_timing.py:\d+"
+    ):
+        _run(cluster, "all_reduce", 2, {"NCCL_ALGO": "Rign"})
+
+
+def _pinned(algorithm: str) -> str:
+    dist.init_process_group("nccl")
+    simdist.set_algorithms(all_reduce=algorithm)
+    dist.all_reduce(torch.ones(1 << 16))
+    return ""
+
+
+def test_pinned_algorithms() -> None:
+    cluster = Cluster.preset("dgx-h100", world_size=8, collective_model="nccl")
+    res = simdist.run(_pinned, cluster, args=("ring",), compute=False, trace="collectives")
+    assert _label(res).startswith("Ring/")
+    # an algorithm NCCL does not have runs on the links' own timing
+    res = simdist.run(_pinned, cluster, args=("rhd",), compute=False, trace="collectives")
+    assert _label(res) == "" and res.trace.spans[-1].args["algorithm"] == "rhd"
+
+
+def _by_backend() -> dict[str, str]:
+    dist.init_process_group("nccl")
+    gloo = dist.new_group(backend="gloo")
+    both = dist.new_group(backend="cpu:gloo,cuda:nccl")
+    dist.all_reduce(torch.ones(1 << 16))
+    dist.all_reduce(torch.ones(1 << 16), group=gloo)
+    dist.all_reduce(torch.ones(1 << 16), group=both)  # CPU tensors: its gloo part
+    return {}
+
+
+def test_groups_presenting_gloo_keep_link_timing() -> None:
+    cluster = Cluster.preset("dgx-h100", world_size=8, collective_model="nccl")
+    res = simdist.run(_by_backend, cluster, compute=False, trace="collectives")
+    spans = [s for s in res.trace.spans if s.rank == 0 and "Collective name" in s.args]
+    assert [s.args.get("nccl") for s in spans] == ["Ring/LL", None, None]
+
+
+def test_alpha_beta_is_the_default_and_unchanged() -> None:
+    cluster = Cluster.preset("dgx-h100", world_size=8)
+    assert cluster.collective_model == "alpha-beta"
+    assert _label(_run(cluster, "all_reduce", 1 << 18)) == ""
+
+
+def test_refused_where_nccl_model_does_not_apply() -> None:
+    with pytest.raises(ClusterSpecError, match="alpha-beta"):
+        Cluster.preset("dgx-h100", world_size=8, collective_model="nccl", device="cpu")
+    with pytest.raises(ClusterSpecError, match="collective_model"):
+        Cluster.preset("dgx-h100", world_size=8, collective_model="nccl2")
+    graph = nx.complete_graph(4, nx.DiGraph)
+    nx.set_edge_attributes(graph, 100e9, "bandwidth")
+    nx.set_edge_attributes(graph, 1e-6, "latency")
+    cluster = Cluster(graph, collective_model="nccl")
+    with pytest.raises(ClusterSpecError, match="nodes of GPUs"):
+        _run(cluster, "all_reduce", 2)
+
+
+def test_bench_times_with_nccl_model(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "all_reduce", "--world-size", "8", "-b", "8M", "-e", "8M", "-m", "nccl"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("8388608"))
+    predicted = nccl.choose(nccl.fabric("H100", 8, 1, 50e9), "all_reduce", 8 << 20)
+    assert row.split()[-1] == predicted.label
+    assert float(row.split()[5]) == pytest.approx(predicted.seconds * 1e6, abs=0.01)
+    with pytest.raises(SystemExit):
+        main(["bench", "-m", "nccl2"])
