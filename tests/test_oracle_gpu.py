@@ -85,3 +85,13 @@ def test_a_fault_in_a_gpu_program_is_found_at_its_step_and_tensor() -> None:
     assert where is not None, str(rep)
     assert where.op == "aten._foreach_add_" and where.phase == "optimizer", str(rep)
     assert where.ranks == (1,), str(rep)
+
+
+@pytest.mark.real
+def test_real_processes_emulating_cuda_run_the_gpu_program_against_its_cpu_reference() -> None:
+    from real.oracle import check_final_state
+
+    rep = check_final_state(on_gpus, reference, 2, backend="nccl", emulate_cuda=True, args=(None,),
+                            reference_args=(2,))
+    assert rep.ok and rep.steps == STEPS, str(rep)
+    assert rep.compared["parameters"] == 4 and rep.compared["gradients"] == 4, rep.compared
