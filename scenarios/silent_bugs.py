@@ -3,7 +3,9 @@
 Every case is a small model trained for a few SGD steps three ways: a single-process reference on the full
 batch, a parallel program with a bug that distributed training code really contains, and the same program
 corrected. The parallel programs are plain torch.distributed code (hand-written data, tensor and pipeline
-parallelism, torch's DistributedDataParallel) on 2 or 4 ranks, float64.
+parallelism, torch's DistributedDataParallel) on 2 or 4 ranks, float64, written as for torchrun on GPUs: NCCL,
+the GPU its LOCAL_RANK names, the model and each batch (made on the host, as a data loader gives it) moved to
+it; they run on the first GPUs of a simulated DGX-H100 node. The references run in one process on the CPU.
 
 (a) Loss divided by the world size twice: pre-divided for a SUM all-reduce, then averaged as well.
 (b) Every rank reads the same data shard: the global batch is the first shard W times.
@@ -11,7 +13,8 @@ parallelism, torch's DistributedDataParallel) on 2 or 4 ranks, float64.
 (d) Gradient clipping on a tensor-parallel rank's local norm: every shard scaled by another factor.
 (e) Dropout masks drawn from one seed on every tensor-parallel rank: each rank's slice of the hidden layer
     gets the same mask instead of its part of the full mask.
-(f) BatchNorm statistics never synchronised under DDP: each rank normalises by its own shard's statistics.
+(f) BatchNorm statistics never synchronised under DDP: each rank normalises by its own shard's statistics
+    (the correction: torch's SyncBatchNorm).
 (g) A tied embedding drifting between pipeline stages: the input and output stages each keep a copy of the
     tied weight, and its two gradients are never summed across the stages.
 (h) Gradient accumulation without dividing the loss by the number of micro-steps.
@@ -28,7 +31,8 @@ parallelism, torch's DistributedDataParallel) on 2 or 4 ranks, float64.
 For each case the oracle reports the first divergent step, the tensor and ranks, and where localisation
 finds it, the first op whose output diverged; the verdicts check the step and tensor of every bug and that
 every corrected program equals the reference. With ``--real N`` every program also runs N times on real gloo
-processes (one per rank, through ``real``) and the final state is compared with the reference: the verdict
+processes (one per rank, through ``real``, each emulating its GPU) and the final state is compared with the
+reference: the verdict
 on real processes must agree with the simulated one. The HTML report silent_bugs.html (in the output
 directory, reports/ by default) has the verdicts, a table of every bug and its correction, and the oracle's
 reports.
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -87,12 +92,12 @@ class MLP(nn.Module):
 
 
 class BNMLP(nn.Module):
-    """fc1 -> BatchNorm -> tanh -> fc2; ``norm`` picks the BatchNorm class."""
+    """fc1 -> BatchNorm -> tanh -> fc2."""
 
-    def __init__(self, norm: type[nn.BatchNorm1d] = nn.BatchNorm1d) -> None:
+    def __init__(self) -> None:
         super().__init__()
         self.fc1 = nn.Linear(D_IN, HIDDEN)
-        self.bn = norm(HIDDEN)
+        self.bn = nn.BatchNorm1d(HIDDEN)
         self.fc2 = nn.Linear(HIDDEN, D_OUT)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -137,10 +142,14 @@ def shard(t: torch.Tensor, index: int, parts: int) -> torch.Tensor:
     return t.chunk(parts)[index]
 
 
-def dropout_mask(step: int, seed: int, shape: tuple[int, ...]) -> torch.Tensor:
-    """An inverted-dropout mask drawn from the step's dropout seed (zeros, or 1 / (1 - P_DROP))."""
-    g = torch.Generator().manual_seed(seed * 1000 + 500 + step)
-    return (torch.rand(shape, generator=g, dtype=torch.float64) >= P_DROP).double() / (1 - P_DROP)
+def dropout_mask(
+    step: int, seed: int, shape: tuple[int, ...], device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """An inverted-dropout mask drawn on ``device`` from the step's dropout seed (zeros, or 1 / (1 - P_DROP))."""
+    g = torch.Generator(device=device).manual_seed(seed * 1000 + 500 + step)
+    return (torch.rand(shape, generator=g, dtype=torch.float64, device=device) >= P_DROP).double() / (
+        1 - P_DROP
+    )
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -153,10 +162,12 @@ def state(module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 # ------------------------------------------------------------------------------------ single-process references
+# The references run in one process on the CPU. Their optimizers take the foreach path torch's optimizers take
+# on CUDA by default, so that localisation aligns their ops with the GPU programs' optimizer steps.
 def reference_mlp(seed: int) -> dict[str, torch.Tensor]:
     """The MLP trained on the full batch in one process."""
     model = build(MLP, seed)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, foreach=True)
     for step in range(STEPS):
         opt.zero_grad()
         x, y = batch(step, seed)
@@ -168,7 +179,7 @@ def reference_mlp(seed: int) -> dict[str, torch.Tensor]:
 def reference_clipped(seed: int) -> dict[str, torch.Tensor]:
     """The MLP with its gradient norm clipped to CLIP before every step."""
     model = build(MLP, seed)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, foreach=True)
     for step in range(STEPS):
         opt.zero_grad()
         x, y = batch(step, seed)
@@ -181,7 +192,7 @@ def reference_clipped(seed: int) -> dict[str, torch.Tensor]:
 def reference_dropout(seed: int) -> dict[str, torch.Tensor]:
     """The MLP with the step's dropout mask on its hidden layer."""
     model = build(MLP, seed)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, foreach=True)
     for step in range(STEPS):
         opt.zero_grad()
         x, y = batch(step, seed)
@@ -193,7 +204,7 @@ def reference_dropout(seed: int) -> dict[str, torch.Tensor]:
 def reference_bn(seed: int) -> dict[str, torch.Tensor]:
     """The BatchNorm MLP: statistics of the full batch."""
     model = build(BNMLP, seed)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, foreach=True)
     for step in range(STEPS):
         opt.zero_grad()
         x, y = batch(step, seed)
@@ -205,7 +216,7 @@ def reference_bn(seed: int) -> dict[str, torch.Tensor]:
 def reference_tied(seed: int) -> dict[str, torch.Tensor]:
     """The tied language model: one weight, the sum of both uses' gradients."""
     model = build(TinyLM, seed)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, foreach=True)
     for step in range(STEPS):
         opt.zero_grad()
         lm_loss(model(tokens(step, seed)[0]), tokens(step, seed)[1]).backward()
@@ -213,10 +224,24 @@ def reference_tied(seed: int) -> dict[str, torch.Tensor]:
     return state(model)
 
 
+def reference_staged(seed: int) -> dict[str, torch.Tensor]:
+    """The MLP with each pipeline stage's layer a parameter group of its own: the same steps as
+    :func:`reference_mlp`, in one foreach op per stage as the stages of case (l) make them."""
+    model = build(MLP, seed)
+    groups = [{"params": model.fc1.parameters()}, {"params": model.fc2.parameters()}]
+    opt = torch.optim.SGD(groups, lr=LR, foreach=True)
+    for step in range(STEPS):
+        opt.zero_grad()
+        x, y = batch(step, seed)
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+    return state(model)
+
+
 def reference_scheduled(seed: int) -> dict[str, torch.Tensor]:
     """The MLP under StepLR, stepped once per optimizer step."""
     model = build(MLP, seed)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, foreach=True)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=LR_STEP, gamma=LR_GAMMA)
     for step in range(STEPS):
         opt.zero_grad()
@@ -251,23 +276,6 @@ class ReduceFromTensorParallel(torch.autograd.Function):
         return grad
 
 
-class AllReduceSum(torch.autograd.Function):
-    """Sum over the ranks of a tensor each rank computed from its own data; its gradient is summed the same way."""
-
-    @staticmethod
-    def forward(ctx: object, local: torch.Tensor) -> torch.Tensor:
-        out = local.clone()
-        dist.all_reduce(out)
-        return out
-
-    @staticmethod
-    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
-        # every rank's loss depends on every rank's input through the sum
-        out = grad.clone()
-        dist.all_reduce(out)
-        return out
-
-
 #: how the hand-written tensor-parallel MLP shards the reference's tensors (dimension of each shard);
 #: fc2.bias is replicated
 TP_SHARDS = {"fc1.weight": 0, "fc1.bias": 0, "fc2.weight": 1}
@@ -287,7 +295,9 @@ class TensorParallelMLP(nn.Module):
             self.fc2.weight.copy_(full.fc2.weight[:, cols])
             self.fc2.bias.copy_(full.fc2.bias)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, bias_first: bool = False) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, bias_first: bool = False
+    ) -> torch.Tensor:
         """The MLP on the replicated input ``x``; ``bias_first`` adds fc2's bias before the reduction."""
         h = torch.tanh(self.fc1(x))
         if mask is not None:
@@ -355,35 +365,26 @@ def hidden_columns() -> slice:
     return slice(rank * HIDDEN // world, (rank + 1) * HIDDEN // world)
 
 
-class SyncedBatchNorm(nn.BatchNorm1d):
-    """BatchNorm1d over the global batch: per-feature sums all-reduced (gradients too) across the ranks."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training:
-            return super().forward(x)
-        count = torch.full((1,), float(x.shape[0]), dtype=x.dtype)
-        # torch's SyncBatchNorm needs a GPU; this is its algorithm: sums, not means, so shards may differ in size
-        sums = AllReduceSum.apply(torch.cat([x.sum(0), (x * x).sum(0), count]))
-        n = sums[-1]
-        mean = sums[: x.shape[1]] / n
-        var = sums[x.shape[1] : -1] / n - mean * mean
-        with torch.no_grad():
-            self.running_mean.lerp_(mean, self.momentum)
-            self.running_var.lerp_(var * n / (n - 1), self.momentum)
-            self.num_batches_tracked += 1
-        return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias
-
-
 # ----------------------------------------------------------------------------------------- the parallel programs
+def setup() -> torch.device:
+    """What a script launched by torchrun on GPUs does first: NCCL, and the GPU its LOCAL_RANK names."""
+    dist.init_process_group("nccl")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
 def a_loss_scaled_twice(seed: int, bug: bool) -> dict[str, torch.Tensor]:
     """Hand-written data parallelism: the loss pre-divided by W for a SUM all-reduce; the bug averages too."""
+    device = setup()
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = build(MLP, seed)
+    model = build(MLP, seed).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     for step in range(STEPS):
         opt.zero_grad()
         x, y = batch(step, seed)
-        (F.mse_loss(model(shard(x, rank, world)), shard(y, rank, world)) / world).backward()
+        x, y = shard(x, rank, world).to(device), shard(y, rank, world).to(device)
+        (F.mse_loss(model(x), y) / world).backward()
         if bug:
             average_gradients(list(model.parameters()))
         else:
@@ -395,28 +396,32 @@ def a_loss_scaled_twice(seed: int, bug: bool) -> dict[str, torch.Tensor]:
 
 def b_same_shard(seed: int, bug: bool) -> dict[str, torch.Tensor]:
     """torch DDP; the bug indexes the data with a constant instead of the rank."""
+    device = setup()
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = build(MLP, seed)
-    ddp = DDP(model)
+    model = build(MLP, seed).to(device)
+    ddp = DDP(model, device_ids=[device.index])
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     part = 0 if bug else rank
     for step in range(STEPS):
         opt.zero_grad()
         x, y = batch(step, seed)
-        F.mse_loss(ddp(shard(x, part, world)), shard(y, part, world)).backward()
+        x, y = shard(x, part, world).to(device), shard(y, part, world).to(device)
+        F.mse_loss(ddp(x), y).backward()
         opt.step()
     return state(model)
 
 
 def c_summed_gradients(seed: int, bug: bool) -> dict[str, torch.Tensor]:
     """Hand-written data parallelism; the bug all-reduces the gradients and forgets to divide by W."""
+    device = setup()
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = build(MLP, seed)
+    model = build(MLP, seed).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     for step in range(STEPS):
         opt.zero_grad()
         x, y = batch(step, seed)
-        F.mse_loss(model(shard(x, rank, world)), shard(y, rank, world)).backward()
+        x, y = shard(x, rank, world).to(device), shard(y, rank, world).to(device)
+        F.mse_loss(model(x), y).backward()
         if bug:
             for p in model.parameters():
                 dist.all_reduce(p.grad)
@@ -428,17 +433,20 @@ def c_summed_gradients(seed: int, bug: bool) -> dict[str, torch.Tensor]:
 
 def d_local_clip_norm(seed: int, bug: bool) -> dict[str, torch.Tensor]:
     """Hand-written tensor parallelism with clipping; the bug clips by the norm of this rank's shards."""
-    part = tensor_parallel_mlp(seed)
+    device = setup()
+    part = tensor_parallel_mlp(seed).to(device)
     opt = torch.optim.SGD(part.parameters(), lr=LR)
     for step in range(STEPS):
         opt.zero_grad()
         x, y = batch(step, seed)
-        F.mse_loss(part(x), y).backward()
+        F.mse_loss(part(x.to(device)), y.to(device)).backward()
         if bug:
             torch.nn.utils.clip_grad_norm_(part.parameters(), CLIP)
         else:
             # sharded gradients' squares summed over the ranks; the replicated bias counted once
-            sharded = torch.stack([p.grad.pow(2).sum() for n, p in part.named_parameters() if n in TP_SHARDS]).sum()
+            sharded = torch.stack(
+                [p.grad.pow(2).sum() for n, p in part.named_parameters() if n in TP_SHARDS]
+            ).sum()
             dist.all_reduce(sharded)
             total = torch.sqrt(sharded + part.fc2.bias.grad.pow(2).sum())
             coef = torch.clamp(CLIP / (total + 1e-6), max=1.0)
@@ -451,31 +459,38 @@ def d_local_clip_norm(seed: int, bug: bool) -> dict[str, torch.Tensor]:
 def e_tp_dropout_seed(seed: int, bug: bool) -> dict[str, torch.Tensor]:
     """Hand-written tensor parallelism with dropout on the sharded hidden layer; the bug draws each rank's
     mask from the shared seed at its local shape, the fix takes its columns of the full mask."""
-    part = tensor_parallel_mlp(seed)
+    device = setup()
+    part = tensor_parallel_mlp(seed).to(device)
     opt = torch.optim.SGD(part.parameters(), lr=LR)
     cols = hidden_columns()
     for step in range(STEPS):
         opt.zero_grad()
         x, y = batch(step, seed)
         if bug:
-            mask = dropout_mask(step, seed, (BATCH, cols.stop - cols.start))
+            mask = dropout_mask(step, seed, (BATCH, cols.stop - cols.start), device)
         else:
-            mask = dropout_mask(step, seed, (BATCH, HIDDEN))[:, cols]
-        F.mse_loss(part(x, mask), y).backward()
+            mask = dropout_mask(step, seed, (BATCH, HIDDEN), device)[:, cols]
+        F.mse_loss(part(x.to(device), mask), y.to(device)).backward()
         opt.step()
     return state(part)
 
 
 def f_unsynced_batchnorm(seed: int, bug: bool) -> dict[str, torch.Tensor]:
-    """torch DDP over a BatchNorm model; the bug keeps plain BatchNorm1d (statistics of the local shard)."""
+    """torch DDP over a BatchNorm model; the bug keeps plain BatchNorm1d (statistics of the local shard), the fix
+    converts it to torch's SyncBatchNorm."""
+    device = setup()
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = build(lambda: BNMLP(nn.BatchNorm1d if bug else SyncedBatchNorm), seed)
-    ddp = DDP(model)
+    model = build(BNMLP, seed)
+    if not bug:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = model.to(device)
+    ddp = DDP(model, device_ids=[device.index])
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     for step in range(STEPS):
         opt.zero_grad()
         x, y = batch(step, seed)
-        F.mse_loss(ddp(shard(x, rank, world)), shard(y, rank, world)).backward()
+        x, y = shard(x, rank, world).to(device), shard(y, rank, world).to(device)
+        F.mse_loss(ddp(x), y).backward()
         opt.step()
     return state(model)
 
@@ -483,24 +498,25 @@ def f_unsynced_batchnorm(seed: int, bug: bool) -> dict[str, torch.Tensor]:
 def g_tied_pipeline(seed: int, bug: bool) -> dict[str, torch.Tensor]:
     """Two pipeline stages: embedding and hidden layer on rank 0, the tied projection (a copy of the embedding
     weight) on rank 1; the fix sums the two copies' gradients across the stages before stepping."""
+    device = setup()
     rank = dist.get_rank()
     full = build(TinyLM, seed)
-    stage = EmbedStage(full) if rank == 0 else HeadStage(full)
+    stage = (EmbedStage(full) if rank == 0 else HeadStage(full)).to(device)
     tied = stage.embed.weight if rank == 0 else stage.head.weight
     opt = torch.optim.SGD(stage.parameters(), lr=LR)
-    act = torch.empty(BATCH, SEQ, DIM, dtype=torch.float64)
+    act = torch.empty(BATCH, SEQ, DIM, dtype=torch.float64, device=device)
     for step in range(STEPS):
         opt.zero_grad()
         x, y = tokens(step, seed)
         if rank == 0:
-            h = stage(x)
+            h = stage(x.to(device))
             dist.send(h.detach(), 1)
             dist.recv(act, 1)
             h.backward(act)
         else:
             dist.recv(act, 0)
             h = act.clone().requires_grad_()
-            lm_loss(stage(h), y).backward()
+            lm_loss(stage(h), y.to(device)).backward()
             dist.send(h.grad, 0)
         if not bug:
             dist.all_reduce(tied.grad)
@@ -511,14 +527,15 @@ def g_tied_pipeline(seed: int, bug: bool) -> dict[str, torch.Tensor]:
 def h_accumulation_unscaled(seed: int, bug: bool) -> dict[str, torch.Tensor]:
     """torch DDP with MICRO micro-steps per optimizer step; the bug backpropagates each micro-step's loss
     undivided, so the accumulated gradient is MICRO times the mean."""
+    device = setup()
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = build(MLP, seed)
-    ddp = DDP(model)
+    model = build(MLP, seed).to(device)
+    ddp = DDP(model, device_ids=[device.index])
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     for step in range(STEPS):
         opt.zero_grad()
         x, y = batch(step, seed)
-        x, y = shard(x, rank, world), shard(y, rank, world)
+        x, y = shard(x, rank, world).to(device), shard(y, rank, world).to(device)
         for micro in range(MICRO):
             loss = F.mse_loss(ddp(shard(x, micro, MICRO)), shard(y, micro, MICRO))
             if micro < MICRO - 1:
@@ -532,14 +549,15 @@ def h_accumulation_unscaled(seed: int, bug: bool) -> dict[str, torch.Tensor]:
 
 def i_no_sync_last(seed: int, bug: bool) -> dict[str, torch.Tensor]:
     """torch DDP with MICRO micro-steps; the bug runs every micro-step under ``no_sync()``, the last included."""
+    device = setup()
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = build(MLP, seed)
-    ddp = DDP(model)
+    model = build(MLP, seed).to(device)
+    ddp = DDP(model, device_ids=[device.index])
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     for step in range(STEPS):
         opt.zero_grad()
         x, y = batch(step, seed)
-        x, y = shard(x, rank, world), shard(y, rank, world)
+        x, y = shard(x, rank, world).to(device), shard(y, rank, world).to(device)
         for micro in range(MICRO):
             last = micro == MICRO - 1
             with ddp.no_sync() if bug or not last else contextlib.nullcontext():
@@ -550,8 +568,9 @@ def i_no_sync_last(seed: int, bug: bool) -> dict[str, torch.Tensor]:
 
 def j_no_broadcast(seed: int, bug: bool) -> dict[str, torch.Tensor]:
     """Hand-written data parallelism on ranks seeded with their rank; the fix broadcasts rank 0's model."""
+    device = setup()
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = build(MLP, seed + rank)
+    model = build(MLP, seed + rank).to(device)
     if not bug:
         for t in model.parameters():
             dist.broadcast(t.detach(), 0)
@@ -559,7 +578,8 @@ def j_no_broadcast(seed: int, bug: bool) -> dict[str, torch.Tensor]:
     for step in range(STEPS):
         opt.zero_grad()
         x, y = batch(step, seed)
-        F.mse_loss(model(shard(x, rank, world)), shard(y, rank, world)).backward()
+        x, y = shard(x, rank, world).to(device), shard(y, rank, world).to(device)
+        F.mse_loss(model(x), y).backward()
         average_gradients(list(model.parameters()))
         opt.step()
     return state(model)
@@ -567,12 +587,13 @@ def j_no_broadcast(seed: int, bug: bool) -> dict[str, torch.Tensor]:
 
 def k_row_parallel_bias(seed: int, bug: bool) -> dict[str, torch.Tensor]:
     """Hand-written tensor parallelism; the bug adds fc2's bias to each rank's partial sum."""
-    part = tensor_parallel_mlp(seed)
+    device = setup()
+    part = tensor_parallel_mlp(seed).to(device)
     opt = torch.optim.SGD(part.parameters(), lr=LR)
     for step in range(STEPS):
         opt.zero_grad()
         x, y = batch(step, seed)
-        F.mse_loss(part(x, bias_first=bug), y).backward()
+        F.mse_loss(part(x.to(device), bias_first=bug), y.to(device)).backward()
         opt.step()
     return state(part)
 
@@ -580,18 +601,19 @@ def k_row_parallel_bias(seed: int, bug: bool) -> dict[str, torch.Tensor]:
 def l_pipeline_dp_unsynced(seed: int, bug: bool) -> dict[str, torch.Tensor]:
     """Two pipeline stages (fc1 on ranks 0-1, fc2 on ranks 2-3), each data-parallel over its two ranks; the
     bug leaves stage 0's gradients unsynchronised."""
+    device = setup()
     rank = dist.get_rank()
     stage_index, dp_rank = divmod(rank, 2)
     groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     full = build(MLP, seed)
-    stage = HiddenStage(full) if stage_index == 0 else OutputStage(full)
+    stage = (HiddenStage(full) if stage_index == 0 else OutputStage(full)).to(device)
     opt = torch.optim.SGD(stage.parameters(), lr=LR)
-    act = torch.empty(BATCH // 2, HIDDEN, dtype=torch.float64)
+    act = torch.empty(BATCH // 2, HIDDEN, dtype=torch.float64, device=device)
     for step in range(STEPS):
         opt.zero_grad()
         x, y = batch(step, seed)
         if stage_index == 0:
-            h = stage(shard(x, dp_rank, 2))
+            h = stage(shard(x, dp_rank, 2).to(device))
             dist.send(h.detach(), rank + 2)
             dist.recv(act, rank + 2)
             h.backward(act)
@@ -600,7 +622,7 @@ def l_pipeline_dp_unsynced(seed: int, bug: bool) -> dict[str, torch.Tensor]:
         else:
             dist.recv(act, rank - 2)
             h = act.clone().requires_grad_()
-            F.mse_loss(stage(h), shard(y, dp_rank, 2)).backward()
+            F.mse_loss(stage(h), shard(y, dp_rank, 2).to(device)).backward()
             dist.send(h.grad, rank - 2)
             average_gradients(list(stage.parameters()), groups[1])
         opt.step()
@@ -609,15 +631,16 @@ def l_pipeline_dp_unsynced(seed: int, bug: bool) -> dict[str, torch.Tensor]:
 
 def m_scheduler_per_micro(seed: int, bug: bool) -> dict[str, torch.Tensor]:
     """torch DDP with MICRO micro-steps and StepLR; the bug steps the scheduler after every micro-step."""
+    device = setup()
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = build(MLP, seed)
-    ddp = DDP(model)
+    model = build(MLP, seed).to(device)
+    ddp = DDP(model, device_ids=[device.index])
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=LR_STEP, gamma=LR_GAMMA)
     for step in range(STEPS):
         opt.zero_grad()
         x, y = batch(step, seed)
-        x, y = shard(x, rank, world), shard(y, rank, world)
+        x, y = shard(x, rank, world).to(device), shard(y, rank, world).to(device)
         for micro in range(MICRO):
             last = micro == MICRO - 1
             with contextlib.nullcontext() if last else ddp.no_sync():
@@ -634,15 +657,17 @@ def m_scheduler_per_micro(seed: int, bug: bool) -> dict[str, torch.Tensor]:
 def n_sharded_optimizer_no_gather(seed: int, bug: bool) -> dict[str, torch.Tensor]:
     """Hand-written ZeRO-1: gradients averaged, each rank's optimizer steps the parameters it owns (fc1 on rank 0,
     fc2 on rank 1) and the owner broadcasts them; the bug never broadcasts, so the others compute with stale ones."""
+    device = setup()
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = build(MLP, seed)
+    model = build(MLP, seed).to(device)
     owned = {"fc1": 0, "fc2": 1}
     opt = torch.optim.SGD([p for n, p in model.named_parameters() if owned[n.split(".")[0]] == rank], lr=LR)
     for step in range(STEPS):
         opt.zero_grad()
         model.zero_grad()
         x, y = batch(step, seed)
-        F.mse_loss(model(shard(x, rank, world)), shard(y, rank, world)).backward()
+        x, y = shard(x, rank, world).to(device), shard(y, rank, world).to(device)
+        F.mse_loss(model(x), y).backward()
         average_gradients(list(model.parameters()))
         opt.step()
         if not bug:
@@ -697,45 +722,182 @@ class Case:
 MICRO_STEPS = {"loss": "accumulated"}
 
 CASES = [
-    Case("a", "loss divided by the world size twice", a_loss_scaled_twice, reference_mlp, 2,
-         Expect(0, "grad", "fc2.bias", (0, 1), rel=1 - 1 / 2, op="aten.div_", at="in average_gradients"), {"loss": "sum"}),
-    Case("b", "every rank reads the same data shard", b_same_shard, reference_mlp, 2,
-         Expect(0, "loss", "loss", op="aten.split", at="in shard")),
-    Case("c", "gradients summed instead of averaged", c_summed_gradients, reference_mlp, 4,
-         Expect(0, "grad", "fc2.bias", (0, 1, 2, 3), rel=4 - 1, op="all_reduce", at="in c_summed_gradients")),
-    Case("d", "gradient clipping by a tensor-parallel rank's local norm", d_local_clip_norm, reference_clipped, 2,
-         Expect(0, "grad", "fc2.bias", (0, 1), also=(("replica", "fc2.bias"),), op="aten._foreach_norm", at="in d_local_clip_norm"), {"shards": TP_SHARDS}),
-    Case("e", "dropout masks from one seed on every tensor-parallel rank", e_tp_dropout_seed, reference_dropout, 2,
-         Expect(0, "loss", "loss", op="aten.rand", at="in dropout_mask"), {"shards": TP_SHARDS}),
-    Case("f", "BatchNorm statistics never synchronised", f_unsynced_batchnorm, reference_bn, 2,
-         Expect(0, "loss", "loss", also=(("buffer", "bn.running_mean"), ("replica", "bn.running_mean")), op="aten.native_batch_norm", at="in module 'bn'")),
-    Case("g", "tied embedding drifting between pipeline stages", g_tied_pipeline, reference_tied, 2,
-         Expect(0, "grad", "head.weight", (1,), also=(("grad", "embed.weight"),), op="aten.add_", at="in g_tied_pipeline"), {"names": {"head.weight": "embed.weight"}}),
-    Case("h", "accumulated micro-steps' loss not divided by their number", h_accumulation_unscaled, reference_mlp, 2,
-         Expect(0, "loss", "loss", rel=MICRO - 1, op="aten.add_", at="in h_accumulation_unscaled"), MICRO_STEPS),
-    Case("i", "no_sync() left on for the last micro-step", i_no_sync_last, reference_mlp, 2,
-         Expect(0, "grad", "fc2.bias", (0, 1), also=(("replica", "fc2.bias"),), op="aten.add_", at="in i_no_sync_last"), MICRO_STEPS),
-    Case("j", "parameters not broadcast from rank 0", j_no_broadcast, reference_mlp, 2,
-         Expect(0, "loss", "loss", also=(("replica", "fc1.weight"),), op="aten.uniform_", at="in __init__")),
-    Case("k", "row-parallel bias added on every rank before the all-reduce", k_row_parallel_bias, reference_mlp, 2,
-         Expect(0, "loss", "loss", op="all_reduce", at="in forward"), {"shards": TP_SHARDS}),
-    Case("l", "one pipeline stage steps with unsynchronised gradients", l_pipeline_dp_unsynced, reference_mlp, 4,
-         Expect(0, "grad", "fc1.bias", (0, 1), also=(("replica", "fc1.bias"),), op="aten.add_", at="in l_pipeline_dp_unsynced")),
-    Case("m", "learning-rate scheduler stepped per micro-batch", m_scheduler_per_micro, reference_scheduled, 2,
-         Expect(1, "param", "fc1.weight", (0, 1), op="aten.add_", at="in m_scheduler_per_micro"), MICRO_STEPS),
-    Case("n", "sharded optimizer's parameters never gathered", n_sharded_optimizer_no_gather, reference_mlp, 2,
-         Expect(1, "loss", "loss", op="aten.t", at="in module 'fc1'")),
+    Case(
+        "a",
+        "loss divided by the world size twice",
+        a_loss_scaled_twice,
+        reference_mlp,
+        2,
+        Expect(0, "grad", "fc2.bias", (0, 1), rel=1 - 1 / 2, op="aten.div_", at="in average_gradients"),
+        {"loss": "sum"},
+    ),
+    Case(
+        "b",
+        "every rank reads the same data shard",
+        b_same_shard,
+        reference_mlp,
+        2,
+        Expect(0, "loss", "loss", op="aten._to_copy", at="in b_same_shard"),
+    ),
+    Case(
+        "c",
+        "gradients summed instead of averaged",
+        c_summed_gradients,
+        reference_mlp,
+        4,
+        Expect(0, "grad", "fc2.bias", (0, 1, 2, 3), rel=4 - 1, op="all_reduce", at="in c_summed_gradients"),
+    ),
+    Case(
+        "d",
+        "gradient clipping by a tensor-parallel rank's local norm",
+        d_local_clip_norm,
+        reference_clipped,
+        2,
+        Expect(
+            0,
+            "grad",
+            "fc2.bias",
+            (0, 1),
+            also=(("replica", "fc2.bias"),),
+            op="aten._foreach_norm",
+            at="in d_local_clip_norm",
+        ),
+        {"shards": TP_SHARDS},
+    ),
+    Case(
+        "e",
+        "dropout masks from one seed on every tensor-parallel rank",
+        e_tp_dropout_seed,
+        reference_dropout,
+        2,
+        Expect(0, "loss", "loss", op="aten.rand", at="in dropout_mask"),
+        {"shards": TP_SHARDS},
+    ),
+    Case(
+        "f",
+        "BatchNorm statistics never synchronised",
+        f_unsynced_batchnorm,
+        reference_bn,
+        2,
+        Expect(
+            0,
+            "loss",
+            "loss",
+            also=(("buffer", "bn.running_mean"), ("replica", "bn.running_mean")),
+            op="aten.native_batch_norm",
+            at="in module 'bn'",
+        ),
+    ),
+    Case(
+        "g",
+        "tied embedding drifting between pipeline stages",
+        g_tied_pipeline,
+        reference_tied,
+        2,
+        Expect(
+            0,
+            "grad",
+            "head.weight",
+            (1,),
+            also=(("grad", "embed.weight"),),
+            op="aten._foreach_add_",
+            at="in g_tied_pipeline",
+        ),
+        {"names": {"head.weight": "embed.weight"}},
+    ),
+    Case(
+        "h",
+        "accumulated micro-steps' loss not divided by their number",
+        h_accumulation_unscaled,
+        reference_mlp,
+        2,
+        Expect(0, "loss", "loss", rel=MICRO - 1, op="aten.copy_", at="in h_accumulation_unscaled"),
+        MICRO_STEPS,
+    ),
+    Case(
+        "i",
+        "no_sync() left on for the last micro-step",
+        i_no_sync_last,
+        reference_mlp,
+        2,
+        Expect(
+            0,
+            "grad",
+            "fc2.bias",
+            (0, 1),
+            also=(("replica", "fc2.bias"),),
+            op="aten._foreach_add_",
+            at="in i_no_sync_last",
+        ),
+        MICRO_STEPS,
+    ),
+    Case(
+        "j",
+        "parameters not broadcast from rank 0",
+        j_no_broadcast,
+        reference_mlp,
+        2,
+        Expect(0, "loss", "loss", also=(("replica", "fc1.weight"),), op="aten.uniform_", at="in __init__"),
+    ),
+    Case(
+        "k",
+        "row-parallel bias added on every rank before the all-reduce",
+        k_row_parallel_bias,
+        reference_mlp,
+        2,
+        Expect(0, "loss", "loss", op="all_reduce", at="in forward"),
+        {"shards": TP_SHARDS},
+    ),
+    Case(
+        "l",
+        "one pipeline stage steps with unsynchronised gradients",
+        l_pipeline_dp_unsynced,
+        reference_staged,
+        4,
+        Expect(
+            0,
+            "grad",
+            "fc1.bias",
+            (0, 1),
+            also=(("replica", "fc1.bias"),),
+            op="aten._foreach_add_",
+            at="in l_pipeline_dp_unsynced",
+        ),
+    ),
+    Case(
+        "m",
+        "learning-rate scheduler stepped per micro-batch",
+        m_scheduler_per_micro,
+        reference_scheduled,
+        2,
+        Expect(1, "param", "fc1.weight", (0, 1), op="aten._foreach_add_", at="in m_scheduler_per_micro"),
+        MICRO_STEPS,
+    ),
+    Case(
+        "n",
+        "sharded optimizer's parameters never gathered",
+        n_sharded_optimizer_no_gather,
+        reference_mlp,
+        2,
+        Expect(1, "loss", "loss", op="aten.t", at="in module 'fc1'"),
+    ),
 ]
 
 
 def cluster(world: int) -> simdist.Cluster:
-    return simdist.Cluster.switch(world, bandwidth="25GB/s", latency="5us", device="cpu")
+    """``world`` GPUs of one DGX-H100 node (the first ones, as ``torchrun --nproc-per-node`` takes them)."""
+    return simdist.Cluster.preset("dgx-h100", world_size=world)
 
 
 def check(case: Case, bug: bool, seed: int) -> simdist.EquivalenceReport:
     """The oracle's verdict on the buggy or the corrected program of ``case``."""
     return simdist.check_equivalence(
-        case.program, case.reference, cluster(case.world), args=(seed, bug), reference_args=(seed,), seed=seed,
+        case.program,
+        case.reference,
+        cluster(case.world),
+        args=(seed, bug),
+        reference_args=(seed,),
+        seed=seed,
         **case.options,
     )
 
@@ -745,8 +907,13 @@ def found_as_expected(rep: simdist.EquivalenceReport, expect: Expect) -> tuple[b
     first = rep.first
     if first is None:
         return False, "reported equivalent"
-    got = Expect(first.step, first.kind, first.name, first.ranks,
-                 None if first.difference is None or expect.rel is None else first.difference.rel)
+    got = Expect(
+        first.step,
+        first.kind,
+        first.name,
+        first.ranks,
+        None if first.difference is None or expect.rel is None else first.difference.rel,
+    )
     ok = (got.step, got.kind, got.name) == (expect.step, expect.kind, expect.name)
     ok = ok and (expect.ranks is None or got.ranks == expect.ranks)
     # a bug that scales a tensor by a plain factor leaves exactly that relative difference
@@ -754,7 +921,11 @@ def found_as_expected(rep: simdist.EquivalenceReport, expect: Expect) -> tuple[b
     reported = {(d.kind, d.name) for d in rep.divergences if d.step == first.step}
     missing = [f"{kind} {name!r}" for kind, name in expect.also if (kind, name) not in reported]
     also = [f"{kind} {name!r}" for kind, name in expect.also if (kind, name) in reported]
-    text = str(got) + (f"; also {', '.join(also)}" if also else "") + (f"; not reported: {', '.join(missing)}" if missing else "")
+    text = (
+        str(got)
+        + (f"; also {', '.join(also)}" if also else "")
+        + (f"; not reported: {', '.join(missing)}" if missing else "")
+    )
     loc = rep.localization
     op = None if loc is None else loc.op
     where = "" if loc is None else f"{loc.site} in module {loc.module!r}"
@@ -763,10 +934,14 @@ def found_as_expected(rep: simdist.EquivalenceReport, expect: Expect) -> tuple[b
     return ok and not missing and localised, text
 
 
-def simulated(seed: int, verdicts: list[tuple[str, bool, str]], page: simdist.report.ScenarioReport) -> dict[str, tuple[bool, bool]]:
+def simulated(
+    seed: int, verdicts: list[tuple[str, bool, str]], page: simdist.report.ScenarioReport
+) -> dict[str, tuple[bool, bool]]:
     """Every case's buggy and corrected program through the oracle; returns (bug found, fix equal) per case."""
-    print(f"Silent bugs: {len(CASES)} cases, {STEPS} SGD steps each, float64, seed {seed}; "
-          "each program against its single-process reference")
+    print(
+        f"Silent bugs: {len(CASES)} cases, {STEPS} SGD steps each, float64, seed {seed}; "
+        "each program against its single-process reference"
+    )
     print()
     outcome: dict[str, tuple[bool, bool]] = {}
     rows, texts = [], []
@@ -778,25 +953,47 @@ def simulated(seed: int, verdicts: list[tuple[str, bool, str]], page: simdist.re
         print("  corrected: " + fixed.summary())
         found, got = found_as_expected(buggy, case.expect)
         verdicts.append((f"({case.key}) bug: {case.expect.where()}", found, got))
-        verdicts.append((f"({case.key}) corrected: equivalent", fixed.ok,
-                         f"{fixed.steps} steps compared" if fixed.ok else fixed.summary()))
+        verdicts.append(
+            (
+                f"({case.key}) corrected: equivalent",
+                fixed.ok,
+                f"{fixed.steps} steps compared" if fixed.ok else fixed.summary(),
+            )
+        )
         outcome[case.key] = (not buggy.ok, fixed.ok)
         first, loc = buggy.first, buggy.localization
-        rows.append([f"({case.key})", case.title, case.world,
-                     (f"step {first.step} {first.kind} {first.name}", "fail") if first else ("equal", "pass"),
-                     "-" if loc is None else f"{loc.op} at {loc.site}", (found, "pass" if found else "fail"),
-                     ("equal", "pass") if fixed.ok else (fixed.summary(), "fail")])
+        rows.append(
+            [
+                f"({case.key})",
+                case.title,
+                case.world,
+                (f"step {first.step} {first.kind} {first.name}", "fail") if first else ("equal", "pass"),
+                "-" if loc is None else f"{loc.op} at {loc.site}",
+                (found, "pass" if found else "fail"),
+                ("equal", "pass") if fixed.ok else (fixed.summary(), "fail"),
+            ]
+        )
         texts.append(f"({case.key}) {case.title}\n{buggy}")
         if series := drift_series(buggy):
             drifts[f"({case.key})"] = series
     print()
-    page.table("Every bug and its correction", ["case", "bug", "ranks", "first divergence", "first divergent op",
-               "as expected", "corrected"], rows, nav="cases",
-               note=f"{STEPS} SGD steps each, float64, seed {seed}; each program against its single-process reference.")
-    page.line_plot("Parameter drift per step, buggy programs", drifts, x_label="optimizer step",
-                   y_label="max |param - reference|", log=True, nav="drift",
-                   note="The largest difference of any parameter from the reference's after each step (the oracle's "
-                        "history); every corrected program stays at rounding (not drawn).")
+    page.table(
+        "Every bug and its correction",
+        ["case", "bug", "ranks", "first divergence", "first divergent op", "as expected", "corrected"],
+        rows,
+        nav="cases",
+        note=f"{STEPS} SGD steps each, float64, seed {seed}; each program against its single-process reference.",
+    )
+    page.line_plot(
+        "Parameter drift per step, buggy programs",
+        drifts,
+        x_label="optimizer step",
+        y_label="max |param - reference|",
+        log=True,
+        nav="drift",
+        note="The largest difference of any parameter from the reference's after each step (the oracle's "
+        "history); every corrected program stays at rounding (not drawn).",
+    )
     page.text("What the oracle reported for each bug", "\n\n".join(texts), nav="oracle reports")
     return outcome
 
@@ -809,14 +1006,24 @@ FINAL_STATE = ("param", "buffer")
 def final_state_differs(rep: simdist.EquivalenceReport) -> list[str]:
     """What differs from the reference at the last step: the parameters and buffers the report names, in its order,
     or its first divergence where none of them does (the loss, a gradient, the step count)."""
-    names = [d.name for d in rep.divergences if d.kind in FINAL_STATE or (d.kind == "replica" and d.of in FINAL_STATE)]
+    names = [
+        d.name
+        for d in rep.divergences
+        if d.kind in FINAL_STATE or (d.kind == "replica" and d.of in FINAL_STATE)
+    ]
     if not names and rep.first is not None:
-        names = [rep.first.kind if rep.first.kind in ("loss", "steps") else f"{rep.first.kind} {rep.first.name}"]
+        names = [
+            rep.first.kind if rep.first.kind in ("loss", "steps") else f"{rep.first.kind} {rep.first.name}"
+        ]
     return list(dict.fromkeys(names))
 
 
 def on_real_gloo(
-    seed: int, repeats: int, simulated: dict[str, tuple[bool, bool]], verdicts: list, keys: str | None = None,
+    seed: int,
+    repeats: int,
+    simulated: dict[str, tuple[bool, bool]],
+    verdicts: list,
+    keys: str | None = None,
     page: simdist.report.ScenarioReport | None = None,
 ) -> None:
     """Every program (of the cases ``keys``, default all) on real gloo processes, one per rank: its final state
@@ -826,7 +1033,9 @@ def on_real_gloo(
 
     cases = [c for c in CASES if keys is None or c.key in keys]
 
-    print(f"Real gloo: every program launched {repeats}x on real processes (one per rank); final state vs the reference")
+    print(
+        f"Real gloo: every program launched {repeats}x on real processes (one per rank); final state vs the reference"
+    )
     print(f"{'':4s} {'buggy program: final tensors that differ':48s} corrected program")
     agree = 0
     rows = []
@@ -836,43 +1045,94 @@ def on_real_gloo(
         for _ in range(repeats):
             for bug, into in ((True, found), (False, equal)):
                 with importable_by_rank_processes(Path(__file__).parent):
-                    into.append(check_final_state(
-                        case.program, case.reference, case.world, backend="gloo", seed=seed, args=(seed, bug),
-                        reference_args=(seed,), **case.options,
-                    ))
+                    into.append(
+                        check_final_state(
+                            case.program,
+                            case.reference,
+                            case.world,
+                            backend="nccl",
+                            emulate_cuda=True,
+                            seed=seed,
+                            args=(seed, bug),
+                            reference_args=(seed,),
+                            **case.options,
+                        )
+                    )
         bug_text = "; ".join(", ".join(final_state_differs(r)) or "none" for r in found)
-        fix_text = "equal" if all(r.ok for r in equal) else "; ".join(", ".join(final_state_differs(r)) or "equal" for r in equal)
+        fix_text = (
+            "equal"
+            if all(r.ok for r in equal)
+            else "; ".join(", ".join(final_state_differs(r)) or "equal" for r in equal)
+        )
         print(f"({case.key}) {bug_text[:48]:48s} {fix_text}")
         sim_bug, sim_fix = simulated[case.key]
-        rows.append([f"({case.key})", "bug found" if sim_bug else "bug missed", bug_text,
-                     "equal" if sim_fix else "not equal", fix_text,
-                     ("yes", "pass") if (not any(r.ok for r in found), all(r.ok for r in equal)) == simulated[case.key]
-                     else ("no", "fail")])
+        rows.append(
+            [
+                f"({case.key})",
+                "bug found" if sim_bug else "bug missed",
+                bug_text,
+                "equal" if sim_fix else "not equal",
+                fix_text,
+                ("yes", "pass")
+                if (not any(r.ok for r in found), all(r.ok for r in equal)) == simulated[case.key]
+                else ("no", "fail"),
+            ]
+        )
         agree += (not any(r.ok for r in found), all(r.ok for r in equal)) == simulated[case.key]
     print()
     if page is not None:
-        page.table("Simulated vs real gloo: final state against the reference", ["case", "simulated: bug",
-                   "real: final tensors that differ", "simulated: corrected", "real: corrected", "agree"], rows,
-                   nav="sim vs real",
-                   note=f"Every program launched {repeats}x on real gloo processes (one per rank).")
-    verdicts.append(("real gloo agrees with the simulation", agree == len(cases),
-                     f"{agree} of {len(cases)} cases (bug found, correction equal) x {repeats}"))
+        page.table(
+            "Simulated vs real gloo: final state against the reference",
+            [
+                "case",
+                "simulated: bug",
+                "real: final tensors that differ",
+                "simulated: corrected",
+                "real: corrected",
+                "agree",
+            ],
+            rows,
+            nav="sim vs real",
+            note=f"Every program launched {repeats}x on real gloo processes (one per rank).",
+        )
+    verdicts.append(
+        (
+            "real gloo agrees with the simulation",
+            agree == len(cases),
+            f"{agree} of {len(cases)} cases (bug found, correction equal) x {repeats}",
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--real", type=int, default=0, metavar="N",
-                    help="also run every program N times on real gloo processes and compare final states")
-    ap.add_argument("--out", type=Path, default=REPORTS, metavar="DIR", help="where the HTML report is written (default: %(default)s)")
+    ap.add_argument(
+        "--real",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run every program N times on real gloo processes and compare final states",
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=REPORTS,
+        metavar="DIR",
+        help="where the HTML report is written (default: %(default)s)",
+    )
     args = ap.parse_args(argv)
     # Case (m) steps its scheduler before the first optimizer step: torch warns about the order of that one call,
     # not about the schedule running MICRO times too fast, which is the bug.
     warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
     verdicts: list[tuple[str, bool, str]] = []
     page = simdist.report.ScenarioReport(
-        "Silent bugs of distributed training", description=__doc__, seed=args.seed,
-        command=f"python scenarios/silent_bugs.py --seed {args.seed}" + (f" --real {args.real}" if args.real else ""))
+        "Silent bugs of distributed training",
+        description=__doc__,
+        seed=args.seed,
+        command=f"python scenarios/silent_bugs.py --seed {args.seed}"
+        + (f" --real {args.real}" if args.real else ""),
+    )
     outcome = simulated(args.seed, verdicts, page)
     if args.real:
         on_real_gloo(args.seed, args.real, outcome, verdicts, page=page)

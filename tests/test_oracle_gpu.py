@@ -85,3 +85,39 @@ def test_a_fault_in_a_gpu_program_is_found_at_its_step_and_tensor() -> None:
     assert where is not None, str(rep)
     assert where.op == "aten._foreach_add_" and where.phase == "optimizer", str(rep)
     assert where.ranks == (1,), str(rep)
+
+
+def summed_on_gpus() -> None:
+    """Hand-written data parallelism on GPUs that all-reduces the gradients and forgets to divide by the world size."""
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    net = model().to("cuda")
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for step in range(STEPS):
+        opt.zero_grad()
+        x, y = data(dist.get_rank(), step)
+        F.mse_loss(net(x.to("cuda")), y.to("cuda")).backward()
+        for p in net.parameters():
+            dist.all_reduce(p.grad)
+        opt.step()
+
+
+def test_a_collective_that_leaves_gpu_gradients_wrong_is_the_first_divergent_op() -> None:
+    # the all-reduce writes the host tensor inside each simulated GPU gradient: the optimizer reads what it wrote,
+    # not the backward pass's value, so localisation names the all-reduce as it does for the CPU program
+    rep = simdist.check_equivalence(summed_on_gpus, reference, simdist.Cluster.switch(2, device="H100"),
+                                    reference_args=(2,))
+    assert not rep.ok and rep.first.step == 0, str(rep)
+    where = rep.localization
+    assert where is not None and where.op == "all_reduce", str(rep)
+    assert "summed_on_gpus" in where.site and where.ranks == (0, 1), str(rep)
+
+
+@pytest.mark.real
+def test_real_processes_emulating_cuda_run_the_gpu_program_against_its_cpu_reference() -> None:
+    from real.oracle import check_final_state
+
+    rep = check_final_state(on_gpus, reference, 2, backend="nccl", emulate_cuda=True, args=(None,),
+                            reference_args=(2,))
+    assert rep.ok and rep.steps == STEPS, str(rep)
+    assert rep.compared["parameters"] == 4 and rep.compared["gradients"] == 4, rep.compared

@@ -819,3 +819,34 @@ def test_stage_wise_with_adam_equals_single_device(layout: Layout) -> None:
     )
     assert rep.ok, str(rep)
     assert rep.compared["optimizer state tensors"] == 3 * rep.compared["parameters"]
+
+
+def step_on_gpus(out: int) -> None:
+    """One step of a stage of width ``out`` on the GPU its rank names, under NCCL."""
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(dist.get_rank())
+    module = linear(dist.get_rank(), out).to("cuda")
+    opt = optimizer(module)
+    module(torch.ones(4, 2, dtype=torch.float64, device="cuda")).sum().backward()
+    opt.step()
+
+
+def test_the_shape_check_of_gpu_stages_gathers_on_their_gpus_as_nccl_requires(monkeypatch: pytest.MonkeyPatch) -> None:
+    # NCCL moves GPU tensors only: a CPU tensor in a collective of an NCCL group fails on GPUs ("No backend type
+    # associated with device type cpu"), while simdist's groups and gloo accept it
+    devices: dict[int, set[str]] = {}
+    gather = dist.all_gather
+
+    def recording(outputs: list[torch.Tensor], tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        devices.setdefault(dist.get_rank(), set()).update(str(t.device) for t in [tensor, *outputs])
+        return gather(outputs, tensor, *args, **kwargs)
+
+    monkeypatch.setattr(dist, "all_gather", recording)
+    cluster = simdist.Cluster.preset("dgx-h100", world_size=2)
+    simdist.run(step_on_gpus, cluster, args=(3,), compute=False)
+    assert devices == {0: {"cuda:0"}, 1: {"cuda:1"}}
+    # and stages of different shapes are still told apart from the GPU tensors' contents
+    with pytest.raises(simdist.RankError) as info:
+        simdist.run(lambda: step_on_gpus(3 + dist.get_rank()), cluster, compute=False)
+    assert isinstance(info.value.exc, PipelineShapeError), info.value
+    assert "stage 0 'weight' (3, 2) vs stage 1 'weight' (4, 2)" in str(info.value.exc)

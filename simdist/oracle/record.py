@@ -241,6 +241,8 @@ class Recorder(TorchDispatchMode):
         self._reduced: dict[tuple, tuple[int, int]] = {}
         #: autograd sequence number -> the forward record that created that node
         self._node_ops: dict[int, int] = {}
+        #: :func:`_key` of tensors a collective was issued to write while their version stayed (see :meth:`collective`)
+        self._overwritten: set[tuple] = set()
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -339,6 +341,10 @@ class Recorder(TorchDispatchMode):
                 self._producers.pop(_key(t, 1), None)
                 self._writers[t.untyped_storage().data_ptr()] = c
                 made = self._producers.get(key)
+                # a reader that still finds t at this version reads what the collective wrote, not what ``made``
+                # produced: a simulated GPU tensor keeps its version when the collective writes the host tensor
+                # inside it (its version counter is not the caller's), as any tensor does until the write lands
+                self._overwritten.add(key)
                 if name in IN_PLACE_REDUCTIONS and made is not None:
                     self._reduced[key[:-1]] = made
                 else:
@@ -392,7 +398,8 @@ class Recorder(TorchDispatchMode):
             targets = {id(t) for i in written if i < len(args) for t in _tensors((args[i],))}
             with _disable_current_modes(), torch.no_grad():
                 for i, t in enumerate(inputs):
-                    if id(t) in targets and keys[i] not in self._producers and _backed(t):
+                    produced = keys[i] in self._producers and keys[i] not in self._overwritten
+                    if id(t) in targets and not produced and _backed(t):
                         before[i] = host_values(t).detach().clone()
         context = self._context(inputs)  # before the op, and outside the no_grad below (the phase reads grad mode)
         out = func(*args, **kwargs)
@@ -416,7 +423,7 @@ class Recorder(TorchDispatchMode):
         phase, inv = context
         recorded_inputs: list[tuple[int, int] | tuple[torch.Tensor, Source]] = []
         for i, t in enumerate(inputs):
-            ref = self._producers.get(keys[i])
+            ref = None if keys[i] in self._overwritten else self._producers.get(keys[i])
             if ref is not None:
                 recorded_inputs.append(ref)
                 continue
@@ -436,6 +443,7 @@ class Recorder(TorchDispatchMode):
         for j, t in enumerate(results):
             outputs.append(host_values(t).detach().clone())
             self._producers[_key(t)] = (index, j)
+            self._overwritten.discard(_key(t))
             if written and any(t is x for x in inputs):
                 # an in-place or out= op bumps the version of what it writes only on its way back through
                 # autograd's ADInplaceOrView kernel, after this mode has returned: the readers see one version

@@ -467,20 +467,33 @@ class PipelineOptimizer:
         Not all_gather_object: it has no async form, so it could not honour the timeout.
         """
         size = dist.get_world_size(group)
-        data = torch.tensor(list(json.dumps(value).encode()), dtype=torch.uint8)
-        lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(size)]
-        length = torch.tensor([data.numel()], dtype=torch.int64)
+        device = self._collective_device(group)
+        data = torch.tensor(list(json.dumps(value).encode()), dtype=torch.uint8, device=device)
+        lengths = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(size)]
+        length = torch.tensor([data.numel()], dtype=torch.int64, device=device)
         with self._issuing(op, None):
             work = dist.all_gather(lengths, length, group=group, async_op=True)
         self._wait(work, op, None)
         longest = max(int(t.item()) for t in lengths)
-        padded = torch.zeros(longest, dtype=torch.uint8)
+        padded = torch.zeros(longest, dtype=torch.uint8, device=device)
         padded[: data.numel()] = data
-        pieces = [torch.zeros(longest, dtype=torch.uint8) for _ in range(size)]
+        pieces = [torch.zeros(longest, dtype=torch.uint8, device=device) for _ in range(size)]
         with self._issuing(op, None):
             work = dist.all_gather(pieces, padded, group=group, async_op=True)
         self._wait(work, op, None)
         return [json.loads(bytes(p[: int(n.item())].tolist()).decode()) for p, n in zip(pieces, lengths)]
+
+    def _collective_device(self, group: dist.ProcessGroup | None) -> torch.device:
+        """Where this rank's tensors for a collective of its own on ``group`` live: with its parameters.
+
+        NCCL reduces tensors on the GPU only (a CPU tensor fails there with "No backend type associated with
+        device type cpu"), gloo accepts both; a rank without parameters asks torch which device the group's
+        object collectives use.
+        """
+        if self._locals:
+            return self._locals[0].param.device
+        kind = dist.distributed_c10d._get_object_coll_device(group)
+        return torch.device(kind, torch.cuda.current_device()) if kind == "cuda" else torch.device(kind)
 
 
 # ---------------------------------------------------------------------------------- helpers
