@@ -209,6 +209,23 @@ _TF32_SWITCHES: dict[str, Callable[[], bool]] = {
     _aten("convolution_backward"): _cudnn_tf32,
 }
 
+#: the matmuls a GPU runs as tiled GEMM kernels: priced through the device's shape model where it has one
+_GEMMS: frozenset[str] = frozenset(
+    _aten(n)
+    for n in (
+        "mm",
+        "_int_mm",
+        "_scaled_mm",
+        "_grouped_mm",
+        "_scaled_grouped_mm",
+        "addmm",
+        "_addmm_activation",
+        "bmm",
+        "baddbmm",
+        "addbmm",
+    )
+)
+
 #: ops that read only the elements they gather from their first input (an embedding's rows, not its table):
 #: that input counts as at most the output's bytes
 _GATHERS: frozenset[str] = frozenset(
@@ -261,7 +278,7 @@ _NO_COMPUTE_NAMESPACES: frozenset[str] = frozenset(
 class _OpInfo:
     """What op_cost needs to know about one OpOverload, computed once per overload."""
 
-    __slots__ = ("flops", "free", "gathers", "name", "out_args", "tf32")
+    __slots__ = ("flops", "free", "gathers", "gemm", "name", "out_args", "tf32")
 
     def __init__(self, func: torch._ops.OpOverload) -> None:
         schema = func._schema
@@ -271,6 +288,7 @@ class _OpInfo:
         self.flops: _FlopFn | None = _FLOP_FORMULAS.get(self.name)
         self.tf32: Callable[[], bool] | None = _TF32_SWITCHES.get(self.name)
         self.gathers: bool = self.name in _GATHERS
+        self.gemm: bool = self.name in _GEMMS
         # out= arguments are written, not read: they are counted once, through the returned value.
         self.out_args: frozenset[str] = frozenset(a.name for a in schema.arguments if a.is_out)
 
@@ -329,8 +347,26 @@ def _info_cost(
         tf32 = (
             device.tf32_flops is not None and dtype == torch.float32 and info.tf32 is not None and info.tf32()
         )
-        seconds = max(seconds, flops / device.flops_for(dtype, tf32=tf32))
+        rate = device.flops_for(dtype, tf32=tf32)
+        if info.gemm and device.gemm is not None and isinstance(out, tensor) and out.dim() >= 2 and flops > 0:
+            seconds = _gemm_seconds(device, out, flops, rate, moved)
+        else:
+            seconds = max(seconds, flops / rate)
     return seconds + device.launch_overhead
+
+
+def _gemm_seconds(device: DeviceSpec, out: torch.Tensor, flops: float, rate: float, moved: float) -> float:
+    """A matmul's time under the device's shape model: its output [..., M, N] in tiles and waves, its depth K the
+    FLOPs per output element over 2 (for a grouped GEMM, the mean over its groups)."""
+    shape = out.shape
+    m, n = shape[-2], shape[-1]
+    batch = out.numel() // (m * n) if m * n else 0
+    if not batch:
+        return moved / device.memory_bandwidth
+    k = flops / (2.0 * out.numel())
+    return device.gemm.seconds(  # type: ignore[union-attr]
+        batch, m, n, k, rate, moved, device.memory_bandwidth, device.multiprocessors
+    )
 
 
 def op_cost(

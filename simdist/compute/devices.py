@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from simdist.compute.gemm import GemmShapeModel
 from simdist.errors import ClusterSpecError
 
 # Fixed cost charged for every kernel, in seconds. Not a datasheet figure: it is an order-of-magnitude estimate
@@ -58,6 +59,9 @@ class DeviceSpec:
     compute_capability: tuple[int, int] = (8, 0)
     #: ``torch.cuda.get_device_properties().multi_processor_count``
     multiprocessors: int = 108
+    #: how matmuls fall short of ``peak_flops`` by shape (tiles and waves over ``multiprocessors``, split-K, the
+    #: memory-bound regime); None: every matmul runs at the roofline, max(flops / peak, bytes / bandwidth)
+    gemm: GemmShapeModel | None = None
     _zero_cost: bool = field(init=False, repr=False, compare=False, hash=False, default=False)
 
     def __post_init__(self) -> None:
@@ -119,6 +123,10 @@ class DeviceSpec:
             raise ClusterSpecError(
                 f"device {self.name!r}: multiprocessors must be a positive int, found {self.multiprocessors!r}"
             )
+        if self.gemm is not None and not isinstance(self.gemm, GemmShapeModel):
+            raise ClusterSpecError(
+                f"device {self.name!r}: gemm must be a simdist.compute.GemmShapeModel or None, found {self.gemm!r}"
+            )
         if not isinstance(self.cuda_name, str):
             raise ClusterSpecError(f"device {self.name!r}: cuda_name must be a str, found {self.cuda_name!r}")
         # Copy into a read-only view so the frozen spec cannot change under a running simulation.
@@ -149,6 +157,7 @@ class DeviceSpec:
                 self.cuda_name,
                 self.compute_capability,
                 self.multiprocessors,
+                self.gemm,
             ),
         )
 
@@ -242,6 +251,7 @@ H100 = DeviceSpec(
     cuda_name="NVIDIA H100 80GB HBM3",
     compute_capability=(9, 0),
     multiprocessors=132,
+    gemm=GemmShapeModel(),
 )
 
 H200 = DeviceSpec(
@@ -262,6 +272,7 @@ H200 = DeviceSpec(
     cuda_name="NVIDIA H200",
     compute_capability=(9, 0),
     multiprocessors=132,
+    gemm=GemmShapeModel(),
 )
 
 _AMPERE_SXM_FLOPS = {
@@ -288,6 +299,7 @@ A100 = DeviceSpec(
     cuda_name="NVIDIA A100-SXM4-80GB",
     compute_capability=(8, 0),
     multiprocessors=108,
+    gemm=GemmShapeModel(),
 )
 
 A100_40GB = DeviceSpec(
@@ -305,6 +317,7 @@ A100_40GB = DeviceSpec(
     cuda_name="NVIDIA A100-SXM4-40GB",
     compute_capability=(8, 0),
     multiprocessors=108,
+    gemm=GemmShapeModel(),
 )
 
 CPU = DeviceSpec(
