@@ -44,6 +44,17 @@ def _addbmm(args: Sequence[Any], out: Any) -> tuple[float, torch.dtype]:
     return 2.0 * out.numel() * a.shape[0] * a.shape[2], a.dtype
 
 
+def _grouped_mm(args: Sequence[Any], out: Any) -> tuple[float, torch.dtype]:
+    # _grouped_mm / _scaled_grouped_mm(self, mat2, ..., offs): each output element is a dot product over the
+    # contracted dimension, self's last, except where both operands are 2-D: then offs cuts that dimension into
+    # the groups, and the output holds one [M, N] block per group, each a product over its share of it.
+    a, b = args[0], args[1]
+    k = a.shape[-1]
+    if a.dim() == 2 and b.dim() == 2:
+        return 2.0 * out.numel() * k / out.shape[0], a.dtype
+    return 2.0 * out.numel() * k, a.dtype
+
+
 def _mv(args: Sequence[Any], out: Any) -> tuple[float, torch.dtype]:
     a = args[0]  # mv(self[M,N], vec[N]) -> [M]
     return 2.0 * out.numel() * a.shape[1], a.dtype
@@ -159,6 +170,9 @@ _SDPA_KERNELS = (
 _FLOP_FORMULAS: dict[str, _FlopFn] = {
     _aten("mm"): _mm,
     _aten("_int_mm"): _mm,
+    _aten("_scaled_mm"): _mm,  # FP8 operands, with their scales: at the operand dtype's (FP8) rate
+    _aten("_grouped_mm"): _grouped_mm,
+    _aten("_scaled_grouped_mm"): _grouped_mm,
     _aten("addmm"): _addmm,
     _aten("_addmm_activation"): _addmm,
     _aten("bmm"): _mm,
