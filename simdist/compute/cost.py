@@ -429,9 +429,13 @@ class ComputeCostMode(TorchDispatchMode):
         after: Callable[[Any, Sequence[Any], dict[str, Any] | None, Any], None] | None = None,
         cuda: RankCuda | None = None,
         reserve: Callable[[int, Any], None] | None = None,
+        launch: Callable[[float], None] | None = None,
     ) -> None:
         super().__init__()
         self.device = device
+        #: called with the host's seconds to launch each kernel before it is charged (the device's
+        #: ``host_overhead``; a run's host time), where the device has one
+        self._launch = launch if device.host_overhead > 0 else None
         #: charge ops on meta tensors as if they ran (pricing shapes without data, as ``estimate`` does);
         #: otherwise meta tensors, like fake ones, are tracing or shape propagation, and cost nothing
         self._price_meta = price_meta
@@ -475,6 +479,8 @@ class ComputeCostMode(TorchDispatchMode):
                 seconds = _info_cost(info, args, kwargs, out, self.device)
                 # symbolic shapes (torch.export tracing) give a symbolic cost: no kernel runs, nothing is charged
                 if type(seconds) in (int, float) and seconds > 0:
+                    if self._launch is not None:
+                        self._launch(self.device.host_overhead)
                     self._charge(seconds, info.name)
         return out
 
@@ -518,6 +524,8 @@ class ComputeCostMode(TorchDispatchMode):
         if not info.free:
             seconds = _info_cost(info, call.args, call.kwargs, out, self.device)
             if type(seconds) in (int, float) and seconds > 0:
+                if self._launch is not None:
+                    self._launch(self.device.host_overhead)
                 self._charge(seconds, info.name)
                 if cuda.on_kernel is not None:
                     cuda.on_kernel(call, out)

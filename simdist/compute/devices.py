@@ -14,10 +14,13 @@ import torch
 from simdist.compute.gemm import GemmShapeModel
 from simdist.errors import ClusterSpecError
 
-# Fixed cost charged for every kernel, in seconds. Not a datasheet figure: it is an order-of-magnitude estimate
-# of CUDA kernel launch latency (a few microseconds) plus eager PyTorch dispatch for one op, which together
-# put a floor under small ops on a real GPU. Override per device with dataclasses.replace() when calibrating.
+# Fixed time every kernel takes on the device beyond its roofline, in seconds. Not a datasheet figure: an
+# estimate of what puts a floor under small ops on a real GPU (an H100 ran small elementwise kernels queued
+# ahead in 4.5-4.6 us, benchmarks/gpu/results/h100-2026-11-26). Override per device with dataclasses.replace().
 DEFAULT_LAUNCH_OVERHEAD = 5e-6
+#: the host's seconds per op an eager PyTorch program launches on an H100 machine: the median host time per call
+#: of the 15 elementwise cases of benchmarks/gpu/results/h100-2026-11-26 (6.2 to 8.6 us; matmuls took 9 to 38)
+MEASURED_HOST_OVERHEAD = 7.0e-6
 
 #: bytes/s one direction of a PCIe 4.0 x16 link carries (16 GT/s x 16 lanes, 128b/130b coding: 31.5 GB/s; the A100
 #: datasheet's "PCIe Gen4: 64 GB/s" counts both directions): the default host link of a device
@@ -30,7 +33,8 @@ PCIE5_X16 = 64e9
 @dataclass(frozen=True)
 class DeviceSpec:
     """One accelerator: FLOP/s per dtype (the rate a large matmul runs at), HBM bandwidth (bytes/s), launch
-    overhead (seconds per kernel), memory capacity (bytes; ``math.inf`` for no limit), the TF32 tensor-core
+    overhead (seconds each kernel takes on the device beyond its roofline), the host's seconds per kernel it
+    launches, memory capacity (bytes; ``math.inf`` for no limit), the TF32 tensor-core
     rate (FLOP/s; None for none), the host link's bandwidth (bytes/s each way, what host<->device copies run
     at), and what ``torch.cuda`` reports of it in a run that emulates CUDA (its name, compute capability and
     multiprocessor count).
@@ -62,6 +66,10 @@ class DeviceSpec:
     #: how matmuls fall short of ``peak_flops`` by shape (tiles and waves over ``multiprocessors``, split-K, the
     #: memory-bound regime); None: every matmul runs at the roofline, max(flops / peak, bytes / bandwidth)
     gemm: GemmShapeModel | None = None
+    #: seconds of host time to launch one kernel (eager PyTorch's dispatch and the launch call), in a run whose
+    #: host runs ahead of its device: the host's time, overlapping with the device's work, and a kernel starts no
+    #: earlier than its launch ends; 0: the host launches in no time
+    host_overhead: float = 0.0
     _zero_cost: bool = field(init=False, repr=False, compare=False, hash=False, default=False)
 
     def __post_init__(self) -> None:
@@ -85,6 +93,11 @@ class DeviceSpec:
             raise ClusterSpecError(
                 f"device {self.name!r}: launch_overhead must be a finite number of seconds >= 0, "
                 f"found {self.launch_overhead!r}"
+            )
+        if not (self.host_overhead >= 0 and math.isfinite(self.host_overhead)):
+            raise ClusterSpecError(
+                f"device {self.name!r}: host_overhead must be a finite number of seconds >= 0, "
+                f"found {self.host_overhead!r}"
             )
         capacity = self.memory_capacity
         if isinstance(capacity, bool) or not isinstance(capacity, (int, float)) or not capacity > 0:
@@ -133,6 +146,7 @@ class DeviceSpec:
         object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
         zero = (
             self.launch_overhead == 0
+            and self.host_overhead == 0
             and math.isinf(self.memory_bandwidth)
             and all(math.isinf(f) for f in self.peak_flops.values())
             and (self.tf32_flops is None or math.isinf(self.tf32_flops))
@@ -158,6 +172,7 @@ class DeviceSpec:
                 self.compute_capability,
                 self.multiprocessors,
                 self.gemm,
+                self.host_overhead,
             ),
         )
 
@@ -252,6 +267,7 @@ H100 = DeviceSpec(
     compute_capability=(9, 0),
     multiprocessors=132,
     gemm=GemmShapeModel(),
+    host_overhead=MEASURED_HOST_OVERHEAD,
 )
 
 H200 = DeviceSpec(
@@ -273,6 +289,7 @@ H200 = DeviceSpec(
     compute_capability=(9, 0),
     multiprocessors=132,
     gemm=GemmShapeModel(),
+    host_overhead=MEASURED_HOST_OVERHEAD,
 )
 
 _AMPERE_SXM_FLOPS = {
@@ -300,6 +317,7 @@ A100 = DeviceSpec(
     compute_capability=(8, 0),
     multiprocessors=108,
     gemm=GemmShapeModel(),
+    host_overhead=MEASURED_HOST_OVERHEAD,
 )
 
 A100_40GB = DeviceSpec(
@@ -318,6 +336,7 @@ A100_40GB = DeviceSpec(
     compute_capability=(8, 0),
     multiprocessors=108,
     gemm=GemmShapeModel(),
+    host_overhead=MEASURED_HOST_OVERHEAD,
 )
 
 CPU = DeviceSpec(
