@@ -112,6 +112,8 @@ INVENTORY: tuple[Patch, ...] = (
     Patch("torch._C", ("_set_fp32_precision_setter", "_set_float32_matmul_precision", "_set_cublas_allow_tf32",
                        "_set_cudnn_allow_tf32", "_set_onednn_allow_tf32"), "simdist.engine.process",
           "a rank's TF32 and matmul precision switches are its own (the run notes which rank set one)"),
+    Patch("torch", ("compile",), "simdist.engine.process",
+          "regions rank code compiles price their elementwise chains as one fused kernel each"),
     Patch("torch.backends.ContextProp", ("__set__",), "simdist.engine.process",
           "as torch._C's precision setters, which cuDNN's and oneDNN's switches hold through it"),
     Patch("torch.cuda", ("synchronize",), "simdist.cudart.process",

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from math import prod
 from typing import Any
 
@@ -11,6 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from simdist.compute.devices import DeviceSpec, get_device
+from simdist.compute.fusion import FusedRegion, is_pointwise
 from simdist.cuda.pinned import ASKS as PINNED_OPS
 from simdist.cuda.rank import RankCuda
 from simdist.cuda.tensor import rewrap, unwrap
@@ -292,7 +294,7 @@ _NO_COMPUTE_NAMESPACES: frozenset[str] = frozenset(
 class _OpInfo:
     """What op_cost needs to know about one OpOverload, computed once per overload."""
 
-    __slots__ = ("flops", "free", "gathers", "gemm", "name", "out_args", "tf32")
+    __slots__ = ("flops", "free", "gathers", "gemm", "name", "out_args", "pointwise", "tf32")
 
     def __init__(self, func: torch._ops.OpOverload) -> None:
         schema = func._schema
@@ -303,6 +305,7 @@ class _OpInfo:
         self.tf32: Callable[[], bool] | None = _TF32_SWITCHES.get(self.name)
         self.gathers: bool = self.name in _GATHERS
         self.gemm: bool = self.name in _GEMMS
+        self.pointwise: bool = is_pointwise(func)
         # out= arguments are written, not read: they are counted once, through the returned value.
         self.out_args: frozenset[str] = frozenset(a.name for a in schema.arguments if a.is_out)
 
@@ -451,6 +454,10 @@ class ComputeCostMode(TorchDispatchMode):
         #: called with the bytes an op will allocate on a simulated GPU and the op, before it runs (memory
         #: accounting's out-of-memory check)
         self._reserve = reserve
+        #: the outermost region torch.compile compiled that the thread is in (its elementwise chains are fused),
+        #: and how deep
+        self._region: FusedRegion | None = None
+        self._depth = 0
 
     @never_compiled
     def __torch_dispatch__(
@@ -476,13 +483,39 @@ class ComputeCostMode(TorchDispatchMode):
         if not self._zero_cost and not _without_data(out, self._price_meta):
             info = _op_info(func)
             if not info.free:
+                if self._region is not None:
+                    if info.pointwise:
+                        self._region.pointwise(info.name, args, kwargs, out)
+                        return out
+                    self._region.other(args, kwargs)
                 seconds = _info_cost(info, args, kwargs, out, self.device)
                 # symbolic shapes (torch.export tracing) give a symbolic cost: no kernel runs, nothing is charged
                 if type(seconds) in (int, float) and seconds > 0:
-                    if self._launch is not None:
-                        self._launch(self.device.host_overhead)
-                    self._charge(seconds, info.name)
+                    self._kernel(seconds, info.name)
         return out
+
+    def _kernel(self, seconds: float, name: str) -> None:
+        """Charge one kernel of ``seconds`` on the device, after the host has launched it."""
+        if self._launch is not None:
+            self._launch(self.device.host_overhead)
+        self._charge(seconds, name)
+
+    @contextlib.contextmanager
+    def fusing(self) -> Iterator[None]:
+        """A region ``torch.compile`` compiled runs: its chains of elementwise ops are charged as one kernel each
+        when it returns (see simdist.compute.fusion); a region inside another is part of it."""
+        self._depth += 1
+        if self._region is None:
+            self._region = FusedRegion()
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if not self._depth:
+                region, self._region = self._region, None
+                if not self._zero_cost:
+                    for name, moved in region.close():
+                        self._kernel(moved / self.device.memory_bandwidth + self.device.launch_overhead, name)
 
     def _pinned(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         """``is_pinned``, ``pin_memory()`` or a factory with ``pin_memory=True``: answered from, or recorded in, the
@@ -510,6 +543,8 @@ class ComputeCostMode(TorchDispatchMode):
         if self._zero_cost or _without_data(out, self._price_meta):
             return result
         copy = transfer(call, out)
+        if copy is not None and self._region is not None:
+            self._region.other(call.args, call.kwargs)
         if copy is not None:
             if copy.pins:
                 cuda.pinned.add(out)
@@ -522,11 +557,16 @@ class ComputeCostMode(TorchDispatchMode):
             return result
         info = _op_info(func)
         if not info.free:
+            if self._region is not None:
+                if info.pointwise:
+                    self._region.pointwise(info.name, call.args, call.kwargs, out)
+                    if cuda.on_kernel is not None:
+                        cuda.on_kernel(call, out)
+                    return result
+                self._region.other(call.args, call.kwargs)
             seconds = _info_cost(info, call.args, call.kwargs, out, self.device)
             if type(seconds) in (int, float) and seconds > 0:
-                if self._launch is not None:
-                    self._launch(self.device.host_overhead)
-                self._charge(seconds, info.name)
+                self._kernel(seconds, info.name)
                 if cuda.on_kernel is not None:
                     cuda.on_kernel(call, out)
         return result

@@ -31,6 +31,7 @@ from simdist.comm.context import RunContext
 from simdist.comm.races import direct_read
 from simdist.cudart import state as cuda_state
 from simdist.cudart.api import seed_devices
+from simdist.engine.compiled import fusing_compile
 from simdist.engine.precision import RankPrecision
 from simdist.engine.rank_output import RankStream
 from simdist.engine.rank_process import RankArgv, rank_clocks, rank_getpid, rank_mains
@@ -91,6 +92,7 @@ def run_context(ctx: RunContext, n: int, local_world: int) -> Iterator[RankProce
     precision = RankPrecision()
     ctx.baton.per_rank.append(precision)
     patches.update(precision.setters())
+    patches["torch.compile"] = fusing_compile(torch.compile)
     if ctx.time.host_runs_ahead or ctx.races.enabled:
         patches.update({f"torch.Tensor.{name}": _host_read(ctx, name) for name in HOST_READS})
     options = ctx.options
