@@ -87,3 +87,11 @@ def test_the_gpu_presets_launch_at_the_measured_host_time() -> None:
 def test_an_invalid_host_overhead_is_refused(bad: float) -> None:
     with pytest.raises(ClusterSpecError, match="host_overhead must be a finite number of seconds >= 0"):
         dataclasses.replace(device(1, 2), host_overhead=bad)
+
+
+def test_a_host_synchronous_rank_pays_each_kernel_once() -> None:
+    # under gloo-like progress the host waits for its compute: a kernel's launch is not added to its time
+    spec = device(10, 13)
+    assert simdist.run(chain, simdist.Cluster.switch(1, device=spec), args=(5, 0.0), progress="gloo").returns[
+        0
+    ] == pytest.approx(5 * 13 * US, rel=1e-9)

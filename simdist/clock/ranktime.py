@@ -59,10 +59,11 @@ class RankTime:
         return state.rank, start, start + seconds, 0
 
     def launch(self, seconds: float) -> None:
-        """The calling rank's host spends ``seconds`` launching a kernel: host time, settled at its next
-        synchronisation point; on a host that runs ahead, the device works meanwhile."""
+        """The calling rank's host, which runs ahead of its device, spends ``seconds`` launching a kernel: host
+        time, settled at its next synchronisation point, while the device works. A host-synchronous rank waits
+        for each kernel, which is charged whole: its launch is not added again."""
         state = current_rank_state()
-        if state is not None and seconds > 0:
+        if state is not None and seconds > 0 and self.host_runs_ahead:
             state.pending += seconds
 
     def stream_end(self, stream: int | None = None) -> float:
