@@ -250,6 +250,12 @@ _MEASURED_ON_H100 = (
     "digits; FP64, FP8 and INT8 not measured: datasheet dense rates"
 )
 
+_SHAPE_AND_HOST = (
+    "GEMM shape model (tiles, waves, split-K, skinny shapes at 80% of the bandwidth) fitted to the 37 matmuls of "
+    "benchmarks/gpu/results/h100-2026-11-26; host overhead 7.0 us per kernel measured there (the median host time "
+    "per call of its elementwise cases)"
+)
+
 H100 = DeviceSpec(
     name="H100",
     peak_flops=_HOPPER_SXM_FLOPS,
@@ -260,7 +266,8 @@ H100 = DeviceSpec(
         f"{_MEASURED_ON_H100}; HBM bandwidth measured: the median achieved bandwidth of add, mul and gelu on "
         "2^27 elements in bf16 and fp32 (2819/2984/3023/3026/3031/3031 GB/s -> 3.02 TB/s; datasheet 3.35 TB/s); "
         "memory 80 GB HBM3 as on the NVIDIA H100 datasheet, SXM column; name, compute capability 9.0 and 132 SMs "
-        "as torch.cuda reported them on that H100; host link PCIe Gen5 x16 (datasheet: 128 GB/s both ways)"
+        "as torch.cuda reported them on that H100; host link PCIe Gen5 x16 (datasheet: 128 GB/s both ways); "
+        f"{_SHAPE_AND_HOST}"
     ),
     host_link_bandwidth=PCIE5_X16,
     cuda_name="NVIDIA H100 80GB HBM3",
@@ -282,7 +289,8 @@ H200 = DeviceSpec(
         "not measured on an H200: the H200 SXM datasheet's 4.8 TB/s scaled by the H100's measured/datasheet "
         "ratio 3.02/3.35 (4.33 TB/s); memory 141 GB HBM3e as on the NVIDIA H200 datasheet, SXM column; compute "
         "capability 9.0 and 132 SMs of the GH100 die as configured on the SXM parts (NVIDIA H100 Tensor Core GPU "
-        "Architecture whitepaper); host link PCIe Gen5 x16 (datasheet: 128 GB/s both ways)"
+        "Architecture whitepaper); host link PCIe Gen5 x16 (datasheet: 128 GB/s both ways); "
+        f"{_SHAPE_AND_HOST}"
     ),
     host_link_bandwidth=PCIE5_X16,
     cuda_name="NVIDIA H200",
@@ -310,7 +318,7 @@ A100 = DeviceSpec(
     source=(
         "NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM column (80 GB HBM2e, 2,039 GB/s; PCIe Gen4: 64 GB/s "
         "both ways); compute capability 8.0 and 108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper); "
-        "not measured"
+        f"not measured; {_SHAPE_AND_HOST} (not measured on an A100)"
     ),
     host_link_bandwidth=PCIE4_X16,
     cuda_name="NVIDIA A100-SXM4-80GB",
@@ -329,7 +337,7 @@ A100_40GB = DeviceSpec(
     source=(
         "NVIDIA A100 Tensor Core GPU datasheet, A100 40GB SXM column (40 GB HBM2, 1,555 GB/s; PCIe Gen4: 64 GB/s "
         "both ways); compute capability 8.0 and 108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper); "
-        "not measured"
+        f"not measured; {_SHAPE_AND_HOST} (not measured on an A100)"
     ),
     host_link_bandwidth=PCIE4_X16,
     cuda_name="NVIDIA A100-SXM4-40GB",
