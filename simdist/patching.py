@@ -109,6 +109,13 @@ INVENTORY: tuple[Patch, ...] = (
           "seeds the CPU generator only: torch's also queues CUDA seeding at a millisecond per call"),
     Patch("torch.random", ("manual_seed",), "simdist.engine.process", "as torch.manual_seed"),
     Patch("torch.cuda", ("synchronize",), "simdist.engine.process", "waits for the rank's simulated device"),
+    Patch("torch._C", ("_set_fp32_precision_setter", "_set_float32_matmul_precision", "_set_cublas_allow_tf32",
+                       "_set_cudnn_allow_tf32", "_set_onednn_allow_tf32"), "simdist.engine.process",
+          "a rank's TF32 and matmul precision switches are its own (the run notes which rank set one)"),
+    Patch("torch", ("compile",), "simdist.engine.process",
+          "regions rank code compiles price their elementwise chains as one fused kernel each"),
+    Patch("torch.backends.ContextProp", ("__set__",), "simdist.engine.process",
+          "as torch._C's precision setters, which cuDNN's and oneDNN's switches hold through it"),
     Patch("torch.cuda", ("synchronize",), "simdist.cudart.process",
           "in a process emulating CUDA by itself: the CPU kernels have run, nothing to wait for"),
     Patch("torch.Tensor", HOST_READS, "simdist.engine.process",
@@ -213,6 +220,7 @@ SETTINGS: Mapping[str, tuple[str, str]] = {
     "gc.get_threshold(), gc.get_freeze_count()": (_RUN, "young objects collected less often among thousands of rank threads"),
     "torch.get_default_dtype()": (_RUN, "kept per rank, as per process"),
     "torch.get_rng_state()": (_RUN, "kept per rank, as per process"),
+    "torch's float32 precision (TF32, set_float32_matmul_precision)": (_RUN, "kept per rank, as per process"),
     "sys.excepthook": (_RUN, "restored after rank threads' unhandled exceptions"),
     "sys.modules['__main__']": (
         "simdist.engine.rank_process",
@@ -320,6 +328,10 @@ def process_state() -> dict[str, Any]:
     state["gc"] = (gc.get_threshold(), gc.get_freeze_count())
     state["torch.get_default_dtype()"] = torch.get_default_dtype()
     state["torch.get_rng_state()"] = bytes(torch.get_rng_state().numpy())
+    state["torch's float32 precision"] = tuple(
+        torch._C._get_fp32_precision_getter(*pair)
+        for pair in (("generic", "all"), ("cuda", "matmul"), ("cuda", "conv"), ("mkldnn", "matmul"))
+    )
     state["random.getstate()"] = random.getstate()
     state["numpy.random.get_state()"] = bytes(np.random.get_state()[1].tobytes())
     state["sys.excepthook"] = _Identity(sys.excepthook)

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import simdist
 from simdist.compute import DeviceSpec, estimate
 from simdist.errors import ClusterSpecError
 
@@ -166,3 +167,41 @@ def test_tf32_rate_survives_pickling_and_counts_for_zero_cost() -> None:
     assert free.is_zero_cost
     assert dataclasses.replace(free, tf32_flops=float("inf")).is_zero_cost
     assert not dataclasses.replace(free, tf32_flops=1e12).is_zero_cost
+
+
+# --- in rank code: each rank's switches are its own, as each process's are -----------------------------------
+
+N_RANK = 1024
+
+
+def matmul_in_rank(allow: str | None) -> tuple[float, bool, str]:
+    """Rank code: allow TF32 the way ``allow`` names (or not), time one float32 matmul on the rank's GPU; return
+    its simulated seconds and the switches as the rank reads them."""
+    if allow is not None:
+        ALLOW_MATMUL_TF32[allow]()
+    a = torch.ones(N_RANK, N_RANK, device="cuda")
+    simdist.synchronize()
+    start = simdist.now()
+    a @ a
+    simdist.synchronize()
+    return simdist.now() - start, torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()
+
+
+@pytest.mark.parametrize("allow", ["allow_tf32", "precision high"])
+def test_a_rank_that_allows_tf32_is_priced_at_tf32_and_no_other_rank_is(
+    allow: str, tf32_switches: None
+) -> None:
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
+
+    def rank_code() -> tuple[float, bool, str]:
+        return matmul_in_rank(allow if torch.distributed.get_rank() == 0 else None)
+
+    result = simdist.run(rank_code, simdist.Cluster.switch(2, device=CHIP))
+    flops = 2.0 * N_RANK**3
+    (tf32_s, tf32_allowed, tf32_precision), (fp32_s, fp32_allowed, fp32_precision) = result.returns
+    assert tf32_s == pytest.approx(flops / 350e12 + CHIP.launch_overhead)
+    assert fp32_s == pytest.approx(flops / 50e12 + CHIP.launch_overhead)
+    assert tf32_allowed and tf32_precision == "high"
+    assert (fp32_allowed, fp32_precision) == (False, "highest")  # rank 1 sees its own process's defaults
+    # and the process's switches are as the run found them
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()) == before

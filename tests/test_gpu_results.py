@@ -4,8 +4,11 @@ and docs/gpu-measurements.md shows what compare.py prints for it."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
+import itertools
 import json
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +24,8 @@ sys.path.insert(0, str(GPU))
 
 import calibrate
 import compare
+from ops import by_id
+from predict import op_seconds
 
 H100 = get_device("H100")
 H200 = get_device("H200")
@@ -112,3 +117,38 @@ def test_the_docs_show_the_compute_and_memory_tables_compare_prints() -> None:
 @pytest.mark.slow
 def test_the_docs_show_everything_compare_prints() -> None:
     assert_shown_in_order(printed(lambda: compare.main([str(RESULTS)])))
+
+
+def matmul_errors(device: object) -> dict[str, list[float]]:
+    """simdist / measured - 1 of every matmul of the kept measurement on ``device``, by dtype label."""
+    catalogue = by_id(False)
+    errors: dict[str, list[float]] = {}
+    for record in measured():
+        if record["class"] == "matmul":
+            predicted, _ = op_seconds(catalogue[record["id"]], device)
+            errors.setdefault(record["dtype"], []).append(predicted / record["median_s"] - 1)
+    return errors
+
+
+def test_the_gemm_shape_model_follows_the_measured_matmuls_closer_than_the_roofline() -> None:
+    model = matmul_errors(H100)
+    roofline = matmul_errors(dataclasses.replace(H100, gemm=None))
+
+    def median(errors: list[float]) -> float:
+        return statistics.median(abs(e) for e in errors)
+
+    # the medians and worst errors docs/compute.md reports, before and after the shape model
+    assert {d: round(median(e) * 100) for d, e in roofline.items()} == {
+        "fp32": 3,
+        "tf32": 17,
+        "bf16": 12,
+        "fp16": 10,
+    }
+    assert {d: round(median(e) * 100) for d, e in model.items()} == {
+        "fp32": 4,
+        "tf32": 16,
+        "bf16": 4,
+        "fp16": 4,
+    }
+    assert round(max(abs(e) for e in itertools.chain(*roofline.values())) * 100) == 71
+    assert round(max(abs(e) for e in itertools.chain(*model.values())) * 100) == 33

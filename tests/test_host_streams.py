@@ -16,7 +16,7 @@ from pipeline_dag import SCHEDULES, step_end
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 import simdist
-from simdist.compute import estimate
+from simdist.compute import estimate, get_device
 from simdist.errors import DeadlockError, RankError
 
 US = 1e-6
@@ -163,15 +163,17 @@ def _all_reduce_behind_compute() -> tuple[float, float]:
 
 
 def test_a_collective_starts_when_the_compute_stream_reaches_it() -> None:
-    """The host issues the all-reduce at 0; it starts at 100 us, when the compute queued before it is done,
-    and ``wait()`` returns when it finishes: its alpha-beta time later."""
+    """The host issues the all-reduce once it has launched the buffer's kernel; it starts 100 us after that
+    kernel, when the compute queued before it is done, and ``wait()`` returns when it finishes: its alpha-beta
+    time later."""
     lat, bw = 5 * US, 100e9
     res = simdist.run(_all_reduce_behind_compute, simdist.Cluster.switch(2, bandwidth=bw, latency=lat), trace="collectives")
     (span,) = [s for s in res.trace.collectives(0) if s.name.endswith("all_reduce")]
-    made = estimate(lambda: torch.ones(1024), device="H100")[0]  # the buffer's own kernel, queued first
-    assert [r[0] for r in res.returns] == [0.0, 0.0]
+    launch = get_device("H100").host_overhead  # the host's time to launch the buffer's kernel
+    made = launch + estimate(lambda: torch.ones(1024), device="H100")[0]  # that kernel, queued first
+    assert [r[0] for r in res.returns] == [launch, launch]
     assert span.start == pytest.approx(made + 100 * US)
-    assert span.args["issued"] == 0.0
+    assert span.args["issued"] == launch
     assert span.end - span.start == pytest.approx(all_reduce_seconds("ring", 2, 4096, 2 * lat, 1 / bw))
     assert res.returns[0][1] == pytest.approx(span.end)
     assert res.sim_time == pytest.approx(max(span.end, made + 130 * US))

@@ -7,8 +7,9 @@ Two models, chosen per run:
   polling, finishing), so a run of ops costs one baton hand-off instead of one per op. The host is always
   where its compute is.
 - *host runs ahead* (GPU devices under NCCL-like progress, as CUDA does): the host enqueues each op on the
-  rank's compute stream and goes on at once. The stream runs its ops back to back, each starting at
-  max(the stream's end, the host time it was enqueued). Communication issued by the host starts on its own
+  rank's compute stream and goes on once it has launched it (the device's host overhead, host time settled at
+  the next synchronisation point). The stream runs its ops back to back, each starting at max(the stream's
+  end, the host time its launch ended): launches overlap with the kernels running before them. Communication issued by the host starts on its own
   stream once the compute stream reaches the issue point (``issue_time``). The host waits for the device
   only where it must: waiting on communication, reading a value to the host, or synchronising.
 
@@ -45,16 +46,25 @@ class RankTime:
         if self.host_runs_ahead:
             owner = state.owner
             stream = state.stream
+            host = self.env.now + state.pending  # a kernel starts no earlier than the host launched it
             if stream == 0:
-                start = max(self.env.now, owner.stream_end)
+                start = max(host, owner.stream_end)
                 owner.stream_end = start + seconds
             else:
-                start = max(self.env.now, owner.side_ends.get(stream, 0.0))
+                start = max(host, owner.side_ends.get(stream, 0.0))
                 owner.side_ends[stream] = start + seconds
             return state.rank, start, start + seconds, stream
         start = self.env.now + state.pending
         state.pending += seconds
         return state.rank, start, start + seconds, 0
+
+    def launch(self, seconds: float) -> None:
+        """The calling rank's host, which runs ahead of its device, spends ``seconds`` launching a kernel: host
+        time, settled at its next synchronisation point, while the device works. A host-synchronous rank waits
+        for each kernel, which is charged whole: its launch is not added again."""
+        state = current_rank_state()
+        if state is not None and seconds > 0 and self.host_runs_ahead:
+            state.pending += seconds
 
     def stream_end(self, stream: int | None = None) -> float:
         """Where the calling rank's ``stream`` (its current stream for None) has run everything queued on it:
@@ -62,12 +72,13 @@ class RankTime:
         state = current_rank_state()
         if state is None:
             return self.env.now
+        host = self.env.now + state.pending
         if not self.host_runs_ahead:
-            return self.env.now + state.pending
+            return host
         stream = state.stream if stream is None else stream
         owner = state.owner
         end = owner.stream_end if stream == 0 else owner.side_ends.get(stream, 0.0)
-        return max(self.env.now, end)
+        return max(host, end)
 
     def stream_wait(self, stream: int, until: float) -> None:
         """Work queued on the calling rank's ``stream`` from now on starts no earlier than ``until`` (seconds): the
@@ -93,7 +104,7 @@ class RankTime:
     def settle(self) -> None:
         """Bring the calling rank's host up to date: sleep off compute it has charged but not waited out.
 
-        A host that runs ahead has nothing to settle: its compute is on the device.
+        A host that runs ahead has only its kernels' launches to settle: their compute is on the device.
         """
         state = current_rank_state()
         if state is not None and state.pending > 0:
@@ -108,8 +119,8 @@ class RankTime:
         collective waits on), never before the host issued it.
         """
         state = current_rank_state()
+        self.settle()  # the host issues it once its launches before it are done
         if not self.host_runs_ahead or state is None:
-            self.settle()
             return self.env.now
         return self.stream_end()
 

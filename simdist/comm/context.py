@@ -98,6 +98,10 @@ class RunContext:
             if name in HOST_READS:
                 self.synchronize_stream()
 
+    def launch(self, seconds: float) -> None:
+        """The calling rank's host spends ``seconds`` launching a kernel (see ``RankTime.launch``)."""
+        self.time.launch(seconds)
+
     def settle(self) -> None:
         """Bring the calling rank's host up to date with the compute it waits for (see ``RankTime.settle``)."""
         self.time.settle()

@@ -2,5 +2,15 @@
 
 from simdist.compute.cost import ComputeCostMode, estimate, op_cost, op_flops
 from simdist.compute.devices import DEVICES, DeviceSpec, get_device
+from simdist.compute.gemm import GemmShapeModel
 
-__all__ = ["DEVICES", "ComputeCostMode", "DeviceSpec", "estimate", "get_device", "op_cost", "op_flops"]
+__all__ = [
+    "DEVICES",
+    "ComputeCostMode",
+    "DeviceSpec",
+    "GemmShapeModel",
+    "estimate",
+    "get_device",
+    "op_cost",
+    "op_flops",
+]

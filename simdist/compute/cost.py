@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from math import prod
 from typing import Any
 
@@ -11,6 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from simdist.compute.devices import DeviceSpec, get_device
+from simdist.compute.fusion import FusedRegion, is_pointwise
 from simdist.cuda.pinned import ASKS as PINNED_OPS
 from simdist.cuda.rank import RankCuda
 from simdist.cuda.tensor import rewrap, unwrap
@@ -42,6 +44,17 @@ def _addmm(args: Sequence[Any], out: Any) -> tuple[float, torch.dtype]:
 def _addbmm(args: Sequence[Any], out: Any) -> tuple[float, torch.dtype]:
     a = args[1]  # addbmm(self, batch1[B,M,K], batch2[B,K,N]) -> [M,N], summed over the batch
     return 2.0 * out.numel() * a.shape[0] * a.shape[2], a.dtype
+
+
+def _grouped_mm(args: Sequence[Any], out: Any) -> tuple[float, torch.dtype]:
+    # _grouped_mm / _scaled_grouped_mm(self, mat2, ..., offs): each output element is a dot product over the
+    # contracted dimension, self's last, except where both operands are 2-D: then offs cuts that dimension into
+    # the groups, and the output holds one [M, N] block per group, each a product over its share of it.
+    a, b = args[0], args[1]
+    k = a.shape[-1]
+    if a.dim() == 2 and b.dim() == 2:
+        return 2.0 * out.numel() * k / out.shape[0], a.dtype
+    return 2.0 * out.numel() * k, a.dtype
 
 
 def _mv(args: Sequence[Any], out: Any) -> tuple[float, torch.dtype]:
@@ -159,6 +172,9 @@ _SDPA_KERNELS = (
 _FLOP_FORMULAS: dict[str, _FlopFn] = {
     _aten("mm"): _mm,
     _aten("_int_mm"): _mm,
+    _aten("_scaled_mm"): _mm,  # FP8 operands, with their scales: at the operand dtype's (FP8) rate
+    _aten("_grouped_mm"): _grouped_mm,
+    _aten("_scaled_grouped_mm"): _grouped_mm,
     _aten("addmm"): _addmm,
     _aten("_addmm_activation"): _addmm,
     _aten("bmm"): _mm,
@@ -208,6 +224,23 @@ _TF32_SWITCHES: dict[str, Callable[[], bool]] = {
     _aten("convolution"): _cudnn_tf32,
     _aten("convolution_backward"): _cudnn_tf32,
 }
+
+#: the matmuls a GPU runs as tiled GEMM kernels: priced through the device's shape model where it has one
+_GEMMS: frozenset[str] = frozenset(
+    _aten(n)
+    for n in (
+        "mm",
+        "_int_mm",
+        "_scaled_mm",
+        "_grouped_mm",
+        "_scaled_grouped_mm",
+        "addmm",
+        "_addmm_activation",
+        "bmm",
+        "baddbmm",
+        "addbmm",
+    )
+)
 
 #: ops that read only the elements they gather from their first input (an embedding's rows, not its table):
 #: that input counts as at most the output's bytes
@@ -261,7 +294,7 @@ _NO_COMPUTE_NAMESPACES: frozenset[str] = frozenset(
 class _OpInfo:
     """What op_cost needs to know about one OpOverload, computed once per overload."""
 
-    __slots__ = ("flops", "free", "gathers", "name", "out_args", "tf32")
+    __slots__ = ("flops", "free", "gathers", "gemm", "name", "out_args", "pointwise", "tf32")
 
     def __init__(self, func: torch._ops.OpOverload) -> None:
         schema = func._schema
@@ -271,6 +304,8 @@ class _OpInfo:
         self.flops: _FlopFn | None = _FLOP_FORMULAS.get(self.name)
         self.tf32: Callable[[], bool] | None = _TF32_SWITCHES.get(self.name)
         self.gathers: bool = self.name in _GATHERS
+        self.gemm: bool = self.name in _GEMMS
+        self.pointwise: bool = is_pointwise(func)
         # out= arguments are written, not read: they are counted once, through the returned value.
         self.out_args: frozenset[str] = frozenset(a.name for a in schema.arguments if a.is_out)
 
@@ -329,8 +364,26 @@ def _info_cost(
         tf32 = (
             device.tf32_flops is not None and dtype == torch.float32 and info.tf32 is not None and info.tf32()
         )
-        seconds = max(seconds, flops / device.flops_for(dtype, tf32=tf32))
+        rate = device.flops_for(dtype, tf32=tf32)
+        if info.gemm and device.gemm is not None and isinstance(out, tensor) and out.dim() >= 2 and flops > 0:
+            seconds = _gemm_seconds(device, out, flops, rate, moved)
+        else:
+            seconds = max(seconds, flops / rate)
     return seconds + device.launch_overhead
+
+
+def _gemm_seconds(device: DeviceSpec, out: torch.Tensor, flops: float, rate: float, moved: float) -> float:
+    """A matmul's time under the device's shape model: its output [..., M, N] in tiles and waves, its depth K the
+    FLOPs per output element over 2 (for a grouped GEMM, the mean over its groups)."""
+    shape = out.shape
+    m, n = shape[-2], shape[-1]
+    batch = out.numel() // (m * n) if m * n else 0
+    if not batch:
+        return moved / device.memory_bandwidth
+    k = flops / (2.0 * out.numel())
+    return device.gemm.seconds(  # type: ignore[union-attr]
+        batch, m, n, k, rate, moved, device.memory_bandwidth, device.multiprocessors
+    )
 
 
 def op_cost(
@@ -379,9 +432,13 @@ class ComputeCostMode(TorchDispatchMode):
         after: Callable[[Any, Sequence[Any], dict[str, Any] | None, Any], None] | None = None,
         cuda: RankCuda | None = None,
         reserve: Callable[[int, Any], None] | None = None,
+        launch: Callable[[float], None] | None = None,
     ) -> None:
         super().__init__()
         self.device = device
+        #: called with the host's seconds to launch each kernel before it is charged (the device's
+        #: ``host_overhead``; a run's host time), where the device has one
+        self._launch = launch if device.host_overhead > 0 else None
         #: charge ops on meta tensors as if they ran (pricing shapes without data, as ``estimate`` does);
         #: otherwise meta tensors, like fake ones, are tracing or shape propagation, and cost nothing
         self._price_meta = price_meta
@@ -397,6 +454,10 @@ class ComputeCostMode(TorchDispatchMode):
         #: called with the bytes an op will allocate on a simulated GPU and the op, before it runs (memory
         #: accounting's out-of-memory check)
         self._reserve = reserve
+        #: the outermost region torch.compile compiled that the thread is in (its elementwise chains are fused),
+        #: and how deep
+        self._region: FusedRegion | None = None
+        self._depth = 0
 
     @never_compiled
     def __torch_dispatch__(
@@ -422,11 +483,39 @@ class ComputeCostMode(TorchDispatchMode):
         if not self._zero_cost and not _without_data(out, self._price_meta):
             info = _op_info(func)
             if not info.free:
+                if self._region is not None:
+                    if info.pointwise:
+                        self._region.pointwise(info.name, args, kwargs, out)
+                        return out
+                    self._region.other(args, kwargs)
                 seconds = _info_cost(info, args, kwargs, out, self.device)
                 # symbolic shapes (torch.export tracing) give a symbolic cost: no kernel runs, nothing is charged
                 if type(seconds) in (int, float) and seconds > 0:
-                    self._charge(seconds, info.name)
+                    self._kernel(seconds, info.name)
         return out
+
+    def _kernel(self, seconds: float, name: str) -> None:
+        """Charge one kernel of ``seconds`` on the device, after the host has launched it."""
+        if self._launch is not None:
+            self._launch(self.device.host_overhead)
+        self._charge(seconds, name)
+
+    @contextlib.contextmanager
+    def fusing(self) -> Iterator[None]:
+        """A region ``torch.compile`` compiled runs: its chains of elementwise ops are charged as one kernel each
+        when it returns (see simdist.compute.fusion); a region inside another is part of it."""
+        self._depth += 1
+        if self._region is None:
+            self._region = FusedRegion()
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if not self._depth:
+                region, self._region = self._region, None
+                if not self._zero_cost:
+                    for name, moved in region.close():
+                        self._kernel(moved / self.device.memory_bandwidth + self.device.launch_overhead, name)
 
     def _pinned(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         """``is_pinned``, ``pin_memory()`` or a factory with ``pin_memory=True``: answered from, or recorded in, the
@@ -454,6 +543,8 @@ class ComputeCostMode(TorchDispatchMode):
         if self._zero_cost or _without_data(out, self._price_meta):
             return result
         copy = transfer(call, out)
+        if copy is not None and self._region is not None:
+            self._region.other(call.args, call.kwargs)
         if copy is not None:
             if copy.pins:
                 cuda.pinned.add(out)
@@ -466,9 +557,16 @@ class ComputeCostMode(TorchDispatchMode):
             return result
         info = _op_info(func)
         if not info.free:
+            if self._region is not None:
+                if info.pointwise:
+                    self._region.pointwise(info.name, call.args, call.kwargs, out)
+                    if cuda.on_kernel is not None:
+                        cuda.on_kernel(call, out)
+                    return result
+                self._region.other(call.args, call.kwargs)
             seconds = _info_cost(info, call.args, call.kwargs, out, self.device)
             if type(seconds) in (int, float) and seconds > 0:
-                self._charge(seconds, info.name)
+                self._kernel(seconds, info.name)
                 if cuda.on_kernel is not None:
                     cuda.on_kernel(call, out)
         return result

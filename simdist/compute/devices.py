@@ -11,12 +11,16 @@ from typing import Any
 
 import torch
 
+from simdist.compute.gemm import GemmShapeModel
 from simdist.errors import ClusterSpecError
 
-# Fixed cost charged for every kernel, in seconds. Not a datasheet figure: it is an order-of-magnitude estimate
-# of CUDA kernel launch latency (a few microseconds) plus eager PyTorch dispatch for one op, which together
-# put a floor under small ops on a real GPU. Override per device with dataclasses.replace() when calibrating.
+# Fixed time every kernel takes on the device beyond its roofline, in seconds. Not a datasheet figure: an
+# estimate of what puts a floor under small ops on a real GPU (an H100 ran small elementwise kernels queued
+# ahead in 4.5-4.6 us, benchmarks/gpu/results/h100-2026-11-26). Override per device with dataclasses.replace().
 DEFAULT_LAUNCH_OVERHEAD = 5e-6
+#: the host's seconds per op an eager PyTorch program launches on an H100 machine: the median host time per call
+#: of the 15 elementwise cases of benchmarks/gpu/results/h100-2026-11-26 (6.2 to 8.6 us; matmuls took 9 to 38)
+MEASURED_HOST_OVERHEAD = 7.0e-6
 
 #: bytes/s one direction of a PCIe 4.0 x16 link carries (16 GT/s x 16 lanes, 128b/130b coding: 31.5 GB/s; the A100
 #: datasheet's "PCIe Gen4: 64 GB/s" counts both directions): the default host link of a device
@@ -29,7 +33,8 @@ PCIE5_X16 = 64e9
 @dataclass(frozen=True)
 class DeviceSpec:
     """One accelerator: FLOP/s per dtype (the rate a large matmul runs at), HBM bandwidth (bytes/s), launch
-    overhead (seconds per kernel), memory capacity (bytes; ``math.inf`` for no limit), the TF32 tensor-core
+    overhead (seconds each kernel takes on the device beyond its roofline), the host's seconds per kernel it
+    launches, memory capacity (bytes; ``math.inf`` for no limit), the TF32 tensor-core
     rate (FLOP/s; None for none), the host link's bandwidth (bytes/s each way, what host<->device copies run
     at), and what ``torch.cuda`` reports of it in a run that emulates CUDA (its name, compute capability and
     multiprocessor count).
@@ -58,6 +63,13 @@ class DeviceSpec:
     compute_capability: tuple[int, int] = (8, 0)
     #: ``torch.cuda.get_device_properties().multi_processor_count``
     multiprocessors: int = 108
+    #: how matmuls fall short of ``peak_flops`` by shape (tiles and waves over ``multiprocessors``, split-K, the
+    #: memory-bound regime); None: every matmul runs at the roofline, max(flops / peak, bytes / bandwidth)
+    gemm: GemmShapeModel | None = None
+    #: seconds of host time to launch one kernel (eager PyTorch's dispatch and the launch call), in a run whose
+    #: host runs ahead of its device: the host's time, overlapping with the device's work, and a kernel starts no
+    #: earlier than its launch ends; 0: the host launches in no time
+    host_overhead: float = 0.0
     _zero_cost: bool = field(init=False, repr=False, compare=False, hash=False, default=False)
 
     def __post_init__(self) -> None:
@@ -81,6 +93,11 @@ class DeviceSpec:
             raise ClusterSpecError(
                 f"device {self.name!r}: launch_overhead must be a finite number of seconds >= 0, "
                 f"found {self.launch_overhead!r}"
+            )
+        if not (self.host_overhead >= 0 and math.isfinite(self.host_overhead)):
+            raise ClusterSpecError(
+                f"device {self.name!r}: host_overhead must be a finite number of seconds >= 0, "
+                f"found {self.host_overhead!r}"
             )
         capacity = self.memory_capacity
         if isinstance(capacity, bool) or not isinstance(capacity, (int, float)) or not capacity > 0:
@@ -119,12 +136,17 @@ class DeviceSpec:
             raise ClusterSpecError(
                 f"device {self.name!r}: multiprocessors must be a positive int, found {self.multiprocessors!r}"
             )
+        if self.gemm is not None and not isinstance(self.gemm, GemmShapeModel):
+            raise ClusterSpecError(
+                f"device {self.name!r}: gemm must be a simdist.compute.GemmShapeModel or None, found {self.gemm!r}"
+            )
         if not isinstance(self.cuda_name, str):
             raise ClusterSpecError(f"device {self.name!r}: cuda_name must be a str, found {self.cuda_name!r}")
         # Copy into a read-only view so the frozen spec cannot change under a running simulation.
         object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
         zero = (
             self.launch_overhead == 0
+            and self.host_overhead == 0
             and math.isinf(self.memory_bandwidth)
             and all(math.isinf(f) for f in self.peak_flops.values())
             and (self.tf32_flops is None or math.isinf(self.tf32_flops))
@@ -149,6 +171,8 @@ class DeviceSpec:
                 self.cuda_name,
                 self.compute_capability,
                 self.multiprocessors,
+                self.gemm,
+                self.host_overhead,
             ),
         )
 
@@ -226,6 +250,12 @@ _MEASURED_ON_H100 = (
     "digits; FP64, FP8 and INT8 not measured: datasheet dense rates"
 )
 
+_SHAPE_AND_HOST = (
+    "GEMM shape model (tiles, waves, split-K, skinny shapes at 80% of the bandwidth) fitted to the 37 matmuls of "
+    "benchmarks/gpu/results/h100-2026-11-26; host overhead 7.0 us per kernel measured there (the median host time "
+    "per call of its elementwise cases)"
+)
+
 H100 = DeviceSpec(
     name="H100",
     peak_flops=_HOPPER_SXM_FLOPS,
@@ -236,12 +266,15 @@ H100 = DeviceSpec(
         f"{_MEASURED_ON_H100}; HBM bandwidth measured: the median achieved bandwidth of add, mul and gelu on "
         "2^27 elements in bf16 and fp32 (2819/2984/3023/3026/3031/3031 GB/s -> 3.02 TB/s; datasheet 3.35 TB/s); "
         "memory 80 GB HBM3 as on the NVIDIA H100 datasheet, SXM column; name, compute capability 9.0 and 132 SMs "
-        "as torch.cuda reported them on that H100; host link PCIe Gen5 x16 (datasheet: 128 GB/s both ways)"
+        "as torch.cuda reported them on that H100; host link PCIe Gen5 x16 (datasheet: 128 GB/s both ways); "
+        f"{_SHAPE_AND_HOST}"
     ),
     host_link_bandwidth=PCIE5_X16,
     cuda_name="NVIDIA H100 80GB HBM3",
     compute_capability=(9, 0),
     multiprocessors=132,
+    gemm=GemmShapeModel(),
+    host_overhead=MEASURED_HOST_OVERHEAD,
 )
 
 H200 = DeviceSpec(
@@ -256,12 +289,15 @@ H200 = DeviceSpec(
         "not measured on an H200: the H200 SXM datasheet's 4.8 TB/s scaled by the H100's measured/datasheet "
         "ratio 3.02/3.35 (4.33 TB/s); memory 141 GB HBM3e as on the NVIDIA H200 datasheet, SXM column; compute "
         "capability 9.0 and 132 SMs of the GH100 die as configured on the SXM parts (NVIDIA H100 Tensor Core GPU "
-        "Architecture whitepaper); host link PCIe Gen5 x16 (datasheet: 128 GB/s both ways)"
+        "Architecture whitepaper); host link PCIe Gen5 x16 (datasheet: 128 GB/s both ways); "
+        f"{_SHAPE_AND_HOST}"
     ),
     host_link_bandwidth=PCIE5_X16,
     cuda_name="NVIDIA H200",
     compute_capability=(9, 0),
     multiprocessors=132,
+    gemm=GemmShapeModel(),
+    host_overhead=MEASURED_HOST_OVERHEAD,
 )
 
 _AMPERE_SXM_FLOPS = {
@@ -282,12 +318,14 @@ A100 = DeviceSpec(
     source=(
         "NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM column (80 GB HBM2e, 2,039 GB/s; PCIe Gen4: 64 GB/s "
         "both ways); compute capability 8.0 and 108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper); "
-        "not measured"
+        f"not measured; {_SHAPE_AND_HOST} (not measured on an A100)"
     ),
     host_link_bandwidth=PCIE4_X16,
     cuda_name="NVIDIA A100-SXM4-80GB",
     compute_capability=(8, 0),
     multiprocessors=108,
+    gemm=GemmShapeModel(),
+    host_overhead=MEASURED_HOST_OVERHEAD,
 )
 
 A100_40GB = DeviceSpec(
@@ -299,12 +337,14 @@ A100_40GB = DeviceSpec(
     source=(
         "NVIDIA A100 Tensor Core GPU datasheet, A100 40GB SXM column (40 GB HBM2, 1,555 GB/s; PCIe Gen4: 64 GB/s "
         "both ways); compute capability 8.0 and 108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper); "
-        "not measured"
+        f"not measured; {_SHAPE_AND_HOST} (not measured on an A100)"
     ),
     host_link_bandwidth=PCIE4_X16,
     cuda_name="NVIDIA A100-SXM4-40GB",
     compute_capability=(8, 0),
     multiprocessors=108,
+    gemm=GemmShapeModel(),
+    host_overhead=MEASURED_HOST_OVERHEAD,
 )
 
 CPU = DeviceSpec(

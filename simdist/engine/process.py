@@ -4,7 +4,7 @@ Environment variables as torchrun sets them (a per-rank view of ``os.environ``),
 process (its clock, process id and, when the run gives one, command line: :mod:`simdist.engine.rank_process`;
 its ``sys.stdout`` and ``sys.stderr`` when they are prefixed or filtered: :mod:`simdist.engine.rank_output`),
 torch's thread count,
-global RNG and default dtype, CPU pinning, garbage-collector settings, CPU-only seeding, the ``"simdist"`` backend's
+global RNG, default dtype and float32 precision switches (TF32), CPU pinning, garbage-collector settings, CPU-only seeding, the ``"simdist"`` backend's
 installation in torch.distributed, and the process-wide calls rank code may make as if it were a process of
 its own: ``os._exit`` (ends the rank, not the simulator's process), ``signal.signal`` (a handler per rank) and
 ``time.sleep`` (the rank waits in simulated time, handing the others the baton), ``torch.cuda.synchronize`` and
@@ -31,6 +31,8 @@ from simdist.comm.context import RunContext
 from simdist.comm.races import direct_read
 from simdist.cudart import state as cuda_state
 from simdist.cudart.api import seed_devices
+from simdist.engine.compiled import fusing_compile
+from simdist.engine.precision import RankPrecision
 from simdist.engine.rank_output import RankStream
 from simdist.engine.rank_process import RankArgv, rank_clocks, rank_getpid, rank_mains
 from simdist.errors import RankExit
@@ -86,6 +88,11 @@ def run_context(ctx: RunContext, n: int, local_world: int) -> Iterator[RankProce
         "os.getpid": rank_getpid(),
     }
     patches.update({f"time.{name}": clock for name, clock in rank_clocks(ctx.now).items()})
+    # TF32 and matmul precision switches per rank: the cost model and the CPU's oneDNN matmuls read them
+    precision = RankPrecision()
+    ctx.baton.per_rank.append(precision)
+    patches.update(precision.setters())
+    patches["torch.compile"] = fusing_compile(torch.compile)
     if ctx.time.host_runs_ahead or ctx.races.enabled:
         patches.update({f"torch.Tensor.{name}": _host_read(ctx, name) for name in HOST_READS})
     options = ctx.options
@@ -112,6 +119,7 @@ def run_context(ctx: RunContext, n: int, local_world: int) -> Iterator[RankProce
     finally:
         gc.unfreeze()
         gc.set_threshold(*gc_threshold)
+        precision.restore()
         torch.set_rng_state(rng)
         torch.set_default_dtype(dtype)
         torch.set_num_threads(threads)

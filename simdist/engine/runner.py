@@ -289,6 +289,7 @@ def _run(fn: Callable[..., Any], cluster: Cluster | str, args: tuple, kwargs: di
             mode = ComputeCostMode(
                 device if options.compute else CPU,
                 sim.charge,
+                launch=sim.launch,
                 before=races.check if races is not None else None,
                 after=tracker.after if tracker is not None else None,
                 cuda=cuda[rank],
@@ -301,12 +302,15 @@ def _run(fn: Callable[..., Any], cluster: Cluster | str, args: tuple, kwargs: di
             mode = ComputeCostMode(
                 device if options.compute else CPU,
                 sim.charge,
+                launch=sim.launch,
                 before=races.check if races is not None else None,
                 after=trackers[rank].after,
             )
             return _entered(trackers[rank].entered(), mode)
         if options.compute and not device.is_zero_cost:
-            return ComputeCostMode(device, sim.charge, before=races.check if races is not None else None)
+            return ComputeCostMode(
+                device, sim.charge, before=races.check if races is not None else None, launch=sim.launch
+            )
         return races if races is not None else contextlib.nullcontext()
 
     def target(rank: int) -> Any:

@@ -378,6 +378,14 @@ def _default_dtype_per_rank() -> list:
     return [torch.ones(1).dtype, torch.get_default_dtype()]
 
 
+def _tf32_per_rank() -> list:
+    if dist.get_rank() == 0:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.set_float32_matmul_precision("medium")
+    dist.barrier()  # rank 1 reads its switches between rank 0's change and its return
+    return [torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()]
+
+
 async def _async_step() -> None:
     dist.barrier()
 
@@ -614,6 +622,16 @@ CASES: list[Case] = [
         "rank 0 calls torch.set_default_dtype(torch.float64); rank 1 creates tensors meanwhile",
         lambda: simdist.run(_default_dtype_per_rank, RING2),
         check=lambda r: (r.returns == [[torch.float64] * 2, [torch.float32] * 2] and torch.get_default_dtype() == torch.float32)
+        or pytest.fail(str(r.returns)),
+    ),
+    Case(
+        "tf32-per-rank",
+        "rank 0 allows TF32 and sets float32 matmul precision 'medium'; rank 1 reads its own switches meanwhile",
+        lambda: simdist.run(_tf32_per_rank, RING2),
+        check=lambda r: (
+            r.returns == [[True, "medium"], [False, "highest"]]
+            and (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()) == (False, "highest")
+        )
         or pytest.fail(str(r.returns)),
     ),
     Case(
