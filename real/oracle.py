@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from real.emulated_cuda import EmulatedCuda
 from real.launcher import run as real_run
 from simdist.engine.runner import run as sim_run
 from simdist.network.cluster import Cluster
@@ -52,15 +53,19 @@ def check_final_state(
     shards: Mapping[str, int | tuple[int, int]] | None = None,
     loss: str | None = "mean",
     timeout: float = 300.0,
+    emulate_cuda: bool | EmulatedCuda = False,
 ) -> EquivalenceReport:
     """Run ``parallel`` on ``nproc`` real processes, ``reference`` on one simulated rank; compare their last steps.
 
     The arguments mean what they mean for :func:`simdist.check_equivalence`; ``parallel`` must reach the
     processes by reference, as :func:`real.run` requires (a top-level function). The report's ``steps`` is the
-    number of steps taken; a divergence is reported at the last one.
+    number of steps taken; a divergence is reported at the last one. ``backend`` and ``emulate_cuda`` are
+    :func:`real.run`'s: a program written for GPUs runs on a machine without them with ``backend="nccl",
+    emulate_cuda=True``.
     """
     opts = OracleOptions(exact=exact, tolerances=tolerances, names=names, ignore=ignore, shards=shards, loss=loss)
-    got = real_run(final_state, nproc, backend, args=(parallel, seed, args, kwargs or {}), timeout=timeout)
+    got = real_run(final_state, nproc, backend, args=(parallel, seed, args, kwargs or {}), timeout=timeout,
+                   emulate_cuda=emulate_cuda)
     capture = Capture()
     # the capture sees the reference's rank alone: checks and plain runs in other threads stay out of it
     with capture.installed(everywhere=False):

@@ -85,3 +85,20 @@ def test_a_fault_in_a_gpu_program_is_found_at_its_step_and_tensor() -> None:
     assert where is not None, str(rep)
     assert where.op == "aten._foreach_add_" and where.phase == "optimizer", str(rep)
     assert where.ranks == (1,), str(rep)
+
+
+@pytest.mark.real
+def test_a_gpu_program_on_real_processes_emulating_cuda_is_compared_with_its_reference() -> None:
+    from real.oracle import check_final_state
+
+    # the program creates its own NCCL group, which real creates for it (over gloo) when emulating CUDA
+    clean = check_final_state(
+        on_gpus, reference, 2, backend="nccl", emulate_cuda=True, args=(None,), reference_args=(2,)
+    )
+    assert clean.ok, str(clean)
+    assert clean.steps == STEPS
+    faulty = check_final_state(
+        on_gpus, reference, 2, backend="nccl", emulate_cuda=True, args=(1,), reference_args=(2,)
+    )
+    assert not faulty.ok
+    assert any(d.kind == "replica" and d.name == "0.weight" for d in faulty.divergences), str(faulty)
