@@ -9,6 +9,7 @@ equivalence oracle's float32 tolerance (observed differences ~1e-8).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import subprocess
@@ -698,8 +699,9 @@ print(json.dumps(simdist.run(rank, cluster, compute=False).returns))
 """
 
 
+@functools.cache
 def _outside_forward(device: str) -> list[dict[str, Any]]:
-    """OUTSIDE_FORWARD's returns by rank, run for ``device`` in a process of its own."""
+    """OUTSIDE_FORWARD's returns by rank, run for ``device`` in a process of its own (once per test process)."""
     # a read of the freed memory used to end the process (SIGSEGV)
     command = [sys.executable, "-c", OUTSIDE_FORWARD, device]
     done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)
