@@ -803,3 +803,32 @@ def test_fsdp_on_real_gloo_processes_equals_the_single_process_model() -> None:
     for diffs in out:
         assert set(diffs) == {n for n, _ in ff.make_net(spec, 0).named_parameters()}
         assert max(diffs.values()) < 1e-6
+
+
+class _HalfUsed(nn.Module):
+    """Two layers, of which forward uses the first only: the second's weight gets no gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used, self.unused = nn.Linear(8, 8, bias=False), nn.Linear(8, 8, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
+
+
+def _unused_unit_on_gpu() -> tuple[int, torch.Tensor]:
+    torch.cuda.set_device(dist.get_rank())
+    with torch.device("cuda"):  # made on the GPU: any copy from the host is FSDP's
+        model = FSDP(_HalfUsed())
+        model(torch.ones(2, 8)).sum().backward()
+    model.finish_gradient_synchronization()
+    grad = dict(model.named_parameters())["unused.weight"].grad
+    return str(grad.device), grad
+
+
+def test_a_unit_without_a_gradient_on_a_gpu_reduces_zeros_made_on_that_gpu() -> None:
+    res = simdist.run(_unused_unit_on_gpu, simdist.Cluster.switch(2, device="H100"))
+    for rank, (device, grad) in enumerate(res.returns):
+        assert device == f"cuda:{rank}" and not grad.any()
+    # zeros made on the host would cross the host link before the reduce-scatter, as on a GPU
+    assert [s for s in res.trace.spans if s.name.startswith("Memcpy")] == []
