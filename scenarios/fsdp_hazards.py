@@ -2,10 +2,14 @@
 
 The design scatters gradients into shards from backward hooks and offers helpers that scatter, accumulate and
 verify them. Each of its hazards is kept in ``FSDP(..., hazards=Hazards(...))`` with the correct behaviour as
-the default. Every case trains a small float64 model for a few SGD steps on 4 ranks, the correct way and the
-hazardous way, and compares each with the single-process model trained on the full batch through the
-equivalence oracle (``simdist.check_equivalence``): the first divergent step and tensor, what differs, the
-largest parameter difference after the last step, and the loss by step.
+the default. Every case trains a small float64 model for a few SGD steps on 4 GPUs of a simulated DGX-H100
+node, the correct way and the hazardous way, and compares each with the single-process model trained on the
+full batch on the CPU through the equivalence oracle (``simdist.check_equivalence``): the first divergent step
+and tensor, what differs, the largest parameter difference after the last step, and the loss by step.
+
+Every rank function is written as for torchrun on GPUs: NCCL, the GPU its LOCAL_RANK names, the model and each
+batch copied to it, the step timed with CUDA events and its memory read from ``torch.cuda``; on simulated H100s
+they run on this machine's CPU.
 
 (a) ``scatter_multiple`` run as from a thread pool, so each rank issues its reduce-scatters in its own order:
     units of different sizes make a collective mismatch that names the ranks and calls, under NCCL-like and
@@ -22,10 +26,10 @@ largest parameter difference after the last step, and the loss by step.
 (f) The optimizer stepping before the reduce-scatters finished (``finish_gradient_synchronization()``
     forgotten): the race detector names the reduce-scatter in flight and the optimizer's read of its output.
 
-With ``--real`` every case also runs on real gloo processes (one per rank, through ``real``): the same errors,
-and the final state compared with the reference's (``real.oracle.check_final_state``) must agree with the
-simulated verdict. The race of (f) is a finding of the simulation only; on real processes its outcome depends
-on timing, and is shown without a verdict.
+With ``--real`` every case also runs on real gloo processes (one per rank, through ``real``, each emulating its
+GPU): the same errors, and the final state compared with the reference's (``real.oracle.check_final_state``)
+must agree with the simulated verdict. The race of (f) is a finding of the simulation only; on real processes
+its outcome depends on timing, and is shown without a verdict.
 
 Then the step time and the in-step peak memory per rank of torch's DDP, FSDP and FSDP without resharding on one
 simulated DGX-H100 node; the HTML report fsdp_hazards.html (in the output directory, reports/ by default) has
@@ -37,6 +41,7 @@ Usage: python scenarios/fsdp_hazards.py [--seed N] [--real] [--out DIR]
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from dataclasses import dataclass, field, replace
@@ -63,6 +68,14 @@ CLIP = 0.05
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
 
 
+def setup() -> torch.device:
+    """What a script launched by torchrun on GPUs does first: NCCL, and the GPU its LOCAL_RANK names."""
+    dist.init_process_group("nccl")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
 # ------------------------------------------------------------------------------------------- models, data
 def build(kind: str, seed: int) -> nn.Sequential:
     """The single-process model: "mixed" (6 -> 7 -> 5, sizes that leave padding in the last shard on 4 ranks)
@@ -76,6 +89,7 @@ def build(kind: str, seed: int) -> nn.Sequential:
 
 
 def batch(kind: str, step: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step ``step``'s global batch (inputs, targets) as a data loader gives it: on the host."""
     g = torch.Generator().manual_seed(seed * 1000 + step)
     d_in, d_out = (6, 5) if kind == "mixed" else (8, 8)
     x = torch.randn(BATCH, d_in, generator=g, dtype=torch.float64)
@@ -128,16 +142,18 @@ def clip_by_global_norm(model: FSDP, max_norm: float) -> None:
 
 
 def train(layout: Layout, seed: int) -> dict[str, Any]:
-    """A rank: its rows of each step, FSDP over the model, SGD on the local shards; its losses and full parameters."""
+    """A rank: its rows of each step, FSDP over the model on its GPU, SGD on the local shards; its losses and
+    full parameters."""
+    device = setup()
     rank, world = dist.get_rank(), dist.get_world_size()
     shard = every_parameter if layout.scatter == "manual" or layout.shard_all else None
-    model = FSDP(build(layout.kind, seed), shard=shard, hazards=layout.hazards)
-    full = build(layout.kind, seed) if layout.scatter == "manual" else None
+    model = FSDP(build(layout.kind, seed).to(device), shard=shard, hazards=layout.hazards)
+    full = build(layout.kind, seed).to(device) if layout.scatter == "manual" else None
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
     for step in range(layout.steps):
         x, y = batch(layout.kind, step, seed)
-        x, y = x.chunk(world)[rank], y.chunk(world)[rank]
+        x, y = x.chunk(world)[rank].to(device), y.chunk(world)[rank].to(device)
         opt.zero_grad()
         if full is None:
             loss = F.mse_loss(model(x), y)
@@ -153,7 +169,9 @@ def train(layout: Layout, seed: int) -> dict[str, Any]:
     return {"losses": losses, "params": model.gather_full_params()}
 
 
-def manual_step(layout: Layout, model: FSDP, full: nn.Module, x: torch.Tensor, y: torch.Tensor, rank: int) -> float:
+def manual_step(
+    layout: Layout, model: FSDP, full: nn.Module, x: torch.Tensor, y: torch.Tensor, rank: int
+) -> float:
     """The original design's way: a full replica's gradients scattered into the shards by the hook helpers."""
     replicas_from(model, full)
     total = 0.0
@@ -175,7 +193,8 @@ def manual_step(layout: Layout, model: FSDP, full: nn.Module, x: torch.Tensor, y
 
 
 def reference(layout: Layout, seed: int) -> dict[str, Any]:
-    """The single-process model on the full batch, the mean loss (clipped in case d)."""
+    """The oracle: one process (here on the CPU) trains the model on the full batch, the mean loss (clipped in
+    case d)."""
     model = build(layout.kind, seed)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
@@ -197,46 +216,107 @@ SQUARE = replace(MANUAL, kind="square")
 PER_RANK = Hazards(scatter_order="per_rank")
 
 CASES = [
-    Case("a", "scatter_multiple in each rank's own order", (
-        Variant("units of different sizes, NCCL-like", replace(MANUAL, hazards=PER_RANK), "raises",
-                ("does not match across ranks", "reduce_scatter"), "CollectiveMismatchError"),
-        Variant("units of different sizes, gloo-like", replace(MANUAL, hazards=PER_RANK, progress="gloo"),
-                "raises", ("does not match across ranks", "reduce_scatter"), "CollectiveMismatchError"),
-        Variant("units of one size", replace(SQUARE, hazards=PER_RANK), "diverges", ("0.weight",), "grad"),
-        Variant("one fixed order", SQUARE, "equal"),
-    )),
-    Case("b", "units and gradients paired by position", (
-        Variant("paired by position", replace(SQUARE, backward_order=True, hazards=Hazards(pair_by="position")),
-                "diverges", ("0.weight", "6.weight"), "grad"),
-        Variant("paired by name", replace(SQUARE, backward_order=True), "equal"),
-    )),
-    Case("c", "accumulating a full gradient into a shard", (
-        Variant("truncated", replace(MANUAL, micro=2, then="accumulate", hazards=Hazards(accumulate="truncate")),
-                "diverges", ("0.weight",), "grad"),
-        Variant("strict", replace(MANUAL, micro=2, then="accumulate"), "raises", ("0.weight", "shard"),
-                "ValueError"),
-        Variant("scattered every micro-step", replace(MANUAL, micro=2), "equal"),
-    )),
-    Case("d", "stale padding in the last shard, global-norm clipping", (
-        Variant("padding not zeroed", Layout(clip=True, shard_all=True, hazards=Hazards(zero_padding=False)),
-                "diverges", ("2.weight",), "grad"),
-        Variant("padding zeroed", Layout(clip=True, shard_all=True), "equal"),
-    )),
-    Case("e", "reduce-scatter summed, not averaged", (
-        Variant("summed", Layout(hazards=Hazards(average=False)), "diverges", ("2.weight",), "grad",
-                scale=float(WORLD)),
-        Variant("averaged", Layout(), "equal"),
-    )),
+    Case(
+        "a",
+        "scatter_multiple in each rank's own order",
+        (
+            Variant(
+                "units of different sizes, NCCL-like",
+                replace(MANUAL, hazards=PER_RANK),
+                "raises",
+                ("does not match across ranks", "reduce_scatter"),
+                "CollectiveMismatchError",
+            ),
+            Variant(
+                "units of different sizes, gloo-like",
+                replace(MANUAL, hazards=PER_RANK, progress="gloo"),
+                "raises",
+                ("does not match across ranks", "reduce_scatter"),
+                "CollectiveMismatchError",
+            ),
+            Variant(
+                "units of one size", replace(SQUARE, hazards=PER_RANK), "diverges", ("0.weight",), "grad"
+            ),
+            Variant("one fixed order", SQUARE, "equal"),
+        ),
+    ),
+    Case(
+        "b",
+        "units and gradients paired by position",
+        (
+            Variant(
+                "paired by position",
+                replace(SQUARE, backward_order=True, hazards=Hazards(pair_by="position")),
+                "diverges",
+                ("0.weight", "6.weight"),
+                "grad",
+            ),
+            Variant("paired by name", replace(SQUARE, backward_order=True), "equal"),
+        ),
+    ),
+    Case(
+        "c",
+        "accumulating a full gradient into a shard",
+        (
+            Variant(
+                "truncated",
+                replace(MANUAL, micro=2, then="accumulate", hazards=Hazards(accumulate="truncate")),
+                "diverges",
+                ("0.weight",),
+                "grad",
+            ),
+            Variant(
+                "strict",
+                replace(MANUAL, micro=2, then="accumulate"),
+                "raises",
+                ("0.weight", "shard"),
+                "ValueError",
+            ),
+            Variant("scattered every micro-step", replace(MANUAL, micro=2), "equal"),
+        ),
+    ),
+    Case(
+        "d",
+        "stale padding in the last shard, global-norm clipping",
+        (
+            Variant(
+                "padding not zeroed",
+                Layout(clip=True, shard_all=True, hazards=Hazards(zero_padding=False)),
+                "diverges",
+                ("2.weight",),
+                "grad",
+            ),
+            Variant("padding zeroed", Layout(clip=True, shard_all=True), "equal"),
+        ),
+    ),
+    Case(
+        "e",
+        "reduce-scatter summed, not averaged",
+        (
+            Variant(
+                "summed",
+                Layout(hazards=Hazards(average=False)),
+                "diverges",
+                ("2.weight",),
+                "grad",
+                scale=float(WORLD),
+            ),
+            Variant("averaged", Layout(), "equal"),
+        ),
+    ),
 ]
 
 #: case (f) is a race, found by the detector rather than the oracle: (label, layout, whether a race is expected).
 #: One step: the next backward would refuse to run over gradients never synchronised, which FSDP reports.
-STEP_BEFORE_FINISH = (("finish_gradient_synchronization() forgotten", Layout(finish=False, steps=1), True),
-                      ("finish_gradient_synchronization() called", Layout(steps=1), False))
+STEP_BEFORE_FINISH = (
+    ("finish_gradient_synchronization() forgotten", Layout(finish=False, steps=1), True),
+    ("finish_gradient_synchronization() called", Layout(steps=1), False),
+)
 
 
 def cluster() -> simdist.Cluster:
-    return simdist.Cluster.switch(WORLD, bandwidth="25GB/s", latency="5us", device="cpu")
+    """4 GPUs of one DGX-H100 node, as ``torchrun --nproc_per_node 4`` takes them."""
+    return simdist.Cluster.preset("dgx-h100", world_size=WORLD)
 
 
 def loss_mode(layout: Layout) -> str:
@@ -245,10 +325,18 @@ def loss_mode(layout: Layout) -> str:
 
 def simulate(v: Variant, seed: int) -> Outcome:
     """Run the variant through the oracle; a program error is the outcome."""
-    return outcome_of(lambda: simdist.check_equivalence(
-        train, reference, cluster(), args=(v.layout, seed), seed=seed, loss=loss_mode(v.layout), localize=False,
-        progress=v.layout.progress,
-    ))
+    return outcome_of(
+        lambda: simdist.check_equivalence(
+            train,
+            reference,
+            cluster(),
+            args=(v.layout, seed),
+            seed=seed,
+            loss=loss_mode(v.layout),
+            localize=False,
+            progress=v.layout.progress,
+        )
+    )
 
 
 def races(layout: Layout, seed: int) -> list[str]:
@@ -257,10 +345,14 @@ def races(layout: Layout, seed: int) -> list[str]:
     return [" / ".join(line.strip() for line in str(r).splitlines()[:2]) for r in res.races]
 
 
-def simulated(seed: int, verdicts: list[tuple[str, bool, str]], page: simdist.report.ScenarioReport) -> dict[tuple[str, str], bool]:
+def simulated(
+    seed: int, verdicts: list[tuple[str, bool, str]], page: simdist.report.ScenarioReport
+) -> dict[tuple[str, str], bool]:
     """Every variant under simdist; returns whether each equalled one process, for --real."""
-    print(f"FSDP hazards: {WORLD} ranks, {STEPS} SGD steps, float64, seed {seed}; each against one process on the "
-          "full batch")
+    print(
+        f"FSDP hazards: {WORLD} GPUs of a simulated {cluster().name} node, {STEPS} SGD steps, float64, "
+        f"seed {seed}; each against one process on the full batch"
+    )
     print()
     outcome: dict[tuple[str, str], bool] = {}
     sections = CaseSections()
@@ -274,8 +366,11 @@ def simulated(seed: int, verdicts: list[tuple[str, bool, str]], page: simdist.re
             sections.add(case, v, o, ok, detail)
             outcome[(case.key, v.label)] = o.report.ok if o.report is not None else False
         print()
-    sections.write(page, f"{WORLD} ranks, {STEPS} SGD steps, float64, seed {seed}; each against one process on the "
-                         "full batch.")
+    sections.write(
+        page,
+        f"{WORLD} GPUs of a simulated {cluster().name} node, {STEPS} SGD steps, float64, seed {seed}; each "
+        "against one process on the full batch (on the CPU).",
+    )
     race_rows = []
     print("(f) the optimizer stepping before the reduce-scatters finished")
     with warnings.catch_warnings():  # the findings are read from the result
@@ -287,106 +382,160 @@ def simulated(seed: int, verdicts: list[tuple[str, bool, str]], page: simdist.re
                 print(f"    {line}")
             # the optimizer's read of a gradient a reduce-scatter still owns
             named = any("reduce_scatter" in line and "optim" in line for line in found)
-            verdicts.append((f"(f) {label}: {'race' if expected else 'no race'}",
-                             named if expected else not found, f"{len(found)} races"))
-            race_rows.append([label, "race" if expected else "no race", (len(found), "fail" if found else "pass"),
-                              "\n".join(found[:2]) or "-"])
+            verdicts.append(
+                (
+                    f"(f) {label}: {'race' if expected else 'no race'}",
+                    named if expected else not found,
+                    f"{len(found)} races",
+                )
+            )
+            race_rows.append(
+                [
+                    label,
+                    "race" if expected else "no race",
+                    (len(found), "fail" if found else "pass"),
+                    "\n".join(found[:2]) or "-",
+                ]
+            )
     print()
-    page.table("(f) the optimizer stepping before the reduce-scatters finished", ["variant", "expects", "races",
-               "first findings"], race_rows, nav="(f) races")
+    page.table(
+        "(f) the optimizer stepping before the reduce-scatters finished",
+        ["variant", "expects", "races", "first findings"],
+        race_rows,
+        nav="(f) races",
+    )
     return outcome
 
 
 # ------------------------------------------------------------------------------------------------- timing
 TIMING_WORLD, WIDTH, LAYERS, ROWS = 8, 512, 4, 128
-#: the wrappers timed: torch's DDP, and this package's FSDP resharding after forward or keeping full weights
+#: the wrappers timed: torch's DDP on the rank's GPU, and this package's FSDP resharding after forward or keeping
+#: full weights
 WRAPPERS = {
-    "DDP": lambda m: DistributedDataParallel(m),
+    "DDP": lambda m: DistributedDataParallel(m, device_ids=[torch.cuda.current_device()]),
     "FSDP": lambda m: FSDP(m),
     "FSDP (no reshard)": lambda m: FSDP(m, reshard_after_forward=False),
 }
 
 
-def timed_step(wrapper: str) -> tuple[float, float]:
-    """A warm-up step, then one step (forward, backward, gradient synchronisation, Adam) between two
-    simulated-time marks taken with the device idle; returns the second step's start and end (seconds)."""
+def timed_step(wrapper: str) -> tuple[float, int]:
+    """A warm-up step, then one step (forward, backward, gradient synchronisation, Adam) timed with CUDA events
+    from an idle device, as a GPU script times it; returns the second step's seconds and the most device memory
+    allocated in it (bytes; building and sharding the model, when every rank holds the full model for a
+    moment, comes before and is left out)."""
+    device = setup()
     torch.manual_seed(0)
-    model = WRAPPERS[wrapper](nn.Sequential(*[m for _ in range(LAYERS) for m in (nn.Linear(WIDTH, WIDTH), nn.ReLU())]))
+    net = nn.Sequential(*[m for _ in range(LAYERS) for m in (nn.Linear(WIDTH, WIDTH), nn.ReLU())])
+    model = WRAPPERS[wrapper](net.to(device))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x = torch.randn(ROWS, WIDTH, generator=torch.Generator().manual_seed(dist.get_rank()))
-    start = end = 0.0
+    x = torch.randn(ROWS, WIDTH, generator=torch.Generator().manual_seed(dist.get_rank())).to(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(2):
         dist.barrier()
-        simdist.synchronize()
-        start = simdist.now()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start.record()
         opt.zero_grad()
         model(x).pow(2).mean().backward()
         if isinstance(model, FSDP):
             model.finish_gradient_synchronization()
         opt.step()
-        simdist.synchronize()
-        end = simdist.now()
-    return start, end
-
-
-def step_peak(res: simdist.RunResult, rank: int, start: float, end: float) -> float:
-    """The most live bytes ``rank`` held between ``start`` and ``end`` (building and sharding the model, when
-    every rank holds the full model for a moment, comes before and is left out)."""
-    series = simdist.report.data.memory_series(res.trace)[rank]
-    inside = [v for t, v in series if start < t <= end] + [v for t, v in series if t <= start][-1:]
-    return max(inside)
+        end.record()
+        torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3, torch.cuda.max_memory_allocated()
 
 
 def timing(verdicts: list[tuple[str, bool, str]], page: simdist.report.ScenarioReport) -> None:
     """Step time and peak memory per rank of each wrapper on one DGX-H100 node (H100 cost model)."""
     cluster = simdist.Cluster.preset("dgx-h100", world_size=TIMING_WORLD)
-    print(f"Step time per wrapper: {LAYERS}x Linear({WIDTH}) float32, Adam, {ROWS} rows per rank, {TIMING_WORLD} ranks "
-          f"of {cluster.name} (H100 cost model); the second of two steps")
+    print(
+        f"Step time per wrapper: {LAYERS}x Linear({WIDTH}) float32, Adam, {ROWS} rows per rank, "
+        f"{TIMING_WORLD} ranks of {cluster.name} (H100 cost model); the second of two steps, as CUDA events and "
+        "torch.cuda's memory statistics measure it"
+    )
     print(f"  {'wrapper':20s} {'step (us)':>10s} {'peak memory per rank in the step':>33s}")
     figures: dict[str, tuple[float, float]] = {}
     runs = {}
     for name in WRAPPERS:
         res = simdist.run(timed_step, cluster, args=(name,), memory=True, races="off")
-        figures[name] = (max(end - start for start, end in res.returns),
-                         max(step_peak(res, r, *res.returns[r]) for r in range(TIMING_WORLD)))
+        figures[name] = (max(t for t, _ in res.returns), max(peak for _, peak in res.returns))
         runs[name] = res
         print(f"  {name:20s} {figures[name][0] * 1e6:10.1f} {figures[name][1] / 2**20:29.2f} MiB")
     print()
-    page.bar_plot("Step time per wrapper", {n: {"step": t} for n, (t, _) in figures.items()}, y_label="simulated step",
-                  unit="time", nav="step time",
-                  note=f"{LAYERS}x Linear({WIDTH}) float32, Adam, {ROWS} rows per rank, {TIMING_WORLD} ranks of "
-                       f"{cluster.name} (H100 cost model); the second of two steps.")
-    page.bar_plot("Peak memory per rank, per wrapper", {n: {"peak": b} for n, (_, b) in figures.items()},
-                  y_label="peak live bytes", unit="bytes", nav="memory",
-                  note="The most live bytes of any rank during the timed step (parameters, gradients, Adam's "
-                       "state, activations, gathered weights).")
-    page.runs("DDP vs FSDP", {"DDP": runs["DDP"], "FSDP": runs["FSDP"]}, ranks=[0, 1, TIMING_WORLD - 1],
-              nav="timelines", note="Both steps of each run (warm-up, then the timed one).")
+    page.bar_plot(
+        "Step time per wrapper",
+        {n: {"step": t} for n, (t, _) in figures.items()},
+        y_label="simulated step",
+        unit="time",
+        nav="step time",
+        note=f"{LAYERS}x Linear({WIDTH}) float32, Adam, {ROWS} rows per rank, {TIMING_WORLD} ranks of "
+        f"{cluster.name} (H100 cost model); the second of two steps.",
+    )
+    page.bar_plot(
+        "Peak memory per rank, per wrapper",
+        {n: {"peak": b} for n, (_, b) in figures.items()},
+        y_label="peak live bytes",
+        unit="bytes",
+        nav="memory",
+        note="The most device memory any rank allocated during the timed step "
+        "(torch.cuda.max_memory_allocated(): parameters, gradients, Adam's state, activations, "
+        "gathered weights).",
+    )
+    page.runs(
+        "DDP vs FSDP",
+        {"DDP": runs["DDP"], "FSDP": runs["FSDP"]},
+        ranks=[0, 1, TIMING_WORLD - 1],
+        nav="timelines",
+        note="Both steps of each run (warm-up, then the timed one).",
+    )
     ddp, fsdp = figures["DDP"][1], figures["FSDP"][1]
-    verdicts.append(("FSDP holds less memory per rank than DDP", fsdp < ddp,
-                     f"peak {fsdp / 2**20:.1f} vs {ddp / 2**20:.1f} MiB"))
+    verdicts.append(
+        (
+            "FSDP holds less memory per rank than DDP",
+            fsdp < ddp,
+            f"peak {fsdp / 2**20:.1f} vs {ddp / 2**20:.1f} MiB",
+        )
+    )
 
 
 # ---------------------------------------------------------------------------------------------- real gloo
 def on_real(v: Variant, seed: int) -> simdist.EquivalenceReport:
-    """The variant on real gloo processes, one per rank: its final state against the reference's."""
+    """The variant on real gloo processes, one per rank, each emulating its GPU: its final state against the
+    reference's."""
     from real.oracle import check_final_state
 
     with importable_by_rank_processes(Path(__file__).parent):
-        return check_final_state(train, reference, WORLD, backend="gloo", seed=seed, args=(v.layout, seed),
-                                 loss=loss_mode(v.layout))
+        return check_final_state(
+            train,
+            reference,
+            WORLD,
+            backend="nccl",
+            emulate_cuda=True,
+            seed=seed,
+            args=(v.layout, seed),
+            loss=loss_mode(v.layout),
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--real", action="store_true", help="also run every variant on real gloo processes")
-    ap.add_argument("--out", type=Path, default=REPORTS, metavar="DIR", help="where the HTML report is written (default: %(default)s)")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=REPORTS,
+        metavar="DIR",
+        help="where the HTML report is written (default: %(default)s)",
+    )
     args = ap.parse_args(argv)
     verdicts: list[tuple[str, bool, str]] = []
     page = simdist.report.ScenarioReport(
-        "FSDP hazards", description=__doc__, seed=args.seed,
-        command=f"python scenarios/fsdp_hazards.py --seed {args.seed}" + (" --real" if args.real else ""))
+        "FSDP hazards",
+        description=__doc__,
+        seed=args.seed,
+        command=f"python scenarios/fsdp_hazards.py --seed {args.seed}" + (" --real" if args.real else ""),
+    )
     outcome = simulated(args.seed, verdicts, page)
     timing(verdicts, page)
     if args.real:

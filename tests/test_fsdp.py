@@ -9,6 +9,7 @@ equivalence oracle's float32 tolerance (observed differences ~1e-8).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import subprocess
@@ -663,15 +664,21 @@ def test_a_weight_used_outside_its_module_in_forward_is_gathered_and_trains_as_o
 
 
 OUTSIDE_FORWARD = """
-import json, torch, simdist
+import json, sys, torch, torch.distributed as dist, simdist
 from torch import nn
 from simdist.strategies.fsdp import FSDP
+from simdist.strategies.fsdp.resharded import Resharded
+
+DEVICE = sys.argv[1]
 
 def rank():
+    if DEVICE == "cuda":
+        torch.cuda.set_device(dist.get_rank())
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)).to(DEVICE)
     model = FSDP(net)
-    model(torch.ones(3, 4)).sum().backward()
+    model(torch.ones(3, 4, device=DEVICE)).sum().backward()
+    scattered_in_backward = model.hook.pending
     model.finish_gradient_synchronization()
     w = net[0].weight
     errors = []
@@ -683,25 +690,45 @@ def rank():
         except RuntimeError as e:
             errors.append(str(e))
     counted = sum(p.numel() for p in net.parameters())
-    return {"errors": errors, "numel": counted, "shape": list(w.shape), "repr": repr(w)}
+    return {"errors": errors, "numel": counted, "shape": list(w.shape), "repr": repr(w),
+            "placeholder": isinstance(w, Resharded), "device": str(w.device),
+            "scattered_in_backward": scattered_in_backward}
 
-print(json.dumps(simdist.run(rank, simdist.Cluster.switch(2, device="cpu"), compute=False).returns))
+cluster = simdist.Cluster.switch(2, device="cpu" if DEVICE == "cpu" else "H100")
+print(json.dumps(simdist.run(rank, cluster, compute=False).returns))
 """
 
 
-def test_a_sharded_weight_read_outside_forward_is_a_clear_error_not_a_crash() -> None:
-    # in a process of its own: a read of the freed memory used to end the process (SIGSEGV)
-    command = [sys.executable, "-c", OUTSIDE_FORWARD]
+@functools.cache
+def _outside_forward(device: str) -> list[dict[str, Any]]:
+    """OUTSIDE_FORWARD's returns by rank, run for ``device`` in a process of its own (once per test process)."""
+    # a read of the freed memory used to end the process (SIGSEGV)
+    command = [sys.executable, "-c", OUTSIDE_FORWARD, device]
     done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"exit status {done.returncode}\n{done.stdout}{done.stderr[-2000:]}"
-    for rank, got in enumerate(json.loads(done.stdout.splitlines()[-1])):
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_a_sharded_weight_read_outside_forward_is_a_clear_error_not_a_crash() -> None:
+    for rank, got in enumerate(_outside_forward("cpu")):
         # what needs no values still answers, as for the unwrapped model
         assert got["numel"] == 4 * 4 + 4 + 4 * 2 + 2 and got["shape"] == [4, 4]
-        assert "'0.weight'" in got["repr"]
+        assert "'0.weight'" in got["repr"] and got["placeholder"] and got["device"] == "cpu"
         for error in got["errors"]:
             assert error is not None and "FSDP's sharded parameter '0.weight' was used by " in error, error
             assert f"on rank {rank} outside the forward" in error and "model.gather_full_params()" in error, error
             assert f"elements [{8 * rank}, {8 * rank + 8}) of 16" in error, error
+        # every unit's reduce-scatter was issued from its gradient hook, overlapping the rest of backward
+        assert got["scattered_in_backward"] == 2
+
+
+def test_on_simulated_gpus_the_placeholder_and_the_gradient_hooks_are_those_of_the_cpu_program() -> None:
+    # torch's Parameter makes a tensor subclass (a simulated GPU tensor is one) a parameter by flagging that
+    # subclass's own object, so a Parameter subclass over it is not an instance of the subclass
+    cpu_run = _outside_forward("cpu")
+    for rank, got in enumerate(_outside_forward("cuda")):
+        assert got["device"] == f"cuda:{rank}"
+        assert {**got, "device": "cpu"} == cpu_run[rank]
 
 
 class Indexed(nn.Module):
@@ -776,3 +803,32 @@ def test_fsdp_on_real_gloo_processes_equals_the_single_process_model() -> None:
     for diffs in out:
         assert set(diffs) == {n for n, _ in ff.make_net(spec, 0).named_parameters()}
         assert max(diffs.values()) < 1e-6
+
+
+class _HalfUsed(nn.Module):
+    """Two layers, of which forward uses the first only: the second's weight gets no gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used, self.unused = nn.Linear(8, 8, bias=False), nn.Linear(8, 8, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
+
+
+def _unused_unit_on_gpu() -> tuple[int, torch.Tensor]:
+    torch.cuda.set_device(dist.get_rank())
+    with torch.device("cuda"):  # made on the GPU: any copy from the host is FSDP's
+        model = FSDP(_HalfUsed())
+        model(torch.ones(2, 8)).sum().backward()
+    model.finish_gradient_synchronization()
+    grad = dict(model.named_parameters())["unused.weight"].grad
+    return str(grad.device), grad
+
+
+def test_a_unit_without_a_gradient_on_a_gpu_reduces_zeros_made_on_that_gpu() -> None:
+    res = simdist.run(_unused_unit_on_gpu, simdist.Cluster.switch(2, device="H100"))
+    for rank, (device, grad) in enumerate(res.returns):
+        assert device == f"cuda:{rank}" and not grad.any()
+    # zeros made on the host would cross the host link before the reduce-scatter, as on a GPU
+    assert [s for s in res.trace.spans if s.name.startswith("Memcpy")] == []

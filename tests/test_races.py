@@ -155,6 +155,30 @@ def test_optimizer_step_before_wait_is_reported_at_the_step():
         simdist.run(_optimizer_before_wait, switch(2), races="error")
 
 
+def _step_before_waits(foreach: bool) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, foreach=foreach)
+    model(torch.randn(3, 4)).sum().backward()
+    works = [dist.all_reduce(p.grad, async_op=True) for p in model.parameters()]
+    opt.step()
+    for w in works:
+        w.wait()
+
+
+def test_an_op_over_a_list_reports_every_owned_tensor_as_the_loop_over_them_does():
+    # the foreach step (CUDA's optimizer path) reads four gradients in one op, the loop in four; every all-reduce
+    # whose buffer is read is a finding either way
+    found = {}
+    for foreach in (False, True):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RaceWarning)
+            res = simdist.run(_step_before_waits, switch(2), args=(foreach,), races="warn")
+        found[foreach] = sorted((r.rank, r.first.seq, r.nbytes) for r in res.races)
+    assert len(found[False]) == 2 * 4
+    assert found[True] == found[False]
+
+
 def _tied_hooks():
     emb = torch.nn.Parameter(torch.randn(6, 3, generator=torch.Generator().manual_seed(dist.get_rank())))
     works = []

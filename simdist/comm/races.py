@@ -466,7 +466,9 @@ class RaceDetector:
                     self._report(
                         Race("access", rank, entry, None, f"{verb} (in {name}{where})", site(), self._now(), reg.what, a, b - a, self.progress)
                     )
-                    return
+                    # one finding per tensor, so that a list argument (a foreach op) reports each tensor it
+                    # touches, as the loop of single-tensor ops it replaces does
+                    break
 
     # ------------------------------------------------------------------ waivers
     def waive(self, waivers: tuple[RaceWaiver, ...]) -> None:

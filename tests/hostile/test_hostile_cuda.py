@@ -237,6 +237,19 @@ def _check_staged(result: simdist.RunResult) -> None:
     assert all(abs(t - staged) <= 1e-9 * staged for t in result.returns)
 
 
+def _fsdp_weight_outside_forward() -> None:
+    from torch import nn
+
+    from simdist.strategies.fsdp import FSDP
+
+    torch.cuda.set_device(dist.get_rank())
+    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)).to("cuda")
+    model = FSDP(net)
+    model(torch.ones(3, 4, device="cuda")).sum().backward()
+    model.finish_gradient_synchronization()
+    net[0].weight.sum()  # sharded and freed between forwards
+
+
 def _expect(got: object, expected: object) -> None:
     assert got == expected, f"{got!r} != {expected!r}"
 
@@ -301,6 +314,13 @@ CASES = [
         lambda: simdist.run(_elapsed_before_the_device_gets_there, PAIR),
         error=RankError,
         match=r"CUDA error: device not ready.*synchronize",
+    ),
+    Case(
+        "fsdp_weight_outside_forward",
+        "reads a weight FSDP sharded on the GPU outside the forward (its memory is freed there)",
+        lambda: simdist.run(_fsdp_weight_outside_forward, PAIR),
+        error=RankError,
+        match=r"FSDP's sharded parameter '0\.weight' was used by torch\.Tensor\.sum on rank \d outside the forward",
     ),
     Case(
         "gpu_data_assigned",

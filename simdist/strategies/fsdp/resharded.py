@@ -4,8 +4,8 @@ Between uses, a sharding unit's full parameter has no memory (its storage is res
 state still answers ``shape`` and ``dtype``, but an op that reads it either raises torch's ``setStorage: ...
 storage of size 0`` or reads unallocated memory and crashes the process. So while a unit is not gathered, every
 module that owns it holds a :class:`Resharded` placeholder instead: the same shape, dtype and device, a view of
-the same (empty) storage, and a ``__torch_function__`` that reads metadata from the full parameter and, for
-every other op, asks the FSDP wrapper for the gathered parameter first (:meth:`Gatherer._use_sharded`).
+the same (empty) storage (a meta tensor of that shape over a tensor subclass), and a ``__torch_function__`` that
+reads metadata from the full parameter and, for every other op, asks the FSDP wrapper for the gathered parameter first (:meth:`Gatherer._use_sharded`).
 Inside the wrapper's forward the unit is gathered on the spot, as FSDP2 gathers every parameter of the module it
 wraps; outside it the wrapper raises an error that names the parameter and what to do. torch's FSDP2 keeps a
 sharded DTensor in the module between uses, with the same effect: the full parameter exists only in forward
@@ -87,6 +87,13 @@ class Resharded(nn.Parameter):
         ``view`` is a plain tensor, not the full parameter itself: an op on that parameter here would count it
         as used (a memory tracker watches parameters from their first use).
         """
+        if type(view) is not torch.Tensor:
+            # torch's Parameter makes a tensor subclass (a wrapper tensor, such as a device emulation's) a
+            # parameter by flagging the subclass's own object, which would not be a Resharded: no redirection,
+            # no hooks on the full parameter, reads of freed memory. The placeholder computes nothing and every
+            # op on it, its device and storage included, goes to the full parameter, so it can stand on a meta
+            # tensor of the same shape and dtype.
+            view = torch.empty(view.shape, dtype=view.dtype, device="meta")
         placeholder = Resharded(view, requires_grad=requires_grad)
         placeholder._fsdp = weakref.ref(fsdp)
         placeholder._unit = unit

@@ -497,7 +497,9 @@ class FSDP(nn.Module):
                     continue
                 if slot.unit is not None and slot.unit.local.requires_grad:
                     full = self._gathered[slot.name].param
-                    grad = full.grad if full.grad is not None else torch.zeros(slot.unit.shape, dtype=slot.unit.dtype)
+                    grad = full.grad
+                    if grad is None:
+                        grad = torch.zeros(slot.unit.shape, dtype=slot.unit.dtype, device=slot.unit.local.device)
                     self.hook.scatter_gradient(slot.unit, grad)
                     full.grad = None
                 elif slot.replica is not None and slot.replica.master.requires_grad:
