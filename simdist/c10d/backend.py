@@ -168,6 +168,12 @@ def _patched_new_process_group_helper(group_size: int, group_rank: int, global_r
             f"{BACKEND_NAMES}; pass one of those (or none, for the run's backend_name {_active['name']!r})"
         )
     _active["creating"] = name
+    # A device bound to the default group (init_process_group(device_id=...)) makes torch connect the group's
+    # backend for that device eagerly and split later groups from it, which a simulated group, a backend of its
+    # own for every device, does neither of: the id is checked as torch checks it, and not bound
+    device_id = kwargs.pop("device_id", None)
+    if device_id is not None and (device_id.index is None or device_id.type == "cpu"):
+        raise ValueError("init_process_group device_id parameter must be an accelerator with an index")
     try:
         pg, prefix_store = _orig["new_process_group_helper"](
             group_size, group_rank, global_ranks, dist.Backend(BACKEND), *args, **kwargs

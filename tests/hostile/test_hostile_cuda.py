@@ -124,6 +124,28 @@ def _dropout_on_a_dtensor() -> None:
     torch.nn.functional.dropout(x, 0.5)
 
 
+_BOUND_SCRIPT = """
+import os, torch, torch.distributed as dist
+rank = int(os.environ["LOCAL_RANK"])
+dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+t = torch.full((2,), float(rank + 1), device=f"cuda:{rank}")
+dist.all_reduce(t)
+assert t.tolist() == [3.0, 3.0], t  # 1 + 2 on both ranks
+"""
+
+
+def _script_binding_its_group_to_a_gpu() -> simdist.RunResult:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bound.py"
+        path.write_text(_BOUND_SCRIPT)
+        return simdist.run_script(path, PAIR)
+
+
+def _summed_on_both(result: simdist.RunResult) -> None:
+    """Both ranks ran to the end (each checked its own all-reduce)."""
+    assert result.world_size == 2 and result.returns == [None, None]
+
+
 def _swap_data(kind: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Weight surgery through ``.data``: a new shape and dtype for a parameter, then a step on it."""
     torch.manual_seed(0)
@@ -412,6 +434,12 @@ CASES = [
         lambda: simdist.run(_dropout_on_a_dtensor, PAIR),
         error=RankError,
         match=r"a random op on a DTensor \(called at .*test_hostile_cuda\.py:\d+\) needs CUDA's Philox",
+    ),
+    Case(
+        "script_binds_its_group_to_a_gpu",
+        "a torchrun script calls init_process_group('nccl', device_id=torch.device('cuda', LOCAL_RANK))",
+        _script_binding_its_group_to_a_gpu,
+        check=_summed_on_both,
     ),
     Case(
         "self_check_fails",
