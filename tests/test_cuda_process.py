@@ -80,6 +80,9 @@ def test_nccl_groups_are_gloo_groups_presenting_nccl() -> None:
     with emulated_process(1), nccl_over_gloo(), _group_of_one("nccl"):
         assert dist.get_backend() == "nccl"
         assert dist.get_backend(dist.new_group([0], backend="nccl")) == "nccl"
+        # the device chosen first, as GPU programs do (without it, and without LOCAL_RANK, DeviceMesh warns and
+        # picks one itself, as on a GPU machine)
+        torch.cuda.set_device(0)
         mesh = init_device_mesh("cuda", (1,))
         assert mesh.device_type == "cuda"
         t = torch.ones(2, device="cuda")
@@ -286,3 +289,25 @@ def test_nvtx_ranges_answer_as_in_a_simulated_run() -> None:
     with emulated_process(1):
         mine = _one_nvtx_range()
     assert mine == simdist.run(_one_nvtx_range, simdist.Cluster.switch(1, device="H100")).returns[0] == [0, 0]
+
+
+def test_a_group_bound_to_a_gpu_makes_fully_shards_mesh_cuda_and_leaves_the_device_to_device_mesh() -> None:
+    # python -m real --emulate-cuda: init_process_group("nccl", device_id=cuda:0) runs no torch.cuda initialisation
+    # (DeviceMesh then sets the device from LOCAL_RANK), but the process is a GPU program from then on
+    with emulated_process(1), nccl_over_gloo():
+        before = (torch.cuda.is_initialized(), torch._C._get_accelerator().type)
+        dist.init_process_group(
+            "nccl",
+            store=dist.HashStore(),
+            rank=0,
+            world_size=1,
+            timeout=timedelta(seconds=30),
+            device_id=torch.device("cuda", 0),
+        )
+        try:
+            after = (torch.cuda.is_initialized(), torch._C._get_accelerator().type)
+            torch.zeros(1, device="cuda")
+            initialised = torch.cuda.is_initialized()
+        finally:
+            dist.destroy_process_group()
+    assert before == (False, "cpu") and after == (False, "cuda") and initialised

@@ -31,6 +31,7 @@ from simdist.comm import thread_world
 from simdist.comm.context import RunContext
 from simdist.comm.thread_world import ThreadLocalWorld
 from simdist.comm.work import _ThenFuture, sim_roots
+from simdist.cudart.api import bind_group
 from simdist.errors import InvalidArgumentError
 from simdist.options import BACKEND_NAMES
 from simdist.patching import replaced
@@ -224,6 +225,7 @@ def _patched_init_process_group(
     arguments = (backend, init_method, timeout, world_size, rank, store, group_name, pg_options, device_id, _ranks)
     if state is None:
         return _orig["init_process_group"](*arguments)
+    bind_group(device_id)
     sim = _active["ctx"]
     if _active["default_group"]:
         _check_backend_of_made_group(backend)

@@ -37,6 +37,10 @@ class RankCuda:
         self.rank = rank
         #: whether the rank's code has used CUDA (from then on, CPU tensors are host tensors)
         self.in_use = False
+        #: whether torch.cuda's lazy initialisation has run (``torch.cuda.is_initialized()``): a tensor on the device
+        #: or ``set_device`` runs it, ``init_process_group(device_id=...)`` does not (DeviceMesh then picks the
+        #: device from LOCAL_RANK, as on a GPU machine)
+        self.initialized = False
         self._seed_for = seed_for
         self.synchronize = synchronize
         self._first_use = first_use
@@ -58,8 +62,11 @@ class RankCuda:
         #: DTensor's random-number tracker of the rank (torch keeps one per process)
         self.dtensor_rng_tracker: Any = None
 
-    def use(self) -> None:
-        """Record that the rank's code uses CUDA (the first call switches its host tensors to host memory)."""
+    def use(self, initialize: bool = True) -> None:
+        """Record that the rank's code uses CUDA (the first call switches its host tensors to host memory);
+        ``initialize``: the use runs torch.cuda's lazy initialisation, as all do but binding a group to a GPU."""
+        if initialize:
+            self.initialized = True
         if not self.in_use:
             self.in_use = True
             if self._first_use is not None:

@@ -46,7 +46,7 @@ _FUNCTIONS: dict[str, Any] = {
     "set_device": api.set_device,
     "init": api.lazy_init,
     "is_available": api.is_available,
-    "is_initialized": api.is_available,
+    "is_initialized": api.is_initialized,
     "device_count": api.device_count,
     "current_device": api.current_device,
     "_exchange_device": api.exchange_device,

@@ -167,9 +167,36 @@ def _script_binding_its_group_to_a_gpu() -> simdist.RunResult:
         return simdist.run_script(path, PAIR)
 
 
-def _summed_on_both(result: simdist.RunResult) -> None:
-    """Both ranks ran to the end (each checked its own all-reduce)."""
+def _ran_to_the_end(result: simdist.RunResult) -> None:
+    """Both ranks ran to the end (each script checks its own results)."""
     assert result.world_size == 2 and result.returns == [None, None]
+
+
+_META_FSDP2_SCRIPT = """
+import os, torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+rank = int(os.environ["LOCAL_RANK"])
+device = torch.device("cuda", rank)
+dist.init_process_group("nccl", device_id=device)
+torch.manual_seed(0)
+with torch.device("meta"):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+fully_shard(model)
+model.to_empty(device=device)
+for layer in model:
+    layer.reset_parameters()
+model(torch.ones(4, 8, device=device)).sum().backward()
+weight = model[0].weight
+assert weight.device_mesh.device_type == "cuda" and weight.grad.to_local().device == device, weight.grad.device
+assert torch.cuda.current_device() == rank
+"""
+
+
+def _fsdp2_on_the_meta_device() -> simdist.RunResult:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "meta_fsdp2.py"
+        path.write_text(_META_FSDP2_SCRIPT)
+        return simdist.run_script(path, PAIR)
 
 
 def _cpu_state_for_the_gpu() -> None:
@@ -480,7 +507,13 @@ CASES = [
         "script_binds_its_group_to_a_gpu",
         "a torchrun script calls init_process_group('nccl', device_id=torch.device('cuda', LOCAL_RANK))",
         _script_binding_its_group_to_a_gpu,
-        check=_summed_on_both,
+        check=_ran_to_the_end,
+    ),
+    Case(
+        "fsdp2_script_initialised_on_the_meta_device",
+        "an FSDP2 script binds its group to its GPU, shards a meta-device model, then reset_parameters() (no set_device)",
+        _fsdp2_on_the_meta_device,
+        check=_ran_to_the_end,
     ),
     Case(
         "cpu_rng_state_for_the_gpu",
