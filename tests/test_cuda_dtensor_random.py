@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import types
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import _random as dtensor_rng
 from torch.distributed.tensor import randn as dtensor_randn
 
 import simdist
@@ -231,3 +233,18 @@ def test_a_generator_passed_to_a_dtensor_op_on_simulated_gpus_is_refused_naming_
     assert f"test_cuda_dtensor_random.py:{line})" in str(info.value.exc) and "Pass no generator" in str(
         info.value
     )
+
+
+def _seeded_by_dtensor(seed: int) -> torch.Tensor:
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    mesh = init_device_mesh("cuda", (dist.get_world_size(),))
+    dtensor_rng.manual_seed(seed, mesh)  # DTensor's own seeding makes the rank's tracker, then seeds torch
+    return _apply("normal", mesh, [Shard(0)], (4, 2)).full_tensor().cpu()
+
+
+def test_dtensors_manual_seed_makes_each_ranks_tracker_and_the_process_keeps_none() -> None:
+    res = simdist.run(_seeded_by_dtensor, _cluster(2), args=(13,)).returns
+    stream = simdist.run(_stream, _cluster(1), args=("normal", 8, 13)).returns[0]
+    assert all(torch.equal(r, stream.view(4, 2)) for r in res)
+    # torch keeps the tracker in a module global: the run leaves the module and that global as it found them
+    assert type(dtensor_rng) is types.ModuleType and vars(dtensor_rng)["_rng_tracker"] is None
