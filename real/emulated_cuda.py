@@ -118,6 +118,9 @@ def _translated_init(init: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
         call = inspect.signature(init).bind(*args, **kwargs).arguments
     except TypeError:
         return init(*args, **kwargs)  # torch's own error for arguments it does not take
+    from simdist.cudart.api import bind_group  # only a process emulating CUDA imports simdist
+
+    bind_group(call.get("device_id"))
     plan = over_gloo(call.get("backend"))
     if plan is None:
         return init(*args, **kwargs)

@@ -183,9 +183,14 @@ INVENTORY: tuple[Patch, ...] = (
     Patch("torch.nn.functional", ("scaled_dot_product_attention",), "simdist.cudart.install",
           "attention on simulated GPUs takes the CPU's fused kernel where the CPU program does (torch picks by "
           "device in C++)"),
-    Patch("torch.distributed.tensor._random._PhiloxState", ("__init__",), "simdist.cudart.install",
-          "DTensor's random ops read the device generator's state as CUDA's Philox state (seed and offset); a "
-          "simulated GPU's generator has no offset, and they are refused naming the user's line"),
+    Patch("torch.distributed.tensor._random._PhiloxState", ("__init__", "state"), "simdist.cudart.install",
+          "DTensor's random ops read CUDA's Philox seed and offset from the first 16 bytes of a simulated GPU "
+          "generator's state, which goes on with the CPU generator's"),
+    Patch("torch.distributed.tensor._random.OffsetBasedRNGTracker", ("_distribute_region",),
+          "simdist.cudart.install",
+          "inside DTensor's RNG region a simulated GPU's generator draws counter-based numbers at the offset set"),
+    Patch("torch.distributed.tensor._random", ("__class__", "manual_seed"), "simdist.cudart.install",
+          "DTensor's RNG tracker, a module global (one per process), is each rank's own"),
     Patch("torch.autograd", ("_engine_run_backward",), "simdist.cudart.install",
           "a hook that raises in a backward pass over simulated GPU tensors raises its own error (C++ unwinds "
           "through the simulated device guard, which keeps the error aside)"),

@@ -84,6 +84,9 @@ def test_nccl_groups_are_gloo_groups_presenting_nccl() -> None:
     with emulated_process(1), nccl_over_gloo(), _group_of_one("nccl"):
         assert dist.get_backend() == "nccl"
         assert dist.get_backend(dist.new_group([0], backend="nccl")) == "nccl"
+        # the device chosen first, as GPU programs do (without it, and without LOCAL_RANK, DeviceMesh warns and
+        # picks one itself, as on a GPU machine)
+        torch.cuda.set_device(0)
         mesh = init_device_mesh("cuda", (1,))
         assert mesh.device_type == "cuda"
         t = torch.ones(2, device="cuda")
@@ -314,3 +317,25 @@ def test_real_run_creates_nccl_for_emulated_gpus_unless_told_otherwise(
     options = launcher._options(2, 60.0, None, None, None, emulate)
     assert launcher.group_backend(target_for(_entry), backend, options) == expected
     assert inspect.signature(real.run).parameters["backend"].default is launcher.DEFAULT_BACKEND
+
+
+def test_a_group_bound_to_a_gpu_makes_fully_shards_mesh_cuda_and_leaves_the_device_to_device_mesh() -> None:
+    # python -m real --emulate-cuda: init_process_group("nccl", device_id=cuda:0) runs no torch.cuda initialisation
+    # (DeviceMesh then sets the device from LOCAL_RANK), but the process is a GPU program from then on
+    with emulated_process(1), nccl_over_gloo():
+        before = (torch.cuda.is_initialized(), torch._C._get_accelerator().type)
+        dist.init_process_group(
+            "nccl",
+            store=dist.HashStore(),
+            rank=0,
+            world_size=1,
+            timeout=timedelta(seconds=30),
+            device_id=torch.device("cuda", 0),
+        )
+        try:
+            after = (torch.cuda.is_initialized(), torch._C._get_accelerator().type)
+            torch.zeros(1, device="cuda")
+            initialised = torch.cuda.is_initialized()
+        finally:
+            dist.destroy_process_group()
+    assert before == (False, "cpu") and after == (False, "cuda") and initialised

@@ -359,3 +359,21 @@ def test_torch_load_puts_checkpoints_on_the_simulated_gpus(
         assert torch.equal(values["weight"], state["weight"] + 1) and torch.equal(
             values["step"], state["step"]
         )
+
+
+def _initialisation(first: str) -> list[bool]:
+    seen = [torch.cuda.is_initialized()]
+    if first == "tensor":
+        torch.zeros(1, device="cuda")
+    elif first == "set_device":
+        torch.cuda.set_device(0)
+    else:
+        dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
+    return [*seen, torch.cuda.is_initialized()]
+
+
+@pytest.mark.parametrize(("first", "after"), [("tensor", True), ("set_device", True), ("bound_group", False)])
+def test_is_initialized_answers_whether_the_ranks_code_has_initialised_cuda(first: str, after: bool) -> None:
+    # torch's answer: False until a call runs torch.cuda's lazy initialisation; binding the process group to a GPU
+    # (NCCL's eager connection) runs none, so DeviceMesh still picks the device from LOCAL_RANK
+    assert simdist.run(_initialisation, PAIR, args=(first,)).returns == [[False, after]] * 2

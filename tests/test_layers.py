@@ -31,6 +31,7 @@ LAZY_ALLOWED: set[tuple[str, str]] = {
     ("real.emulated_cuda", "simdist.compute.devices"),
     ("real.emulated_cuda", "simdist.cuda.native"),
     ("real.emulated_cuda", "simdist.cudart.process"),
+    ("real.emulated_cuda", "simdist.cudart.api"),
 }
 
 

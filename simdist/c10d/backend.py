@@ -31,6 +31,7 @@ from simdist.comm import thread_world
 from simdist.comm.context import RunContext
 from simdist.comm.thread_world import ThreadLocalWorld
 from simdist.comm.work import _ThenFuture, sim_roots
+from simdist.cudart.api import bind_group
 from simdist.errors import InvalidArgumentError
 from simdist.options import BACKEND_NAMES
 from simdist.patching import replaced
@@ -168,6 +169,12 @@ def _patched_new_process_group_helper(group_size: int, group_rank: int, global_r
             f"{BACKEND_NAMES}; pass one of those (or none, for the run's backend_name {_active['name']!r})"
         )
     _active["creating"] = name
+    # A device bound to the default group (init_process_group(device_id=...)) makes torch connect the group's
+    # backend for that device eagerly and split later groups from it, which a simulated group, a backend of its
+    # own for every device, does neither of: the id is checked as torch checks it, and not bound
+    device_id = kwargs.pop("device_id", None)
+    if device_id is not None and (device_id.index is None or device_id.type == "cpu"):
+        raise ValueError("init_process_group device_id parameter must be an accelerator with an index")
     try:
         pg, prefix_store = _orig["new_process_group_helper"](
             group_size, group_rank, global_ranks, dist.Backend(BACKEND), *args, **kwargs
@@ -218,6 +225,7 @@ def _patched_init_process_group(
     arguments = (backend, init_method, timeout, world_size, rank, store, group_name, pg_options, device_id, _ranks)
     if state is None:
         return _orig["init_process_group"](*arguments)
+    bind_group(device_id)
     sim = _active["ctx"]
     if _active["default_group"]:
         _check_backend_of_made_group(backend)

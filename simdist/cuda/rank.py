@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from simdist.cuda.pinned import PinnedMemory
+from simdist.cuda.rngstate import DeviceGenerator
 
 
 class RankCuda:
@@ -38,6 +37,10 @@ class RankCuda:
         self.rank = rank
         #: whether the rank's code has used CUDA (from then on, CPU tensors are host tensors)
         self.in_use = False
+        #: whether torch.cuda's lazy initialisation has run (``torch.cuda.is_initialized()``): a tensor on the device
+        #: or ``set_device`` runs it, ``init_process_group(device_id=...)`` does not (DeviceMesh then picks the
+        #: device from LOCAL_RANK, as on a GPU machine)
+        self.initialized = False
         self._seed_for = seed_for
         self.synchronize = synchronize
         self._first_use = first_use
@@ -49,27 +52,32 @@ class RankCuda:
         self.on_kernel = on_kernel
         #: the rank's pinned host memory
         self.pinned = PinnedMemory()
-        self._generators: dict[int, torch.Generator] = {}
+        self._generators: dict[int, DeviceGenerator] = {}
         #: the seed ``torch.manual_seed`` / ``torch.cuda.manual_seed_all`` gave every device, for generators made later
         self._seed_all: int | None = None
         #: side streams made so far (``torch.cuda.Stream()``): the next one is numbered one more, from 1 (0 is
         #: the
         #: default stream), per rank so that a run's trace names them alike every time
         self.streams_made = 0
+        #: DTensor's random-number tracker of the rank (torch keeps one per process)
+        self.dtensor_rng_tracker: Any = None
 
-    def use(self) -> None:
-        """Record that the rank's code uses CUDA (the first call switches its host tensors to host memory)."""
+    def use(self, initialize: bool = True) -> None:
+        """Record that the rank's code uses CUDA (the first call switches its host tensors to host memory);
+        ``initialize``: the use runs torch.cuda's lazy initialisation, as all do but binding a group to a GPU."""
+        if initialize:
+            self.initialized = True
         if not self.in_use:
             self.in_use = True
             if self._first_use is not None:
                 self._first_use()
 
-    def generator(self, index: int) -> torch.Generator:
-        """Device ``index``'s generator (a CPU generator standing in for CUDA's: its numbers are not Philox's)."""
+    def generator(self, index: int) -> DeviceGenerator:
+        """Device ``index``'s generator (ordinary ops draw from its CPU generator, see :mod:`simdist.cuda.rngstate`)."""
         gen = self._generators.get(index)
         if gen is None:
             seed = self._seed_for(index) if self._seed_all is None else self._seed_all
-            gen = self._generators[index] = torch.Generator().manual_seed(seed)
+            gen = self._generators[index] = DeviceGenerator().manual_seed(seed)
         return gen
 
     def seed_all(self, seed: int) -> None:

@@ -23,8 +23,9 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass, transform_subclass
 
-from simdist.cuda import device, pending
+from simdist.cuda import device, pending, philox
 from simdist.cuda.fallbacks import FALLBACKS, unsupported
+from simdist.cuda.rngstate import DeviceGenerator
 from simdist.errors import DeviceMismatchError, HostConversionError
 from simdist.untraced import never_compiled
 
@@ -37,6 +38,9 @@ _TENSOR_COPY = torch.Tensor.copy_
 _TENSOR_SETITEM = torch.Tensor.__setitem__
 _TENSOR_GETITEM = torch.Tensor.__getitem__
 _TENSOR_NEW_TENSOR = torch.Tensor.new_tensor
+#: the CPU generator's own state methods (a device generator's own add CUDA's seed and offset)
+_CPU_GET_STATE = torch._C.Generator.get_state
+_CPU_SET_STATE = torch._C.Generator.set_state
 
 
 class SimCudaTensor(torch.Tensor):
@@ -288,8 +292,9 @@ class Call:
         #: a host tensor of at least one dimension is an operand (a copy from or to the host)
         self.host_operand = False
 
-    def run(self, generator: Callable[[int], torch.Generator | None] | None = None) -> Any:
-        """Run the op on the CPU tensors; a random op draws from the device's generator (``generator(index)``)."""
+    def run(self, generator: Callable[[int], DeviceGenerator | None] | None = None) -> Any:
+        """Run the op on the CPU tensors; a random op draws from the device's generator (``generator(index)``):
+        from its CPU generator, or counter-based numbers at its Philox offset inside DTensor's RNG region."""
         func, args, kwargs = self.func, self.args, self.kwargs
         fallback = FALLBACKS.get(func)
         if fallback is not None:
@@ -297,8 +302,11 @@ class Call:
         try:
             if generator is not None and self.device is not None and _schema(func).random:
                 gen = generator((self.out_device or self.device).index)
-                if gen is not None and kwargs.get("generator") is None:
-                    return _with_generator(func, args, kwargs, gen)
+                if gen is not None:
+                    if gen.at_offset:
+                        return philox.draw(func, args, kwargs, gen)
+                    if kwargs.get("generator") is None:
+                        return _advanced(gen, _with_generator(func, args, kwargs, gen))
             return func(*args, **kwargs)
         except NotImplementedError as e:
             if self.device is None or _has_cpu_kernel(func):
@@ -323,19 +331,26 @@ def _has_cpu_kernel(func: Any) -> bool:
     )
 
 
-def _with_generator(func: Any, args: Any, kwargs: dict[str, Any], gen: torch.Generator) -> Any:
-    """Run a random op drawing from ``gen``: as its generator argument, or (ops without one, such as dropout) in
-    place of the CPU default generator's state for the op's duration."""
+def _with_generator(func: Any, args: Any, kwargs: dict[str, Any], gen: DeviceGenerator) -> Any:
+    """Run a random op drawing from ``gen``'s CPU generator: as its generator argument, or (ops without one, such
+    as dropout) in place of the CPU default generator's state for the op's duration."""
     if _schema(func).generator:
         return func(*args, **{**kwargs, "generator": gen})
     cpu = torch.default_generator
     saved = cpu.get_state()
-    cpu.set_state(gen.get_state())
+    cpu.set_state(_CPU_GET_STATE(gen))
     try:
         return func(*args, **kwargs)
     finally:
-        gen.set_state(cpu.get_state())
+        _CPU_SET_STATE(gen, cpu.get_state())
         cpu.set_state(saved)
+
+
+def _advanced(gen: DeviceGenerator, result: Any) -> Any:
+    """``result`` of a random op that drew from ``gen``, whose Philox offset moves past it, as CUDA's does."""
+    drawn = result[0] if isinstance(result, (tuple, list)) else result
+    gen.advance(drawn.numel() if isinstance(drawn, torch.Tensor) else 0)
+    return result
 
 
 def _fake(t: torch.Tensor) -> bool:

@@ -55,6 +55,20 @@ def is_available() -> bool:
     return True
 
 
+def is_initialized() -> bool:
+    """Whether the rank's code has initialised CUDA (a tensor on a device, ``set_device``), as torch answers."""
+    return _rank().initialized
+
+
+def bind_group(device_id: Any) -> None:
+    """``init_process_group(device_id=...)`` in rank code: a group bound to a GPU makes the rank's code a GPU program
+    (fully_shard's default mesh is on CUDA), but runs no torch.cuda initialisation, so DeviceMesh still sets the
+    device from LOCAL_RANK, as on a GPU machine."""
+    found = rank()
+    if found is not None and (isinstance(device_id, int) or getattr(device_id, "type", None) == "cuda"):
+        found.use(initialize=False)
+
+
 def lazy_init() -> None:
     """Nothing to initialise: the simulated devices exist from the rank's start."""
 

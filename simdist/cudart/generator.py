@@ -1,8 +1,8 @@
 """``torch.Generator(device="cuda")`` in rank code: a generator for a simulated GPU.
 
-Simulated GPUs compute on the CPU, so a generator for one is a CPU generator that says it belongs to ``cuda:i``
-(random ops on the device draw from it as they would from a CUDA generator; its numbers are not Philox's).
-Every other generator is torch's own, and ``isinstance(g, torch.Generator)`` holds for all of them.
+Simulated GPUs compute on the CPU, so a generator for one is a device generator (a CPU generator with CUDA's
+Philox seed and offset beside it, :mod:`simdist.cuda.rngstate`) that says it belongs to ``cuda:i``. Every other
+generator is torch's own, and ``isinstance(g, torch.Generator)`` holds for all of them.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from simdist.cuda.rngstate import DeviceGenerator
 from simdist.cudart.api import index_of
 from simdist.cudart.state import rank
 
@@ -27,7 +28,7 @@ class _Meta(type(_TorchGenerator)):  # type: ignore[misc]
         return issubclass(sub, _TorchGenerator)
 
 
-class CudaGenerator(_TorchGenerator, metaclass=_Meta):
+class CudaGenerator(DeviceGenerator, metaclass=_Meta):
     """``torch.Generator`` during a run that emulates CUDA."""
 
     _sim_device: torch.device

@@ -46,7 +46,7 @@ _FUNCTIONS: dict[str, Any] = {
     "set_device": api.set_device,
     "init": api.lazy_init,
     "is_available": api.is_available,
-    "is_initialized": api.is_available,
+    "is_initialized": api.is_initialized,
     "device_count": api.device_count,
     "current_device": api.current_device,
     "_exchange_device": api.exchange_device,
@@ -170,6 +170,12 @@ def _patches() -> dict[str, Any]:
     patches["torch._utils._rebuild_tensor_v2"] = checkpoints.rebuild_tensor(torch._utils._rebuild_tensor_v2)
     patches["torch.nn.functional.scaled_dot_product_attention"] = attention.scaled_dot_product_attention
     patches["torch.distributed.tensor._random._PhiloxState.__init__"] = dtensor_random.philox_state_init()
+    patches["torch.distributed.tensor._random._PhiloxState.state"] = dtensor_random.philox_state_whole
+    patches["torch.distributed.tensor._random.OffsetBasedRNGTracker._distribute_region"] = (
+        dtensor_random.distribute_region()
+    )
+    patches["torch.distributed.tensor._random.__class__"] = dtensor_random.PerRankTracker
+    patches["torch.distributed.tensor._random.manual_seed"] = dtensor_random.manual_seed()
     run_backward = _run_backward(torch.autograd.graph._engine_run_backward)
     patches["torch.autograd._engine_run_backward"] = run_backward
     patches["torch.autograd.graph._engine_run_backward"] = run_backward

@@ -24,6 +24,7 @@ from simdist.compute import get_device
 from simdist.errors import CudaEmulationError, OutOfMemoryError, RaceError, RankError
 
 PAIR = simdist.Cluster.switch(2, device="H100")
+ONE = simdist.Cluster.switch(1, device="H100")
 #: an H100 with 64 MiB of memory: what fits is decided by the device, and the host can hold it too
 SMALL = simdist.Cluster.switch(2, device=dataclasses.replace(get_device("H100"), memory_capacity=2**26))
 HERE = Path(__file__).resolve().parent
@@ -110,18 +111,96 @@ def _child_env() -> dict[str, str]:
 _HOOK_LINE = r'cuda_hook_raises\.py", line \d+, in _raise\n    raise ValueError\("a hook raised"\)'
 
 
-def _init_a_sharded_parameter() -> None:
+def _init_a_sharded_parameter(ranks: int = 2) -> torch.Tensor:
     """What FSDP2 scripts do after ``fully_shard`` on the meta device: initialise the sharded parameters."""
     torch.manual_seed(0)
-    mesh = init_device_mesh("cuda", (dist.get_world_size(),))
-    weight = distribute_tensor(torch.zeros(4, 3, device="cuda"), mesh, [Shard(0)])
+    mesh = init_device_mesh("cuda", (ranks,))
+    weight = distribute_tensor(torch.zeros(4, 4, device="cuda"), mesh, [Shard(0)])
     torch.nn.init.normal_(weight)
+    return weight.full_tensor().cpu()
 
 
-def _dropout_on_a_dtensor() -> None:
+def _same_as_one_rank(result: simdist.RunResult) -> None:
+    """Every rank assembles the tensor that one rank draws whole (row blocks of 8 elements lie at their offsets)."""
+    (whole,) = simdist.run(_init_a_sharded_parameter, ONE, args=(1,)).returns
+    assert all(torch.equal(r, whole) for r in result.returns)
+
+
+def _init_on_own_devices() -> torch.Tensor:
+    """Each rank on its own GPU of the node, as torchrun scripts set it: DTensor's tracker is each rank's own."""
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    return _init_a_sharded_parameter()
+
+
+def _dropout_on_a_dtensor() -> torch.Tensor:
     mesh = init_device_mesh("cuda", (dist.get_world_size(),))
     x = distribute_tensor(torch.ones(4, 3, device="cuda"), mesh, [Replicate()])
-    torch.nn.functional.dropout(x, 0.5)
+    torch.manual_seed(1)
+    return torch.nn.functional.dropout(x, 0.5).to_local().cpu()
+
+
+def _same_mask_on_every_replica(result: simdist.RunResult) -> None:
+    (one,) = simdist.run(_dropout_on_a_dtensor, ONE).returns
+    assert all(torch.equal(r, one) for r in result.returns) and 0 < int((one == 0).sum()) < one.numel()
+
+
+def _init_with_a_generator() -> None:
+    mesh = init_device_mesh("cuda", (dist.get_world_size(),))
+    weight = distribute_tensor(torch.zeros(4, 4, device="cuda"), mesh, [Shard(0)])
+    torch.nn.init.normal_(weight, generator=torch.Generator(device="cuda").manual_seed(0))
+
+
+_BOUND_SCRIPT = """
+import os, torch, torch.distributed as dist
+rank = int(os.environ["LOCAL_RANK"])
+dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+t = torch.full((2,), float(rank + 1), device=f"cuda:{rank}")
+dist.all_reduce(t)
+assert t.tolist() == [3.0, 3.0], t  # 1 + 2 on both ranks
+"""
+
+
+def _script_binding_its_group_to_a_gpu() -> simdist.RunResult:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bound.py"
+        path.write_text(_BOUND_SCRIPT)
+        return simdist.run_script(path, PAIR)
+
+
+def _ran_to_the_end(result: simdist.RunResult) -> None:
+    """Both ranks ran to the end (each script checks its own results)."""
+    assert result.world_size == 2 and result.returns == [None, None]
+
+
+_META_FSDP2_SCRIPT = """
+import os, torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+rank = int(os.environ["LOCAL_RANK"])
+device = torch.device("cuda", rank)
+dist.init_process_group("nccl", device_id=device)
+torch.manual_seed(0)
+with torch.device("meta"):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+fully_shard(model)
+model.to_empty(device=device)
+for layer in model:
+    layer.reset_parameters()
+model(torch.ones(4, 8, device=device)).sum().backward()
+weight = model[0].weight
+assert weight.device_mesh.device_type == "cuda" and weight.grad.to_local().device == device, weight.grad.device
+assert torch.cuda.current_device() == rank
+"""
+
+
+def _fsdp2_on_the_meta_device() -> simdist.RunResult:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "meta_fsdp2.py"
+        path.write_text(_META_FSDP2_SCRIPT)
+        return simdist.run_script(path, PAIR)
+
+
+def _cpu_state_for_the_gpu() -> None:
+    torch.cuda.set_rng_state(torch.get_rng_state())
 
 
 def _swap_data(kind: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -420,18 +499,49 @@ CASES = [
     ),
     Case(
         "dtensor_init_on_sharded_parameter",
-        "initialises a sharded parameter with torch.nn.init (DTensor's random ops want CUDA's Philox state)",
+        "initialises a sharded parameter with torch.nn.init (DTensor's random ops want CUDA's Philox offsets)",
         lambda: simdist.run(_init_a_sharded_parameter, PAIR),
-        error=RankError,
-        match=r"raised UnsupportedCudaOpError: a random op on a DTensor \(called at .*test_hostile_cuda\.py:\d+\) "
-        r"needs CUDA's Philox generator state \(a seed and an offset, 16 bytes\).*CPU generator \(5056 bytes",
+        check=_same_as_one_rank,
+    ),
+    Case(
+        "dtensor_init_each_rank_on_its_gpu",
+        "initialises a sharded parameter with each rank on its own GPU of one node (DTensor's tracker is a global)",
+        lambda: simdist.run(_init_on_own_devices, PAIR),
+        check=_same_as_one_rank,
     ),
     Case(
         "dtensor_dropout",
         "applies dropout to a replicated DTensor on simulated GPUs",
         lambda: simdist.run(_dropout_on_a_dtensor, PAIR),
+        check=_same_mask_on_every_replica,
+    ),
+    Case(
+        "dtensor_init_with_a_generator",
+        "passes its own CUDA generator to torch.nn.init on a sharded parameter",
+        lambda: simdist.run(_init_with_a_generator, PAIR),
         error=RankError,
-        match=r"a random op on a DTensor \(called at .*test_hostile_cuda\.py:\d+\) needs CUDA's Philox",
+        match=r"raised UnsupportedCudaOpError: a random op on a DTensor \(called at .*test_hostile_cuda\.py:\d+\) "
+        r"was given a generator.*Pass no generator",
+    ),
+    Case(
+        "script_binds_its_group_to_a_gpu",
+        "a torchrun script calls init_process_group('nccl', device_id=torch.device('cuda', LOCAL_RANK))",
+        _script_binding_its_group_to_a_gpu,
+        check=_ran_to_the_end,
+    ),
+    Case(
+        "fsdp2_script_initialised_on_the_meta_device",
+        "an FSDP2 script binds its group to its GPU, shards a meta-device model, then reset_parameters() (no set_device)",
+        _fsdp2_on_the_meta_device,
+        check=_ran_to_the_end,
+    ),
+    Case(
+        "cpu_rng_state_for_the_gpu",
+        "restores the GPU's generator from torch.get_rng_state() (the CPU's state)",
+        lambda: simdist.run(_cpu_state_for_the_gpu, ONE),
+        error=RankError,
+        match=r"raised InvalidArgumentError: RNG state is wrong size: a simulated GPU's generator state is 5072 bytes"
+        r".*got 5056 bytes",
     ),
     Case(
         "self_check_fails",
