@@ -50,6 +50,7 @@ H100_RUN = Path(__file__).resolve().parent / "gpu" / "results" / "h100-2026-11-2
 #: the timing models a cluster can be built with; a new model is one entry: name -> (preset, overrides) -> Cluster
 TIMING_MODELS: dict[str, Callable[..., Cluster]] = {
     "alpha-beta": lambda preset, **overrides: Cluster.preset(preset, **overrides),
+    "nccl": lambda preset, **overrides: Cluster.preset(preset, collective_model="nccl", **overrides),
 }
 
 #: collective size bands (bytes): the latency-bound, the protocol-switching and the bandwidth-bound sizes
