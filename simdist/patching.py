@@ -179,6 +179,9 @@ INVENTORY: tuple[Patch, ...] = (
     Patch("torch.distributed.tensor._random._PhiloxState", ("__init__",), "simdist.cudart.install",
           "DTensor's random ops read the device generator's state as CUDA's Philox state (seed and offset); a "
           "simulated GPU's generator has no offset, and they are refused naming the user's line"),
+    Patch("torch.utils", ("swap_tensors",), "simdist.cudart.install",
+          "Module.to moves a parameter onto a simulated GPU by a swap where a GPU sets its data: the parameter "
+          "keeps its attributes and hooks, as on a GPU"),
     Patch("torch.autograd", ("_engine_run_backward",), "simdist.cudart.install",
           "a hook that raises in a backward pass over simulated GPU tensors raises its own error (C++ unwinds "
           "through the simulated device guard, which keeps the error aside)"),

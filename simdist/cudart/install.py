@@ -28,7 +28,7 @@ from simdist.comm.context import RunContext
 from simdist.compute.devices import DeviceSpec
 from simdist.cuda import attention, native, pending
 from simdist.cuda.rank import RankCuda
-from simdist.cuda.tensor import SimCudaTensor
+from simdist.cuda.tensor import SimCudaTensor, swapping
 from simdist.cudart import api, checkpoints, dtensor_random, events, streams
 from simdist.cudart.generator import CudaGenerator
 from simdist.cudart.nvtx import NvtxRanges, record_function_methods
@@ -170,6 +170,7 @@ def _patches() -> dict[str, Any]:
     patches["torch._utils._rebuild_tensor_v2"] = checkpoints.rebuild_tensor(torch._utils._rebuild_tensor_v2)
     patches["torch.nn.functional.scaled_dot_product_attention"] = attention.scaled_dot_product_attention
     patches["torch.distributed.tensor._random._PhiloxState.__init__"] = dtensor_random.philox_state_init()
+    patches["torch.utils.swap_tensors"] = swapping(torch.utils.swap_tensors)
     run_backward = _run_backward(torch.autograd.graph._engine_run_backward)
     patches["torch.autograd._engine_run_backward"] = run_backward
     patches["torch.autograd.graph._engine_run_backward"] = run_backward
