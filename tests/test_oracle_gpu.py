@@ -85,3 +85,41 @@ def test_a_fault_in_a_gpu_program_is_found_at_its_step_and_tensor() -> None:
     assert where is not None, str(rep)
     assert where.op == "aten._foreach_add_" and where.phase == "optimizer", str(rep)
     assert where.ranks == (1,), str(rep)
+
+
+def by_hand(kind: str, bug: str) -> None:
+    """Data parallelism written by hand on ``kind``, each rank its batch: each gradient all-reduced, then divided
+    by the world size; ``bug``: "sum" never divides, "divide twice" divides before the all-reduce too."""
+    dist.init_process_group("nccl" if kind == "cuda" else "gloo")
+    if kind == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    n = dist.get_world_size()
+    net = model().to(kind)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, foreach=True)
+    for step in range(STEPS):
+        opt.zero_grad()
+        x, y = data(dist.get_rank(), step)
+        F.mse_loss(net(x.to(kind)), y.to(kind)).backward()
+        for p in net.parameters():
+            if bug == "divide twice":
+                p.grad.div_(n)
+            dist.all_reduce(p.grad)
+            if bug != "sum":
+                p.grad.div_(n)
+        opt.step()
+
+
+@pytest.mark.parametrize("bug", ["sum", "divide twice"])
+def test_an_all_reduce_on_gpu_tensors_is_localised_as_on_the_cpu(bug: str) -> None:
+    # the oracle: the same program written for the CPU, localised on the same cluster. An all-reduce writes the
+    # CPU tensor inside a simulated GPU tensor, never advancing the wrapper's version: read by the wrapper's,
+    # localisation lost the all-reduce of "sum" and blamed the optimizer's op that read its result
+    cluster = simdist.Cluster.switch(4, device="H100")
+    found = {
+        kind: simdist.check_equivalence(
+            by_hand, reference, cluster, args=(kind, bug), reference_args=(4,)
+        ).localization
+        for kind in ("cpu", "cuda")
+    }
+    assert found["cpu"] is not None and found["cpu"].op == ("all_reduce" if bug == "sum" else "aten.div_")
+    assert str(found["cuda"]) == str(found["cpu"])
