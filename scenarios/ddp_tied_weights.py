@@ -1,10 +1,13 @@
 """Tied weights and data parallelism: a double reduction that only gloo shows, and a hook that reduces the
 wrong tensor; then what overlap and bucketing buy.
 
-A small language model ties its input embedding to its output projection (one Parameter, two modules).
-Four ranks train it with the data-parallel wrappers of ``simdist.strategies`` for a few SGD steps; the
-equivalence oracle (``simdist.check_equivalence``) compares every run, step by step, with the single-process
-model trained on the full batch, and checks that the replicas of every parameter and gradient agree.
+A small language model ties its input embedding to its output projection (one Parameter, two modules). Four
+ranks, four GPUs of a simulated DGX H100, train it with the data-parallel wrappers of ``simdist.strategies``
+for a few SGD steps. Each rank is written as a script torchrun launches on GPUs:
+``init_process_group("nccl")``, ``torch.cuda.set_device(LOCAL_RANK)``, the model and each batch (made on the
+host, as a data loader gives it) moved to ``"cuda"``. The equivalence oracle (``simdist.check_equivalence``)
+compares every run, step by step, with the single-process model trained on the full batch, and checks that the
+replicas of every parameter and gradient agree.
 
 (a) One hook per (module, parameter) pair (``OverlapDDP(dedup=False)``) under gloo-like progress: the tied
     gradient gets two in-place all-reduces in flight at once on two worker threads. Parameters drift from
@@ -22,10 +25,12 @@ model trained on the full batch, and checks that the replicas of every parameter
 Then the simulated step time of each wrapper on two DGX-H100 nodes (16 ranks) for a 24-layer MLP, with the
 compute / communication breakdown per rank; the Chrome trace of one BucketedDDP step is written to
 ddp_step.json in the output directory (reports/ by default), beside the scenario's HTML report
-ddp_tied_weights.html (cases, drift, findings, step time per wrapper, buggy and fixed timelines). With ``--real N`` cases (a), (c) and (d) also run N times on real gloo processes (one
-per rank, through ``real``): the de-duplicated wrapper must equal the baseline and the hook-tensor bug must
-leave replicas diverged; how often the double reduction drifts on a real machine is reported (it depends on
-timing there). Prints a verdict table; exits non-zero if any expectation fails.
+ddp_tied_weights.html (cases, drift, findings, step time per wrapper, buggy and fixed timelines). With
+``--real N`` cases (a), (c) and (d) also run N times on real gloo processes (one per rank, through ``real``,
+the same GPU code on its emulated devices, as ``python -m real --emulate-cuda`` runs it): the de-duplicated
+wrapper must equal the baseline and the hook-tensor bug must leave replicas diverged; how often the double
+reduction drifts on a real machine is reported (it depends on timing there). Prints a verdict table; exits
+non-zero if any expectation fails.
 
 Usage: python scenarios/ddp_tied_weights.py [--seed N] [--real N] [--out DIR]
 """
@@ -33,6 +38,7 @@ Usage: python scenarios/ddp_tied_weights.py [--seed N] [--real N] [--out DIR]
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -87,15 +93,25 @@ def loss_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
 
 
+def on_gpu() -> torch.device:
+    """What a script launched by torchrun on GPUs does first: NCCL, and the GPU its LOCAL_RANK names."""
+    dist.init_process_group("nccl")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
 def train_rank(tied: bool, wrapper: str, options: dict, seed: int) -> dict:
-    """One rank's training loop (plain torch.distributed; the strategies know nothing of the simulator)."""
+    """One rank's training loop on its GPU (plain torch.distributed; the strategies know nothing of the simulator)."""
+    device = on_gpu()
     rank = dist.get_rank()
-    model = make_model(tied, seed)
+    model = make_model(tied, seed).to(device)
     ddp = WRAPPERS[wrapper](model, **options)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     for step in range(STEPS):
         opt.zero_grad(set_to_none=False)  # gradients keep their memory: race reports name them below
-        loss_of(ddp, *batch(rank, step, seed)).backward()
+        x, y = batch(rank, step, seed)  # as a data loader gives it: on the host
+        loss_of(ddp, x.to(device), y.to(device)).backward()
         ddp.finish_gradient_synchronization()
         opt.step()
     names: dict[int, str] = {}
@@ -105,9 +121,10 @@ def train_rank(tied: bool, wrapper: str, options: dict, seed: int) -> dict:
 
 
 def baseline(tied: bool, seed: int) -> dict[str, torch.Tensor]:
-    """The single-process model trained on every rank's batch at once."""
+    """The single-process model trained on every rank's batch at once, on the CPU."""
     model = make_model(tied, seed)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    # the optimizer's path on CUDA by default (the ranks' optimizers take it): the oracle aligns their ops
+    opt = torch.optim.SGD(model.parameters(), lr=LR, foreach=True)
     for step in range(STEPS):
         opt.zero_grad()
         xs, ys = zip(*(batch(r, step, seed) for r in range(WORLD)))
@@ -120,13 +137,25 @@ class Case:
     """One run checked step by step against the baseline by the equivalence oracle, and what the race detector found."""
 
     def __init__(self, label: str, tied: bool, wrapper: str, options: dict, progress: str, seed: int) -> None:
-        self.label, self.tied, self.wrapper, self.options, self.progress = label, tied, wrapper, options, progress
-        cluster = simdist.Cluster.switch(WORLD, bandwidth="25GB/s", latency="5us", device="cpu")
+        self.label, self.tied, self.wrapper, self.options, self.progress = (
+            label,
+            tied,
+            wrapper,
+            options,
+            progress,
+        )
+        cluster = simdist.Cluster.preset("dgx-h100", world_size=WORLD)  # 4 of a DGX H100's 8 GPUs
         with warnings.catch_warnings():  # findings are read from the result below, not from warnings
             warnings.simplefilter("ignore", simdist.RaceWarning)
             self.rep = simdist.check_equivalence(
-                train_rank, baseline, cluster, args=(tied, wrapper, options, seed), reference_args=(tied, seed),
-                seed=seed, progress=progress, races="warn",
+                train_rank,
+                baseline,
+                cluster,
+                args=(tied, wrapper, options, seed),
+                reference_args=(tied, seed),
+                seed=seed,
+                progress=progress,
+                races="warn",
             )
         self.res = self.rep.parallel
         ref = self.rep.reference.returns[0]
@@ -163,8 +192,12 @@ class Case:
         )
 
 
-def correctness(seed: int, verdicts: list[tuple[str, bool, str]], page: simdist.report.ScenarioReport) -> None:
-    print(f"Correctness: {WORLD} ranks, tied {VOCAB}x{DIM} embedding/projection, {STEPS} SGD steps, float64, seed {seed}")
+def correctness(
+    seed: int, verdicts: list[tuple[str, bool, str]], page: simdist.report.ScenarioReport
+) -> None:
+    print(
+        f"Correctness: {WORLD} ranks, tied {VOCAB}x{DIM} embedding/projection, {STEPS} SGD steps, float64, seed {seed}"
+    )
     cases: list[Case] = []
 
     a = Case("a", True, "OverlapDDP", {"dedup": False}, "gloo", seed)
@@ -178,19 +211,45 @@ def correctness(seed: int, verdicts: list[tuple[str, bool, str]], page: simdist.
     d_bucket = Case("d", True, "BucketedDDP", {"reduce_hook_tensor": True}, "gloo", seed)
     cases += [d, d_bucket]
 
-    print(f"{'':3s} {'model':6s} {'wrapper':11s} {'options':24s} {'prog.':5s} {'max |dw|':>11s} {'first divergence':26s} {'replicas differ at':28s} races")
+    print(
+        f"{'':3s} {'model':6s} {'wrapper':11s} {'options':24s} {'prog.':5s} {'max |dw|':>11s} {'first divergence':26s} {'replicas differ at':28s} races"
+    )
     for case in cases:
         print(case.row())
     print()
-    page.table("Cases against the single-process model", ["case", "model", "wrapper", "options", "progress", "max |dw|",
-               "first divergence", "replicas differ at", "races"], [
-        [c.label, "tied" if c.tied else "untied", c.wrapper, ",".join(f"{k}={v}" for k, v in c.options.items()) or "-",
-         c.progress, c.drift, ("equal", "pass") if c.rep.ok else ((f"step {c.rep.first.step} {c.rep.first.kind} "
-                                                                 f"{c.rep.first.name}"), "fail"),
-         ", ".join(n for n, _ in c.diverged) or "-", c.describe_races()]
-        for c in cases
-    ], note=f"{WORLD} ranks, tied {VOCAB}x{DIM} embedding/projection, {STEPS} SGD steps, float64, seed {seed}; "
-            "max |dw| is the largest difference of a final parameter from the baseline's.", nav="cases")
+    page.table(
+        "Cases against the single-process model",
+        [
+            "case",
+            "model",
+            "wrapper",
+            "options",
+            "progress",
+            "max |dw|",
+            "first divergence",
+            "replicas differ at",
+            "races",
+        ],
+        [
+            [
+                c.label,
+                "tied" if c.tied else "untied",
+                c.wrapper,
+                ",".join(f"{k}={v}" for k, v in c.options.items()) or "-",
+                c.progress,
+                c.drift,
+                ("equal", "pass")
+                if c.rep.ok
+                else ((f"step {c.rep.first.step} {c.rep.first.kind} {c.rep.first.name}"), "fail"),
+                ", ".join(n for n, _ in c.diverged) or "-",
+                c.describe_races(),
+            ]
+            for c in cases
+        ],
+        note=f"{WORLD} ranks, tied {VOCAB}x{DIM} embedding/projection, {STEPS} SGD steps, float64, seed {seed}; "
+        "max |dw| is the largest difference of a final parameter from the baseline's.",
+        nav="cases",
+    )
 
     tied_name = "embed.weight = head.weight"
     same_a = a.res.trace_hash == a_again.res.trace_hash and all(
@@ -199,43 +258,97 @@ def correctness(seed: int, verdicts: list[tuple[str, bool, str]], page: simdist.
         for n in a.res.returns[r]["params"]
     )
     verdicts.append(("(a) gloo: parameters drift from the baseline", not a.rep.ok, a.rep.summary()[:60]))
-    verdicts.append(("(a) the drift is the same for the same seed", same_a, f"trace hash {a.res.trace_hash[:16]} twice"))
     verdicts.append(
-        ("(a) detector names both all-reduces of the tie", a.races_on("overlap") == {tied_name}, ", ".join(sorted(a.races_on("overlap"))))
+        ("(a) the drift is the same for the same seed", same_a, f"trace hash {a.res.trace_hash[:16]} twice")
     )
-    verdicts.append(("(b) nccl: numerically equal to the baseline", b.rep.ok, f"{b.rep.steps} steps, max |dw| {difference(b.drift)}"))
-    verdicts.append(("(b) ... yet the detector flags it", b.races_on("overlap") == {tied_name}, ", ".join(sorted(b.races_on("overlap")))))
+    verdicts.append(
+        (
+            "(a) detector names both all-reduces of the tie",
+            a.races_on("overlap") == {tied_name},
+            ", ".join(sorted(a.races_on("overlap"))),
+        )
+    )
+    verdicts.append(
+        (
+            "(b) nccl: numerically equal to the baseline",
+            b.rep.ok,
+            f"{b.rep.steps} steps, max |dw| {difference(b.drift)}",
+        )
+    )
+    verdicts.append(
+        (
+            "(b) ... yet the detector flags it",
+            b.races_on("overlap") == {tied_name},
+            ", ".join(sorted(b.races_on("overlap"))),
+        )
+    )
     worst = max(c.drift for c in c_cases)
     verdicts.append(
-        ("(c) de-duplicated: equal to the baseline", all(c.rep.ok for c in c_cases), f"4 wrappers x 2 modes, max |dw| {difference(worst)}")
+        (
+            "(c) de-duplicated: equal to the baseline",
+            all(c.rep.ok for c in c_cases),
+            f"4 wrappers x 2 modes, max |dw| {difference(worst)}",
+        )
     )
     verdicts.append(("(c) de-duplicated: no race", not any(c.races for c in c_cases), "0 findings"))
     verdicts.append(
-        ("(c) no tie, no bug even without dedup", c_untied.rep.ok and not c_untied.races, f"max |dw| {difference(c_untied.drift)}")
+        (
+            "(c) no tie, no bug even without dedup",
+            c_untied.rep.ok and not c_untied.races,
+            f"max |dw| {difference(c_untied.drift)}",
+        )
     )
     verdicts.append(
-        ("(d) hook's tensor reduced: replicas diverge", bool(d.diverged) and bool(d_bucket.diverged), f"{len(d.diverged)} parameters differ")
+        (
+            "(d) hook's tensor reduced: replicas diverge",
+            bool(d.diverged) and bool(d_bucket.diverged),
+            f"{len(d.diverged)} parameters differ",
+        )
     )
     verdicts.append(
-        ("(d) detector: autograd read an in-flight buffer", any(r.kind == "access" for r in d.races), _first_access(d))
+        (
+            "(d) detector: autograd read an in-flight buffer",
+            any(r.kind == "access" for r in d.races),
+            _first_access(d),
+        )
     )
 
-    page.runs("(a) buggy vs (c) de-duplicated, gloo progress", {"(a) OverlapDDP(dedup=False)": a.res,
-              "(c) OverlapDDP": next(c for c in c_cases if c.wrapper == "OverlapDDP" and c.progress == "gloo").res},
-              note="Under gloo-like progress the tied gradient's two all-reduces run at once on two worker threads.",
-              nav="buggy vs fixed")
+    page.runs(
+        "(a) buggy vs (c) de-duplicated, gloo progress",
+        {
+            "(a) OverlapDDP(dedup=False)": a.res,
+            "(c) OverlapDDP": next(
+                c for c in c_cases if c.wrapper == "OverlapDDP" and c.progress == "gloo"
+            ).res,
+        },
+        note="Under gloo-like progress the tied gradient's two all-reduces run at once on two worker threads.",
+        nav="buggy vs fixed",
+    )
     fixed = next(c for c in c_cases if c.wrapper == "OverlapDDP" and c.progress == "gloo")
-    page.line_plot("Parameter drift per step", {
-        f"({c.label}) {c.wrapper}{' dedup=False' if c.options.get('dedup') is False else ''}"
-        f"{' hook tensor' if c.options.get('reduce_hook_tensor') else ''}, {c.progress}": drift_series(c.rep)
-        for c in (a, b, fixed, d)
-    }, x_label="optimizer step", y_label="max |param - baseline|", log=True, nav="drift",
+    page.line_plot(
+        "Parameter drift per step",
+        {
+            f"({c.label}) {c.wrapper}{' dedup=False' if c.options.get('dedup') is False else ''}"
+            f"{' hook tensor' if c.options.get('reduce_hook_tensor') else ''}, {c.progress}": drift_series(
+                c.rep
+            )
+            for c in (a, b, fixed, d)
+        },
+        x_label="optimizer step",
+        y_label="max |param - baseline|",
+        log=True,
+        nav="drift",
         note="The largest difference of any parameter from the single-process baseline's after each step (the "
-             "oracle's history, every rank's copy); 0 is bitwise equal.")
+        "oracle's history, every rank's copy); 0 is bitwise equal.",
+    )
     page.text("(a) the oracle's report", str(a.rep), error=not a.rep.ok, nav="oracle (a)")
     page.text("(a) the race detector's first finding", _first_overlap(a), error=True, nav="detector (a)")
-    page.text("(d) the detector's and the oracle's findings", _first_access_text(d) + "\n\n" + str(d.rep), error=True,
-              nav="findings (d)")
+    page.text(
+        "(d) the detector's and the oracle's findings",
+        _first_access_text(d) + "\n\n" + str(d.rep),
+        error=True,
+        nav="findings (d)",
+    )
     print("What the oracle reported in (a):")
     print("  " + "\n  ".join(str(a.rep).splitlines()))
     print("What the detector reported in (a):")
@@ -278,16 +391,17 @@ def timing_model() -> nn.Module:
 
 def timed_step(wrapper: str, options: dict) -> None:
     """Wrap, then one timed step between two simulated-time marks, each taken with the device idle (as
-    ``torch.cuda.synchronize()`` before reading a clock does on a GPU: the host runs ahead of its device)."""
-    model = timing_model()
+    ``torch.cuda.synchronize()`` does before reading a clock: the host runs ahead of its device)."""
+    device = on_gpu()
+    model = timing_model().to(device)
     ddp = WRAPPERS[wrapper](model, **options)
-    x = torch.randn(TOKENS, WIDTH, generator=torch.Generator().manual_seed(dist.get_rank()))
+    x = torch.randn(TOKENS, WIDTH, generator=torch.Generator().manual_seed(dist.get_rank())).to(device)
     dist.barrier()
-    simdist.synchronize()
+    torch.cuda.synchronize()
     start = simdist.now()
     ddp(x).pow(2).mean().backward()
     ddp.finish_gradient_synchronization()
-    simdist.synchronize()
+    torch.cuda.synchronize()
     return simdist.now() - start, start
 
 
@@ -300,7 +414,9 @@ TIMED = [
 ]
 
 
-def timing(verdicts: list[tuple[str, bool, str]], trace_path: Path, page: simdist.report.ScenarioReport) -> None:
+def timing(
+    verdicts: list[tuple[str, bool, str]], trace_path: Path, page: simdist.report.ScenarioReport
+) -> None:
     cluster = simdist.Cluster.preset("dgx-h100", world_size=TIMING_WORLD)
     params = sum(p.numel() for p in timing_model().parameters())
     print(
@@ -309,7 +425,9 @@ def timing(verdicts: list[tuple[str, bool, str]], trace_path: Path, page: simdis
         f"{TOKENS} rows per rank"
     )
     print("  compute includes the wrapper's own copies and divisions; exposed comm = step - compute (rank 0)")
-    print(f"  {'wrapper':26s} {'step (us)':>10s} {'compute':>9s} {'comm':>9s} {'exposed comm':>13s} {'all-reduces':>12s}")
+    print(
+        f"  {'wrapper':26s} {'step (us)':>10s} {'compute':>9s} {'comm':>9s} {'exposed comm':>13s} {'all-reduces':>12s}"
+    )
     results = {}
     for wrapper, options in TIMED:
         label = wrapper + (f" cap {options['bucket_cap_mb']:g} MiB" if options else "")
@@ -318,7 +436,9 @@ def timing(verdicts: list[tuple[str, bool, str]], trace_path: Path, page: simdis
         start = res.returns[0][1]
         comp, comm = _busy(res, 0, "compute", start), _busy(res, 0, "comm", start)
         n_ar = sum(1 for s in res.trace.collectives(0) if s.name.endswith("all_reduce") and s.start >= start)
-        print(f"  {label:26s} {step * 1e6:10.1f} {comp * 1e6:9.1f} {comm * 1e6:9.1f} {(step - comp) * 1e6:13.1f} {n_ar:12d}")
+        print(
+            f"  {label:26s} {step * 1e6:10.1f} {comp * 1e6:9.1f} {comm * 1e6:9.1f} {(step - comp) * 1e6:13.1f} {n_ar:12d}"
+        )
         results[label] = (step, comp, comm, res, start)
     fastest = min(results, key=lambda k: results[k][0])
     print(f"  fastest: {fastest}")
@@ -329,18 +449,30 @@ def timing(verdicts: list[tuple[str, bool, str]], trace_path: Path, page: simdis
     for r in range(TIMING_WORLD):
         step_r = res.returns[r][0]
         comp_r, comm_r = _busy(res, r, "compute", start), _busy(res, r, "comm", start)
-        print(f"  {r:4d} {step_r * 1e6:10.1f} {comp_r * 1e6:9.1f} {comm_r * 1e6:9.1f} {(step_r - comp_r) * 1e6:9.1f}")
+        print(
+            f"  {r:4d} {step_r * 1e6:10.1f} {comp_r * 1e6:9.1f} {comm_r * 1e6:9.1f} {(step_r - comp_r) * 1e6:9.1f}"
+        )
     res.trace.save_chrome(trace_path)
     print(f"  Chrome trace of this step: {trace_path} (open in ui.perfetto.dev)")
     print()
-    page.bar_plot("Step time per wrapper", {
-        name: {"step": step, "compute": comp, "communication": comm, "exposed communication": step - comp}
-        for name, (step, comp, comm, _, _) in results.items()
-    }, y_label="simulated time (rank 0)", unit="time", nav="step time",
+    page.bar_plot(
+        "Step time per wrapper",
+        {
+            name: {"step": step, "compute": comp, "communication": comm, "exposed communication": step - comp}
+            for name, (step, comp, comm, _, _) in results.items()
+        },
+        y_label="simulated time (rank 0)",
+        unit="time",
+        nav="step time",
         note=f"One data-parallel step on {cluster.name} ({TIMING_WORLD} ranks, H100 cost model), {LAYERS}x{WIDTH} MLP; "
-             "exposed communication = step - compute on rank 0.")
-    page.runs("NaiveDDP vs BucketedDDP (4 MiB buckets)", {"NaiveDDP": results["NaiveDDP"][3], label: res},
-              ranks=[0, 1, TIMING_WORLD - 1], nav="timelines")
+        "exposed communication = step - compute on rank 0.",
+    )
+    page.runs(
+        "NaiveDDP vs BucketedDDP (4 MiB buckets)",
+        {"NaiveDDP": results["NaiveDDP"][3], label: res},
+        ranks=[0, 1, TIMING_WORLD - 1],
+        nav="timelines",
+    )
     naive, overlap, bucket = results["NaiveDDP"], results["OverlapDDP"], results[label]
     verdicts.append(
         (
@@ -350,13 +482,19 @@ def timing(verdicts: list[tuple[str, bool, str]], trace_path: Path, page: simdis
         )
     )
     verdicts.append(
-        ("bucketing cuts per-collective latency", bucket[2] < overlap[2], f"comm {overlap[2] * 1e6:.0f} -> {bucket[2] * 1e6:.0f} us")
+        (
+            "bucketing cuts per-collective latency",
+            bucket[2] < overlap[2],
+            f"comm {overlap[2] * 1e6:.0f} -> {bucket[2] * 1e6:.0f} us",
+        )
     )
 
 
 def _busy(res: simdist.RunResult, rank: int, prefix: str, since: float) -> float:
     spans = sorted(
-        (max(s.start, since), s.end) for s in res.trace.spans if s.rank == rank and s.stream.startswith(prefix) and s.end > since
+        (max(s.start, since), s.end)
+        for s in res.trace.spans
+        if s.rank == rank and s.stream.startswith(prefix) and s.end > since
     )
     total, cur_s, cur_e = 0.0, None, None
     for s, e in spans:
@@ -377,7 +515,10 @@ REAL_CASES = [
 
 
 def on_real_gloo(
-    seed: int, repeats: int, verdicts: list[tuple[str, bool, str]], page: simdist.report.ScenarioReport | None = None
+    seed: int,
+    repeats: int,
+    verdicts: list[tuple[str, bool, str]],
+    page: simdist.report.ScenarioReport | None = None,
 ) -> None:
     """The same rank function on real gloo processes (one per rank): what the simulation predicts."""
     import real
@@ -389,8 +530,17 @@ def on_real_gloo(
     diverged: dict[str, list] = {}
     for label, wrapper, options in REAL_CASES:
         for _ in range(repeats):
-            out = real.run_script(__file__, nproc=WORLD, entry="train_rank", args=(True, wrapper, options, seed))
-            drift = max((out.returns[r]["params"][n] - ref[n]).abs().max().item() for r in range(WORLD) for n in ref)
+            out = real.run_script(
+                __file__,
+                nproc=WORLD,
+                backend="nccl",
+                entry="train_rank",
+                args=(True, wrapper, options, seed),
+                emulate_cuda=True,
+            )
+            drift = max(
+                (out.returns[r]["params"][n] - ref[n]).abs().max().item() for r in range(WORLD) for n in ref
+            )
             drifts.setdefault(label, []).append(drift)
             diverged.setdefault(label, []).append(unequal_replicas(out.returns))
         opts = ",".join(f"{k}={v}" for k, v in options.items()) or "-"
@@ -399,20 +549,42 @@ def on_real_gloo(
         print(f"{label:3s} {wrapper:11s} {opts:24s} {runs:32s} {', '.join(names) or '-'}")
     print()
     if page is not None:
-        page.table("Real gloo launches", ["case", "wrapper", "options", "max |dw| per launch", "replicas differ at"], [
-        [label, wrapper, ",".join(f"{k}={v}" for k, v in options.items()) or "-",
-         ", ".join(difference(d) for d in drifts[label]),
-         ", ".join(sorted({n for launch in diverged[label] for n, _ in launch})) or "-"]
-        for label, wrapper, options in REAL_CASES
-    ], note=f"{WORLD} gloo processes on this machine, {repeats} launches per case: the simulation's verdicts on real "
-            "hardware.", nav="real gloo")
+        page.table(
+            "Real gloo launches",
+            ["case", "wrapper", "options", "max |dw| per launch", "replicas differ at"],
+            [
+                [
+                    label,
+                    wrapper,
+                    ",".join(f"{k}={v}" for k, v in options.items()) or "-",
+                    ", ".join(difference(d) for d in drifts[label]),
+                    ", ".join(sorted({n for launch in diverged[label] for n, _ in launch})) or "-",
+                ]
+                for label, wrapper, options in REAL_CASES
+            ],
+            note=f"{WORLD} gloo processes on this machine, {repeats} launches per case: the simulation's verdicts on real "
+            "hardware.",
+            nav="real gloo",
+        )
     drifting = sum(d > 1e-6 for d in drifts["a"])
     # Timing decides whether the two all-reduces overlap on a real machine: reported, not asserted.
     print(f"(a) on real gloo the double reduction drifted in {drifting} of {repeats} launches")
     print()
-    verdicts.append(("(c) real gloo: de-duplicated equals the baseline", max(drifts["c"]) < TOL, f"max |dw| {difference(max(drifts['c']))}"))
+    verdicts.append(
+        (
+            "(c) real gloo: de-duplicated equals the baseline",
+            max(drifts["c"]) < TOL,
+            f"max |dw| {difference(max(drifts['c']))}",
+        )
+    )
     every = all(diverged["d"])  # in every launch, not just one
-    verdicts.append(("(d) real gloo: hook's tensor: replicas diverge", every, f"in {sum(map(bool, diverged['d']))} of {repeats} launches"))
+    verdicts.append(
+        (
+            "(d) real gloo: hook's tensor: replicas diverge",
+            every,
+            f"in {sum(map(bool, diverged['d']))} of {repeats} launches",
+        )
+    )
 
 
 def unequal_replicas(returns: list[dict]) -> list[tuple[str, tuple[int, ...]]]:
@@ -429,14 +601,29 @@ def unequal_replicas(returns: list[dict]) -> list[tuple[str, tuple[int, ...]]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--real", type=int, default=0, metavar="N",
-                    help="also run cases a, c and d on real gloo processes, N launches each")
-    ap.add_argument("--out", type=Path, default=REPORTS, metavar="DIR", help="where the HTML report and the Chrome trace are written (default: %(default)s)")
+    ap.add_argument(
+        "--real",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run cases a, c and d on real gloo processes, N launches each",
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=REPORTS,
+        metavar="DIR",
+        help="where the HTML report and the Chrome trace are written (default: %(default)s)",
+    )
     args = ap.parse_args(argv)
     verdicts: list[tuple[str, bool, str]] = []
-    page = simdist.report.ScenarioReport("Tied weights and data parallelism", description=__doc__, seed=args.seed,
-                                         command=f"python scenarios/ddp_tied_weights.py --seed {args.seed}"
-                                                 + (f" --real {args.real}" if args.real else ""))
+    page = simdist.report.ScenarioReport(
+        "Tied weights and data parallelism",
+        description=__doc__,
+        seed=args.seed,
+        command=f"python scenarios/ddp_tied_weights.py --seed {args.seed}"
+        + (f" --real {args.real}" if args.real else ""),
+    )
     correctness(args.seed, verdicts, page)
     timing(verdicts, args.out / "ddp_step.json", page)
     if args.real:

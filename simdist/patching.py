@@ -191,6 +191,9 @@ INVENTORY: tuple[Patch, ...] = (
           "inside DTensor's RNG region a simulated GPU's generator draws counter-based numbers at the offset set"),
     Patch("torch.distributed.tensor._random", ("__class__", "manual_seed"), "simdist.cudart.install",
           "DTensor's RNG tracker, a module global (one per process), is each rank's own"),
+    Patch("torch.utils", ("swap_tensors",), "simdist.cudart.install",
+          "Module.to moves a parameter onto a simulated GPU by a swap where a GPU sets its data: the parameter "
+          "keeps its attributes and hooks, as on a GPU"),
     Patch("torch.autograd", ("_engine_run_backward",), "simdist.cudart.install",
           "a hook that raises in a backward pass over simulated GPU tensors raises its own error (C++ unwinds "
           "through the simulated device guard, which keeps the error aside)"),

@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass, transfor
 from simdist.cuda import device, pending, philox
 from simdist.cuda.fallbacks import FALLBACKS, unsupported
 from simdist.cuda.rngstate import DeviceGenerator
+from simdist.cuda.swap import swap_keeping_own
 from simdist.errors import DeviceMismatchError, HostConversionError
 from simdist.untraced import never_compiled
 
@@ -41,6 +42,11 @@ _TENSOR_NEW_TENSOR = torch.Tensor.new_tensor
 #: the CPU generator's own state methods (a device generator's own add CUDA's seed and offset)
 _CPU_GET_STATE = torch._C.Generator.get_state
 _CPU_SET_STATE = torch._C.Generator.set_state
+#: torch's own ``torch.utils.swap_tensors`` (a run replaces it: :func:`swapping`)
+_TORCH_SWAP = torch.utils.swap_tensors
+#: what a wrapper's Python object holds for its data (the CPU tensor, the device, the mark ``nn.Parameter`` puts on
+#: a subclass): a swap moves it with the data; the object's other attributes are its own
+_DATA_STATE = frozenset({"_elem", "_dev", "_is_param"})
 
 
 class SimCudaTensor(torch.Tensor):
@@ -196,7 +202,7 @@ def _take_host_data(t: SimCudaTensor, new: torch.Tensor) -> None:
     if grad is not None:
         t.grad = None  # the gradient's reference would block the swap
     try:
-        torch.utils.swap_tensors(t, replacement)
+        swap_keeping_own(_TORCH_SWAP, t, replacement, _DATA_STATE)
     except RuntimeError as e:
         if grad is not None:
             t.grad = grad
@@ -206,6 +212,23 @@ def _take_host_data(t: SimCudaTensor, new: torch.Tensor) -> None:
         ) from e
     if grad is not None:
         t.grad = grad.to(device=new.device, dtype=new.dtype) if grad.shape == new.shape else None
+
+
+def swapping(
+    swap: Callable[[torch.Tensor, torch.Tensor], None],
+) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """``torch.utils.swap_tensors`` (``swap``) for a run: where a tensor on a simulated GPU takes part, the swap
+    stands for the ``param.data = moved`` a GPU makes (``Module.to``), and each object keeps its
+    attributes and hooks (:mod:`simdist.cuda.swap`); other swaps are torch's."""
+
+    def swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
+        if isinstance(t1, SimCudaTensor) or isinstance(t2, SimCudaTensor):
+            swap_keeping_own(swap, t1, t2, _DATA_STATE)
+        else:
+            swap(t1, t2)
+
+    swap_tensors.__doc__ = swap.__doc__
+    return swap_tensors
 
 
 # ---------------------------------------------------------------------------------------------- per op

@@ -28,7 +28,7 @@ from simdist.comm.context import RunContext
 from simdist.compute.devices import DeviceSpec
 from simdist.cuda import attention, native, pending
 from simdist.cuda.rank import RankCuda
-from simdist.cuda.tensor import SimCudaTensor
+from simdist.cuda.tensor import SimCudaTensor, swapping
 from simdist.cudart import api, checkpoints, dtensor_random, events, streams
 from simdist.cudart.generator import CudaGenerator
 from simdist.cudart.nvtx import NvtxRanges, record_function_methods
@@ -176,6 +176,7 @@ def _patches() -> dict[str, Any]:
     )
     patches["torch.distributed.tensor._random.__class__"] = dtensor_random.PerRankTracker
     patches["torch.distributed.tensor._random.manual_seed"] = dtensor_random.manual_seed()
+    patches["torch.utils.swap_tensors"] = swapping(torch.utils.swap_tensors)
     run_backward = _run_backward(torch.autograd.graph._engine_run_backward)
     patches["torch.autograd._engine_run_backward"] = run_backward
     patches["torch.autograd.graph._engine_run_backward"] = run_backward

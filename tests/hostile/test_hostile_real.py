@@ -23,6 +23,7 @@ import tempfile
 from collections.abc import Callable
 
 import pytest
+import torch
 import torch.distributed as dist
 from hostile_cases import Case, check, params
 
@@ -201,6 +202,43 @@ def _kept_and_refused(result: real.RealResult) -> None:
         ), world
 
 
+def _hooked_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+
+
+def _rank_batch(rank: int) -> torch.Tensor:
+    return torch.randn(5, 4, generator=torch.Generator().manual_seed(rank))
+
+
+def hooked_ddp_on_gpu() -> dict[str, torch.Tensor]:
+    """Data parallelism written by hand for GPUs: a post-accumulate-grad hook on each parameter of a model moved to
+    the GPU after it was built all-reduces its gradient and divides by the world size."""
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    model = _hooked_model().to("cuda")
+
+    def average(p: torch.Tensor) -> None:
+        dist.all_reduce(p.grad)
+        p.grad.div_(dist.get_world_size())
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(average)
+    model(_rank_batch(dist.get_rank()).to("cuda")).pow(2).sum().backward()
+    return {n: p.grad.cpu() for n, p in model.named_parameters()}
+
+
+def _averaged(result: real.RealResult) -> None:
+    """Oracle: every rank's gradients are the single-process average of both ranks' (each hook reduced once)."""
+    per_rank = []
+    for rank in range(2):
+        model = _hooked_model()
+        model(_rank_batch(rank)).pow(2).sum().backward()
+        per_rank.append({n: p.grad for n, p in model.named_parameters()})
+    average = {n: (per_rank[0][n] + per_rank[1][n]) / 2 for n in per_rank[0]}
+    for rank, grads in enumerate(result.returns):
+        assert all(torch.equal(grads[n], average[n]) for n in average), f"rank {rank}: gradients not averaged"
+
+
 def _refused(pattern: str) -> Callable[[tuple[int, str, str]], None]:
     """Oracle: python -m real's usage status (2), nothing started (no rank's output), and the message."""
 
@@ -229,6 +267,10 @@ CASES: list[Case] = [
     Case("real-emulate-cuda-not-a-flag", "real.run(fn, 2, emulate_cuda='yes')",
          lambda: real.run(exit_on_rank_1, 2, emulate_cuda="yes"),  # type: ignore[arg-type]
          error=real.RealConfigError, match=r"emulate_cuda must be True, False or a real\.EmulatedCuda; got 'yes'"),
+    Case("real-emulate-cuda-hooked-ddp", "averages gradients in post-accumulate-grad hooks it registers after "
+         "moving its model to the emulated GPU (real.run(..., emulate_cuda=True))",
+         lambda: real.run(hooked_ddp_on_gpu, 2, backend="nccl", emulate_cuda=True, timeout=120),
+         check=_averaged, slow=True),
     Case("real-os-exit", "rank 1 calls os._exit(7) while rank 0 waits in a barrier", _launch(exit_on_rank_1),
          error=real.RealRunError,
          match=r"^rank 1 failed on 2 real processes \(backend gloo\):\nprocess exited with code 7 without a "
