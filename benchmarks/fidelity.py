@@ -1,4 +1,4 @@
-"""simdist against published measurements: ``python benchmarks/fidelity.py [--model alpha-beta] [--check]``.
+"""simdist against published measurements: ``python benchmarks/fidelity.py [--model nccl|alpha-beta] [--check]``.
 
 Reads the measurements kept under ``benchmarks/fidelity/`` (each row with its source; see its README) and the
 matmuls of this project's own H100 run (``benchmarks/gpu/results/h100-2026-11-26``), predicts each row with simdist
@@ -49,8 +49,10 @@ H100_RUN = Path(__file__).resolve().parent / "gpu" / "results" / "h100-2026-11-2
 
 #: the timing models a cluster can be built with; a new model is one entry: name -> (preset, overrides) -> Cluster
 TIMING_MODELS: dict[str, Callable[..., Cluster]] = {
-    "alpha-beta": lambda preset, **overrides: Cluster.preset(preset, **overrides),
     "nccl": lambda preset, **overrides: Cluster.preset(preset, collective_model="nccl", **overrides),
+    "alpha-beta": lambda preset, **overrides: Cluster.preset(
+        preset, collective_model="alpha-beta", **overrides
+    ),
 }
 
 #: collective size bands (bytes): the latency-bound, the protocol-switching and the bandwidth-bound sizes
@@ -333,7 +335,12 @@ def results(model: str, check: bool = False) -> list[Result]:
 def main(argv: list[str] | None = None) -> int:
     """Print the comparison; with --check, return 1 unless every prediction is finite and positive."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=sorted(TIMING_MODELS), default="alpha-beta", help="timing model")
+    parser.add_argument(
+        "--model",
+        choices=sorted(TIMING_MODELS),
+        default="nccl",
+        help="timing model (default: nccl, the GPU presets')",
+    )
     parser.add_argument("--check", action="store_true", help="a few rows per table; fail on a bad prediction")
     args = parser.parse_args(argv)
     got = results(args.model, args.check)

@@ -4,7 +4,10 @@ default."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
+from pathlib import Path
 
 import networkx as nx
 import pytest
@@ -15,6 +18,7 @@ import simdist
 from simdist import Cluster
 from simdist.algorithms import nccl
 from simdist.cli import main
+from simdist.compute import get_device
 from simdist.errors import ClusterSpecError, NcclEnvironmentError
 
 
@@ -146,10 +150,43 @@ def test_groups_presenting_gloo_keep_link_timing() -> None:
     assert [s.args.get("nccl") for s in spans] == ["Ring/LL", None, None]
 
 
-def test_alpha_beta_is_the_default_and_unchanged() -> None:
-    cluster = Cluster.preset("dgx-h100", world_size=8)
-    assert cluster.collective_model == "alpha-beta"
+def test_gpu_presets_time_with_nccl_and_alpha_beta_stays_selectable() -> None:
+    assert Cluster.preset("dgx-h100", world_size=8).collective_model == "nccl"
+    assert Cluster.preset("dgx-a100", world_size=8).collective_model == "nccl"
+    assert Cluster.preset("dgx-h100", world_size=8, device="H200").collective_model == "nccl"
+    cluster = Cluster.preset("dgx-h100", world_size=8, collective_model="alpha-beta")
     assert _label(_run(cluster, "all_reduce", 1 << 18)) == ""
+    # custom clusters and the other presets keep the link-level model
+    assert (
+        Cluster.preset("switch").collective_model
+        == Cluster.switch(4, device="H100").collective_model
+        == "alpha-beta"
+    )
+
+
+def test_a_gpu_preset_on_a_device_nccls_model_does_not_know_is_timed_link_by_link() -> None:
+    # the preset's default yields to the device (a cost model you built, the CPU); asking for NCCL's model is refused
+    slow = dataclasses.replace(get_device("H100"), name="H100/1000")
+    assert Cluster.preset("dgx-h100", world_size=8, device=slow).collective_model == "alpha-beta"
+    assert Cluster.preset("dgx-h100", world_size=8, device="cpu").collective_model == "alpha-beta"
+    with pytest.raises(ClusterSpecError, match="H100/1000"):
+        Cluster.preset("dgx-h100", world_size=8, device=slow, collective_model="nccl")
+
+
+@pytest.mark.parametrize("suffix", [".toml", ".json"])
+def test_a_saved_cluster_keeps_its_nodes_and_its_collective_model(tmp_path: Path, suffix: str) -> None:
+    cluster = Cluster.preset("dgx-h100", nodes=2)
+    cluster.save(tmp_path / f"c{suffix}")
+    loaded = Cluster.from_file(tmp_path / f"c{suffix}")
+    assert (loaded.collective_model, loaded.ranks_per_node, loaded.gpus_per_node) == ("nccl", 8, 8)
+    size = 1 << 22
+    spans = [_run(c, "all_reduce", size).trace.spans[-1] for c in (loaded, cluster)]
+    assert spans[0].end - spans[0].start == spans[1].end - spans[1].start
+    assert _label(_run(loaded, "all_reduce", size)) == _label(_run(cluster, "all_reduce", size)) != ""
+    text = re.sub(r'\s*"?gpus_per_node"?\s*[=:]\s*8,?', "", (tmp_path / f"c{suffix}").read_text())
+    (tmp_path / f"d{suffix}").write_text(text)
+    with pytest.raises(ClusterSpecError, match="ranks_per_node without gpus_per_node"):
+        Cluster.from_file(tmp_path / f"d{suffix}")
 
 
 def test_refused_where_nccl_model_does_not_apply() -> None:

@@ -186,7 +186,9 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
         """(latency s, seconds per byte) of the slowest route between members ``i`` and ``i XOR distance`` of
         ``ranks``: what one round of recursive halving or doubling at that distance costs."""
         n = len(ranks)
-        pairs = [(ranks[i], ranks[i ^ distance]) for i in range(n) if (i ^ distance) < n and i != i ^ distance]
+        pairs = [
+            (ranks[i], ranks[i ^ distance]) for i in range(n) if (i ^ distance) < n and i != i ^ distance
+        ]
         if not pairs:
             return 0.0, 0.0
         return (
@@ -231,7 +233,11 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
                 ", ".join(f"{k}={v}" for k, v in sorted(self.algorithms.items()))
                 or "auto for every collective"
             )
-            + ("" if self.collective_model == "alpha-beta" else f"; timed by the {self.collective_model} model"),
+            + (
+                ""
+                if self.collective_model == "alpha-beta"
+                else f"; timed by the {self.collective_model} model"
+            ),
             "  link classes (count, bandwidth per direction, latency per link):",
         ]
         for (src, dst, bandwidth, latency), count in classes.items():
@@ -248,9 +254,18 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
 
     def to_config(self) -> dict[str, Any]:
         """Return this cluster as a config mapping (explicit ``links`` form) that ``load_cluster`` reads back."""
-        cluster: dict[str, Any] = {"name": self.name, "world_size": self.world_size, "device": self.device_name}
+        cluster: dict[str, Any] = {
+            "name": self.name,
+            "world_size": self.world_size,
+            "device": self.device_name,
+        }
         if self.switches:
             cluster["switches"] = list(self.switches)  # keeps switch order, hence link numbering
+        if self.ranks_per_node is not None:
+            cluster["ranks_per_node"] = self.ranks_per_node
+            cluster["gpus_per_node"] = self.gpus_per_node
+        if self.collective_model != "alpha-beta":
+            cluster["collective_model"] = self.collective_model
         if self.algorithms:
             cluster["algorithms"] = dict(self.algorithms)
         links = [
@@ -263,7 +278,9 @@ def check_collective_model(model: object, device: object) -> str:
     """``model`` if it is a collective model (``simdist.options.COLLECTIVE_MODELS``) that ``device`` can be
     timed with; a ClusterSpecError naming the choices otherwise."""
     if not isinstance(model, str) or model not in COLLECTIVE_MODELS:
-        raise ClusterSpecError(f"collective_model must be one of {', '.join(COLLECTIVE_MODELS)}; found {model!r}")
+        raise ClusterSpecError(
+            f"collective_model must be one of {', '.join(COLLECTIVE_MODELS)}; found {model!r}"
+        )
     name = get_device(device).name if isinstance(device, str) else getattr(device, "name", "")
     if model == "nccl" and nccl.generation_of(name) is None:
         raise ClusterSpecError(
@@ -288,7 +305,9 @@ def load_file(path: str | Path, world_size: int | None = None) -> Cluster:
     return Cluster.from_file(path, world_size)
 
 
-def cluster_from_config(config: Mapping[str, Any], world_size: int | None = None, source: str = "config") -> Cluster:
+def cluster_from_config(
+    config: Mapping[str, Any], world_size: int | None = None, source: str = "config"
+) -> Cluster:
     """``Cluster.from_config``: a cluster from a parsed config mapping; ``source`` names it in errors."""
     return Cluster.from_config(config, world_size, source)
 

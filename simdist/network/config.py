@@ -115,7 +115,9 @@ def _read(path: Path) -> Any:
             f"cluster file {str(path)!r} must end in .toml or .json; found {suffix or 'no suffix'!r}"
         )
     if path.is_dir():
-        raise ClusterSpecError(f"cluster file {str(path)!r} is a directory; give the path of a .toml/.json file")
+        raise ClusterSpecError(
+            f"cluster file {str(path)!r} is a directory; give the path of a .toml/.json file"
+        )
     if not path.is_file():
         raise ClusterSpecError(
             f"cluster file {str(path)!r} does not exist; give a preset name or a .toml/.json path"
@@ -151,6 +153,29 @@ def _toml_value(value: Any) -> str:
     return json.dumps(value)  # a JSON string is a valid TOML basic string
 
 
+#: the [cluster] keys of an explicit [[links]] list that say how its ranks sit in nodes (``Cluster.save`` writes them)
+NODE_KEYS = ("ranks_per_node", "gpus_per_node")
+
+
+def _nodes(params: dict[str, Any], world_size: int) -> tuple[int | None, int | None]:
+    """(ranks_per_node, gpus_per_node) taken out of ``params``: both or neither, ranks of whole nodes."""
+    given = [k for k in NODE_KEYS if k in params]
+    if not given:
+        return None, None
+    if len(given) == 1:
+        raise ClusterSpecError(
+            f"[cluster] gives {given[0]} without {'gpus_per_node' if given[0] == 'ranks_per_node' else 'ranks_per_node'}: give both or neither"
+        )
+    used = positive_int(params.pop("ranks_per_node"), "[cluster] ranks_per_node")
+    per_node = positive_int(params.pop("gpus_per_node"), "[cluster] gpus_per_node")
+    if used > per_node or world_size % used:
+        raise ClusterSpecError(
+            f"[cluster] ranks_per_node = {used} must be at most gpus_per_node = {per_node} and divide world_size = "
+            f"{world_size}"
+        )
+    return used, per_node
+
+
 def config_to_toml(config: Mapping[str, Any]) -> str:
     """Return the config mapping made by ``Cluster.to_config`` as TOML text."""
     cluster = dict(config["cluster"])
@@ -167,13 +192,17 @@ class ClusterFiles:
     """Build clusters from config mappings, files and names, and write them back; mixed into the cluster class."""
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], world_size: int | None = None, source: str = "config") -> Self:
+    def from_config(
+        cls, config: Mapping[str, Any], world_size: int | None = None, source: str = "config"
+    ) -> Self:
         """Build a cluster from a parsed config mapping (the file format above); ``source`` names it in errors."""
         try:
             return cls._from_config(config, world_size, source)
         except ClusterSpecError as exc:
             message = str(exc)
-            raise ClusterSpecError(message if message.startswith(source) else f"{source}: {message}") from None
+            raise ClusterSpecError(
+                message if message.startswith(source) else f"{source}: {message}"
+            ) from None
 
     @classmethod
     def from_file(cls, path: str | Path, world_size: int | None = None) -> Self:
@@ -211,7 +240,9 @@ class ClusterFiles:
     def _from_config(cls, config: Mapping[str, Any], world_size: int | None, source: str) -> Self:
         """Build a cluster from ``config``; errors are prefixed with ``source`` by the caller."""
         if not isinstance(config, Mapping):
-            raise ClusterSpecError(f"expected a table with a 'cluster' table; found a {type(config).__name__}")
+            raise ClusterSpecError(
+                f"expected a table with a 'cluster' table; found a {type(config).__name__}"
+            )
         check_keys(config, ["cluster", "links"], "top level")
         table = config.get("cluster")
         if not isinstance(table, Mapping):
@@ -219,7 +250,9 @@ class ClusterFiles:
                 "needs a [cluster] table with builder = ..., preset = ..., or world_size = ... and [[links]]"
             )
         links = config.get("links")
-        forms = [k for k in ("preset", "builder") if k in table] + (["[[links]]"] if links is not None else [])
+        forms = [k for k in ("preset", "builder") if k in table] + (
+            ["[[links]]"] if links is not None else []
+        )
         if len(forms) != 1:
             raise ClusterSpecError(
                 'the [cluster] table needs exactly one of preset = "...", builder = "...", or a [[links]] list; '
@@ -251,8 +284,22 @@ class ClusterFiles:
                 )
             check_keys(params, cls.builder_keys(builder), f"[cluster] (builder {builder!r})")
             return cls.build(builder, dict(params), world_size, f"builder {builder!r}")  # type: ignore[attr-defined]
-        check_keys(params, [*COMMON_KEYS, "switches"], "[cluster] (explicit [[links]])")
+        check_keys(
+            params,
+            [*COMMON_KEYS, *NODE_KEYS, "collective_model", "switches"],
+            "[cluster] (explicit [[links]])",
+        )
         if world_size is None:
             raise ClusterSpecError("an explicit [[links]] list needs world_size = N in the [cluster] table")
         switches = params.pop("switches", [])
-        return cls(_links_graph(links, world_size, switches), **params)  # type: ignore[call-arg]
+        from simdist.network.cluster import (
+            check_collective_model,
+        )  # the cluster class is assembled from this mixin
+
+        nodes = _nodes(params, world_size)
+        model = params.pop("collective_model", "alpha-beta")
+        cluster = cls(_links_graph(links, world_size, switches), **params)  # type: ignore[call-arg]
+        # the nodes first: NCCL's model reads them (a cluster saved from a preset or two_level keeps its nodes)
+        cluster.ranks_per_node, cluster.gpus_per_node = nodes
+        cluster.collective_model = check_collective_model(model, cluster.device)
+        return cluster

@@ -51,6 +51,7 @@ PRESETS: dict[str, Preset] = {
                 "inter_bandwidth": "400Gb/s",
                 "inter_latency": "5us",
                 "device": "H100",
+                "collective_model": "nccl",
             },
             "nodes of 8 H100 SXM: NVLink4 450 GB/s per GPU via NVSwitch, 400 Gb/s IB NIC per GPU",
         ),
@@ -68,6 +69,7 @@ PRESETS: dict[str, Preset] = {
                 "inter_bandwidth": "200Gb/s",
                 "inter_latency": "5us",
                 "device": "A100",
+                "collective_model": "nccl",
             },
             "nodes of 8 A100 SXM: NVLink3 300 GB/s per GPU via NVSwitch, 200 Gb/s HDR IB NIC per GPU",
         ),
@@ -94,6 +96,16 @@ PRESETS: dict[str, Preset] = {
     )
 }
 """Named presets; ``Cluster.preset(name, **overrides)`` builds one."""
+
+
+def _canonical(name: str) -> str:
+    """A device name as the device table spells it (an alias's model), or ``name`` itself if it is not there."""
+    from simdist.compute import get_device
+
+    try:
+        return get_device(name).name
+    except ClusterSpecError:
+        return name
 
 
 def preset_names() -> list[str]:
@@ -166,7 +178,9 @@ class ClusterPresets:
         return list(inspect.signature(getattr(cls, builder)).parameters)
 
     @classmethod
-    def build(cls, builder: str, params: dict[str, Any], world_size: int | None = None, where: str = "") -> Self:
+    def build(
+        cls, builder: str, params: dict[str, Any], world_size: int | None = None, where: str = ""
+    ) -> Self:
         """Call builder ``builder`` with ``params`` (sized by ``world_size`` when its size key is absent)."""
         if not isinstance(builder, str) or builder not in SIZE_KEY:
             raise ClusterSpecError(
@@ -174,16 +188,22 @@ class ClusterPresets:
             )
         where = where or f"builder {builder!r}"
         if not isinstance(params, Mapping):
-            raise ClusterSpecError(f"{where}: the arguments must be a mapping of keyword to value; found {params!r}")
+            raise ClusterSpecError(
+                f"{where}: the arguments must be a mapping of keyword to value; found {params!r}"
+            )
         check_keys(params, cls.builder_keys(builder), where)
         params = dict(params)
         if world_size is not None:
-            world_size = world_size_within_limit(positive_int(world_size, f"{where}: world_size"), f"{where}: world_size")
+            world_size = world_size_within_limit(
+                positive_int(world_size, f"{where}: world_size"), f"{where}: world_size"
+            )
             if SIZE_KEY[builder] not in params:
                 _size(builder, params, world_size, where)
         signature = inspect.signature(getattr(cls, builder))
         missing = [
-            k for k, p in signature.parameters.items() if p.default is inspect.Parameter.empty and k not in params
+            k
+            for k, p in signature.parameters.items()
+            if p.default is inspect.Parameter.empty and k not in params
         ]
         if missing:
             raise ClusterSpecError(
@@ -208,6 +228,21 @@ class ClusterPresets:
         check_keys(overrides, cls.builder_keys(preset.builder), where)
         params = {"name": preset.name, **preset.params}
         if world_size is not None:
-            params.pop(SIZE_KEY[preset.builder], None)  # the preset's default size yields to the requested one
+            params.pop(
+                SIZE_KEY[preset.builder], None
+            )  # the preset's default size yields to the requested one
         params.update(overrides)
+        if (
+            "device" in overrides
+            and "collective_model" not in overrides
+            and params.get("collective_model") == "nccl"
+        ):
+            # NCCL's model is the GPU presets' default where it knows the device's generation; a device it does
+            # not know (one you built) is timed as any custom cluster is, unless you ask for NCCL's model
+            from simdist.algorithms import nccl
+
+            device = params["device"]
+            name = device if isinstance(device, str) else getattr(device, "name", "")
+            if not isinstance(name, str) or nccl.generation_of(_canonical(name)) is None:
+                params["collective_model"] = "alpha-beta"
         return cls.build(preset.builder, params, world_size, where)
