@@ -153,12 +153,8 @@ class Stream:
 
 
 def _key(t: torch.Tensor, bump: int = 0) -> tuple:
-    """What identifies a tensor's current value (``bump`` versions on): its storage, view geometry and version.
-
-    A simulated GPU tensor's version is that of the CPU tensor inside: a collective writes its data there (the
-    process group is given the CPU tensors) and never advances the wrapper's own counter, so by the wrapper's
-    a value read after an all-reduce would pass for the value the all-reduce was given."""
-    return (*_view(t), host_values(t)._version + bump)
+    """What identifies a tensor's current value (``bump`` versions on): its storage, view geometry and version."""
+    return (*_view(t), t._version + bump)
 
 
 def _view(t: torch.Tensor) -> tuple:
@@ -448,11 +444,10 @@ class Recorder(TorchDispatchMode):
             outputs.append(host_values(t).detach().clone())
             self._producers[_key(t)] = (index, j)
             self._overwritten.discard(_key(t))
-            if written and not isinstance(t, SimCudaTensor) and any(t is x for x in inputs):
+            if written and any(t is x for x in inputs):
                 # an in-place or out= op bumps the version of what it writes only on its way back through
                 # autograd's ADInplaceOrView kernel, after this mode has returned: the readers see one version
-                # on (a collective that writes the tensor next drops this guess before it can mislead). On a
-                # simulated GPU the kernel has already advanced the CPU tensor's version, which _key reads
+                # on (a collective that writes the tensor next drops this guess before it can mislead)
                 self._producers[_key(t, 1)] = (index, j)
             self._alive.append(t.untyped_storage())
         seq = torch._C._autograd._get_sequence_nr()
