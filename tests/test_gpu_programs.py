@@ -6,6 +6,7 @@ and the device's capacity."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -31,6 +32,7 @@ TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 
 
+@functools.cache  # several tests read a program's run (its twin, its own checks, real processes): run it once
 def _simulated(name: str, kind: str) -> simdist.RunResult:
     return simdist.run(PROGRAMS[name], PAIR, args=(kind,), memory=kind == "cuda")
 
