@@ -3,12 +3,14 @@
 ``HYPOTHESIS_PROFILE=ci`` (used by ``.ci/run``) keeps example counts small so the whole suite stays fast;
 ``dev`` explores more. Both are deterministic (derandomized) so a failure reproduces on the next run.
 ``--update-golden`` rewrites ``scenarios/expected/*.txt`` from this run's scenario output (see scenarios/README.md).
+``session_results`` computes an expensive launch once per session for every test (and xdist worker) reading it.
 """
 
 import os
 
 import pytest
 from hypothesis import HealthCheck, settings
+from session_results import SessionResults, shared_dir
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -24,6 +26,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def update_golden(request: pytest.FixtureRequest) -> bool:
     """Whether this run rewrites the scenarios' expected output instead of only comparing with it."""
     return bool(request.config.getoption("--update-golden"))
+
+
+@pytest.fixture(scope="session")
+def session_results(tmp_path_factory: pytest.TempPathFactory) -> SessionResults:
+    """Named results computed once in this session, whichever worker runs the tests that read them."""
+    return SessionResults(shared_dir(tmp_path_factory.getbasetemp()))
 
 
 settings.register_profile(

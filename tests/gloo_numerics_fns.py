@@ -52,36 +52,37 @@ def inputs(case: tuple, rank: int, n: int) -> list[torch.Tensor]:
     return [values(seed, rank, numel * n, dtype, op), values(seed + 1, rank, second * n, dtype, op)]
 
 
-def reductions(cases: list[tuple]) -> list:
-    """Run every case; return what each leaves this rank (the reduce's root: its tensor; others: None)."""
-    rank, n = dist.get_rank(), dist.get_world_size()
+def reductions(cases: list[tuple], group: dist.ProcessGroup | None = None) -> list:
+    """Run every case on ``group`` (the default group: the world); return what each leaves this rank (the
+    reduce's root: its tensor; others: None)."""
+    rank, n = dist.get_rank(group), dist.get_world_size(group)
     out = []
     for case in cases:
         coll, op = case[0], OPS[case[3]]
         ts = inputs(case, rank, n)
         if coll == "all_reduce":
-            dist.all_reduce(ts[0], op=op)
+            dist.all_reduce(ts[0], op=op, group=group)
             out.append(ts[0])
         elif coll == "reduce":
             root = case[4] % n
-            dist.reduce(ts[0], dst=root, op=op)
+            dist.reduce(ts[0], op=op, group=group, group_dst=root)
             out.append(ts[0] if rank == root else None)
         elif coll == "reduce_scatter_tensor":
             o = torch.empty(ts[0].numel() // n, dtype=ts[0].dtype)
-            dist.reduce_scatter_tensor(o, ts[0], op=op)
+            dist.reduce_scatter_tensor(o, ts[0], op=op, group=group)
             out.append(o)
         elif coll == "reduce_scatter":
             o = torch.empty(ts[0].numel() // n, dtype=ts[0].dtype)
-            dist.reduce_scatter(o, list(ts[0].chunk(n)), op=op)
+            dist.reduce_scatter(o, list(ts[0].chunk(n)), op=op, group=group)
             out.append(o)
         elif coll == "all_reduce_coalesced":
-            dist.all_reduce_coalesced(ts, op=op)
+            dist.all_reduce_coalesced(ts, op=op, group=group)
             out.append(ts)
         else:
             outs = [torch.empty(t.numel() // n, dtype=t.dtype) for t in ts]
-            with _coalescing_manager(async_ops=False):
+            with _coalescing_manager(group=group, async_ops=False):
                 for o, t in zip(outs, ts):
-                    dist.reduce_scatter_tensor(o, t, op=op)
+                    dist.reduce_scatter_tensor(o, t, op=op, group=group)
             out.append(outs)
     return out
 
@@ -94,12 +95,12 @@ def sparse_values(seed: int, rank: int) -> torch.Tensor:
     return torch.sparse_coo_tensor(idx, val, (12,), check_invariants=True)
 
 
-def sparse_sums(seeds: list[int]) -> list[torch.Tensor]:
-    """The sparse all-reduce (SUM) of each seed's vectors, as dense tensors."""
+def sparse_sums(seeds: list[int], group: dist.ProcessGroup | None = None) -> list[torch.Tensor]:
+    """The sparse all-reduce (SUM) on ``group`` of each seed's vectors, as dense tensors."""
     out = []
     for seed in seeds:
-        t = sparse_values(seed, dist.get_rank())
-        dist.all_reduce(t)
+        t = sparse_values(seed, dist.get_rank(group))
+        dist.all_reduce(t, group=group)
         out.append(t.to_dense())
     return out
 
@@ -179,3 +180,22 @@ def training() -> dict[str, dict[str, torch.Tensor]]:
     """The parameters torch's DDP, FSDP2 and FSDP2 over TP train on 8 ranks (gradients averaged by all-reduce
     and reduce-scatter, tensor-parallel activations summed by all-reduce)."""
     return {wrap: _train(wrap) for wrap in ("ddp", "fsdp2", "fsdp2_tp")}
+
+
+def on_groups(cases: dict[int, list[tuple]], seeds: list[int], train: bool = True) -> dict[int, tuple]:
+    """For each size n of ``cases``, on a group of the world's first n ranks: its reductions, the sparse sums of
+    ``seeds`` and, on the whole world, ``training()`` when ``train``; this rank's results by group size, for the
+    groups it is in.
+
+    One launch checks several world sizes: ProcessGroupGloo runs a group's collectives as a world's of its size
+    (the same algorithms on a gloo context of the group's ranks), and the groups run one after the other."""
+    world, out = dist.get_world_size(), {}
+    for n in sorted(cases):
+        group = None if n == world else dist.new_group(list(range(n)))  # every rank creates every group
+        if dist.get_rank() < n:
+            out[n] = (
+                reductions(cases[n], group),
+                sparse_sums(seeds, group),
+                training() if train and n == world else None,
+            )
+    return out

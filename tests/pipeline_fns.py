@@ -291,3 +291,8 @@ def patient(timeout_ms: int, seconds: float) -> float:
         param.grad = torch.ones_like(param)
     opt.step()
     return float(module.layers["0"][0].weight.detach().sum())
+
+
+def in_turn(calls: list[tuple[str, tuple]]) -> list[Any]:
+    """Each (function of this module, its arguments) in turn, on one launch's ranks; what each returned."""
+    return [globals()[name](*args) for name, args in calls]

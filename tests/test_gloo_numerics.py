@@ -240,33 +240,62 @@ def _real_cases(n: int) -> list[tuple]:
     return cases
 
 
-def _gloo_numerics(cases: list[tuple], seeds: list[int], train: bool) -> tuple:
-    return fns.reductions(cases), fns.sparse_sums(seeds), fns.training() if train else None
+#: the world sizes compared with real gloo: groups of the first 3, 4 and 5 ranks of one launch of 8 processes,
+#: and its whole world (fns.on_groups: gloo runs a group's collectives as a world's of its size)
+REAL_SIZES = (3, 4, 5, 8)
+#: the seeds of the sparse all-reduces, on every size
+SPARSE_SEEDS = list(range(6))
+#: training rides on the whole world of the launch
+TRAINED = 8
+
+
+@pytest.fixture(scope="module")
+def on_real_gloo(session_results) -> dict[int, list]:
+    """Each rank's results for each size, from one launch of real gloo processes: results[n][r] on rank r of n."""
+
+    def launch() -> dict[int, list]:
+        cases = {n: _real_cases(n) for n in REAL_SIZES}
+        got = real.run(
+            fns.on_groups, nproc=max(REAL_SIZES), backend="gloo", args=(cases, SPARSE_SEEDS)
+        ).returns
+        return {n: [got[r][n] for r in range(n)] for n in REAL_SIZES}
+
+    return session_results.get("gloo-numerics", launch)
+
+
+def _simulated(n: int, name: str) -> list:
+    trained = n == TRAINED and name == "gloo"  # the simdist name takes the same path: the cases show it
+    run = simdist.run(
+        fns.on_groups,
+        simdist.Cluster.switch(n, device="cpu"),
+        args=({n: _real_cases(n)}, SPARSE_SEEDS, trained),
+        backend_name=name,
+    )
+    return [out[n] for out in run.returns]
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("n", [3, 4, 5, 8])
-def test_simulated_reductions_equal_real_gloo_bit_for_bit(n: int) -> None:
-    cases, seeds, train = _real_cases(n), list(range(6)), n == 8  # training rides on the 8-rank launch
-    got = real.run(_gloo_numerics, nproc=n, backend="gloo", args=(cases, seeds, train)).returns
-    for name in ("gloo", "simdist"):
-        trained = train and name == "gloo"  # the simdist name takes the same path: the cases show it
-        sim = simdist.run(
-            _gloo_numerics,
-            simdist.Cluster.switch(n, device="cpu"),
-            args=(cases, seeds, trained),
-            backend_name=name,
-        )
-        for r in range(n):
-            for i, case in enumerate(cases):
-                assert same_all(sim.returns[r][0][i], got[r][0][i]), f"{name}: {case} on rank {r} of {n}"
-            for i in range(len(seeds)):
-                assert same(sim.returns[r][1][i], got[r][1][i]), f"{name}: sparse all_reduce {i} on rank {r}"
-            if trained:  # torch's DDP, FSDP2 and FSDP2 over TP train the same parameters, bit for bit
-                for wrap, params in got[r][2].items():
-                    for k, v in params.items():
-                        assert same(sim.returns[r][2][wrap][k], v), f"{name}: {wrap} {k} on rank {r}"
-    # the oracle the simulated tests use is what gloo computes
-    for i, case in enumerate(cases):
+@pytest.mark.parametrize("name", ["gloo", "simdist"])
+@pytest.mark.parametrize("n", REAL_SIZES)
+def test_simulated_reductions_equal_real_gloo_bit_for_bit(on_real_gloo: dict, n: int, name: str) -> None:
+    cases, got = _real_cases(n), on_real_gloo[n]
+    sim = _simulated(n, name)
+    for r in range(n):
+        for i, case in enumerate(cases):
+            assert same_all(sim[r][0][i], got[r][0][i]), f"{name}: {case} on rank {r} of {n}"
+        for i in range(len(SPARSE_SEEDS)):
+            assert same(sim[r][1][i], got[r][1][i]), f"{name}: sparse all_reduce {i} on rank {r}"
+        # torch's DDP, FSDP2 and FSDP2 over TP train the same parameters, bit for bit
+        if sim[r][2] is not None:
+            for wrap, params in got[r][2].items():
+                for k, v in params.items():
+                    assert same(sim[r][2][wrap][k], v), f"{name}: {wrap} {k} on rank {r}"
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("n", REAL_SIZES)
+def test_the_ring_loops_the_simulated_tests_use_are_what_gloo_computes(on_real_gloo: dict, n: int) -> None:
+    got = on_real_gloo[n]
+    for i, case in enumerate(_real_cases(n)):
         want = expected(case, n)
         assert all(same_all(got[r][0][i], want[r]) for r in range(n)), f"gloo_ring: {case} on {n} ranks"

@@ -190,11 +190,29 @@ def test_the_longest_timeout_waits_and_steps_in_simulation() -> None:
     assert run(fns.patient, 2, MAX_TIMEOUT_MS, 0.0) == run(fns.patient, 2, 30000, 0.0)
 
 
+#: the checks on two real gloo processes, run in turn by one launch: (function of pipeline_fns, arguments)
+ON_TWO_REAL_RANKS = {
+    "patient": ("patient", (MAX_TIMEOUT_MS, 1.0)),
+    "pp2": ("train", (Layout(2), "stage_wise")),
+    "tie": ("train", (Layout(2, tie=True), "stage_wise")),
+}
+
+
+@pytest.fixture(scope="module")
+def on_two_real_ranks(session_results) -> dict[str, list]:
+    """What each check of ON_TWO_REAL_RANKS returned on each rank, from one launch of two real gloo processes."""
+
+    def launch() -> dict[str, list]:
+        returns = real.run(fns.in_turn, 2, args=(list(ON_TWO_REAL_RANKS.values()),), timeout=240).returns
+        return {key: [r[i] for r in returns] for i, key in enumerate(ON_TWO_REAL_RANKS)}
+
+    return session_results.get("pipeline-on-two-real-ranks", launch)
+
+
 @pytest.mark.real
-def test_the_longest_timeout_is_one_real_gloo_accepts_and_waits_out() -> None:
+def test_the_longest_timeout_is_one_real_gloo_accepts_and_waits_out(on_two_real_ranks: dict) -> None:
     # gloo refuses 1e13 ms ("Invalid timeout") and times out at once at 9e12 ms (its deadline overflows)
-    result = real.run(fns.patient, 2, args=(MAX_TIMEOUT_MS, 1.0), timeout=120)
-    assert result.returns == run(fns.patient, 2, 30000, 0.0)
+    assert on_two_real_ranks["patient"] == run(fns.patient, 2, 30000, 0.0)
 
 
 def test_defaults_are_the_documented_ones() -> None:
@@ -779,13 +797,20 @@ def assert_matches_single_device(returns: list[dict[str, Any]], layout: Layout) 
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("layout", [Layout(2), Layout(2, dp=2), Layout(2, tie=True)], ids=["pp2", "pp2xdp2", "tie"])
-def test_stage_wise_on_real_gloo_processes_matches_single_device(layout: Layout) -> None:
-    result = real.run(fns.train, layout.world, args=(layout, "stage_wise"), timeout=120)
-    assert_matches_single_device(result.returns, layout)
+@pytest.mark.parametrize("key", ["pp2", "pp2xdp2", "tie"])
+def test_stage_wise_on_real_gloo_processes_matches_single_device(
+    key: str, request: pytest.FixtureRequest
+) -> None:
+    if key in ON_TWO_REAL_RANKS:  # two ranks: a check of the shared launch
+        layout = ON_TWO_REAL_RANKS[key][1][0]
+        returns = request.getfixturevalue("on_two_real_ranks")[key]
+    else:
+        layout = Layout(2, dp=2)
+        returns = real.run(fns.train, layout.world, args=(layout, "stage_wise"), timeout=120).returns
+    assert_matches_single_device(returns, layout)
     # the simulated run gives the same parameters
     simulated = run(fns.train, layout.world, layout, "stage_wise")
-    for r, s in zip(result.returns, simulated):
+    for r, s in zip(returns, simulated):
         for name in r["params"]:
             torch.testing.assert_close(r["params"][name], s["params"][name], rtol=1e-12, atol=1e-14)
 
