@@ -7,6 +7,7 @@ Oracles: the raw events of a real CPU trace recorded here with torch.profiler, t
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -292,3 +293,27 @@ def test_report_counts_the_ops_the_profile_did_not_time(tmp_path: Path) -> None:
 def test_report_without_a_profile_says_nothing_of_one(tmp_path: Path) -> None:
     page = simdist.run(lambda: None, one_rank("cpu")).save_report(tmp_path / "run.html").read_text()
     assert 'id="profile"' not in page
+
+
+def test_compute_md_example_prints_what_the_page_shows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/compute.md's replay example: the summary it shows is the one the run prints."""
+    root = Path(__file__).parent.parent
+    page = (root / "docs" / "compute.md").read_text()
+    shown = next(line for line in page.splitlines() if line.startswith("profile tests/data/profiles/"))
+
+    def step() -> None:
+        a = torch.ones(2048, 2048, device="cuda")
+        b = torch.ones(2048, 256, device="cuda")
+        for _ in range(2):
+            torch.mm(a, b)
+        torch.add(b, b)
+
+    monkeypatch.chdir(root)
+    res = simdist.run(
+        step,
+        simdist.Cluster.switch(1, device="A100"),
+        compute=simdist.profile("tests/data/profiles/hta_backward_thread.json"),
+    )
+    # the model's share depends on the model's prices of the fills and the add, which may be refined
+    share = re.compile(r"\d+\.\d% of compute time")
+    assert share.sub("", res.profile.summary()) == share.sub("", shown)
