@@ -14,6 +14,7 @@ other op hides its children (``aten::addmm``'s own ``aten::empty``), which are p
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -85,14 +86,14 @@ def parse_trace(path: str | Path) -> KinetoTrace:
             f"{where} is not a Kineto trace: it has no 'traceEvents' list; a profile is the file "
             "torch.profiler.profile(...).export_chrome_trace writes"
         )
-    spans = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and _is_number(e.get("dur"))]
-    ops = [e for e in spans if e.get("cat") == "cpu_op" and _is_number(e.get("ts"))]
+    spans = _spans(events, where)
+    ops = [e for e in spans if e.get("cat") == "cpu_op"]
     if not ops:
         raise ProfileError(
             f"{where} holds no op ('cpu_op' events): record the program's step inside torch.profiler.profile(...) with "
             "ProfilerActivity.CPU among its activities"
         )
-    if not any(isinstance(e.get("args"), dict) and "Input Dims" in e["args"] for e in ops):
+    if not any("Input Dims" in e["args"] for e in ops):
         raise ProfileError(
             f"{where} was recorded without input shapes, which replay matches ops by: profile with "
             "torch.profiler.profile(..., record_shapes=True)"
@@ -100,13 +101,13 @@ def parse_trace(path: str | Path) -> KinetoTrace:
     device = [e for e in spans if e.get("cat") in _DEVICE_CATEGORIES]
     visible = _visible_ops(ops)
     if device:
-        seconds = _device_seconds(ops, visible, device, events)
+        seconds = _device_seconds(ops, visible, device, spans)
         kind = "gpu"
     else:
         seconds = {id(e): e["dur"] * 1e-6 for e in visible}
         kind = "cpu"
     found = tuple(
-        ProfiledOp(e["name"], _trace_shapes(e.get("args") or {}), seconds[id(e)], e["ts"] * 1e-6)
+        ProfiledOp(e["name"], _trace_shapes(e["args"]), seconds[id(e)], e["ts"] * 1e-6)
         for e in sorted(visible, key=lambda e: (e["ts"], -e["dur"]))
     )
     return KinetoTrace(where, kind, _gpu_name(data) if kind == "gpu" else None, found)
@@ -114,6 +115,27 @@ def parse_trace(path: str | Path) -> KinetoTrace:
 
 def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _spans(events: list[Any], where: str) -> list[dict[str, Any]]:
+    """The trace's complete events ("X") with a name, a start and a duration, each with an ``args`` dict.
+
+    An op or device event whose duration is negative or not finite cannot be charged: it is refused, naming it.
+    """
+    out = []
+    for i, e in enumerate(events):
+        if not (isinstance(e, dict) and e.get("ph") == "X" and isinstance(e.get("name"), str)):
+            continue
+        ts, dur = e.get("ts"), e.get("dur")
+        if not (_is_number(ts) and _is_number(dur) and math.isfinite(ts)):
+            continue
+        if not (math.isfinite(dur) and dur >= 0) and e.get("cat") in ("cpu_op", *_DEVICE_CATEGORIES):
+            raise ProfileError(
+                f"{where}: event {i} ({e['name']!r}) lasts {dur!r} us; an op's or a kernel's duration is a "
+                "finite number of microseconds >= 0"
+            )
+        out.append({**e, "args": e["args"] if isinstance(e.get("args"), dict) else {}})
+    return out
 
 
 def _gpu_name(data: dict[str, Any]) -> str | None:
@@ -194,7 +216,7 @@ def _device_seconds(
     ops: Sequence[dict[str, Any]],
     visible: Sequence[dict[str, Any]],
     device: Sequence[dict[str, Any]],
-    events: list[Any],
+    events: list[dict[str, Any]],
 ) -> dict[int, float]:
     """Each visible op's device seconds: the kernels it and the ops it hides launched.
 
@@ -204,15 +226,7 @@ def _device_seconds(
     gave the kernel its correlation there).
     """
     shown = {id(e) for e in visible}
-    runtime = [
-        e
-        for e in events
-        if isinstance(e, dict)
-        and e.get("cat") in ("cuda_runtime", "cuda_driver")
-        and _is_number(e.get("ts"))
-        and _is_number(e.get("dur"))
-        and isinstance(e.get("args"), dict)
-    ]
+    runtime = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")]
     owner: dict[int, dict[str, Any]] = {}  # id(op or runtime event) -> the visible op it counts for
     launched: dict[Any, dict[str, Any]] = {}  # correlation -> the visible op its kernel counts for
     for evs in _threads([*ops, *runtime]).values():
@@ -221,19 +235,20 @@ def _device_seconds(
             if top is None:
                 continue
             owner[id(e)] = top
-            if e.get("cat") != "cpu_op" and "correlation" in e["args"]:
-                launched[e["args"]["correlation"]] = top
+            corr = _link(e["args"].get("correlation"))
+            if e.get("cat") != "cpu_op" and corr is not None:
+                launched[corr] = top
     by_external: dict[Any, dict[str, Any]] = {}
     for e in ops:
-        ext = (e.get("args") or {}).get("External id")
+        ext = _link(e["args"].get("External id"))
         if ext is not None:
             by_external.setdefault(ext, e)
     seconds = {id(e): 0.0 for e in visible}
     for k in device:
-        args = k.get("args") or {}
-        top = launched.get(args.get("correlation"))
+        args = k["args"]
+        top = launched.get(_link(args.get("correlation")))
         if top is None:
-            op = by_external.get(args.get("External id"))
+            op = by_external.get(_link(args.get("External id")))
             top = owner.get(id(op)) if op is not None else None
         if top is not None:
             seconds[id(top)] += k["dur"] * 1e-6
@@ -250,10 +265,19 @@ def _trace_shapes(args: dict[str, Any]) -> tuple[Any, ...]:
         if kind in _NOT_TENSOR_TYPES or not isinstance(d, list):
             continue
         if kind == "TensorList":
-            shapes.append(tuple(tuple(s) for s in d if isinstance(s, list)))
-        elif d:
+            shapes.append(tuple(tuple(s) for s in d if _is_shape(s)))
+        elif d and _is_shape(d):
             shapes.append(tuple(d))
     return tuple(shapes)
+
+
+def _link(x: Any) -> int | str | None:
+    """A correlation or External id, or None where the value is none (or not an id)."""
+    return x if isinstance(x, (int, str)) and not isinstance(x, bool) else None
+
+
+def _is_shape(d: Any) -> bool:
+    return isinstance(d, list) and all(isinstance(n, int) and not isinstance(n, bool) for n in d)
 
 
 def call_shapes(args: Sequence[Any], kwargs: dict[str, Any] | None) -> tuple[Any, ...]:
