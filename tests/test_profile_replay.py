@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from torch.profiler import ProfilerActivity, profile
 
 import simdist
+from simdist import cli
 from simdist.compute import estimate
 from simdist.compute.profile import Profile, parse_trace
 
@@ -317,3 +318,36 @@ def test_compute_md_example_prints_what_the_page_shows(monkeypatch: pytest.Monke
     # the model's share depends on the model's prices of the fills and the add, which may be refined
     share = re.compile(r"\d+\.\d% of compute time")
     assert share.sub("", res.profile.summary()) == share.sub("", shown)
+
+
+STEP_SCRIPT = """import torch
+
+
+def main():
+    a = torch.ones(2048, 2048, device="cuda")
+    b = torch.ones(2048, 256, device="cuda")
+    torch.mm(a, b)
+"""
+
+
+def test_cli_run_replays_a_profile_and_prints_its_counts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "step.py"
+    script.write_text(STEP_SCRIPT)
+    argv = ["run", str(script), "--entry", "main", "--world-size", "2", "--profile", str(HTA)]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"profile {HTA}: 2 ops replayed (0 past the profile's occurrences" in out  # one mm per rank
+    assert "4 priced by the model (" in out and "aten::ones x4" in out
+
+
+def test_cli_refuses_a_file_that_is_not_a_profile_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "step.py"
+    script.write_text(STEP_SCRIPT)
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["run", str(script), "--entry", "main", "--profile", str(script)])
+    assert exited.value.code == 2
+    assert "argument --profile: " in capsys.readouterr().err
