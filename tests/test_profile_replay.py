@@ -243,6 +243,29 @@ def test_trace_of_another_gpu_is_refused(tmp_path: Path) -> None:
         simdist.run(lambda: None, one_rank("H100"), compute=simdist.profile(path))
 
 
+@pytest.mark.parametrize(
+    ("gpu", "device", "same"),
+    [
+        ("NVIDIA H100 80GB HBM3", "H100", True),
+        ("NVIDIA H100 PCIe", "H100", True),
+        ("NVIDIA A100-SXM4-40GB", "A100-40GB", True),
+        ("NVIDIA A100-SXM4-40GB", "A100", False),
+        ("NVIDIA A100-SXM4-80GB", "A100-40GB", False),
+        ("NVIDIA H200", "H100", False),
+    ],
+)
+def test_gpu_names_match_their_device(tmp_path: Path, gpu: str, device: str, same: bool) -> None:
+    def on(data: dict[str, Any]) -> None:
+        data["deviceProperties"] = [{"id": 0, "name": gpu}]
+
+    profile = simdist.profile(_edited(tmp_path, on))
+    if same:
+        profile.check_device(simdist.compute.get_device(device))
+    else:
+        with pytest.raises(simdist.ProfileError, match=f"recorded on '{gpu}'"):
+            profile.check_device(simdist.compute.get_device(device))
+
+
 def test_cpu_and_gpu_traces_replay_only_on_their_kind_of_device(cpu_trace: Path) -> None:
     with pytest.raises(simdist.ProfileError, match=r"is a CPU trace .* cluster's device is H100"):
         simdist.run(lambda: None, one_rank("H100"), compute=simdist.profile(cpu_trace))

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from simdist.compute.devices import DeviceSpec
+from simdist.compute.devices import DEVICES, DeviceSpec
 from simdist.errors import ProfileError
 
 #: an op's key: its name and the shapes of its tensor inputs with at least one dimension, in argument order (a
@@ -361,7 +361,7 @@ class Profile:
                 f"{t.path} times GPU kernels ({t.gpu or 'an unnamed GPU'}) and the cluster's device is {device.name}: "
                 "replay it on a cluster of that GPU"
             )
-        if t.kind == "gpu" and t.gpu is not None and not _same_gpu(t.gpu, device):
+        if t.kind == "gpu" and t.gpu and not _same_gpu(t.gpu, device):
             raise ProfileError(
                 f"{t.path} was recorded on {t.gpu!r} and the cluster's device is {device.name} "
                 f"({device.cuda_device_name!r}): a profile times the GPU it ran on; replay it on a cluster of that "
@@ -375,12 +375,15 @@ class Profile:
 
 
 def _same_gpu(gpu: str, device: DeviceSpec) -> bool:
-    """Whether the trace's GPU name (``NVIDIA H100 80GB HBM3``) is the device's: its name or CUDA name in it."""
-    names = {device.name.lower(), device.name.lower().removesuffix("-sxm")}
-    if device.cuda_name:
-        names.add(device.cuda_name.lower())
-    g = gpu.lower()
-    return any(n and (n in g or g in n) for n in names)
+    """Whether the trace's GPU name (``NVIDIA H100 80GB HBM3``) is the device's: its CUDA name, or else a name that
+    contains the device's (a PCIe H100 on ``H100``), unless it is another built-in device's CUDA name (an A100 40GB
+    is not the 80GB ``A100``)."""
+    g = gpu.strip().lower()
+    if device.cuda_name and g == device.cuda_name.lower():
+        return True
+    if any(d.cuda_name and g == d.cuda_name.lower() for d in DEVICES.values()):
+        return False
+    return device.name.lower().removesuffix("-sxm") in g
 
 
 class ProfileReplay:
