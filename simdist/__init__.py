@@ -8,6 +8,7 @@
 
 from simdist import algorithms, report
 from simdist.compute.memory import MemoryStats
+from simdist.compute.profile import Profile, ReplayStats, profile
 from simdist.engine.api import charge, now, set_algorithms, synchronize
 from simdist.engine.runner import RunResult, install_report_writer, run
 from simdist.engine.torchrun import run_script
@@ -18,6 +19,7 @@ from simdist.errors import (
     InvalidArgumentError,
     NcclEnvironmentError,
     OutOfMemoryError,
+    ProfileError,
     RaceError,
     RaceWarning,
     RankError,
@@ -51,9 +53,12 @@ __all__ = [
     "MemoryStats",
     "NcclEnvironmentError",
     "OutOfMemoryError",
+    "Profile",
+    "ProfileError",
     "RaceError",
     "RaceWarning",
     "RankError",
+    "ReplayStats",
     "RunArgumentError",
     "RunResult",
     "ScriptError",
@@ -68,6 +73,7 @@ __all__ = [
     "check_equivalence",
     "load_cluster",
     "now",
+    "profile",
     "report",
     "run",
     "run_script",

@@ -36,9 +36,10 @@ from simdist.bench import (
     table_row,
     too_many_ranks,
 )
+from simdist.compute.profile import Profile
 from simdist.engine.runner import RunResult
 from simdist.engine.torchrun import ScriptProgram, run_script
-from simdist.errors import ClusterSpecError, RaceWarning, RankError, SimdistError
+from simdist.errors import ClusterSpecError, ProfileError, RaceWarning, RankError, SimdistError
 from simdist.network import Cluster
 from simdist.network.cluster import check_collective_model
 from simdist.network.presets import PRESETS
@@ -131,6 +132,17 @@ def _timeline_dir(text: str) -> Timeline:
 _timeline_dir.__name__ = "timeline directory"
 
 
+def _profile(text: str) -> Profile:
+    """An argparse type: a torch profiler trace to replay, read before the run so a long run is not lost to a typo."""
+    try:
+        return Profile(text)
+    except ProfileError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+_profile.__name__ = "profile"
+
+
 def _size(text: str) -> int:
     """Bytes from "8", "64K", "128M", "1G" (nccl-tests' binary suffixes) or any unit string ("25MiB")."""
     suffix = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -181,6 +193,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 local_ranks_filter=args.local_ranks_filter, seed=args.seed, progress=args.progress,
                 gloo_threads=args.gloo_threads, races=args.races, race_waivers=args.waive_race, watchdog=args.watchdog,
                 backend_name=args.backend_name, memory=args.memory,
+                compute=args.profile if args.profile is not None else True,
             )
         except SimdistError as e:
             # a diagnosed run is what a report is most often shared for: write it, then report as usual
@@ -211,6 +224,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"report written to {path}")
     if args.memory:
         print(_memory_summary(res))
+    if res.profile is not None:
+        print(res.profile.summary())
     for text in res.unused_waivers:
         print(f"simdist: warning: --waive-race {text!r} named no race in this run; remove it or correct it", file=sys.stderr)
     if res.races or res.waived_races:
@@ -361,6 +376,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--memory", action="store_true",
                    help="account each rank's live tensor bytes: print the peaks; a rank over its device's memory fails "
                         "with a simulated out-of-memory error")
+    r.add_argument("--profile", type=_profile, default=None, metavar="TRACE",
+                   help="time ops by the durations this torch profiler trace (Kineto JSON) of the program measured; "
+                        "the model prices the ops it does not hold, and their count is printed")
     r.add_argument("--show-none", action="store_true", help="with --entry, also print ranks that returned None")
     r.set_defaults(func=cmd_run, script_args=[])
 

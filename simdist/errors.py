@@ -36,6 +36,10 @@ class RunArgumentError(SimdistError, ValueError):
     """An argument of :func:`simdist.run` is invalid (not callable, a seed out of range, an unknown mode)."""
 
 
+class ProfileError(SimdistError, ValueError):
+    """A ``compute=`` profile cannot time a run: not a Kineto trace, no ops or shapes, another device."""
+
+
 class NcclEnvironmentError(SimdistError, ValueError):
     """``NCCL_ALGO`` or ``NCCL_PROTO`` in a rank's environment names no NCCL algorithm or protocol."""
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from simdist.compute.profile import Profile
 from simdist.errors import RunArgumentError
 
 #: backend progress semantics: "nccl" runs a group's collectives one after another on one stream per
@@ -74,7 +75,9 @@ class RunOptions:
     races: str | None = None
     race_waivers: tuple[str, ...] = ()
     trace: str = "messages"
-    compute: bool = True
+    #: charge tensor ops simulated time (False: none); a :class:`~simdist.compute.profile.Profile` charges its
+    #: measured durations, the model pricing what it does not hold
+    compute: bool | Profile = True
     copy_args: bool = True
     watchdog: float | None = None
     backend_name: str = "simdist"
@@ -104,7 +107,11 @@ class RunOptions:
             _one_of("races", self.races, RACE_MODES)
         object.__setattr__(self, "race_waivers", _waiver_texts(self.race_waivers))
         _one_of("trace", self.trace, TRACE_LEVELS)
-        _flag("compute", self.compute)
+        if not isinstance(self.compute, (bool, Profile)):
+            raise RunArgumentError(
+                f"compute must be True, False or simdist.profile(PATH), got {type(self.compute).__name__} "
+                f"{self.compute!r:.60}"
+            )
         _flag("copy_args", self.copy_args)
         if self.watchdog is not None:
             object.__setattr__(self, "watchdog", _positive_seconds("watchdog", self.watchdog))

@@ -94,7 +94,7 @@ def test_each_option_is_refused_unless_its_documentation_admits_the_value(name: 
     "kwargs, match",
     [
         ({"memory": "off"}, r"memory must be True or False, got str 'off'"),
-        ({"compute": 0}, r"compute must be True or False"),
+        ({"compute": 0}, r"compute must be True, False or simdist.profile\(PATH\), got int 0"),
         ({"copy_args": "False"}, r"copy_args must be True or False"),
         ({"progress": True}, r"progress must be one of"),
         ({"races": 1}, r"races must be one of"),

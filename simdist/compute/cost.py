@@ -433,6 +433,7 @@ class ComputeCostMode(TorchDispatchMode):
         cuda: RankCuda | None = None,
         reserve: Callable[[int, Any], None] | None = None,
         launch: Callable[[float], None] | None = None,
+        provider: Callable[[str, Sequence[Any], dict[str, Any] | None, float], float] | None = None,
     ) -> None:
         super().__init__()
         self.device = device
@@ -443,7 +444,9 @@ class ComputeCostMode(TorchDispatchMode):
         #: otherwise meta tensors, like fake ones, are tracing or shape propagation, and cost nothing
         self._price_meta = price_meta
         self._charge = charge
-        self._zero_cost = device.is_zero_cost
+        #: prices each op that runs a kernel instead of the model, given the model's seconds (profile replay)
+        self._provider = provider
+        self._zero_cost = device.is_zero_cost and provider is None
         # Another per-op check (the race detector's) runs here rather than in a mode of its own: each
         # Python dispatch mode on the stack costs about 10 us per op.
         self._before = before
@@ -489,6 +492,8 @@ class ComputeCostMode(TorchDispatchMode):
                         return out
                     self._region.other(args, kwargs)
                 seconds = _info_cost(info, args, kwargs, out, self.device)
+                if self._provider is not None:
+                    seconds = self._provider(info.name, args, kwargs, seconds)
                 # symbolic shapes (torch.export tracing) give a symbolic cost: no kernel runs, nothing is charged
                 if type(seconds) in (int, float) and seconds > 0:
                     self._kernel(seconds, info.name)
@@ -565,6 +570,8 @@ class ComputeCostMode(TorchDispatchMode):
                     return result
                 self._region.other(call.args, call.kwargs)
             seconds = _info_cost(info, call.args, call.kwargs, out, self.device)
+            if self._provider is not None:
+                seconds = self._provider(info.name, call.args, call.kwargs, seconds)
             if type(seconds) in (int, float) and seconds > 0:
                 self._kernel(seconds, info.name)
                 if cuda.on_kernel is not None:

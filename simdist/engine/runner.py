@@ -26,6 +26,7 @@ from simdist.comm.thread_world import acting_as
 from simdist.compute.cost import ComputeCostMode
 from simdist.compute.devices import CPU, DeviceSpec, get_device
 from simdist.compute.memory import CATEGORIES, MemoryStats, MemoryTracker, tracking_hooks
+from simdist.compute.profile import Profile, ProfileReplay, ReplayStats
 from simdist.cuda.rank import RankCuda
 from simdist.cuda.returns import to_host
 from simdist.cudart.hazards import kernel_tracker
@@ -96,6 +97,9 @@ class RunResult:
     #: (global rank, span name, start, end) -> the call site of that rank's send or receive, as its "p2p" span
     #: in the trace has them; not part of the trace or its hash
     p2p_sites: dict[tuple[int, str, float, float], str] = dataclasses.field(default_factory=dict)
+    #: with ``compute=simdist.profile(PATH)``: how many ops the profile timed, how many the model priced
+    #: (which, and their share of compute time), summed over ranks; None otherwise
+    profile: ReplayStats | None = None
 
     def save_report(self, path: str | Path, *, real: Any = None) -> Path:
         """Write this run's self-contained HTML report (timeline, collectives, breakdown, memory, races) to ``path``.
@@ -141,7 +145,7 @@ def run(
     races: str | None = None,
     race_waivers: Sequence[str] | None = None,
     trace: str = "messages",
-    compute: bool = True,
+    compute: bool | Profile = True,
     copy_args: bool = True,
     watchdog: float | None = None,
     backend_name: str = "simdist",
@@ -167,9 +171,11 @@ def run(
     neither raises nor warns and goes to ``RunResult.waived_races``; a waiver that names no finding of a run
     that completed is reported with a :class:`RaceWarning`.
     ``trace="collectives"`` skips recording individual messages (faster for thousands of ranks).
-    ``compute=False`` charges no simulated time for tensor operations. ``cluster`` may also be a preset name
-    or a cluster file path. ``backend_name`` is the backend name rank code sees (``"simdist"``, ``"gloo"`` or
-    ``"nccl"``); it changes nothing else.
+    ``compute=False`` charges no simulated time for tensor operations; ``compute=simdist.profile(PATH)``
+    charges the durations a torch profiler trace of the program measured, matched by op, input shapes and
+    occurrence, and the model's for ops it does not hold (``RunResult.profile`` counts them). ``cluster`` may
+    also be a preset name or a cluster file path. ``backend_name`` is the backend name rank code sees
+    (``"simdist"``, ``"gloo"`` or ``"nccl"``); it changes nothing else.
     ``memory=True`` accounts each rank's live tensor bytes (``RunResult.memory``, a "memory" counter track in
     the trace) and raises :class:`OutOfMemoryError` when a rank exceeds its device's ``memory_capacity``.
     ``args`` and ``kwargs`` are deep-copied for each rank, as each process of a real launch receives its own
@@ -238,6 +244,9 @@ def _run(fn: Callable[..., Any], cluster: Cluster | str, args: tuple, kwargs: di
         )
     n = cluster.world_size
     device = cluster.device if isinstance(cluster.device, DeviceSpec) else get_device(cluster.device)
+    replay: ProfileReplay | None = (
+        options.compute.replay(device) if isinstance(options.compute, Profile) else None
+    )
     tr = Trace(options.trace)
     generators = RankGenerators(options.seed)
     env = simpy.Environment()
@@ -279,6 +288,9 @@ def _run(fn: Callable[..., Any], cluster: Cluster | str, args: tuple, kwargs: di
         else []
     )
 
+    # each rank counts its own occurrences of each op, as each process of a job would run the profiled step
+    providers = [replay.provider() if replay is not None else None for _ in range(n)]
+
     def rank_mode(rank: int) -> Any:
         """The dispatch mode a thread of ``rank`` runs under: compute costs, with the race check and the memory
         accounting riding on it (one Python mode per op is what costs), and on a GPU cluster the simulated GPU's
@@ -294,6 +306,7 @@ def _run(fn: Callable[..., Any], cluster: Cluster | str, args: tuple, kwargs: di
                 after=tracker.after if tracker is not None else None,
                 cuda=cuda[rank],
                 reserve=tracker.reserve if tracker is not None else None,
+                provider=providers[rank],
             )
             if tracker is not None:
                 return _entered(tracker.entered(), rank_thread(), mode)
@@ -305,11 +318,16 @@ def _run(fn: Callable[..., Any], cluster: Cluster | str, args: tuple, kwargs: di
                 launch=sim.launch,
                 before=races.check if races is not None else None,
                 after=trackers[rank].after,
+                provider=providers[rank],
             )
             return _entered(trackers[rank].entered(), mode)
-        if options.compute and not device.is_zero_cost:
+        if replay is not None or (options.compute and not device.is_zero_cost):
             return ComputeCostMode(
-                device, sim.charge, before=races.check if races is not None else None, launch=sim.launch
+                device,
+                sim.charge,
+                before=races.check if races is not None else None,
+                launch=sim.launch,
+                provider=providers[rank],
             )
         return races if races is not None else contextlib.nullcontext()
 
@@ -381,6 +399,7 @@ def _run(fn: Callable[..., Any], cluster: Cluster | str, args: tuple, kwargs: di
         program=getattr(fn, "__qualname__", type(fn).__name__),
         call_sites=sim.call_sites,
         p2p_sites=sim.p2p_sites,
+        profile=replay.stats if replay is not None else None,
     )
 
 

@@ -141,6 +141,8 @@ def render_run_report(
         "error": None if error is None else _error(error),
         "oracle": oracle,
         "real": None,
+        "profile": None,
+        "unmatched_ops": [],
     }
     if result is not None:
         ranks = data.sampled_ranks(result.world_size)
@@ -163,6 +165,8 @@ def render_run_report(
             collectives=table,
             bars=_bars([breakdown[r] for r in ranks]),
             memory_plot=_memory_plot(data.memory_series(result.trace), result.sim_time),
+            profile=result.profile,
+            unmatched_ops=_unmatched_ops(result),
             returns=[(r, _short_repr(v)) for r, v in enumerate(result.returns[:MAX_RETURNS])],
             races=[
                 {"text": str(r), "sites": [(site, data.code_lines(site)) for site in r.sites], "rank": r.rank,
@@ -186,6 +190,14 @@ def render_run_report(
 #: rank return values and race findings listed in full; further ones are counted
 MAX_RETURNS = 64
 MAX_RACES = 50
+
+
+def _unmatched_ops(result: RunResult) -> list[tuple[str, int, float]]:
+    """The ops a run's profile did not hold: (name, count, model seconds), the most time first."""
+    if result.profile is None:
+        return []
+    rows = [(name, int(count), seconds) for name, (count, seconds) in result.profile.unmatched_ops.items()]
+    return sorted(rows, key=lambda r: (-r[2], -r[1], r[0]))
 
 
 def _error(error: BaseException) -> dict[str, Any]:
