@@ -45,15 +45,6 @@ class Table:
 def parse(text: str, source: str = "<text>", collective: str | None = None) -> Table:
     """The run printed in ``text``; ``collective`` names it where the text does not (``all_reduce_perf ...``)."""
     lines = text.splitlines()
-    found = sorted({BINARIES[m.group(1)] for m in _BINARY.finditer(text)})
-    if collective is None:
-        if len(found) != 1:
-            raise CalibrationError(
-                f"{source}: " + (f"names several nccl-tests ({', '.join(found)}): give one run per file"
-                                 if found else "does not say which nccl-tests binary printed it; name the "
-                                 "collective (--collective all_reduce, or collective= in Python)")
-            )  # fmt: skip
-        collective = found[0]
     ranks: dict[int, str] = {}
     columns: list[str] | None = None
     rows: list[tuple[int, float | None, float | None, int]] = []
@@ -88,6 +79,15 @@ def parse(text: str, source: str = "<text>", collective: str | None = None) -> T
             f"{source}: lists no '#  Rank  r ... on HOST device d' lines, so its world size is unknown; give the "
             f"whole output, header included"
         )
+    found = sorted({BINARIES[m.group(1)] for m in _BINARY.finditer(text)})
+    if collective is None:
+        if len(found) != 1:
+            raise CalibrationError(
+                f"{source}: " + (f"names several nccl-tests ({', '.join(found)}): give one run per file"
+                                 if found else "does not say which nccl-tests binary printed it; name the "
+                                 "collective (--collective all_reduce, or collective= in Python)")
+            )  # fmt: skip
+        collective = found[0]
     if sorted(ranks) != list(range(len(ranks))):
         raise CalibrationError(
             f"{source}: its ranks are {sorted(ranks)}, not 0..{len(ranks) - 1}: a partial output?"
@@ -101,6 +101,14 @@ def _number(word: str) -> float | None:
     except ValueError:
         return None  # nccl-tests prints N/A where a test has no in-place variant
     return value if math.isfinite(value) else None
+
+
+def _agrees(size: int, time_text: str, algbw: float) -> bool:
+    """Whether ``algbw`` (GB/s) is ``size`` bytes over the time printed as ``time_text`` (us), to its rounding."""
+    us = float(time_text)
+    half = 0.5 * 10.0 ** -(len(time_text.partition(".")[2]))  # the time is printed rounded to its last digit
+    low, high = size / (us + half) / 1e3, size / max(us - half, 1e-9) / 1e3
+    return low * 0.99 - 0.01 <= algbw <= high * 1.01 + 0.01
 
 
 def _row(
@@ -118,6 +126,14 @@ def _row(
     if len(times) != 2:
         raise CalibrationError(f"{where}: the header names {len(times)} time columns; nccl-tests prints two")
     size = int(words[0])
+    for t in times:
+        us, algbw = _number(words[t]), _number(words[t + 1])
+        # nccl-tests prints algbw = size / time (GB/s, 2 decimals): a row where it does not is not read right
+        if us and algbw and algbw >= 0.1 and not _agrees(size, words[t], algbw):
+            raise CalibrationError(
+                f"{where}: size {size} B in {us} us is {size / us / 1e3:.3g} GB/s but the row's algbw is {algbw}; "
+                f"the columns are not nccl-tests' size, time and algbw (an edited or foreign table?)"
+            )
     line = int(where.rsplit(":", 1)[1])
     return size, _number(words[times[0]]), _number(words[times[1]]), line
 
