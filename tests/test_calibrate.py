@@ -90,7 +90,7 @@ def test_one_rank_one_size_mixed_worlds_and_garbage_are_refused() -> None:
         calibrate.fit([s for s in h20 if (1 << 20) <= s.nbytes <= (8 << 20)])
     # the time column read as the size column's neighbour: times that fall as sizes grow
     shuffled = [Sample(s.collective, s.nbytes, s.ranks, 1e-3 / (i + 1), s.source) for i, s in enumerate(h20)]
-    with pytest.raises(CalibrationError, match="cannot be .* faster"):
+    with pytest.raises(CalibrationError, match="a larger call is not faster"):
         calibrate.fit(shuffled)
     with pytest.raises(CalibrationError, match="not a positive number"):
         calibrate.fit([*h20[:-1], Sample("all_reduce", h20[-1].nbytes, 8, math.nan, "x")])
@@ -123,6 +123,21 @@ def test_the_fit_recovers_the_parameters_that_made_the_times(
     assert result.bandwidth == pytest.approx(bandwidth, rel=1e-6)
     assert max(abs(r.error) for r in result.residuals) < 1e-6
     assert result.cluster.path_latency(0, n - 1) == pytest.approx(alpha, rel=1e-9)
+
+
+def test_one_slow_call_is_noise_left_out_of_the_fit() -> None:
+    samples = _synthetic(2e-5, 1e9, 2, ["all_reduce", "broadcast"])
+    spiked = [Sample(s.collective, s.nbytes, s.ranks, s.seconds * (5 if i == 2 else 1), s.source)
+              for i, s in enumerate(samples)]  # fmt: skip
+    result = calibrate.fit(spiked)
+    assert result.alpha == pytest.approx(2e-5, rel=1e-6) and result.bandwidth == pytest.approx(1e9, rel=1e-6)
+    assert [o.source for o in result.outliers] == [samples[2].source]
+    assert "left out" in result.report()
+    # a range of sizes off the model is the model's error, not noise: kept
+    last = max(s.nbytes for s in samples)
+    bent = [Sample(s.collective, s.nbytes, s.ranks, s.seconds * (3 if s.nbytes >= last // 4 else 1), s.source)
+            for s in samples]  # fmt: skip
+    assert calibrate.fit(bent).outliers == ()
 
 
 def test_the_written_cluster_predicts_what_the_fit_says(tmp_path: Path) -> None:

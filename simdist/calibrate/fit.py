@@ -23,6 +23,10 @@ from simdist.units import MAX_BANDWIDTH, MIN_BANDWIDTH
 
 #: size bands the residuals are reported in: (label, smallest bytes), each up to the next band's start
 BANDS = (("< 64 KiB", 0), ("64 KiB - 1 MiB", 64 << 10), ("1 - 16 MiB", 1 << 20), (">= 16 MiB", 16 << 20))
+#: a sample this many times slower than the first fit, and off by more than ``OUTLIER_SPREAD`` times the median
+#: sample is, while the sizes either side of it are not, is left out as noise: a rank descheduled mid-call
+OUTLIER = 2.0
+OUTLIER_SPREAD = 4.0
 #: refits after which ``auto``'s choices must have settled (they settle in two or three on every input tried)
 _MAX_ROUNDS = 20
 
@@ -51,6 +55,8 @@ class Fit:
     bandwidth: float
     cluster: Cluster
     residuals: tuple[Residual, ...]
+    #: samples left out of the fit as noise: off the first fit by more than ``OUTLIER`` times (a loaded machine)
+    outliers: tuple[Sample, ...] = ()
 
     def bands(self) -> list[tuple[str, int, float, float]]:
         """(band, samples, median |error|, max |error|) per size band that has samples."""
@@ -78,6 +84,12 @@ class Fit:
             lines.append(f"  {label:<16} {count:>7} {med:>8.1%} {worst:>8.1%}")
         errs = [abs(r.error) for r in self.residuals]
         lines.append(f"  {'all':<16} {len(errs):>7} {float(np.median(errs)):>8.1%} {max(errs):>8.1%}")
+        if self.outliers:
+            shown = "; ".join(f"{o.source} ({o.seconds * 1e6:.3g} us)" for o in self.outliers[:5])
+            more = f" and {len(self.outliers) - 5} more" if len(self.outliers) > 5 else ""
+            lines.append(
+                f"left out as noise ({len(self.outliers)}, over {OUTLIER:g}x slower than the fit): {shown}{more}"
+            )
         return "\n".join(lines)
 
 
@@ -120,16 +132,12 @@ def fit(
     """The switch cluster whose link latency and bandwidth best explain ``samples`` (``algorithm`` pins the
     algorithm every collective is priced with; ``auto``'s choice by default, as a run makes it)."""
     rows = check(samples, what)
-    t = np.array([s.seconds for s in rows])
-    alpha, beta = 50e-6, 1e-9  # a starting guess; the choices it implies are refitted below
-    choices: list[str] | None = None
-    for _ in range(_MAX_ROUNDS):
-        terms = [_terms(s, algorithm, alpha, beta) for s in rows]
-        names = [name for name, _, _ in terms]
-        if names == choices:
-            break
-        choices = names
-        alpha, beta = _solve(np.array([a for _, a, _ in terms]) / t, np.array([b for _, _, b in terms]) / t)
+    alpha, beta = _fit_rows(rows, algorithm)
+    # one refit without the samples the first fit cannot explain at all: noise of a loaded machine
+    outliers = _noise(rows, algorithm, alpha, beta)
+    if outliers:
+        rows = check([s for s in rows if s not in outliers], what)
+        alpha, beta = _fit_rows(rows, algorithm)
     if beta <= 0:
         raise CalibrationError(
             f"{what}: the times do not grow with the size (the best fit moves bytes in no time); measure up to "
@@ -146,4 +154,38 @@ def fit(
         Residual(s, algo, a * alpha + b * beta)
         for s, (algo, a, b) in zip(rows, [_terms(s, algorithm, alpha, beta) for s in rows])
     )
-    return Fit(alpha, bandwidth, cluster, residuals)
+    return Fit(alpha, bandwidth, cluster, residuals, outliers)
+
+
+def _noise(rows: Sequence[Sample], algorithm: str | None, alpha: float, beta: float) -> tuple[Sample, ...]:
+    """The samples far slower than the fit whose neighbours in size (same collective) are not: a loaded machine
+    only ever adds time, to single calls; a whole range of sizes off the fit is the model's error, kept."""
+    slow = {}
+    for s in rows:
+        _, a, b = _terms(s, algorithm, alpha, beta)
+        slow[s] = math.log(s.seconds / max(a * alpha + b * beta, 1e-30))
+    median = float(np.median([abs(v) for v in slow.values()]))
+    cut = max(math.log(OUTLIER), OUTLIER_SPREAD * median)
+    out = []
+    for coll in sorted({s.collective for s in rows}):
+        line = sorted((s for s in rows if s.collective == coll), key=lambda s: s.nbytes)
+        for i, s in enumerate(line):
+            neighbours = line[max(0, i - 1) : i] + line[i + 1 : i + 2]
+            if slow[s] > cut and all(slow[o] < cut / 2 for o in neighbours):
+                out.append(s)
+    return tuple(out)
+
+
+def _fit_rows(rows: Sequence[Sample], algorithm: str | None) -> tuple[float, float]:
+    """(α, β) fitted to ``rows``, refitting until ``auto``'s choices at the fitted prices stop changing."""
+    t = np.array([s.seconds for s in rows])
+    alpha, beta = 50e-6, 1e-9  # a starting guess; the choices it implies are refitted below
+    choices: list[str] | None = None
+    for _ in range(_MAX_ROUNDS):
+        terms = [_terms(s, algorithm, alpha, beta) for s in rows]
+        names = [name for name, _, _ in terms]
+        if names == choices:
+            break
+        choices = names
+        alpha, beta = _solve(np.array([a for _, a, _ in terms]) / t, np.array([b for _, _, b in terms]) / t)
+    return alpha, beta

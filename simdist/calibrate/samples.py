@@ -12,9 +12,10 @@ from simdist_base.errors import SimdistError
 FITTED = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "sendrecv")
 #: fewest distinct sizes a fit needs: two unknowns (latency, bandwidth) and one size to check them against
 MIN_SIZES = 3
-#: a measured time may drop this much (relative) as the size grows before it counts as garbage: a loaded machine
-#: delays single calls by several times (seen: 3.6x on a shared 2-core machine), a real call never gets 4x faster
-MONOTONE_SLACK = 0.75
+#: a pair of sizes "falls" when the larger one's time is below the smaller one's by more than this (relative)
+MONOTONE_SLACK = 0.5
+#: the share of falling pairs beyond which the times are refused as not one collective's
+MAX_FALLING = 0.1
 
 
 class CalibrationError(SimdistError, ValueError):
@@ -85,17 +86,21 @@ def check(samples: Sequence[Sample], what: str) -> list[Sample]:
 
 
 def _check_monotone(samples: Sequence[Sample], what: str) -> None:
-    """Refuse a collective whose time falls steeply as its size grows: not a measurement of that collective."""
+    """Refuse a collective whose times fall as its sizes grow: not a measurement of that collective.
+
+    A loaded machine delays single calls by several times, so one slow small size is noise; garbage (a time
+    column read from the wrong place, two runs mixed) makes many pairs of sizes fall, or the largest size the
+    fastest.
+    """
     for coll in sorted({s.collective for s in samples}):
         rows = sorted((s for s in samples if s.collective == coll and s.nbytes > 0), key=lambda s: s.nbytes)
-        slowest = rows[0]
-        for s in rows[1:]:
-            if s.seconds < slowest.seconds * (1 - MONOTONE_SLACK) and s.nbytes >= 2 * slowest.nbytes:
-                raise CalibrationError(
-                    f"{what}: {coll} takes {s.seconds * 1e6:.3g} us at {s.nbytes} bytes ({s.source}) but "
-                    f"{slowest.seconds * 1e6:.3g} us at {slowest.nbytes} bytes ({slowest.source}): a larger call "
-                    f"cannot be {slowest.seconds / s.seconds:.1f}x faster; the times are not of one collective "
-                    f"(mixed runs? columns out of place?)"
-                )
-            if s.seconds > slowest.seconds:
-                slowest = s
+        pairs = [(a, b) for i, a in enumerate(rows) for b in rows[i + 1 :] if b.nbytes >= 2 * a.nbytes]
+        falling = [(a, b) for a, b in pairs if b.seconds < a.seconds * (1 - MONOTONE_SLACK)]
+        if falling and (len(falling) > MAX_FALLING * len(pairs) or rows[-1].seconds < rows[0].seconds):
+            a, b = max(falling, key=lambda ab: ab[0].seconds / ab[1].seconds)
+            raise CalibrationError(
+                f"{what}: {coll} takes {b.seconds * 1e6:.3g} us at {b.nbytes} bytes ({b.source}) but "
+                f"{a.seconds * 1e6:.3g} us at {a.nbytes} bytes ({a.source}), and {len(falling)} of {len(pairs)} "
+                f"pairs of sizes fall so: a larger call is not faster; the times are not of one collective "
+                f"(mixed runs? columns out of place?)"
+            )
