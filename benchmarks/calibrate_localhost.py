@@ -6,13 +6,14 @@ Prints figures; it is not a test. Usage: ``python benchmarks/calibrate_localhost
 1. ``simdist.calibrate.measure`` times all-reduce, broadcast, all-gather and reduce-scatter at 8 B to 8 MiB
    (x2 apart) on ``--ranks`` real gloo processes (the lower quartile of each size's calls, each call's time the
    slowest rank's).
-2. The fit sees all-reduce and broadcast at every other size (8 B, 32 B, ... x4 apart) only.
-3. simdist then simulates, on the fitted cluster file, all-reduce and broadcast at the sizes in between and
-   all-gather and reduce-scatter at every size, and a step of torch's DistributedDataParallel on an MLP;
-   each prediction is set beside its measurement.
+2. The fit sees the collectives of ``--fit`` (default: all-reduce, what DDP runs) at every other size (8 B,
+   32 B, ... x4 apart) only.
+3. simdist then simulates, on the fitted cluster file, those collectives at the sizes in between, the other
+   collectives at every size, and a step of torch's DistributedDataParallel on an MLP; each prediction is set
+   beside its measurement.
 
-The DDP step: each rank measures its own forward and backward without synchronisation (``no_sync``) and the
-step with it; the simulated step charges the measured compute (``simdist.charge``) and times DDP's
+The DDP step: each rank measures its own forward, backward and optimizer step without synchronisation
+(``no_sync``) and the step with it; the simulated step charges the measured compute (``simdist.charge``) and times DDP's
 all-reduces on the fitted cluster, so its error is the communication's.
 """
 
@@ -37,8 +38,7 @@ from simdist.bench import bench
 from simdist.network import Cluster
 
 SIZES = tuple(8 << k for k in range(21))  # 8 B .. 8 MiB
-FITTED_COLLECTIVES = ("all_reduce", "broadcast")
-HELD_OUT_COLLECTIVES = ("all_gather", "reduce_scatter")
+COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
 WIDTH, DEPTH, BATCH = 512, 4, 32
 
 
@@ -64,8 +64,9 @@ def ddp_rank(steps: int, warmup: int, measured_compute: float | None) -> tuple[l
             t0 = clock()
             with model.no_sync():
                 model(x).sum().backward()
-            t1 = clock()
+            opt.step()
             opt.zero_grad()
+            t1 = clock()
             if i >= warmup:
                 compute.append(t1 - t0)
         dist.barrier()
@@ -90,11 +91,13 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--iters", type=int, default=15)
     p.add_argument("--steps", type=int, default=15)
+    p.add_argument("--fit", default="all_reduce", help="the collectives the fit sees (comma-separated)")
     args = p.parse_args()
+    fitted = tuple(args.fit.split(","))
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} "
           f"(1-minute average), torch {torch.__version__}, {args.ranks} gloo processes")  # fmt: skip
-    measured = calibrate.measure(args.ranks, FITTED_COLLECTIVES + HELD_OUT_COLLECTIVES, SIZES, iters=args.iters)
-    seen = [s for s in measured if s.collective in FITTED_COLLECTIVES and SIZES.index(s.nbytes) % 2 == 0]
+    measured = calibrate.measure(args.ranks, COLLECTIVES, SIZES, iters=args.iters)
+    seen = [s for s in measured if s.collective in fitted and SIZES.index(s.nbytes) % 2 == 0]
     fit = calibrate.fit(seen, device="cpu", name="localhost")
     print(fit.report())
     with tempfile.TemporaryDirectory() as tmp:
@@ -103,13 +106,13 @@ def main() -> None:
     errors: dict[str, list[float]] = {}
     print("\nheld out: predicted vs measured")
     print(f"  {'collective':<15} {'bytes':>9} {'measured us':>12} {'predicted us':>13} {'error':>8}")
-    for collective in FITTED_COLLECTIVES + HELD_OUT_COLLECTIVES:
+    for collective in COLLECTIVES:
         rows = {r.size: r.time_us * 1e-6 for r in bench(cluster, collective, SIZES[0], SIZES[-1], 2)}
         for s in measured:
             if s.collective != collective or s in seen or s.nbytes not in rows:
                 continue
             err = rows[s.nbytes] / s.seconds - 1
-            kind = "other sizes" if collective in FITTED_COLLECTIVES else "other collectives"
+            kind = "other sizes" if collective in fitted else "other collectives"
             errors.setdefault(kind, []).append(abs(err))
             print(f"  {collective:<15} {s.nbytes:>9} {s.seconds * 1e6:>12.1f} {rows[s.nbytes] * 1e6:>13.1f} {err:>+8.1%}")
     res = real.run(ddp_rank, args.ranks, "gloo", args=(args.steps, 3, None))
