@@ -82,7 +82,7 @@ def ddp_rank(steps: int, warmup: int, measured_compute: float | None) -> tuple[l
 
 
 def _quartile(values: list[float]) -> float:
-    return statistics.quantiles(values, n=4)[0] if len(values) > 1 else values[0]
+    return sorted(values)[len(values) // 4]
 
 
 def main() -> None:
@@ -114,7 +114,9 @@ def main() -> None:
             err = rows[s.nbytes] / s.seconds - 1
             kind = "other sizes" if collective in fitted else "other collectives"
             errors.setdefault(kind, []).append(abs(err))
-            print(f"  {collective:<15} {s.nbytes:>9} {s.seconds * 1e6:>12.1f} {rows[s.nbytes] * 1e6:>13.1f} {err:>+8.1%}")
+            print(
+                f"  {collective:<15} {s.nbytes:>9} {s.seconds * 1e6:>12.1f} {rows[s.nbytes] * 1e6:>13.1f} {err:>+8.1%}"
+            )
     res = real.run(ddp_rank, args.ranks, "gloo", args=(args.steps, 3, None))
     compute = statistics.median(_quartile(c) for c, _ in res.returns)
     real_step = _quartile([max(r[1][k] for r in res.returns) for k in range(args.steps)])

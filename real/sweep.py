@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -94,7 +93,9 @@ def sweep(
         # a call ends when its slowest rank is done; other processes of a shared machine only ever add time to
         # a call (a rank descheduled mid-call), so the lower quartile is the call itself and the median its noise
         calls = [max(r[i][k] for r in res.returns) for k in range(iters)]
-        seconds = statistics.quantiles(calls, n=4)[0] if len(calls) > 1 else calls[0]
+        seconds = sorted(calls)[
+            len(calls) // 4
+        ]  # one of the calls: quantiles() extrapolates below the fastest
         rows.append((collective, nbytes(collective, size, ranks), seconds))
     return rows
 

@@ -127,7 +127,7 @@ def test_the_fit_recovers_the_parameters_that_made_the_times(
 
 def test_one_slow_call_is_noise_left_out_of_the_fit() -> None:
     samples = _synthetic(2e-5, 1e9, 2, ["all_reduce", "broadcast"])
-    spiked = [Sample(s.collective, s.nbytes, s.ranks, s.seconds * (5 if i == 2 else 1), s.source)
+    spiked = [Sample(s.collective, s.nbytes, s.ranks, s.seconds * (1000 if i == 2 else 1), s.source)
               for i, s in enumerate(samples)]  # fmt: skip
     result = calibrate.fit(spiked)
     assert result.alpha == pytest.approx(2e-5, rel=1e-6) and result.bandwidth == pytest.approx(1e9, rel=1e-6)
@@ -188,6 +188,10 @@ def test_cli_writes_a_cluster_file_and_prints_the_bands(
     assert "world of 1 rank" in capsys.readouterr().err
     assert main(["calibrate"]) == 2
     assert "give nccl-tests output files" in capsys.readouterr().err
+    assert main(["calibrate", str(H20), "-o", str(tmp_path / "fitted.txt")]) == 2
+    assert "ends in .toml or .json" in capsys.readouterr().err
+    assert main(["calibrate", str(H20), "--device", "H1000"]) == 2
+    assert "H1000" in capsys.readouterr().err
 
 
 @pytest.mark.real

@@ -93,6 +93,8 @@ def gather(args: argparse.Namespace) -> list[Sample]:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """Fit, print the fit's residuals per size band, and write the cluster file."""
+    if args.output is not None and args.output.suffix.lower() not in (".toml", ".json"):
+        raise CalibrationError(f"-o {str(args.output)!r}: a cluster file ends in .toml or .json")
     what = ", ".join(args.inputs + (["--measure"] if args.measure else [])) or "the input"
     result = fit(gather(args), device=args.device, name=args.name, what=what)
     print(result.report())

@@ -93,7 +93,9 @@ def _check_monotone(samples: Sequence[Sample], what: str) -> None:
     fastest.
     """
     for coll in sorted({s.collective for s in samples}):
-        rows = sorted((s for s in samples if s.collective == coll and s.nbytes > 0), key=lambda s: s.nbytes)
+        line = sorted((s for s in samples if s.collective == coll and s.nbytes > 0), key=lambda s: s.nbytes)
+        # a single call far slower than the sizes either side of it is a rank descheduled mid-call: not counted
+        rows = [s for i, s in enumerate(line) if not _spike(line, i)]
         pairs = [(a, b) for i, a in enumerate(rows) for b in rows[i + 1 :] if b.nbytes >= 2 * a.nbytes]
         falling = [(a, b) for a, b in pairs if b.seconds < a.seconds * (1 - MONOTONE_SLACK)]
         if falling and (len(falling) > MAX_FALLING * len(pairs) or rows[-1].seconds < rows[0].seconds):
@@ -104,3 +106,9 @@ def _check_monotone(samples: Sequence[Sample], what: str) -> None:
                 f"pairs of sizes fall so: a larger call is not faster; the times are not of one collective "
                 f"(mixed runs? columns out of place?)"
             )
+
+
+def _spike(line: Sequence[Sample], i: int) -> bool:
+    """Whether ``line[i]`` is over twice as slow as each of its neighbours in size."""
+    neighbours = [line[j].seconds for j in (i - 1, i + 1) if 0 <= j < len(line)]
+    return bool(neighbours) and all(line[i].seconds > 2 * t for t in neighbours)
