@@ -66,6 +66,7 @@ __all__ = [
     "Trace",
     "WatchdogError",
     "algorithms",
+    "calibrate",
     "charge",
     "check_equivalence",
     "load_cluster",
