@@ -6,7 +6,8 @@
     res.trace.save_chrome("step.json")
 """
 
-from simdist import algorithms, report
+from simdist import algorithms, calibrate, report
+from simdist.calibrate import CalibrationError
 from simdist.compute.memory import MemoryStats
 from simdist.compute.profile import Profile, ReplayStats, profile
 from simdist.engine.api import charge, now, set_algorithms, synchronize
@@ -43,6 +44,7 @@ install_report_writer(write_run_report)
 install_equivalence_writer(write_equivalence_report)
 
 __all__ = [
+    "CalibrationError",
     "Cluster",
     "ClusterSpecError",
     "CollectiveMismatchError",
@@ -69,6 +71,7 @@ __all__ = [
     "Trace",
     "WatchdogError",
     "algorithms",
+    "calibrate",
     "charge",
     "check_equivalence",
     "load_cluster",

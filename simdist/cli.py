@@ -1,5 +1,5 @@
 """The ``simdist`` command line: ``simdist run``, ``simdist check``, ``simdist bench``, ``simdist report``,
-``simdist clusters``.
+``simdist calibrate``, ``simdist clusters``.
 
 ``simdist run SCRIPT [options] -- ARGS`` runs SCRIPT as torchrun would (its module code as ``__main__`` on every
 rank, ``sys.argv`` ``[SCRIPT, *ARGS]``); with ``--entry NAME`` it calls SCRIPT's function NAME on every rank instead.
@@ -36,6 +36,7 @@ from simdist.bench import (
     table_row,
     too_many_ranks,
 )
+from simdist.calibrate.command import add_parser as add_calibrate_parser
 from simdist.compute.profile import Profile
 from simdist.engine.runner import RunResult
 from simdist.engine.torchrun import ScriptProgram, run_script
@@ -426,6 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="(re)build DIR/index.html linking every HTML report in DIR")
     rp.add_argument("directory", help="the directory the reports were written to, e.g. reports/")
     rp.set_defaults(func=cmd_report)
+
+    add_calibrate_parser(sub, _output_file)
 
     c = sub.add_parser("clusters", help="list cluster presets")
     c.set_defaults(func=cmd_clusters)

@@ -58,9 +58,9 @@ LAYERS: tuple[Layer, ...] = (
     Layer("equivalence oracle", ("simdist.oracle",),
           "`check_equivalence`: capture, assembly of sharded tensors, comparison, localisation"),
     Layer("reports", ("simdist.report",), "self-contained HTML pages of runs, checks and scenarios, and their index"),
-    Layer("tools", ("simdist", "simdist.cli", "simdist.bench", "simdist.script"),
+    Layer("tools", ("simdist", "simdist.cli", "simdist.bench", "simdist.calibrate", "simdist.script"),
           "the public API (and the composition root that fills the extension points), the command line, "
-          "`simdist bench`, loading scripts"),
+          "`simdist bench`, `simdist calibrate`, loading scripts"),
 )
 
 #: packages outside the chain and the modules each may import (strategies: plain torch.distributed)

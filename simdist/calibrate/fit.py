@@ -1,0 +1,191 @@
+"""Fit a cluster's link latency and bandwidth to measured collective times (the alpha-beta model).
+
+Every algorithm's uncontended time is linear in the latency ``α`` of one message's route and the seconds per
+byte ``β`` of its bandwidth (``registry``'s closed forms, which simulated runs on an uncontended switch equal),
+so for the algorithm ``auto`` picks, a measured time ``t`` gives one linear equation ``a·α + b·β ≈ t``. The fit
+minimises the squared *relative* errors (each equation divided by ``t``), so an 8-byte call and a 64 MiB one
+weigh the same, then asks ``auto`` again with the fitted prices and refits until its choices stop changing.
+The fitted cluster is a switch: every rank one link up to it and one down, each of half the route's latency.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from simdist import algorithms
+from simdist.calibrate.samples import CalibrationError, Sample, check
+from simdist.network import Cluster
+from simdist.units import MAX_BANDWIDTH, MIN_BANDWIDTH
+
+#: size bands the residuals are reported in: (label, smallest bytes), each up to the next band's start
+BANDS = (("< 64 KiB", 0), ("64 KiB - 1 MiB", 64 << 10), ("1 - 16 MiB", 1 << 20), (">= 16 MiB", 16 << 20))
+#: a sample this many times slower than the first fit, and off by more than ``OUTLIER_SPREAD`` times the median
+#: sample is, while the sizes either side of it are not, is left out as noise: a rank descheduled mid-call
+OUTLIER = 2.0
+OUTLIER_SPREAD = 4.0
+#: refits after which ``auto``'s choices must have settled (they settle in two or three on every input tried)
+_MAX_ROUNDS = 20
+
+
+@dataclass(frozen=True)
+class Residual:
+    """A sample beside the fitted model's time for it."""
+
+    sample: Sample
+    algorithm: str
+    predicted: float
+
+    @property
+    def error(self) -> float:
+        """(predicted - measured) / measured."""
+        return self.predicted / self.sample.seconds - 1.0
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The fitted parameters, the cluster they describe, and how well they explain each sample."""
+
+    #: seconds of one message's route between two ranks (alpha)
+    alpha: float
+    #: bytes/s of a route (1 / beta)
+    bandwidth: float
+    cluster: Cluster
+    residuals: tuple[Residual, ...]
+    #: samples left out of the fit as noise: off the first fit by more than ``OUTLIER`` times (a loaded machine)
+    outliers: tuple[Sample, ...] = ()
+
+    def bands(self) -> list[tuple[str, int, float, float]]:
+        """(band, samples, median |error|, max |error|) per size band that has samples."""
+        out = []
+        for i, (label, low) in enumerate(BANDS):
+            high = BANDS[i + 1][1] if i + 1 < len(BANDS) else math.inf
+            errs = sorted(abs(r.error) for r in self.residuals if low <= r.sample.nbytes < high)
+            if errs:
+                out.append((label, len(errs), float(np.median(errs)), errs[-1]))
+        return out
+
+    def report(self) -> str:
+        """The fitted parameters and the residuals per size band, as ``simdist calibrate`` prints them."""
+        n = self.cluster.world_size
+        lines = [
+            (
+                f"fitted {n}-rank switch cluster: route latency {self.alpha * 1e6:.3f} us, bandwidth "
+                f"{self.bandwidth / 1e9:.4g} GB/s (each link: {self.alpha / 2 * 1e6:.3f} us)"
+            ),
+            f"collectives: {', '.join(sorted({r.sample.collective for r in self.residuals}))}; {len(self.residuals)} samples",
+            "residuals (predicted vs measured) per size band:",
+            f"  {'band':<16} {'samples':>7} {'median':>8} {'max':>8}",
+        ]
+        for label, count, med, worst in self.bands():
+            lines.append(f"  {label:<16} {count:>7} {med:>8.1%} {worst:>8.1%}")
+        errs = [abs(r.error) for r in self.residuals]
+        lines.append(f"  {'all':<16} {len(errs):>7} {float(np.median(errs)):>8.1%} {max(errs):>8.1%}")
+        if self.outliers:
+            shown = "; ".join(f"{o.source} ({o.seconds * 1e6:.3g} us)" for o in self.outliers[:5])
+            more = f" and {len(self.outliers) - 5} more" if len(self.outliers) > 5 else ""
+            lines.append(
+                f"left out as noise ({len(self.outliers)}, over {OUTLIER:g}x slower than the fit): {shown}{more}"
+            )
+        return "\n".join(lines)
+
+
+def _terms(s: Sample, algorithm: str | None, alpha: float, beta: float) -> tuple[str, float, float]:
+    """(algorithm, a, b) with the sample's closed-form time ``a·α + b·β``; ``auto``'s pick when None."""
+    n, m = s.ranks, float(s.nbytes)
+    if s.collective == "sendrecv":  # every rank sends m bytes to the next and receives from the previous
+        return "sendrecv", 1.0, m
+    if algorithm is None:
+        algo = algorithms.choose(s.collective, n, m, (alpha, beta), (alpha, beta))
+    else:
+        algo = algorithms.get(s.collective, algorithm)
+    return algo.name, algo.estimate(n, m, 1.0, 0.0), algo.estimate(n, m, 0.0, 1.0)
+
+
+def _solve(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """Non-negative (α, β) minimising sum((a·α + b·β - 1)^2): relative errors, as the rows are divided by t."""
+    best: tuple[float, tuple[float, float]] | None = None
+    x, *_ = np.linalg.lstsq(np.stack([a, b], axis=1), np.ones_like(a), rcond=None)
+    candidates = [(float(x[0]), float(x[1]))]
+    # at the boundary: one of the two is zero, the other its own least-squares value
+    candidates += [(float(a @ np.ones_like(a) / (a @ a)), 0.0), (0.0, float(b @ np.ones_like(b) / (b @ b)))]
+    for alpha, beta in candidates:
+        if alpha < 0 or beta < 0:
+            continue
+        loss = float(np.sum((a * alpha + b * beta - 1.0) ** 2))
+        if best is None or loss < best[0]:
+            best = (loss, (alpha, beta))
+    assert best is not None
+    return best[1]
+
+
+def fit(
+    samples: Sequence[Sample],
+    device: str = "cpu",
+    name: str = "calibrated",
+    algorithm: str | None = None,
+    what: str = "the measurements",
+) -> Fit:
+    """The switch cluster whose link latency and bandwidth best explain ``samples`` (``algorithm`` pins the
+    algorithm every collective is priced with; ``auto``'s choice by default, as a run makes it)."""
+    rows = check(samples, what)
+    alpha, beta = _fit_rows(rows, algorithm)
+    # one refit without the samples the first fit cannot explain at all: noise of a loaded machine
+    outliers = _noise(rows, algorithm, alpha, beta)
+    if outliers:
+        rows = check([s for s in rows if s not in outliers], what)
+        alpha, beta = _fit_rows(rows, algorithm)
+    if beta <= 0:
+        raise CalibrationError(
+            f"{what}: the times do not grow with the size (the best fit moves bytes in no time); measure up to "
+            f"sizes where the bandwidth shows, e.g. 64 MiB"
+        )
+    bandwidth = 1.0 / beta
+    if not MIN_BANDWIDTH <= bandwidth <= MAX_BANDWIDTH:
+        raise CalibrationError(
+            f"{what}: the fitted bandwidth {bandwidth:g} B/s is outside what a link can have"
+        )
+    n = rows[0].ranks
+    cluster = Cluster.switch(n, bandwidth=bandwidth, latency=alpha / 2, device=device, name=name)
+    residuals = tuple(
+        Residual(s, algo, a * alpha + b * beta)
+        for s, (algo, a, b) in zip(rows, [_terms(s, algorithm, alpha, beta) for s in rows])
+    )
+    return Fit(alpha, bandwidth, cluster, residuals, outliers)
+
+
+def _noise(rows: Sequence[Sample], algorithm: str | None, alpha: float, beta: float) -> tuple[Sample, ...]:
+    """The samples far slower than the fit whose neighbours in size (same collective) are not: a loaded machine
+    only ever adds time, to single calls; a whole range of sizes off the fit is the model's error, kept."""
+    slow = {}
+    for s in rows:
+        _, a, b = _terms(s, algorithm, alpha, beta)
+        slow[s] = math.log(s.seconds / max(a * alpha + b * beta, 1e-30))
+    median = float(np.median([abs(v) for v in slow.values()]))
+    cut = max(math.log(OUTLIER), OUTLIER_SPREAD * median)
+    out = []
+    for coll in sorted({s.collective for s in rows}):
+        line = sorted((s for s in rows if s.collective == coll), key=lambda s: s.nbytes)
+        for i, s in enumerate(line):
+            neighbours = line[max(0, i - 1) : i] + line[i + 1 : i + 2]
+            if slow[s] > cut and all(slow[o] < cut / 2 for o in neighbours):
+                out.append(s)
+    return tuple(out)
+
+
+def _fit_rows(rows: Sequence[Sample], algorithm: str | None) -> tuple[float, float]:
+    """(α, β) fitted to ``rows``, refitting until ``auto``'s choices at the fitted prices stop changing."""
+    t = np.array([s.seconds for s in rows])
+    alpha, beta = 50e-6, 1e-9  # a starting guess; the choices it implies are refitted below
+    choices: list[str] | None = None
+    for _ in range(_MAX_ROUNDS):
+        terms = [_terms(s, algorithm, alpha, beta) for s in rows]
+        names = [name for name, _, _ in terms]
+        if names == choices:
+            break
+        choices = names
+        alpha, beta = _solve(np.array([a for _, a, _ in terms]) / t, np.array([b for _, _, b in terms]) / t)
+    return alpha, beta
