@@ -20,6 +20,7 @@ import torch.distributed as dist
 from simdist.algorithms import Reduction, nccl, reduce_op_of
 from simdist.c10d import funcol
 from simdist.c10d.arguments import SUPPORTED_DTYPES, GlooArguments, check_tensor
+from simdist.c10d.devices import DevicePolicy
 from simdist.comm import monitored, ops
 from simdist.comm.context import RunContext
 from simdist.comm.group import Call, GroupState, Instance
@@ -53,7 +54,21 @@ class SimProcessGroup(dist.ProcessGroup):
         self._coalesced: list[SimWork] | None = None
         #: what this group refuses, as gloo refuses it
         self.args = GlooArguments(state, group_rank, sim.call_site)
+        #: on a GPU cluster, the tensors the backend it presents takes per device (None elsewhere: any CPU tensor)
+        self.devices: DevicePolicy | None = None
+        self.present_devices(backend_name)
 
+    def present_devices(self, name: str) -> None:
+        """Take tensors as a group created with backend ``name`` takes them, on a GPU cluster."""
+        self.devices = DevicePolicy(name) if self.sim.emulates_cuda else None
+
+    @property
+    def _device_types(self) -> list[torch.device]:
+        """The device types the group has a backend for, as the backend it presents answers on a GPU cluster
+        (torch's object collectives pick their device from these)."""
+        if self.devices is None:
+            return dist.ProcessGroup._device_types.__get__(self)
+        return list(self.devices.device_types)
 
     # ------------------------------------------------------------------ identity
     def getBackendName(self) -> str:
@@ -423,6 +438,8 @@ def _host_buffers(method: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(method)
     def call(self: SimProcessGroup, *args: Any, **kwargs: Any) -> Any:
+        if self.devices is not None:
+            self.devices.check(method.__name__, args, self.args.reject)
         callers: dict[int, torch.Tensor] = {}
         work = method(self, *[_on_host(a, callers) for a in args], **kwargs)
         if callers and isinstance(work, SimWork):
