@@ -8,7 +8,6 @@ backend serves CUDA), the sum of the ranks' values, torch's ``_get_object_coll_d
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import pytest
@@ -26,7 +25,6 @@ NO_BACKEND = "No backend type associated with device type cpu"
 
 def test_the_refusal_is_torchs_own_message() -> None:
     # torch itself: a real group whose only backend serves CUDA, given a CPU tensor
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29517")
     store = dist.HashStore()
     dist.init_process_group("cuda:gloo", rank=0, world_size=1, store=store)
     try:
