@@ -54,6 +54,9 @@ def _ops(x: torch.Tensor, n: int) -> dict[str, Callable[[], object]]:
         "coalesced": lambda: dist.all_reduce_coalesced([x, x.clone()]),
         "coalescing_manager": lambda: _coalesced(x, n),
         "funcol": lambda: funcol.all_reduce(x, "sum", dist.group.WORLD).wait(),
+        "funcol_coalesced": lambda: [
+            t.wait() for t in funcol.all_gather_into_tensor_coalesced([x], dist.group.WORLD)
+        ],
         "send_recv": lambda: dist.send(x, 1) if me == 0 else dist.recv(x, 0),
         "isend_irecv": lambda: (dist.isend(x, 1) if me == 0 else dist.irecv(x, 0)).wait(),
     }
@@ -80,6 +83,7 @@ OPS = [
     "coalesced",
     "coalescing_manager",
     "funcol",
+    "funcol_coalesced",
     "send_recv",
     "isend_irecv",
 ]

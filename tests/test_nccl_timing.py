@@ -140,6 +140,8 @@ def _by_backend() -> dict[str, str]:
     dist.all_reduce(torch.ones(1 << 16, device="cuda"))
     dist.all_reduce(torch.ones(1 << 16), group=gloo)
     dist.all_reduce(torch.ones(1 << 16), group=both)  # CPU tensors: its gloo part
+    dist.all_reduce(torch.ones(1 << 16, device="cuda"), group=both)  # CUDA tensors: its NCCL part
+    dist.all_reduce(torch.ones(1 << 16, device="cuda"), group=gloo)  # gloo on CUDA tensors
     return {}
 
 
@@ -147,7 +149,7 @@ def test_groups_presenting_gloo_keep_link_timing() -> None:
     cluster = Cluster.preset("dgx-h100", world_size=8, collective_model="nccl")
     res = simdist.run(_by_backend, cluster, compute=False, trace="collectives")
     spans = [s for s in res.trace.spans if s.rank == 0 and "Collective name" in s.args]
-    assert [s.args.get("nccl") for s in spans] == ["Ring/LL", None, None]
+    assert [s.args.get("nccl") for s in spans] == ["Ring/LL", None, None, "Ring/LL", None]
 
 
 def test_alpha_beta_is_the_default_and_unchanged() -> None:

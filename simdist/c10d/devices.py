@@ -75,6 +75,11 @@ def _tensors(values: Iterable[object]) -> Iterable[torch.Tensor]:
             yield from _tensors(v)
 
 
+def call_device(args: Iterable[object]) -> str | None:
+    """The device type of a call's first tensor as its caller holds it (None for a call without tensors)."""
+    return next((device_of(t) for t in _tensors(args)), None)
+
+
 class DevicePolicy:
     """What one group presented as ``name`` takes, per device type, on a GPU cluster."""
 
