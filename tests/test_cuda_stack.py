@@ -32,7 +32,10 @@ ONE = simdist.Cluster.switch(1, device="H100")
 
 
 def _twins(fn, cluster: simdist.Cluster, *args) -> tuple[list, list]:
-    cpu = simdist.run(fn, cluster, args=("cpu", *args), backend_name="nccl")
+    # the CPU program runs on the same switch without GPUs, where a group named "nccl" takes CPU tensors (on the
+    # GPU cluster NCCL refuses them) and adds in NCCL's order, as the GPU program's group does
+    on_cpu = simdist.Cluster.switch(cluster.world_size, device="cpu")
+    cpu = simdist.run(fn, on_cpu, args=("cpu", *args), backend_name="nccl")
     gpu = simdist.run(fn, cluster, args=("cuda", *args))
     return cpu.returns, gpu.returns
 

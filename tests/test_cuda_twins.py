@@ -10,6 +10,9 @@ from cuda_fns import ddp_train, fsdp1_train, fsdp2_train
 import simdist
 
 PAIR = simdist.Cluster.switch(2, device="H100")
+#: the CPU program's twin cluster: the same topology without GPUs, where a group named "nccl" takes CPU tensors
+#: (on the GPU cluster NCCL refuses them) and adds in NCCL's order, as the GPU program's group does
+CPU_PAIR = simdist.Cluster.switch(2, device="cpu")
 
 
 def _same(cpu: simdist.RunResult, gpu: simdist.RunResult) -> None:
@@ -30,26 +33,28 @@ def _same(cpu: simdist.RunResult, gpu: simdist.RunResult) -> None:
     ids=["default", "bucket_view", "find_unused", "static_graph"],
 )
 def test_ddp_written_for_cuda_equals_its_cpu_twin_bitwise(options: dict) -> None:
-    cpu = simdist.run(ddp_train, PAIR, args=("cpu", options), backend_name="nccl")
+    cpu = simdist.run(ddp_train, CPU_PAIR, args=("cpu", options), backend_name="nccl")
     gpu = simdist.run(ddp_train, PAIR, args=("cuda", options))
     _same(cpu, gpu)
 
 
 def test_fsdp1_written_for_cuda_equals_its_cpu_twin_bitwise() -> None:
-    cpu = simdist.run(fsdp1_train, PAIR, args=("cpu",), backend_name="nccl")
+    cpu = simdist.run(fsdp1_train, CPU_PAIR, args=("cpu",), backend_name="nccl")
     gpu = simdist.run(fsdp1_train, PAIR, args=("cuda",))
     _same(cpu, gpu)
 
 
 def test_fsdp2_written_for_cuda_equals_its_cpu_twin_bitwise() -> None:
-    cpu = simdist.run(fsdp2_train, PAIR, args=("cpu",), backend_name="nccl")
+    cpu = simdist.run(fsdp2_train, CPU_PAIR, args=("cpu",), backend_name="nccl")
     gpu = simdist.run(fsdp2_train, PAIR, args=("cuda",))
     _same(cpu, gpu)
 
 
 @pytest.mark.parametrize("hook", ["fp16", "bf16", "powersgd"])
 def test_ddp_communication_hooks_written_for_cuda_equal_their_cpu_twins_bitwise(hook: str) -> None:
-    cpu = simdist.run(ddp_train, PAIR, args=("cpu", {}, 3, hook), backend_name="nccl")
+    cpu = simdist.run(ddp_train, PAIR, args=("cpu", {}, 3, hook), backend_name="gloo")
+    # on the GPU cluster (DDP's bf16 hook asks torch.cuda for CUDA 11 and NCCL 2.10), through gloo, as a CPU
+    # program there: two ranks' sums are one addition each, which gives the same bits in either order
     gpu = simdist.run(ddp_train, PAIR, args=("cuda", {}, 3, hook))
     _same(cpu, gpu)
     plain = simdist.run(ddp_train, PAIR, args=("cuda", {}, 3))

@@ -25,16 +25,17 @@ from simdist.errors import ClusterSpecError, NcclEnvironmentError
 def _timed(collective: str, numel: int, env: dict[str, str]) -> tuple[float, str]:
     os.environ.update(env)
     dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     n = dist.get_world_size()
-    x = torch.ones(numel)
+    x = torch.ones(numel, device="cuda")
     if collective == "all_reduce":
         call = lambda: dist.all_reduce(x)
     elif collective == "all_gather":
-        out = torch.empty(numel * n)
+        out = torch.empty(numel * n, device="cuda")
         call = lambda: dist.all_gather_into_tensor(out, x)
     elif collective == "reduce_scatter":
-        out = torch.empty(numel)
-        x = torch.ones(numel * n)
+        out = torch.empty(numel, device="cuda")
+        x = torch.ones(numel * n, device="cuda")
         call = lambda: dist.reduce_scatter_tensor(out, x)
     elif collective == "reduce":
         call = lambda: dist.reduce(x, 0)
@@ -84,8 +85,9 @@ def test_uncontended_time_is_the_tuners(world: int, collective: str, numel: int)
 
 def _two_groups(numel: int, both: bool) -> float:
     dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     other = dist.new_group(list(range(dist.get_world_size())))
-    a, b = torch.ones(numel), torch.ones(numel)
+    a, b = torch.ones(numel, device="cuda"), torch.ones(numel, device="cuda")
     t0 = simdist.now()
     works = [dist.all_reduce(a, async_op=True)]
     if both:
@@ -119,8 +121,9 @@ def test_nccl_env_pins_choice() -> None:
 
 def _pinned(algorithm: str) -> str:
     dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     simdist.set_algorithms(all_reduce=algorithm)
-    dist.all_reduce(torch.ones(1 << 16))
+    dist.all_reduce(torch.ones(1 << 16, device="cuda"))
     return ""
 
 
@@ -137,9 +140,12 @@ def _by_backend() -> dict[str, str]:
     dist.init_process_group("nccl")
     gloo = dist.new_group(backend="gloo")
     both = dist.new_group(backend="cpu:gloo,cuda:nccl")
-    dist.all_reduce(torch.ones(1 << 16))
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.all_reduce(torch.ones(1 << 16, device="cuda"))
     dist.all_reduce(torch.ones(1 << 16), group=gloo)
     dist.all_reduce(torch.ones(1 << 16), group=both)  # CPU tensors: its gloo part
+    dist.all_reduce(torch.ones(1 << 16, device="cuda"), group=both)  # CUDA tensors: its NCCL part
+    dist.all_reduce(torch.ones(1 << 16, device="cuda"), group=gloo)  # gloo on CUDA tensors
     return {}
 
 
@@ -147,7 +153,7 @@ def test_groups_presenting_gloo_keep_link_timing() -> None:
     cluster = Cluster.preset("dgx-h100", world_size=8, collective_model="nccl")
     res = simdist.run(_by_backend, cluster, compute=False, trace="collectives")
     spans = [s for s in res.trace.spans if s.rank == 0 and "Collective name" in s.args]
-    assert [s.args.get("nccl") for s in spans] == ["Ring/LL", None, None]
+    assert [s.args.get("nccl") for s in spans] == ["Ring/LL", None, None, "Ring/LL", None]
 
 
 def test_gpu_presets_time_with_nccl_and_alpha_beta_stays_selectable() -> None:

@@ -107,6 +107,8 @@ def _present(pg: dist.ProcessGroup, name: str) -> None:
     _, store = world.pg_map[pg]
     world.pg_map[pg] = (backend, store)
     world.pg_backend_config[pg] = str(c10d.BackendConfig(backend))
+    if isinstance(pg, SimProcessGroup):
+        pg.present_devices(name)
     if "gloo" in [p.split(":")[-1] for p in name.lower().split(",")]:
         pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, _gloo_stand_in())
 

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from simdist.algorithms import Reduction, nccl, reduce_op_of
 from simdist.c10d import funcol
 from simdist.c10d.arguments import SUPPORTED_DTYPES, GlooArguments, check_tensor
+from simdist.c10d.devices import DevicePolicy, call_device
 from simdist.comm import monitored, ops
 from simdist.comm.context import RunContext
 from simdist.comm.group import Call, GroupState, Instance
@@ -53,7 +54,23 @@ class SimProcessGroup(dist.ProcessGroup):
         self._coalesced: list[SimWork] | None = None
         #: what this group refuses, as gloo refuses it
         self.args = GlooArguments(state, group_rank, sim.call_site)
+        #: on a GPU cluster, the tensors the backend it presents takes per device (None elsewhere: any CPU tensor)
+        self.devices: DevicePolicy | None = None
+        self.present_devices(backend_name)
+        #: the device type of the tensors of the call being issued, as the caller holds them
+        self._call_device: str | None = None
 
+    def present_devices(self, name: str) -> None:
+        """Take tensors as a group created with backend ``name`` takes them, on a GPU cluster."""
+        self.devices = DevicePolicy(name) if self.sim.emulates_cuda else None
+
+    @property
+    def _device_types(self) -> list[torch.device]:
+        """The device types the group has a backend for, as the backend it presents answers on a GPU cluster
+        (torch's object collectives pick their device from these)."""
+        if self.devices is None:
+            return dist.ProcessGroup._device_types.__get__(self)
+        return list(self.devices.device_types)
 
     # ------------------------------------------------------------------ identity
     def getBackendName(self) -> str:
@@ -92,6 +109,8 @@ class SimProcessGroup(dist.ProcessGroup):
         if not self._nccl_env_read:
             self._nccl_env_read = True
             self.state.nccl_enabled = _nccl_enabled(sim, self.global_rank)
+        if self._call_device is not None:
+            object.__setattr__(spec, "on_device", self._call_device)  # the caller's, not the unwrapped buffers'
         ready_at = sim.issue_time()
         site = sim.call_site()
         seq = self.state.next_seq(self.grank)
@@ -423,8 +442,16 @@ def _host_buffers(method: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(method)
     def call(self: SimProcessGroup, *args: Any, **kwargs: Any) -> Any:
+        if self._call_device is not None:  # one method delegating to another: the caller's call was checked
+            return method(self, *args, **kwargs)
+        if self.devices is not None:
+            self.devices.check(method.__name__, args, self.args.reject)
         callers: dict[int, torch.Tensor] = {}
-        work = method(self, *[_on_host(a, callers) for a in args], **kwargs)
+        self._call_device = call_device(args)
+        try:
+            work = method(self, *[_on_host(a, callers) for a in args], **kwargs)
+        finally:
+            self._call_device = None
         if callers and isinstance(work, SimWork):
             work.outputs = [callers.get(id(t), t) for t in work.outputs]
         return work

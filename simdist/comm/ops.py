@@ -85,8 +85,14 @@ class OpSpec(ABC):
     def plan(cls, ops: list, algo: Algorithm) -> plans.Plan:
         """Buffers and schedule for the matched calls ``ops`` (indexed by group rank)."""
 
+    #: the device type of the caller's tensors where the fields hold the host tensors of device memory (a
+    #: simulated GPU's tensors are unwrapped before the call is described); None: read the fields
+    on_device: ClassVar[str | None] = None
+
     def device_type(self) -> str:
         """The device type of the tensors it works on (``"cpu"``, or ``"cuda"`` for CUDA tensors)."""
+        if self.__dict__.get("on_device"):
+            return self.__dict__["on_device"]
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             value = getattr(self, f.name)
             first = value[0] if isinstance(value, tuple) and value else value

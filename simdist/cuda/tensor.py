@@ -17,6 +17,7 @@ the device's own generator, as on CUDA, not from the CPU's.
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -258,6 +259,18 @@ _MIXED_DEVICES = frozenset(
 )
 #: namespaces whose ops move data between ranks or devices (collectives take and give device buffers)
 _MIXED_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_dtensor", "fsdp"})
+#: namespaces of collectives that reach a process group with the CPU tensors of their device operands
+_COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional"})
+
+#: per thread, how many collectives with simulated-GPU operands are running (their buffers reach the process
+#: group unwrapped, and the group must take them for device memory)
+_ON_DEVICE = threading.local()
+
+
+def collective_on_device() -> bool:
+    """Whether the calling thread is inside a collective op whose operands are on a simulated GPU: the CPU tensors
+    a process group gets from it hold device memory (functional collectives reach the group so)."""
+    return getattr(_ON_DEVICE, "depth", 0) > 0
 
 
 class _Schema:
@@ -322,6 +335,12 @@ class Call:
         fallback = FALLBACKS.get(func)
         if fallback is not None:
             return fallback(*args, **kwargs)
+        if self.device is not None and func.namespace in _COLLECTIVE_NAMESPACES:
+            _ON_DEVICE.depth = getattr(_ON_DEVICE, "depth", 0) + 1
+            try:
+                return func(*args, **kwargs)
+            finally:
+                _ON_DEVICE.depth -= 1
         try:
             if generator is not None and self.device is not None and _schema(func).random:
                 gen = generator((self.out_device or self.device).index)

@@ -329,6 +329,23 @@ def _fsdp_weight_outside_forward() -> None:
     net[0].weight.sum()  # sharded and freed between forwards
 
 
+def _gather_host_metadata() -> None:
+    """A GPU program that gathers its batch size, kept on the host, over its NCCL group."""
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(dist.get_rank())
+    sizes = [torch.zeros(1, dtype=torch.long) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, torch.tensor([8 + dist.get_rank()]))
+
+
+def _gather_objects_under_nccl() -> list:
+    """Object collectives under NCCL: through the current GPU, as on GPUs."""
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(dist.get_rank())
+    got: list = [None] * dist.get_world_size()
+    dist.all_gather_object(got, {"rank": dist.get_rank(), "steps": list(range(dist.get_rank() + 1))})
+    return got
+
+
 def _expect(got: object, expected: object) -> None:
     assert got == expected, f"{got!r} != {expected!r}"
 
@@ -542,6 +559,20 @@ CASES = [
         error=RankError,
         match=r"raised InvalidArgumentError: RNG state is wrong size: a simulated GPU's generator state is 5072 bytes"
         r".*got 5056 bytes",
+    ),
+    Case(
+        "nccl_gathers_host_metadata",
+        "gathers CPU tensors (batch sizes kept on the host) over an NCCL group on simulated GPUs",
+        lambda: simdist.run(_gather_host_metadata, PAIR),
+        error=RankError,
+        match=r"No backend type associated with device type cpu \(rank 0, all_gather on group 0 of 2 ranks, at "
+        r".*test_hostile_cuda\.py:\d+.*Move the tensor to the GPU.*cpu:gloo,cuda:nccl",
+    ),
+    Case(
+        "nccl_object_gather",
+        "gathers Python objects over an NCCL group on simulated GPUs (torch moves them through the current GPU)",
+        lambda: simdist.run(_gather_objects_under_nccl, PAIR),
+        check=lambda res: _expect(res.returns, [[{"rank": 0, "steps": [0]}, {"rank": 1, "steps": [0, 1]}]] * 2),
     ),
     Case(
         "self_check_fails",

@@ -27,8 +27,9 @@ def _all_reduce_with(env: dict[str, str]) -> Callable[[], simdist.RunResult]:
     def rank() -> float:
         os.environ.update(env)
         dist.init_process_group("nccl")
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         t0 = simdist.now()
-        dist.all_reduce(torch.ones(1 << 20))
+        dist.all_reduce(torch.ones(1 << 20, device="cuda"))
         return simdist.now() - t0
 
     cluster = simdist.Cluster.preset("dgx-h100", world_size=8, collective_model="nccl")
