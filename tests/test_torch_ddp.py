@@ -136,16 +136,18 @@ def _mesh_sums() -> list[float]:
 @pytest.mark.parametrize("name", BACKEND_NAMES)
 def test_every_presented_backend_name_runs_torch_ddp_fsdp2_and_device_mesh(name: str) -> None:
     """Code written for a cluster of that backend runs unchanged: torch's DDP (whose C++ logger reads a group
-    named "gloo" as ProcessGroupGloo), FSDP2 and DeviceMesh give the single-process answers."""
+    named "gloo" as ProcessGroupGloo), FSDP2 and DeviceMesh give the single-process answers. CPU code: on a cluster
+    of CPUs, where a group named "nccl" takes CPU tensors (on GPUs it refuses them, as NCCL does)."""
+    cpus = simdist.Cluster.ring(4, device="cpu")
     model = make_model()
     model(torch.cat([shard(r) for r in range(4)])).pow(2).mean().backward()
     want = [p.grad for p in model.parameters()]
-    ddp = simdist.run(ddp_grads, simdist.Cluster.ring(4), args=(25.0,), backend_name=name).returns
+    ddp = simdist.run(ddp_grads, cpus, args=(25.0,), backend_name=name).returns
     for grads in ddp:
         for got, w in zip(grads, want):
             torch.testing.assert_close(got, w, rtol=1e-5, atol=1e-6)
-    fsdp = simdist.run(_fsdp2_grads, simdist.Cluster.ring(4), backend_name=name).returns
+    fsdp = simdist.run(_fsdp2_grads, cpus, backend_name=name).returns
     for got in fsdp:
         torch.testing.assert_close(got, want[0], rtol=1e-5, atol=1e-6)
-    mesh = simdist.run(_mesh_sums, simdist.Cluster.ring(4), backend_name=name).returns
+    mesh = simdist.run(_mesh_sums, cpus, backend_name=name).returns
     assert mesh == [[1.0, 2.0], [1.0, 4.0], [5.0, 2.0], [5.0, 4.0]]

@@ -568,7 +568,9 @@ def test_a_world_smaller_than_a_node_uses_part_of_it(world):
     assert (partial.world_size, partial.ranks_per_node, partial.gpus_per_node) == (world, world, 8)
     res = simdist.run(_local, partial)
     assert res.returns == [(str(r), str(world), "0", str(world)) for r in range(world)]
-    exact = simdist.Cluster.two_level(1, world, "450GB/s", "1us", "400Gb/s", "5us", device="H100")
+    exact = simdist.Cluster.two_level(
+        1, world, "450GB/s", "1us", "400Gb/s", "5us", device="H100", collective_model="nccl"
+    )
 
     def step() -> None:
         torch.distributed.all_reduce(torch.ones(1 << 16))

@@ -20,13 +20,22 @@ from simdist.units import parse_bandwidth, parse_latency
 #: builder names usable as ``builder = ...`` in config files (each a classmethod of the cluster class)
 BUILDERS: tuple[str, ...] = ("ring", "switch", "fully_connected", "two_level", "torus")
 #: the keyword that sets each builder's size, so that a world size can fill it in
-SIZE_KEY: dict[str, str] = {"ring": "n", "switch": "n", "fully_connected": "n", "two_level": "nodes", "torus": "dims"}
+SIZE_KEY: dict[str, str] = {
+    "ring": "n",
+    "switch": "n",
+    "fully_connected": "n",
+    "two_level": "nodes",
+    "torus": "dims",
+}
 
 
 def _link(where: str, bandwidth: tuple[str, object], latency: tuple[str, object]) -> dict[str, float]:
     """Edge attributes of one link from its (argument name, value) pairs, naming the argument in errors."""
     parsed: dict[str, float] = {}
-    for key, (arg, value), parse in (("bandwidth", bandwidth, parse_bandwidth), ("latency", latency, parse_latency)):
+    for key, (arg, value), parse in (
+        ("bandwidth", bandwidth, parse_bandwidth),
+        ("latency", latency, parse_latency),
+    ):
         try:
             parsed[key] = parse(value)  # type: ignore[arg-type]
         except ClusterSpecError as exc:
@@ -146,14 +155,18 @@ class ClusterBuilders:
         """
         nodes = positive_int(nodes, "two_level: nodes")
         per_node = positive_int(gpus_per_node, "two_level: gpus_per_node")
-        used = per_node if ranks_per_node is None else positive_int(ranks_per_node, "two_level: ranks_per_node")
+        used = (
+            per_node if ranks_per_node is None else positive_int(ranks_per_node, "two_level: ranks_per_node")
+        )
         if used > per_node:
             raise ClusterSpecError(
                 f"two_level: ranks_per_node {used} is more than the node's gpus_per_node {per_node}; a rank takes one "
                 f"GPU: use at most {per_node} ranks per node, or more GPUs per node"
             )
         factor = "gpus_per_node" if ranks_per_node is None else "ranks_per_node"
-        world_size_within_limit(nodes * used, f"two_level: nodes x {factor} ({nodes} x {used})", 4 * nodes * used)
+        world_size_within_limit(
+            nodes * used, f"two_level: nodes x {factor} ({nodes} x {used})", 4 * nodes * used
+        )
         intra = _link("two_level", ("intra_bandwidth", intra_bandwidth), ("intra_latency", intra_latency))
         inter = _link("two_level", ("inter_bandwidth", inter_bandwidth), ("inter_latency", inter_latency))
         # Routing minimises latency: intra-node traffic stays on NVLink only while the NVSwitch path
@@ -176,9 +189,15 @@ class ClusterBuilders:
             # One NIC per GPU (as in a DGX): every GPU has its own full-duplex port on the fabric.
             graph.add_edge(rank, "ib", **inter)
             graph.add_edge("ib", rank, **inter)
-        default_name = f"two-level-{nodes}x{per_node}" if used == per_node else f"two-level-{nodes}x{used}of{per_node}"
+        default_name = (
+            f"two-level-{nodes}x{per_node}" if used == per_node else f"two-level-{nodes}x{used}of{per_node}"
+        )
         cluster = cls(
-            graph, device=device, algorithms=algorithms, name=name or default_name, collective_model=collective_model
+            graph,
+            device=device,
+            algorithms=algorithms,
+            name=name or default_name,
+            collective_model=collective_model,
         )
         cluster.ranks_per_node = used
         cluster.gpus_per_node = per_node

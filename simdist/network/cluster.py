@@ -22,9 +22,9 @@ from simdist.errors import ClusterSpecError
 from simdist.network.builders import ClusterBuilders
 from simdist.network.config import ClusterFiles
 from simdist.network.graph import Link, canonical_graph, plural, validate_algorithms
+from simdist.network.models import check_collective_model
 from simdist.network.presets import ClusterPresets
 from simdist.network.routing import Router
-from simdist.options import COLLECTIVE_MODELS
 from simdist.units import format_bandwidth, format_time
 
 
@@ -272,22 +272,6 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
             {"src": l.src, "dst": l.dst, "bandwidth": l.bandwidth, "latency": l.latency} for l in self.links
         ]
         return {"cluster": cluster, "links": links}
-
-
-def check_collective_model(model: object, device: object) -> str:
-    """``model`` if it is a collective model (``simdist.options.COLLECTIVE_MODELS``) that ``device`` can be
-    timed with; a ClusterSpecError naming the choices otherwise."""
-    if not isinstance(model, str) or model not in COLLECTIVE_MODELS:
-        raise ClusterSpecError(
-            f"collective_model must be one of {', '.join(COLLECTIVE_MODELS)}; found {model!r}"
-        )
-    name = get_device(device).name if isinstance(device, str) else getattr(device, "name", "")
-    if model == "nccl" and nccl.generation_of(name) is None:
-        raise ClusterSpecError(
-            f"collective_model='nccl' knows NCCL's tuning on {', '.join(nccl.GENERATIONS)} only; this cluster's "
-            f"device is {name!r}: use collective_model='alpha-beta'"
-        )
-    return model
 
 
 def build_preset(name: str, world_size: int | None = None, **overrides: Any) -> Cluster:

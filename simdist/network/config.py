@@ -26,6 +26,7 @@ from typing_extensions import Self
 from simdist.errors import ClusterSpecError
 from simdist.network.builders import BUILDERS
 from simdist.network.graph import positive_int, suggest, world_size_within_limit
+from simdist.network.models import check_collective_model
 from simdist.network.presets import COMMON_KEYS, PRESETS, check_keys, lookup, preset_names
 
 try:
@@ -292,10 +293,6 @@ class ClusterFiles:
         if world_size is None:
             raise ClusterSpecError("an explicit [[links]] list needs world_size = N in the [cluster] table")
         switches = params.pop("switches", [])
-        from simdist.network.cluster import (
-            check_collective_model,
-        )  # the cluster class is assembled from this mixin
-
         nodes = _nodes(params, world_size)
         model = params.pop("collective_model", "alpha-beta")
         cluster = cls(_links_graph(links, world_size, switches), **params)  # type: ignore[call-arg]

@@ -14,6 +14,8 @@ from typing import Any
 
 from typing_extensions import Self
 
+from simdist.algorithms import nccl
+from simdist.compute.devices import get_device
 from simdist.errors import ClusterSpecError
 from simdist.network.builders import SIZE_KEY
 from simdist.network.graph import positive_int, suggest, world_size_within_limit
@@ -100,8 +102,6 @@ PRESETS: dict[str, Preset] = {
 
 def _canonical(name: str) -> str:
     """A device name as the device table spells it (an alias's model), or ``name`` itself if it is not there."""
-    from simdist.compute import get_device
-
     try:
         return get_device(name).name
     except ClusterSpecError:
@@ -239,8 +239,6 @@ class ClusterPresets:
         ):
             # NCCL's model is the GPU presets' default where it knows the device's generation; a device it does
             # not know (one you built) is timed as any custom cluster is, unless you ask for NCCL's model
-            from simdist.algorithms import nccl
-
             device = params["device"]
             name = device if isinstance(device, str) else getattr(device, "name", "")
             if not isinstance(name, str) or nccl.generation_of(_canonical(name)) is None:
