@@ -377,3 +377,18 @@ def test_is_initialized_answers_whether_the_ranks_code_has_initialised_cuda(firs
     # torch's answer: False until a call runs torch.cuda's lazy initialisation; binding the process group to a GPU
     # (NCCL's eager connection) runs none, so DeviceMesh still picks the device from LOCAL_RANK
     assert simdist.run(_initialisation, PAIR, args=(first,)).returns == [[False, after]] * 2
+
+
+def test_torch_load_reaches_the_simulated_gpus_after_a_load_outside_any_run(tmp_path) -> None:
+    # torch.load's weights-only unpickler builds its table of allowed functions once per process: a load before the
+    # run (any test or program) must not leave a run's checkpoints on the CPU, nor a run's table after it
+    path = str(tmp_path / "ckpt.pt")
+    state = _checkpoint(path, "cpu")
+    torch.load(path)  # outside any run: the table holds torch's own functions
+    for rank, (devices, _, aliased) in enumerate(simdist.run(_load, PAIR, args=(path, "cuda")).returns):
+        assert set(devices.values()) == {f"cuda:{rank}"} and aliased
+    after = torch.load(path)
+    assert after["weight"].device.type == "cpu" and torch.equal(after["weight"], state["weight"])
+    assert torch._weights_only_unpickler._get_allowed_globals()["torch._utils._rebuild_tensor_v2"] is (
+        torch._utils._rebuild_tensor_v2
+    )

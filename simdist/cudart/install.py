@@ -235,7 +235,7 @@ def emulated(
     the clock its events read."""
     native.install(per_node)
     try:
-        with replaced(_OWNER, _patches()), _foreach_types():
+        with replaced(_OWNER, _patches()), _foreach_types(), _unpickler_globals():
             activate(Emulation(ctx, spec, per_node, ranks, process_rank=process_rank))
             try:
                 _smoke_test()
@@ -244,6 +244,19 @@ def emulated(
                 activate(None)
     finally:
         native.uninstall()
+
+
+@contextlib.contextmanager
+def _unpickler_globals() -> Iterator[None]:
+    """torch.load's weights-only unpickler resolves ``torch._utils._rebuild_tensor_v2`` through a table it builds once
+    per process (an lru_cache): built before the run, it holds torch's own function and checkpoints would load onto
+    the CPU; built during it, the run's. So the table is built again on entering and on leaving."""
+    table = torch._weights_only_unpickler._get_allowed_globals
+    table.cache_clear()
+    try:
+        yield
+    finally:
+        table.cache_clear()
 
 
 @contextlib.contextmanager
