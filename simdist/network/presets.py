@@ -14,11 +14,10 @@ from typing import Any
 
 from typing_extensions import Self
 
-from simdist.algorithms import nccl
-from simdist.compute.devices import get_device
 from simdist.errors import ClusterSpecError
 from simdist.network.builders import SIZE_KEY
 from simdist.network.graph import positive_int, suggest, world_size_within_limit
+from simdist.network.models import nccl_knows
 
 #: arguments every builder takes besides its own
 COMMON_KEYS = ("device", "algorithms", "name")
@@ -98,14 +97,6 @@ PRESETS: dict[str, Preset] = {
     )
 }
 """Named presets; ``Cluster.preset(name, **overrides)`` builds one."""
-
-
-def _canonical(name: str) -> str:
-    """A device name as the device table spells it (an alias's model), or ``name`` itself if it is not there."""
-    try:
-        return get_device(name).name
-    except ClusterSpecError:
-        return name
 
 
 def preset_names() -> list[str]:
@@ -232,15 +223,9 @@ class ClusterPresets:
                 SIZE_KEY[preset.builder], None
             )  # the preset's default size yields to the requested one
         params.update(overrides)
-        if (
-            "device" in overrides
-            and "collective_model" not in overrides
-            and params.get("collective_model") == "nccl"
-        ):
-            # NCCL's model is the GPU presets' default where it knows the device's generation; a device it does
-            # not know (one you built) is timed as any custom cluster is, unless you ask for NCCL's model
-            device = params["device"]
-            name = device if isinstance(device, str) else getattr(device, "name", "")
-            if not isinstance(name, str) or nccl.generation_of(_canonical(name)) is None:
-                params["collective_model"] = "alpha-beta"
+        # NCCL's model is the GPU presets' default where it knows the device's generation; a device it does not
+        # know (one you built, the CPU) is timed as any custom cluster is, unless NCCL's model is asked for
+        nccl_default = params.get("collective_model") == "nccl" and "collective_model" not in overrides
+        if nccl_default and "device" in overrides and not nccl_knows(params["device"]):
+            params["collective_model"] = "alpha-beta"
         return cls.build(preset.builder, params, world_size, where)
