@@ -103,6 +103,10 @@ class RunResult:
     #: with ``compute=simdist.profile(PATH)``: how many ops the profile timed, how many the model priced
     #: (which, and their share of compute time), summed over ranks; None otherwise
     profile: ReplayStats | None = None
+    #: under torchrun's restarts (``run_script(..., max_restarts=N)``): how many times the job was restarted
+    #: before this, its last attempt, and each failed attempt's error text, in order
+    restarts: int = 0
+    failures: list[str] = dataclasses.field(default_factory=list)
 
     def save_report(self, path: str | Path, *, real: Any = None) -> Path:
         """Write this run's self-contained HTML report (timeline, collectives, breakdown, memory, races) to ``path``.

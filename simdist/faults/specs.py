@@ -155,7 +155,7 @@ def from_json(data: Any) -> Fault:
         raise FaultSpecError(f"{data['type']}: {e}; its fields are {names}") from None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Crash(Fault):
     """Rank ``rank``'s process dies: at simulated time ``at``, or as it issues its ``collective``-th collective
     (counting from 1, over all its groups). Exactly one of the two is given."""
@@ -175,6 +175,10 @@ class Crash(Fault):
             object.__setattr__(self, "at", _seconds("Crash", "at", self.at))
         if self.collective is not None:
             object.__setattr__(self, "collective", _whole("Crash", "collective", self.collective, low=1))
+
+    def __repr__(self) -> str:
+        when = f"at={self.at!r}" if self.at is not None else f"collective={self.collective!r}"
+        return f"Crash(rank={self.rank!r}, {when})"
 
 
 @dataclass(frozen=True)
