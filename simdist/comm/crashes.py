@@ -59,7 +59,10 @@ class Crashes:
             return  # already dead, or its process had ended
         self._record(rank, fault, None)
         waiting = self.sim.baton.crash(rank, self._why(rank))
-        where = f"while {waiting.removeprefix(f'rank {rank} ')}" if waiting else "before it started"
+        doing = waiting.removeprefix(f"rank {rank} ") if waiting else ""
+        if doing.startswith("waits "):
+            doing = "waiting " + doing.removeprefix("waits ")
+        where = f"while {doing}" if waiting else "before it started"
         self.dead[rank] = Death(self.sim.env.now, where, fault)
 
     def _record(self, rank: int, fault: str, where: str | None) -> None:
@@ -98,7 +101,9 @@ class Crashes:
         run's own diagnosis or a survivor's error; None when the survivors finished)."""
         lines = [self.dead[r].describe(r) + "." for r in self.dead]
         dead = format_ranks(list(self.dead))
-        if failure is None:
+        if len(self.dead) == len(self.sim.baton.ranks):
+            lines.append("Every rank crashed: a real launch reports each process as failed (torchrun's ChildFailedError).")
+        elif failure is None:
             lines.append(
                 f"The other ranks finished. A real launch reports {dead}'s process as failed (torchrun's "
                 f"ChildFailedError), whatever its peers did."

@@ -26,7 +26,7 @@ def as_faults(faults: Any) -> tuple[Fault, ...]:
     for i, f in enumerate(faults):
         if isinstance(f, dict):
             f = from_json(f)
-        if not isinstance(f, Fault):
+        if type(f) not in Fault.TYPES.values():
             raise FaultSpecError(
                 f"faults[{i}] must be a simdist.faults record (Crash, Straggler, SlowLink, FlappingLink, MessageDelay, "
                 f"LinkDown, NodeLoss) or its JSON mapping, got {type(f).__name__} {f!r:.60}"
