@@ -15,6 +15,9 @@ steps, and every rank resumes from it when it starts. The job runs as torchrun w
 The oracle is one process training the same model on the same 16 samples per step. Each completed job must end
 with its weights (the sums differ only in their order: differences are float64 round-off).
 
+Writes its HTML report (a table of the jobs) and elastic_restart.json to the output directory (reports/ by
+default).
+
 Usage: python scenarios/elastic_restart.py [--out DIR]
 """
 
@@ -30,9 +33,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from verdicts import difference, report
+from verdicts import difference, finish
 
 import simdist
+import simdist.report
 from simdist.faults import Crash, NodeLoss
 
 STEPS, EVERY, BATCH, LR = 8, 2, 16, 0.05
@@ -77,7 +81,9 @@ def train() -> dict:
         opt.step()
         if (step + 1) % EVERY == 0:
             if rank == 0:
-                torch.save({"step": step + 1, "model": net.state_dict(), "opt": opt.state_dict()}, f"{path}.tmp")
+                torch.save(
+                    {"step": step + 1, "model": net.state_dict(), "opt": opt.state_dict()}, f"{path}.tmp"
+                )
                 os.replace(f"{path}.tmp", path)
             dist.barrier()
     return {
@@ -115,17 +121,25 @@ def largest_difference(res: simdist.RunResult, ref: list[torch.Tensor]) -> float
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=REPORTS, help="directory for elastic_restart.json")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--out", type=Path, default=REPORTS, help="directory for the HTML report and elastic_restart.json"
+    )
     args = parser.parse_args()
     ref = reference()
     verdicts = []
     summary = {}
 
     plain = job([])
-    print(f"no fault: {STEPS} steps on {plain.world_size} ranks in {plain.sim_time * 1e3:.4f} ms of simulated time")
+    print(
+        f"no fault: {STEPS} steps on {plain.world_size} ranks in {plain.sim_time * 1e3:.4f} ms of simulated time"
+    )
     diff = largest_difference(plain, ref)
-    verdicts.append(("the job without faults ends as one process does", diff < 1e-12, f"max |diff| {difference(diff)}"))
+    verdicts.append(
+        ("the job without faults ends as one process does", diff < 1e-12, f"max |diff| {difference(diff)}")
+    )
 
     crash = job([Crash(rank=1, at=5.5e-3)], max_restarts=1)
     first = crash.failures[0].splitlines()[0] if crash.failures else "(no failure)"
@@ -137,10 +151,41 @@ def main() -> int:
         f"and ran {crash.sim_time * 1e3:.4f} ms"
     )
     diff = largest_difference(crash, ref)
-    verdicts.append(("a crash restarts the job once", crash.restarts == 1 and out["restart"] == 1, f"{crash.restarts} restart"))
-    verdicts.append(("the restart resumes from the last checkpoint", out["resumed_from"] == 4, f"step {out['resumed_from']}"))
-    verdicts.append(("after the crash the job ends as one process does", diff < 1e-12, f"max |diff| {difference(diff)}"))
-    summary["crash"] = {"restarts": crash.restarts, "resumed_from": out["resumed_from"], "max_diff": difference(diff)}
+    verdicts.append(
+        (
+            "a crash restarts the job once",
+            crash.restarts == 1 and out["restart"] == 1,
+            f"{crash.restarts} restart",
+        )
+    )
+    verdicts.append(
+        (
+            "the restart resumes from the last checkpoint",
+            out["resumed_from"] == 4,
+            f"step {out['resumed_from']}",
+        )
+    )
+    verdicts.append(
+        ("after the crash the job ends as one process does", diff < 1e-12, f"max |diff| {difference(diff)}")
+    )
+    rows = [
+        ("no fault", 0, plain.world_size, 0, plain.sim_time * 1e3, difference(largest_difference(plain, ref)))
+    ]
+    rows.append(
+        (
+            "Crash(rank=1, at=5.5 ms)",
+            crash.restarts,
+            crash.world_size,
+            out["resumed_from"],
+            crash.sim_time * 1e3,
+            difference(diff),
+        )
+    )
+    summary["crash"] = {
+        "restarts": crash.restarts,
+        "resumed_from": out["resumed_from"],
+        "max_diff": difference(diff),
+    }
 
     lost = job([NodeLoss(node=1, at=5.5e-3)], max_restarts=1, nnodes="1:2")
     first = lost.failures[0].splitlines()[0] if lost.failures else "(no failure)"
@@ -152,9 +197,27 @@ def main() -> int:
         f"from step {out['resumed_from']} and ran {lost.sim_time * 1e3:.4f} ms"
     )
     diff = largest_difference(lost, ref)
-    verdicts.append(("a lost node shrinks the world to the survivors", lost.world_size == 2, f"{lost.world_size} ranks"))
-    verdicts.append(("the smaller world ends as one process does", diff < 1e-12, f"max |diff| {difference(diff)}"))
-    summary["node_loss"] = {"world": lost.world_size, "resumed_from": out["resumed_from"], "max_diff": difference(diff)}
+    verdicts.append(
+        ("a lost node shrinks the world to the survivors", lost.world_size == 2, f"{lost.world_size} ranks")
+    )
+    verdicts.append(
+        ("the smaller world ends as one process does", diff < 1e-12, f"max |diff| {difference(diff)}")
+    )
+    rows.append(
+        (
+            "NodeLoss(node=1, at=5.5 ms)",
+            lost.restarts,
+            lost.world_size,
+            out["resumed_from"],
+            lost.sim_time * 1e3,
+            difference(diff),
+        )
+    )
+    summary["node_loss"] = {
+        "world": lost.world_size,
+        "resumed_from": out["resumed_from"],
+        "max_diff": difference(diff),
+    }
 
     print("\n(3) Crash(rank=1, at=5.5 ms) without restarts:")
     try:
@@ -163,11 +226,28 @@ def main() -> int:
     except simdist.RankCrashError as e:
         failed = str(e).splitlines()[0]
         print(f"    RankCrashError: {failed}")
-    verdicts.append(("without restarts the job fails naming the dead rank", "rank 1 crashed" in failed, failed[:40]))
+    verdicts.append(
+        ("without restarts the job fails naming the dead rank", "rank 1 crashed" in failed, failed[:40])
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "elastic_restart.json").write_text(json.dumps(summary, indent=2) + "\n")
+    page = simdist.report.ScenarioReport(
+        "Elastic training under a crash", description=__doc__, command="python scenarios/elastic_restart.py"
+    )
+    page.table(
+        "Jobs",
+        [
+            "faults",
+            "restarts",
+            "last world",
+            "resumed from step",
+            "last attempt (ms)",
+            "max |diff| vs one process",
+        ],
+        rows,
+    )
     print()
-    return report(verdicts)
+    return finish(page, verdicts, args.out, "elastic_restart")
 
 
 if __name__ == "__main__":
