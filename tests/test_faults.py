@@ -328,3 +328,40 @@ def test_one_fault_not_in_a_list_is_refused() -> None:
 def test_malformed_faults_are_refused_naming_the_field(make, message) -> None:
     with pytest.raises(simdist.FaultSpecError, match=message):
         make()
+
+
+def test_a_straggler_on_a_gpu_slows_its_stream_as_its_host_runs_ahead() -> None:
+    gpus = simdist.Cluster.ring(4, bandwidth=BW, latency=LAT)
+
+    def on_gpu() -> float:
+        torch.cuda.set_device(dist.get_rank())
+        t = torch.ones(1000, device="cuda")
+        for _ in range(3):
+            simdist.charge(1e-3)
+            dist.all_reduce(t)
+        torch.cuda.synchronize()
+        return simdist.now()
+
+    plain = simdist.run(on_gpu, gpus)
+    slow = simdist.run(on_gpu, gpus, faults=[Straggler(rank=1, slowdown=2.0)])
+    # the 3 ms charged, and rank 1's few microseconds of other kernels (its tensors' fills) twice as long
+    assert 3e-3 <= slow.sim_time - plain.sim_time <= 3e-3 + 1e-5
+
+
+def test_a_slow_link_divides_the_pace_of_a_collective_timed_by_nccls_model() -> None:
+    """A paced message (NCCL's model) over a slow link: its bytes at the pace divided by the factor, plus the
+    pace's latency and the added one."""
+    import simpy
+
+    from simdist.network.faulty import LinkFaults
+    from simdist.network.links import Network
+
+    cluster = ring(2)
+    link = cluster.route(0, 1)[0]
+    env = simpy.Environment()
+    network = Network(env, cluster)
+    network.faults = LinkFaults(cluster, [SlowLink(link=link, bandwidth_factor=0.5, latency=1e-6)])
+    arrived = []
+    network.send(0, 1, NBYTES, lambda ev: arrived.append(env.now), None, pace=(3e-6, 1e-10))
+    env.run()
+    assert arrived == [pytest.approx(NBYTES * 1e-10 / 0.5 + 3e-6 + 1e-6, rel=1e-12)]

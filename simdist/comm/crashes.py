@@ -101,8 +101,11 @@ class Crashes:
         run's own diagnosis or a survivor's error; None when the survivors finished)."""
         lines = [self.dead[r].describe(r) + "." for r in self.dead]
         dead = format_ranks(list(self.dead))
+        verb = "joins" if len(self.dead) == 1 else "join"
         if len(self.dead) == len(self.sim.baton.ranks):
-            lines.append("Every rank crashed: a real launch reports each process as failed (torchrun's ChildFailedError).")
+            lines.append(
+                "Every rank crashed: a real launch reports each process as failed (torchrun's ChildFailedError)."
+            )
         elif failure is None:
             lines.append(
                 f"The other ranks finished. A real launch reports {dead}'s process as failed (torchrun's "
@@ -110,8 +113,8 @@ class Crashes:
             )
         elif isinstance(failure, DeadlockError):
             lines.append(
-                f"Its peers hang: they wait in collectives {dead} never joins or never completes. On real NCCL without "
-                f"a timeout they wait forever; with init_process_group(timeout=...) their collective times out. "
+                f"Its peers hang: they wait in collectives that {dead} never {verb} or that never complete. On real NCCL "
+                f"without a timeout they wait forever; with init_process_group(timeout=...) their collective times out. "
                 f"Where every rank was:\n{safe_str(failure)}"
             )
         else:
