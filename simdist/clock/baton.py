@@ -178,6 +178,8 @@ class Baton:
         self.on_stall: Callable[[], BaseException | None] | None = None
         #: threads the watchdog could not unwind (stuck inside C code); they are left behind as daemons
         self.abandoned: list[RankState] = []
+        #: whether a rank has crashed (see :meth:`mark_crashed`): waits look for their rank's death only then
+        self.any_crashed = False
 
     # ----------------------------------------------------------------- rank side
     def block(self, event: simpy.Event, description: str) -> Any:
@@ -190,7 +192,7 @@ class Baton:
         self._leave_user_code(state)
         if self.aborting:
             raise RankAbort()
-        if state.owner.crashed is not None:
+        if self.any_crashed and state.owner.crashed is not None:
             raise RankCrashed(state.owner.crashed)
         if not event.processed:
             state.waiting_on = description
@@ -200,7 +202,7 @@ class Baton:
         state.in_user = True
         if self.aborting:
             raise RankAbort()
-        if state.owner.crashed is not None:
+        if self.any_crashed and state.owner.crashed is not None:
             raise RankCrashed(state.owner.crashed)
         if not event.ok:
             raise event.value
@@ -434,6 +436,12 @@ class Baton:
             exc = exc.with_traceback(tb)
             threading.excepthook(threading.ExceptHookArgs((type(exc), exc, tb, threading.current_thread())))
 
+    def mark_crashed(self, rank: int, why: str) -> None:
+        """Record that ``rank``'s process died (``why``): its threads raise :class:`RankCrashed` at their next wait.
+        The calling rank's own thread raises it itself; :meth:`crash` ends the threads that wait."""
+        self.ranks[rank].crashed = why
+        self.any_crashed = True
+
     def crash(self, rank: int, why: str) -> str | None:
         """End ``rank``'s process now (simpy side): each of its threads raises :class:`RankCrashed` where it
         waits, or as it starts. Returns what its own thread was waiting on (None: it had finished, had not started
@@ -442,7 +450,7 @@ class Baton:
         owner = self.ranks[rank]
         first = owner.crashed is None
         if first:
-            owner.crashed = why
+            self.mark_crashed(rank, why)
         where = owner.waiting_on if first and owner.started and not owner.finished else None
         # threads a rank started and its callback thread die with it; each is parked in its hand-back (no rank
         # runs while the simpy thread does), so resuming it makes its wait raise

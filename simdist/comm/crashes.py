@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from simdist.clock.baton import RankCrashed, current_rank_state
+from simdist.clock.baton import RankCrashed
 from simdist.errors import DeadlockError, RankCrashError, safe_str
 from simdist.faults.plan import counted_crashes, timed_crashes
 from simdist.faults.specs import Fault
@@ -80,12 +80,10 @@ class Crashes:
         count = self.issued[rank] = self.issued.get(rank, 0) + 1
         if hit is None or count != hit[0] or rank in self.dead:
             return
-        state = current_rank_state()
-        assert state is not None
         self._record(
             rank, hit[1], f"as it issued its {_ordinal(count)} collective, at {self.sim.call_site()}"
         )
-        state.owner.crashed = self._why(rank)
+        self.sim.baton.mark_crashed(rank, self._why(rank))
         # its other threads (those it started, its callback thread) die once this one hands the baton back
         env = self.sim.env
         env.timeout(0).callbacks.append(lambda _ev: self.sim.baton.crash(rank, self._why(rank)))
