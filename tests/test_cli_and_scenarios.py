@@ -446,3 +446,14 @@ def test_hotpath_buffer_race_on_a_real_worker(capsys):
     assert len(verdicts) == 5 and all(ok for _, ok, _ in verdicts), verdicts
     assert set(rows) == set(hotpath_buffer_race.POLICIES)
     assert "the current policy failed in" in capsys.readouterr().out
+
+
+def test_elastic_restart_scenario_resumes_from_its_checkpoint_and_ends_as_one_process(tmp_path, update_golden):
+    out = run_scenario("elastic_restart", tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    verdicts = lines[next(i for i, l in enumerate(lines) if l.startswith("expectation")) + 1 :]
+    assert len(verdicts) == 7 and all(" PASS " in l for l in verdicts), "\n".join(verdicts)
+    summary = json.loads((tmp_path / "elastic_restart.json").read_text())
+    assert summary["crash"]["resumed_from"] == 4 and summary["node_loss"]["world"] == 2
+    check_golden("elastic_restart", out, tmp_path, update_golden)

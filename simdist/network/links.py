@@ -10,6 +10,10 @@ A paced transfer (``pace=(latency, seconds_per_byte)``) reserves the same links 
 seconds_per_byte``, and arrives ``latency`` after it leaves: a collective timed by NCCL's model sends every
 message so, so that its uncontended time is the model's while it still waits for, and delays, other
 transfers on the links it crosses.
+
+Under link faults (:class:`~simdist.network.faulty.LinkFaults`) a transfer takes the route still up when it is
+sent, starts once its flapping links are up, moves at each link's bandwidth times its factor at that start,
+and arrives after the added latencies and message delays on top; a crashed rank's messages never leave.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from typing import Any
 import simpy
 from simpy.core import NORMAL
 from simpy.events import Event
+
+from simdist.network.faulty import LinkFaults
 
 
 class Network:
@@ -34,6 +40,8 @@ class Network:
         self._routes: dict[tuple[int, int], tuple[tuple[int, ...], float, float]] = {}
         #: messages sent so far (``RunResult.messages``)
         self.messages = 0
+        #: the run's link faults, or None (the plain model below)
+        self.faults: LinkFaults | None = None
 
     def _route(self, src: int, dst: int) -> tuple[tuple[int, ...], float, float]:
         key = (src, dst)
@@ -61,6 +69,9 @@ class Network:
         """
         env = self.env
         now = env.now
+        faults = self.faults
+        if faults is not None and src in faults.dead:
+            return  # its process is gone: nothing it would send leaves
         self.messages += 1
         ev = Event(env)
         ev._ok = True
@@ -69,6 +80,9 @@ class Network:
         if src == dst:
             ev.start = now  # type: ignore[attr-defined]
             env.schedule(ev, NORMAL, 0.0)
+            return
+        if faults is not None:
+            self._send_faulty(faults, src, dst, nbytes, ev, pace)
             return
         hit = self._routes.get((src, dst))
         route, inv_bw, lat = hit if hit is not None else self._route(src, dst)
@@ -79,6 +93,32 @@ class Network:
         for i in route:
             if free[i] > start:  # noqa: PLR1730 - a compare is cheaper than max() on this hot path
                 start = free[i]
+        leave = start + nbytes * inv_bw
+        for i in route:
+            free[i] = leave
+        ev.start = start  # type: ignore[attr-defined]
+        env.schedule(ev, NORMAL, leave + lat - now)
+
+    def _send_faulty(
+        self, faults: LinkFaults, src: int, dst: int, nbytes: int, ev: Event, pace: tuple[float, float] | None
+    ) -> None:
+        """:meth:`send`'s timing under link faults (the same figures where no fault applies)."""
+        env = self.env
+        now = env.now
+        route = faults.route(src, dst, now)
+        free = self._free_at
+        start = max([now, *(free[i] for i in route)])
+        start = faults.up_at(route, start)
+        factors, added = faults.slowdown(route, start)
+        if pace is not None:
+            lat, inv_bw = pace
+            inv_bw /= min(factors, default=1.0)
+            lat += added
+        else:
+            bw = min((self._bw[i] * f for i, f in zip(route, factors)), default=float("inf"))
+            inv_bw = 1.0 / bw
+            lat = sum(self._lat[i] for i in route) + added
+        lat += faults.delay(src, dst, now)
         leave = start + nbytes * inv_bw
         for i in route:
             free[i] = leave
