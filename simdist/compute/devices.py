@@ -260,8 +260,15 @@ _MEASURED_ON_H100 = (
     "digits; FP64, FP8 and INT8 not measured: datasheet dense rates"
 )
 
+#: Hopper's GEMMs: the shape model with stream-K for a last, partial wave. Without it, an H100 sweep the model was not
+#: fitted to (benchmarks/fidelity/gemm.csv, triton-h100-fp16) ran squares just past a whole wave (2176-3072) 13-41%
+#: faster than priced, as persistent stream-K kernels (CUTLASS's sm90 schedulers) would; the A100 has no such
+#: evidence and keeps whole waves
+HOPPER_GEMM = GemmShapeModel(stream_k=True)
+
 _SHAPE_AND_HOST = (
-    "GEMM shape model (tiles, waves, split-K, skinny shapes at 80% of the bandwidth) fitted to the 37 matmuls of "
+    "GEMM shape model (tiles, waves, split-K, skinny shapes at 80% of the bandwidth; stream-K for a last partial "
+    "wave on the H100 and H200) fitted to the 37 matmuls of "
     "benchmarks/gpu/results/h100-2026-11-26; host overhead 7.0 us per kernel measured there (the median host time "
     "per call of its elementwise cases); attention model (simdist/compute/attention.py) fitted to published "
     "FlashAttention-2, cuDNN and xformers throughputs (benchmarks/fidelity/attention.csv)"
@@ -284,7 +291,7 @@ H100 = DeviceSpec(
     cuda_name="NVIDIA H100 80GB HBM3",
     compute_capability=(9, 0),
     multiprocessors=132,
-    gemm=GemmShapeModel(),
+    gemm=HOPPER_GEMM,
     host_overhead=MEASURED_HOST_OVERHEAD,
     attention=HOPPER_ATTENTION,
 )
@@ -308,7 +315,7 @@ H200 = DeviceSpec(
     cuda_name="NVIDIA H200",
     compute_capability=(9, 0),
     multiprocessors=132,
-    gemm=GemmShapeModel(),
+    gemm=HOPPER_GEMM,
     host_overhead=MEASURED_HOST_OVERHEAD,
     attention=HOPPER_ATTENTION,
 )
