@@ -9,6 +9,7 @@ kernel is priced faster than its FLOPs at the device's rate).
 
 from __future__ import annotations
 
+import pickle
 import sys
 from pathlib import Path
 
@@ -203,6 +204,13 @@ def test_a_bad_attention_model_is_refused() -> None:
         AttentionModel(kernels=(("flash", fit, fit), ("flash", fit, fit)))
     with pytest.raises(ClusterSpecError, match="attention must be"):
         simdist.compute.DeviceSpec("x", {torch.float32: 1e12}, 1e12, attention="fast")  # type: ignore[arg-type]
+
+
+def test_a_device_with_an_attention_model_pickles_whole() -> None:
+    # a DeviceSpec pickles by its fields: the attention model must survive the trip
+    for spec in (H100, A100):
+        again = pickle.loads(pickle.dumps(spec))
+        assert again == spec and again.attention == spec.attention
 
 
 # -------------------------------------------------------------------------------------------------- the fit
