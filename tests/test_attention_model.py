@@ -278,3 +278,16 @@ def test_a_cpu_cluster_still_charges_nothing_for_attention() -> None:
         _attention_rank, simdist.Cluster.switch(1, device="cpu"), args=(torch.float32, False, "cpu")
     )
     assert res.sim_time == 0
+
+
+def test_where_no_fused_kernel_applies_on_the_gpu_the_math_path_pays_for_its_score_matrix() -> None:
+    # float32 with head dim 30 (no multiple of 4): the CPU runs its fused kernel, a GPU the math path, which writes
+    # and reads the (batch x heads x s x s) scores in the scale, mask and softmax kernels: at least 6 passes
+    q = torch.empty(2, 4, 1024, 30, dtype=torch.float32, device="meta")
+    _, charges = estimate(F.scaled_dot_product_attention, q, q, q, device="H100")
+    (seconds,) = [s for n, s in charges if n == "aten::_scaled_dot_product_flash_attention_for_cpu"]
+    scores = 2 * 4 * 1024 * 1024 * 4
+    assert seconds >= 6 * scores / H100.memory_bandwidth + 3 * H100.launch_overhead
+    # a head dim the memory-efficient kernel takes is one fused pass, far cheaper
+    q32 = torch.empty(2, 4, 1024, 32, dtype=torch.float32, device="meta")
+    assert estimate(F.scaled_dot_product_attention, q32, q32, q32, device="H100")[0] < seconds
