@@ -10,6 +10,9 @@ median and largest |error| per table, per collective size band, and against the 
   timed as real ones), nccl-tests' size convention (the all-reduce buffer, the all-gather output, the
   reduce-scatter input); where a source gives only busbw, the measured time is size x bus factor / busbw;
 - GEMMs: ``simdist.compute.estimate`` of the same call on meta tensors of the row's shape and dtype;
+- attention: the published FlashAttention-2, cuDNN and xformers throughputs and this project's H100 timings of
+  ``scaled_dot_product_attention``, priced as ``fidelity_attention.py`` says (rows the attention constants were
+  fitted to are marked ``[fit]``, and the held-out rows get a table of their own);
 - end-to-end: an op-level price of the published configuration (``fidelity_step.py``).
 
 ``--model`` picks the timing model the clusters are built with (``TIMING_MODELS``). ``--check`` prices a few
@@ -31,6 +34,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from fidelity_attention import attention_results
 from fidelity_step import StepShape, price_step
 
 # benchmarks/gpu is a folder of scripts, not a package: its modules are imported by name
@@ -87,7 +91,7 @@ class FidelityDataError(ValueError):
 class Result:
     """One row: what was measured, what simdist predicts (seconds) and the kind of table it belongs to."""
 
-    kind: str  # "collective", "gemm" or "step"
+    kind: str  # "collective", "gemm", "attention" or "step"
     table: str
     label: str
     measured_s: float
@@ -223,6 +227,30 @@ def gemm_results(
     return out
 
 
+def attention_table_results(limit: int | None = None) -> list[Result]:
+    """Each attention row beside simdist's price; a row the attention constants were fitted to is marked [fit]."""
+    return [
+        Result("attention", r.table, r.label + (" [fit]" if r.fitted else ""), r.measured_s, r.predicted_s)
+        for r in attention_results(limit)
+    ]
+
+
+def attention_report(results: list[Result]) -> list[str]:
+    """The attention tables' errors on the rows the fit did not read."""
+    held = [r for r in results if r.kind == "attention" and not r.label.endswith(" [fit]")]
+    if not held:
+        return []
+    lines = [
+        "",
+        "| attention table | held-out rows | median abs error | max abs error |",
+        "|---|---:|---:|---:|",
+    ]
+    for table in dict.fromkeys(r.table for r in held):
+        rows, med, worst = _stats([r for r in held if r.table == table])
+        lines.append(f"| {table} | {rows} | {med * 100:.0f}% | {worst * 100:.0f}% |")
+    return lines
+
+
 def step_results(model: str, rows: Iterable[dict[str, str]], n_layer: int | None = None) -> list[Result]:
     """Each published training step beside simdist's op-level price (``n_layer`` overrides depth, for --check)."""
     out = []
@@ -308,6 +336,7 @@ def report(results: list[Result], model: str) -> str:
             rows, med, _ = _stats(group)
             met = "yes" if med <= TARGETS[what] else "no"
             lines.append(f"| {what} | {rows} | {med * 100:.0f}% | {TARGETS[what] * 100:.0f}% | {met} |")
+    lines += attention_report(results)
     return "\n".join(lines)
 
 
@@ -327,9 +356,15 @@ def results(model: str, check: bool = False) -> list[Result]:
         return [
             *collective_results(model, collectives),
             *gemm_results(gemms, limit=2),
+            *attention_table_results(limit=2),
             *step_results(model, steps[:1], n_layer=1),
         ]
-    return [*collective_results(model, collectives), *gemm_results(gemms), *step_results(model, steps)]
+    return [
+        *collective_results(model, collectives),
+        *gemm_results(gemms),
+        *attention_table_results(),
+        *step_results(model, steps),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,8 @@
 A published step (llm.c's GPT-2 124M on 8 GPUs) is priced as simdist prices its parts, without running it:
 
 - compute: one rank's forward, loss and backward over its micro-batch, in bfloat16, on meta tensors under
-  ``simdist.compute.estimate`` (attention as a simulated run prices it, on the CPU's fused kernel), and the AdamW
+  ``simdist.compute.estimate`` (attention as a simulated run prices it: one fused kernel forward and one backward,
+  priced by the device's attention model), and the AdamW
   update of its ZeRO-1 shard of float32 master weights (``1/gpus`` of the parameters);
 - communication: ZeRO-1's reduce-scatter of the bfloat16 gradients and all-gather of the bfloat16 parameters,
   each simulated on the cluster (``predict_collective``);
@@ -25,7 +26,6 @@ import torch.nn.functional as F
 # benchmarks/gpu is a folder of scripts, not a package: its modules are imported by name
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 from model import TinyGPT
-from predict import cpu_attention
 
 from simdist.compute import estimate
 from simdist.network.cluster import Cluster
@@ -93,8 +93,7 @@ def price_step(
     """The step of ``shape`` on ``cluster``: compute priced on its device, collectives by ``predict_collective``."""
     model = _model(shape)
     params = sum(p.numel() for p in model.parameters())
-    with cpu_attention():
-        compute_s, _ = estimate(_forward_backward(model, shape), device=cluster.device)
+    compute_s, _ = estimate(_forward_backward(model, shape), device=cluster.device)
     optimizer_s, _ = estimate(_optimizer_step(-(-params // shape.gpus)), device=cluster.device)
     grad_bytes = params * torch.bfloat16.itemsize
     comm_s = predict_collective(cluster, "reduce_scatter", grad_bytes) + predict_collective(

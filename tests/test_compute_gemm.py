@@ -61,6 +61,22 @@ def test_a_partial_wave_costs_a_whole_one() -> None:
     assert mm_seconds(TILE, TILE * (SMS + 1), 512) == pytest.approx(2 * tile_seconds(512), rel=1e-12)
 
 
+def test_with_stream_k_a_partial_last_wave_costs_its_share_of_a_wave() -> None:
+    chip = dataclasses.replace(CHIP, gemm=dataclasses.replace(ONE_TILE, stream_k=True, wave_seconds=1e-6))
+    # SMS + 1 tiles: one whole wave, then one tile's multiply-adds over the SMS SMs; two waves' fixed costs
+    expected = (1 + 1 / SMS) * tile_seconds(512) + 2 * 1e-6
+    assert mm_seconds(TILE, TILE * (SMS + 1), 512, chip) == pytest.approx(expected, rel=1e-12)
+    # whole waves cost what they cost without stream-K
+    assert mm_seconds(TILE, TILE * 2 * SMS, 512, chip) == pytest.approx(
+        2 * (tile_seconds(512) + 1e-6), rel=1e-12
+    )
+
+
+def test_stream_k_must_be_a_bool() -> None:
+    with pytest.raises(ClusterSpecError, match="stream_k must be a bool"):
+        GemmShapeModel(stream_k=1)  # type: ignore[arg-type]
+
+
 def test_a_partial_tile_costs_a_whole_one() -> None:
     whole = mm_seconds(2 * TILE, 2 * TILE, 512)
     assert mm_seconds(TILE + 1, 2 * TILE, 512) == whole == pytest.approx(tile_seconds(512))
@@ -131,15 +147,26 @@ def test_no_gemm_beats_the_roofline(m: int, n: int, k: int) -> None:
 
 
 def test_the_gpu_presets_use_the_shape_model_over_their_sms() -> None:
-    for name, sms in (("H100", 132), ("H200", 132), ("A100", 108), ("A100-40GB", 108)):
+    for name, sms, stream_k in (
+        ("H100", 132, True),
+        ("H200", 132, True),
+        ("A100", 108, False),
+        ("A100-40GB", 108, False),
+    ):
         spec = get_device(name)
-        assert spec.gemm == GemmShapeModel() and spec.multiprocessors == sms
+        assert spec.gemm == GemmShapeModel(stream_k=stream_k) and spec.multiprocessors == sms
     assert get_device("cpu").gemm is None
-    # a large bf16 GEMM on an H100: 4096^3 in 128 x 256 tiles is 512 tiles, 3.9 waves of 132 run as 4
+    # a large bf16 GEMM on an H100: 4096^3 in 128 x 256 tiles is 512 tiles, three waves of 132 and 116 tiles
+    # whose multiply-adds stream-K spreads over the 132 SMs; four waves' fixed costs
     h100 = get_device("H100")
     per_sm = h100.flops_for(torch.bfloat16) / 132
-    expected = 4 * (2.0 * 128 * 256 * 4096 / per_sm + 0.5e-6) + h100.launch_overhead
+    expected = (3 + 116 / 132) * 2.0 * 128 * 256 * 4096 / per_sm + 4 * 0.5e-6 + h100.launch_overhead
     assert mm_seconds(4096, 4096, 4096, h100) == pytest.approx(expected, rel=1e-12)
+    # on an A100 (no stream-K), 4096^3 is 512 tiles, 4.7 waves of 108 run as 5
+    a100 = get_device("A100")
+    per_sm = a100.flops_for(torch.bfloat16) / 108
+    expected = 5 * (2.0 * 128 * 256 * 4096 / per_sm + 0.5e-6) + a100.launch_overhead
+    assert mm_seconds(4096, 4096, 4096, a100) == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize(

@@ -25,11 +25,13 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import fidelity
+import fidelity_attention
 
-FILES = ("collectives.csv", "gemm.csv", "end_to_end.csv")
+FILES = ("collectives.csv", "gemm.csv", "attention.csv", "end_to_end.csv")
 NUMBERS = {
     "collectives.csv": ("gpus", "nodes", "size_bytes"),
     "gemm.csv": ("m", "n", "k", "tflops"),
+    "attention.csv": ("batch", "heads", "seq_len", "head_dim", "tflops"),
     "end_to_end.csv": (
         "gpus",
         "n_layer",
@@ -51,6 +53,11 @@ def test_every_row_parses_and_names_its_source(name: str) -> None:
         assert row["source"].startswith(("https://", "benchmarks/")), row
         for key in NUMBERS[name]:
             assert fidelity.number(row, key) > 0, (row["table"], key)
+        if name == "attention.csv":
+            # the papers' configuration: 16k tokens, hidden 2048
+            assert int(row["batch"]) * int(row["seq_len"]) == 16384, row
+            assert int(row["heads"]) * int(row["head_dim"]) == 2048, row
+            assert row["kernel"] in fidelity_attention.KERNELS and row["causal"] in ("0", "1"), row
         if name == "collectives.csv":
             assert row["time_us"] or row["busbw_gbps"], row
             algorithms.collective(row["collective"])  # a collective the registry declares
@@ -99,7 +106,10 @@ def test_check_prices_every_table_with_finite_positive_predictions() -> None:
     with contextlib.redirect_stdout(out):
         status = fidelity.main(["--check"])
     assert status == 0
-    tables = {r["table"] for name in FILES for r in fidelity.load(name)} | {"h100-this-project"}
+    tables = {r["table"] for name in FILES for r in fidelity.load(name)} | {
+        "h100-this-project",
+        "h100-this-project-sdpa",
+    }
     for table in tables:
         assert f"| {table} |" in out.getvalue(), table
 

@@ -11,8 +11,10 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from simdist.compute.attention import AttentionCall, attention_calls
 from simdist.compute.devices import DeviceSpec, get_device
 from simdist.compute.fusion import FusedRegion, is_pointwise
+from simdist.compute.sdpa import MetaAttention, attention_seconds
 from simdist.cuda.pinned import ASKS as PINNED_OPS
 from simdist.cuda.rank import RankCuda
 from simdist.cuda.tensor import rewrap, unwrap
@@ -199,6 +201,16 @@ _FLOP_FORMULAS: dict[str, _FlopFn] = {
 }
 
 
+#: how each fused attention op reads its call, by aten name
+_ATTENTION_CALLS: dict[str, AttentionCall] = attention_calls(
+    {
+        _aten(f"_scaled_dot_product_{kind}{suffix}"): _causal_position(f"_scaled_dot_product_{kind}{suffix}")
+        for kind in _SDPA_KERNELS
+        for suffix in ("", "_backward")
+    }
+)
+
+
 def _cublas_tf32() -> bool:
     """Whether torch lets cuBLAS run float32 matmuls on TF32 tensor cores.
 
@@ -250,7 +262,7 @@ _GATHERS: frozenset[str] = frozenset(
 
 # Ops that run no kernel although their schema does not mark them as views: in-place metadata changes,
 # _unsafe_view (a view that autograd does not track), allocation without initialisation, and the host-side checks
-# whether a vendor library's CTC kernel applies.
+# whether a vendor library's CTC kernel applies and which attention kernel does.
 _NO_KERNEL: frozenset[str] = frozenset(
     _aten(n)
     for n in (
@@ -281,6 +293,7 @@ _NO_KERNEL: frozenset[str] = frozenset(
         "is_same_size",
         "_use_cudnn_ctc_loss",
         "_use_miopen_ctc_loss",
+        "_fused_sdp_choice",
     )
 )
 
@@ -294,7 +307,7 @@ _NO_COMPUTE_NAMESPACES: frozenset[str] = frozenset(
 class _OpInfo:
     """What op_cost needs to know about one OpOverload, computed once per overload."""
 
-    __slots__ = ("flops", "free", "gathers", "gemm", "name", "out_args", "pointwise", "tf32")
+    __slots__ = ("attention", "flops", "free", "gathers", "gemm", "name", "out_args", "pointwise", "tf32")
 
     def __init__(self, func: torch._ops.OpOverload) -> None:
         schema = func._schema
@@ -305,6 +318,8 @@ class _OpInfo:
         self.tf32: Callable[[], bool] | None = _TF32_SWITCHES.get(self.name)
         self.gathers: bool = self.name in _GATHERS
         self.gemm: bool = self.name in _GEMMS
+        #: how a fused attention kernel reads its call, where the op is one (priced by the device's attention model)
+        self.attention: AttentionCall | None = _ATTENTION_CALLS.get(self.name)
         self.pointwise: bool = is_pointwise(func)
         # out= arguments are written, not read: they are counted once, through the returned value.
         self.out_args: frozenset[str] = frozenset(a.name for a in schema.arguments if a.is_out)
@@ -367,6 +382,8 @@ def _info_cost(
         rate = device.flops_for(dtype, tf32=tf32)
         if info.gemm and device.gemm is not None and isinstance(out, tensor) and out.dim() >= 2 and flops > 0:
             seconds = _gemm_seconds(device, out, flops, rate, moved)
+        elif info.attention is not None and device.attention is not None and flops > 0:
+            seconds = max(seconds, attention_seconds(device, info.attention, args, kwargs, rate))
         else:
             seconds = max(seconds, flops / rate)
     return seconds + device.launch_overhead
@@ -596,9 +613,12 @@ def _without_data(out: Any, price_meta: bool) -> bool:
 def estimate(
     fn: Callable[..., Any], *args: Any, device: DeviceSpec | str, **kwargs: Any
 ) -> tuple[float, list[tuple[str, float]]]:
-    """Run ``fn(*args, **kwargs)`` under ComputeCostMode; return (total seconds, [(op name, seconds), ...])."""
+    """Run ``fn(*args, **kwargs)`` under ComputeCostMode; return (total seconds, [(op name, seconds), ...]).
+
+    Attention on meta tensors takes the CPU's fused kernel where the CPU would (one kernel forward and one backward,
+    as in a run), not the math path torch picks for the meta device."""
     spec = get_device(device) if isinstance(device, str) else device
     charges: list[tuple[str, float]] = []
-    with ComputeCostMode(spec, lambda seconds, name: charges.append((name, seconds)), price_meta=True):
+    with MetaAttention(), ComputeCostMode(spec, lambda s, name: charges.append((name, s)), price_meta=True):
         fn(*args, **kwargs)
     return sum(s for _, s in charges), charges

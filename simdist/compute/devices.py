@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from simdist.compute.attention import AMPERE_ATTENTION, HOPPER_ATTENTION, AttentionModel
 from simdist.compute.gemm import GemmShapeModel
 from simdist.errors import ClusterSpecError
 
@@ -70,6 +71,9 @@ class DeviceSpec:
     #: host runs ahead of its device: the host's time, overlapping with the device's work, and a kernel starts no
     #: earlier than its launch ends; 0: the host launches in no time
     host_overhead: float = 0.0
+    #: how the fused attention kernels (scaled_dot_product_attention) fall short of ``peak_flops`` by head dim,
+    #: sequence length and mask, and which one torch picks; None: attention at the roofline of its FLOPs and bytes
+    attention: AttentionModel | None = None
     _zero_cost: bool = field(init=False, repr=False, compare=False, hash=False, default=False)
 
     def __post_init__(self) -> None:
@@ -140,6 +144,11 @@ class DeviceSpec:
             raise ClusterSpecError(
                 f"device {self.name!r}: gemm must be a simdist.compute.GemmShapeModel or None, found {self.gemm!r}"
             )
+        if self.attention is not None and not isinstance(self.attention, AttentionModel):
+            raise ClusterSpecError(
+                f"device {self.name!r}: attention must be a simdist.compute.AttentionModel or None, "
+                f"found {self.attention!r}"
+            )
         if not isinstance(self.cuda_name, str):
             raise ClusterSpecError(f"device {self.name!r}: cuda_name must be a str, found {self.cuda_name!r}")
         # Copy into a read-only view so the frozen spec cannot change under a running simulation.
@@ -173,6 +182,7 @@ class DeviceSpec:
                 self.multiprocessors,
                 self.gemm,
                 self.host_overhead,
+                self.attention,
             ),
         )
 
@@ -250,10 +260,18 @@ _MEASURED_ON_H100 = (
     "digits; FP64, FP8 and INT8 not measured: datasheet dense rates"
 )
 
+#: Hopper's GEMMs: the shape model with stream-K for a last, partial wave. Without it, an H100 sweep the model was not
+#: fitted to (benchmarks/fidelity/gemm.csv, triton-h100-fp16) ran squares just past a whole wave (2176-3072) 13-41%
+#: faster than priced, as persistent stream-K kernels (CUTLASS's sm90 schedulers) would; the A100 has no such
+#: evidence and keeps whole waves
+HOPPER_GEMM = GemmShapeModel(stream_k=True)
+
 _SHAPE_AND_HOST = (
-    "GEMM shape model (tiles, waves, split-K, skinny shapes at 80% of the bandwidth) fitted to the 37 matmuls of "
+    "GEMM shape model (tiles, waves, split-K, skinny shapes at 80% of the bandwidth; stream-K for a last partial "
+    "wave on the H100 and H200) fitted to the 37 matmuls of "
     "benchmarks/gpu/results/h100-2026-11-26; host overhead 7.0 us per kernel measured there (the median host time "
-    "per call of its elementwise cases)"
+    "per call of its elementwise cases); attention model (simdist/compute/attention.py) fitted to published "
+    "FlashAttention-2, cuDNN and xformers throughputs (benchmarks/fidelity/attention.csv)"
 )
 
 H100 = DeviceSpec(
@@ -273,8 +291,9 @@ H100 = DeviceSpec(
     cuda_name="NVIDIA H100 80GB HBM3",
     compute_capability=(9, 0),
     multiprocessors=132,
-    gemm=GemmShapeModel(),
+    gemm=HOPPER_GEMM,
     host_overhead=MEASURED_HOST_OVERHEAD,
+    attention=HOPPER_ATTENTION,
 )
 
 H200 = DeviceSpec(
@@ -296,8 +315,9 @@ H200 = DeviceSpec(
     cuda_name="NVIDIA H200",
     compute_capability=(9, 0),
     multiprocessors=132,
-    gemm=GemmShapeModel(),
+    gemm=HOPPER_GEMM,
     host_overhead=MEASURED_HOST_OVERHEAD,
+    attention=HOPPER_ATTENTION,
 )
 
 _AMPERE_SXM_FLOPS = {
@@ -326,6 +346,7 @@ A100 = DeviceSpec(
     multiprocessors=108,
     gemm=GemmShapeModel(),
     host_overhead=MEASURED_HOST_OVERHEAD,
+    attention=AMPERE_ATTENTION,
 )
 
 A100_40GB = DeviceSpec(
@@ -345,6 +366,7 @@ A100_40GB = DeviceSpec(
     multiprocessors=108,
     gemm=GemmShapeModel(),
     host_overhead=MEASURED_HOST_OVERHEAD,
+    attention=AMPERE_ATTENTION,
 )
 
 CPU = DeviceSpec(

@@ -32,9 +32,11 @@ class GemmShapeModel:
     waves of ``multiprocessors`` (a partial last wave costs a whole one: wave quantisation), and a tile partly
     outside the output costs a whole tile (tile quantisation). Where the tiles do not fill one wave, K is split
     across the idle SMs (split-K) in pieces of at least ``split_k_depth``, so the time never falls as a dimension
-    grows. Each wave also pays ``wave_seconds`` (filling
-    the pipeline, writing the tile out). The library picks the tile that finishes first. A skinny shape is
-    memory-bound: its operands stream at ``memory_efficiency`` of the device's bandwidth.
+    grows. With ``stream_k``, the tiles of a last, partial wave share out their K loops over all the SMs (stream-K
+    scheduling, as Hopper's persistent GEMM kernels do), so that wave costs its share of a wave, not a whole one.
+    Each wave also pays ``wave_seconds`` (filling the pipeline, writing the tile out). The library picks the tile
+    that finishes first. A skinny shape is memory-bound: its operands stream at ``memory_efficiency`` of the
+    device's bandwidth.
     """
 
     #: (rows, columns, efficiency relative to the device's rate) of each tile the library may pick
@@ -45,6 +47,8 @@ class GemmShapeModel:
     split_k_depth: int = 256
     #: the fraction of the device's memory bandwidth a GEMM's operand streaming reaches
     memory_efficiency: float = 0.8
+    #: whether a last, partial wave's tiles are spread over every SM (stream-K) instead of costing a whole wave
+    stream_k: bool = False
 
     def __post_init__(self) -> None:
         if not self.tiles or not all(
@@ -63,6 +67,8 @@ class GemmShapeModel:
             raise ClusterSpecError(
                 f"GemmShapeModel: split_k_depth must be a positive int, found {self.split_k_depth!r}"
             )
+        if not isinstance(self.stream_k, bool):
+            raise ClusterSpecError(f"GemmShapeModel: stream_k must be a bool, found {self.stream_k!r}")
         if not 0 < self.memory_efficiency <= 1:
             raise ClusterSpecError(
                 f"GemmShapeModel: memory_efficiency must be in (0, 1], found {self.memory_efficiency!r}"
@@ -89,6 +95,13 @@ def _tiled_seconds(
         if tiles < sms:
             # one wave; K split over the idle SMs, but no piece shallower than split_k_depth (nor than K)
             waves, depth = 1, k / min(sms // tiles, max(1.0, k / model.split_k_depth))
+        elif model.stream_k:
+            # whole waves, then the leftover tiles' multiply-adds spread over every SM; each wave started pays its
+            # fixed cost
+            whole, left = divmod(tiles, sms)
+            tile_seconds = 2.0 * rows * cols * k / (per_sm * efficiency)
+            best = min(best, (whole + left / sms) * tile_seconds + (whole + (left > 0)) * model.wave_seconds)
+            continue
         else:
             waves, depth = -(-tiles // sms), k
         seconds = waves * (2.0 * rows * cols * depth / (per_sm * efficiency) + model.wave_seconds)
