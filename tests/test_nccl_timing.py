@@ -119,6 +119,17 @@ def test_nccl_env_pins_choice() -> None:
         _run(cluster, "all_reduce", 2, {"NCCL_ALGO": "Rign"})
 
 
+def test_nvls_enable_0_turns_nvls_off() -> None:
+    # NCCL_NVLS_ENABLE=0 in rank code, as nccl-tests' NVLS-off runs set it: NCCL runs the ring, at the ring's time
+    cluster = Cluster.preset("dgx-h100", world_size=8, collective_model="nccl")
+    res = _run(cluster, "all_reduce", 1 << 24, {"NCCL_NVLS_ENABLE": "0"})
+    assert _label(res) == "Ring/Simple"
+    ring = nccl.choose(
+        nccl.fabric("H100", 8, 1, 50e9), "all_reduce", 4 << 24, nccl.Enabled(frozenset({"Ring"}))
+    )
+    assert max(res.returns) == pytest.approx(ring.seconds, rel=2e-3)
+
+
 def _pinned(algorithm: str) -> str:
     dist.init_process_group("nccl")
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
