@@ -209,6 +209,7 @@ def test_env_syntax_as_nccl_parses_it() -> None:
     }
     assert nccl.parse_enabled({"NCCL_NVLS_ENABLE": "0", "NCCL_ALGO": "NVLS,Ring"}).algorithms == {"Ring"}
     assert nccl.parse_enabled({"NCCL_NVLS_ENABLE": "1"}) == nccl.parse_enabled({})
+    assert nccl.parse_enabled({"NCCL_NVLS_ENABLE": ""}) == nccl.parse_enabled({})  # empty: the default
     no_nvls = nccl.parse_enabled({"NCCL_NVLS_ENABLE": "0"})
     assert nccl.choose(H100_1, "all_reduce", 1 << 30, no_nvls).label == "Ring/Simple"
     for bad in (

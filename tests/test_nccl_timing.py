@@ -1,6 +1,6 @@
-"""Collectives timed by NCCL's model in a run: the simulated time is the tuner's prediction, contention on shared
-links still shows, NCCL_ALGO/NCCL_PROTO in rank code pin NCCL's choice, and the alpha-beta model stays the
-default."""
+"""Collectives timed by NCCL's model in a run: the simulated time is the model's (the tuner's prediction and an
+NVLS pipeline's fill), contention on shared links still shows, NCCL_ALGO/NCCL_PROTO/NCCL_NVLS_ENABLE in rank
+code pin NCCL's choice, and the alpha-beta model stays the default."""
 
 from __future__ import annotations
 

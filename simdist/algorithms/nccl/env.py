@@ -52,13 +52,14 @@ def _parse(variable: str, value: str, names: tuple[str, ...]) -> frozenset[str]:
 
 
 def _nvls_enabled(value: str | None) -> bool:
-    """``NCCL_NVLS_ENABLE`` as an integer (NCCL's ``NCCL_PARAM``): 0 off; 1 and 2 (the default, "where the GPUs
-    support it") leave NVLS to the fabric."""
-    if value is None:
+    """``NCCL_NVLS_ENABLE`` as an integer (``ncclLoadParam``, src/misc/param.cc 62-76; unset or empty: the
+    default, 2): 0 off; 1 and 2 ("where the GPUs support it") leave NVLS to the fabric."""
+    if value is None or not value:
         return True
     try:
         return int(value.strip(), 0) != 0
     except ValueError:
+        # NCCL's strtoll would read the leading digits, or 0 (NVLS off) where there are none
         raise ValueError(
             f"NCCL_NVLS_ENABLE={value!r} is not an integer; expected 0 (NVLink SHARP off), 1 or 2 (on where "
             f"the GPUs support it, the default)"
