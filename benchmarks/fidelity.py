@@ -26,6 +26,7 @@ import argparse
 import csv
 import json
 import math
+import os
 import statistics
 import sys
 from collections.abc import Callable, Iterable
@@ -141,8 +142,10 @@ _all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
 _reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 
 
-def _collective_rank(collective: str, nbytes: int) -> None:
-    """Rank code: one collective of ``nbytes`` (nccl-tests' size) on meta float32 tensors."""
+def _collective_rank(collective: str, nbytes: int, env: dict[str, str]) -> None:
+    """Rank code: one collective of ``nbytes`` (nccl-tests' size) on meta float32 tensors, with the NCCL
+    variables ``env`` set as the measured run set them."""
+    os.environ.update(env)
     n = dist.get_world_size()
     count = nbytes // 4
     if collective == "all_reduce":
@@ -155,13 +158,30 @@ def _collective_rank(collective: str, nbytes: int) -> None:
         raise FidelityDataError(f"collective {collective!r} is not priced here; add it to _collective_rank")
 
 
-def predict_collective(cluster: Cluster, collective: str, nbytes: int) -> float:
-    """Simulated seconds of one ``collective`` of ``nbytes`` on ``cluster``: first start to last end."""
+def predict_collective(
+    cluster: Cluster, collective: str, nbytes: int, env: dict[str, str] | None = None
+) -> float:
+    """Simulated seconds of one ``collective`` of ``nbytes`` on ``cluster`` under the NCCL variables ``env``:
+    first start to last end."""
     res = simdist.run(
-        _collective_rank, cluster, args=(collective, nbytes), trace="collectives", compute=False
+        _collective_rank, cluster, args=(collective, nbytes, env or {}), trace="collectives", compute=False
     )
     spans = res.trace.collectives()
     return max(s.end for s in spans) - min(s.start for s in spans)
+
+
+def nccl_env(row: dict[str, str]) -> dict[str, str]:
+    """The NCCL variables a row's run set (``nccl_env``: ``default`` for none, else ``NAME=value`` pairs
+    separated by spaces)."""
+    text = row["nccl_env"].strip()
+    if text == "default":
+        return {}
+    pairs = [item.partition("=") for item in text.split()]
+    if any(not name.startswith("NCCL_") or not sep for name, sep, _ in pairs):
+        raise FidelityDataError(
+            f"{row['table']}: nccl_env={text!r}; expected 'default' or NCCL_NAME=value pairs"
+        )
+    return {name: value for name, _, value in pairs}
 
 
 def measured_collective(row: dict[str, str], n: int) -> float:
@@ -180,7 +200,7 @@ def collective_results(model: str, rows: Iterable[dict[str, str]]) -> list[Resul
         n, size = cluster.world_size, int(row["size_bytes"])
         env = "" if row["nccl_env"] == "default" else f", {row['nccl_env']}"
         label = f"{row['collective']} {n} GPUs {size} B{env}"
-        predicted = predict_collective(cluster, row["collective"], size)
+        predicted = predict_collective(cluster, row["collective"], size, nccl_env(row))
         out.append(
             Result(
                 "collective",

@@ -41,7 +41,8 @@ class ProfileError(SimdistError, ValueError):
 
 
 class NcclEnvironmentError(SimdistError, ValueError):
-    """``NCCL_ALGO`` or ``NCCL_PROTO`` in a rank's environment names no NCCL algorithm or protocol."""
+    """``NCCL_ALGO`` or ``NCCL_PROTO`` in a rank's environment names no NCCL algorithm or protocol, or
+    ``NCCL_NVLS_ENABLE`` is not an integer."""
 
 
 class RankError(SimdistError):

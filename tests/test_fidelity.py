@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from simdist import algorithms
+from simdist.algorithms import nccl
 from simdist.bench import bench
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -79,6 +80,24 @@ def test_meta_tensors_are_timed_as_tensors_carrying_data(collective: str) -> Non
     assert row.wrong == 0
     meta = fidelity.predict_collective(cluster, collective, row.size)
     assert meta == pytest.approx(row.time_us * 1e-6, rel=1e-9)
+
+
+def test_a_rows_nccl_variables_are_set_in_its_run() -> None:
+    # the NVLS-off rows are predicted with NVLS off: NCCL's tuner on the ring, computed apart from the run
+    rows = [r for r in fidelity.load("collectives.csv") if r["nccl_env"] == "NCCL_NVLS_ENABLE=0"]
+    assert rows
+    row = max(rows, key=lambda r: int(r["gpus"]))  # 8 GPUs, where NVLS would win
+    env = fidelity.nccl_env(row)
+    assert env == {"NCCL_NVLS_ENABLE": "0"}
+    cluster = fidelity.cluster_for("nccl", row["preset"], row["overrides"])
+    size, n = int(row["size_bytes"]), int(row["gpus"])
+    ring = nccl.choose(nccl.fabric("H100", n, 1, 50e9), "all_reduce", size, nccl.Enabled(frozenset({"Ring"})))
+    assert fidelity.predict_collective(cluster, "all_reduce", size, env) == pytest.approx(
+        ring.seconds, rel=1e-3
+    )
+    assert fidelity.nccl_env({**row, "nccl_env": "default"}) == {}
+    with pytest.raises(fidelity.FidelityDataError, match="expected 'default' or NCCL_NAME=value pairs"):
+        fidelity.nccl_env({**row, "nccl_env": "NVLS off"})
 
 
 def test_busbw_converts_to_the_time_the_source_prints() -> None:

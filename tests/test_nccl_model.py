@@ -1,6 +1,7 @@
 """NCCL's tuning model (simdist.algorithms.nccl): tuning.cc's numbers worked by hand from its constants, the
-published bandwidths it must land near, and properties over every size (monotone, above the physical bound,
-no downward jump where the algorithm or protocol changes)."""
+published bandwidths it must land near, the NVLS pipeline's fill worked by hand from computeCollChunkInfo, and
+properties over every size (the tuner's estimate monotone and continuous where the algorithm or protocol
+changes, the time within the fill of it, above the physical bound)."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def test_reproduces_tuning_cc_by_hand() -> None:
     assert c.seconds == pytest.approx((15.0 + (1 << 20) / (1000 * 141.0 * 8 / 14)) * us)
     # NVLS: latency hwLat[NVLink][NVLS][Simple] 25; bw 8 channels x 40 x 5/6
     c = nccl.cost(H100_1, "all_reduce", "NVLS", "Simple", 64 << 20, exact=True)
-    assert c.seconds == pytest.approx((25.0 + (64 << 20) / (1000 * 8 * 40 * 5 / 6)) * us)
+    assert c.estimate == pytest.approx((25.0 + (64 << 20) / (1000 * 8 * 40 * 5 / 6)) * us)
     # two nodes, ring Simple: 8.4 + (30 - 4) x max(3.4, 3 x 1.0) + 4 x 14.0, x 1.4 on the plateau; 8 x 45 x 16/30
     c = nccl.cost(H100_2N, "all_reduce", "Ring", "Simple", 1 << 30, exact=True)
     lat = (8.4 + 26 * 3.4 + 4 * 14.0) * 1.4
@@ -68,9 +69,85 @@ def test_reproduces_tuning_cc_by_hand() -> None:
     assert nccl.choose(A100_2N, "all_reduce", 1 << 20, exact=True).label == "Tree/LL128"
 
 
+def test_nvls_chunks_as_computeCollChunkInfo_picks_them() -> None:
+    # one node of 8: 16 channels x 8 heads = 128 chunks at once; 128 KiB shrinks to 64 KiB below 64 x 128 x 128 KiB
+    # (1 GiB), to 32 KiB below 8 x 128 x 64 KiB (64 MiB), to 16 KiB below 2 x 128 x 32 KiB (8 MiB)
+    chunk = nccl.runtime.nvls_chunk
+    assert [chunk(n, 8) for n in (1 << 20, (8 << 20) - 1, 8 << 20, (64 << 20) - 1, 64 << 20, 1 << 30)] == [
+        16 << 10,
+        16 << 10,
+        32 << 10,
+        32 << 10,
+        64 << 10,
+        128 << 10,
+    ]
+    # NVLS-tree: 64 KiB below 4 x 128 x 128 KiB (64 MiB), 32 KiB below 128 x 64 KiB (8 MiB); 64 KiB at most from
+    # 4 nodes up
+    tree = nccl.runtime.nvls_tree_chunk
+    assert [tree(n, 8, 2) for n in ((8 << 20) - 1, 8 << 20, 64 << 20)] == [32 << 10, 64 << 10, 128 << 10]
+    assert tree(1 << 30, 8, 4) == 64 << 10
+
+
+def test_nvls_all_reduce_fills_its_pipeline() -> None:
+    # 64 MiB on 8 H100s: 16 channels of 4 MiB, loops of 8 heads x 64 KiB = 512 KiB, through three stages
+    # (scatter, reduce-and-broadcast, gather): two loops more than the tuner's time, at a channel's share of its
+    # 8 x 40 x 5/6 GB/s
+    c = nccl.choose(H100_1, "all_reduce", 64 << 20)
+    assert c.label == "NVLS/Simple"
+    loop, per_channel_bw = 8 * (64 << 10), 8 * 40e9 * 5 / 6 / 16
+    assert c.fill == pytest.approx(2 * loop / per_channel_bw)
+    assert c.seconds == pytest.approx(c.estimate + 2 * loop / per_channel_bw)
+    # a buffer smaller than one loop per channel fills with what it has: 1 MiB is 64 KiB per channel
+    c = nccl.cost(H100_1, "all_reduce", "NVLS", "Simple", 1 << 20)
+    assert c.fill == pytest.approx(2 * (64 << 10) / per_channel_bw)
+    # rings fill step by step, which the tuner's latency counts: no fill
+    assert nccl.choose(H100_1, "all_gather", 64 << 20).fill == 0.0
+
+
+@given(
+    st.integers(min_value=3, max_value=8),
+    st.sampled_from([1, 2, 4, 8]),
+    st.integers(min_value=0, max_value=1 << 34),
+    st.integers(min_value=0, max_value=1 << 34),
+)
+def test_nvls_fill_never_falls_as_the_size_grows(heads: int, nodes: int, a: int, b: int) -> None:
+    lo, hi = sorted((a, b))
+    fill = nccl.runtime.nvls_fill
+    assert 0.0 <= fill(lo, heads, nodes, 266e9) <= fill(hi, heads, nodes, 266e9)
+
+
+def test_nccl_chooses_by_its_tuner_not_by_the_fill() -> None:
+    # at 2 MiB NCCL's tuner prefers NVLS (32.9 us to the ring's 41.0), which its pipeline makes slower than the ring
+    # would have been: the choice stays NCCL's
+    c = nccl.choose(H100_1, "all_reduce", 2 << 20)
+    ring = nccl.cost(H100_1, "all_reduce", "Ring", "LL", 2 << 20)
+    assert c.label == "NVLS/Simple"
+    assert c.estimate < ring.estimate
+    assert ring.seconds < c.seconds
+
+
+def test_time_drops_where_nccl_leaves_the_nvls_tree_for_the_ring() -> None:
+    # 4 nodes of 8 H100s: the tuner's estimates of NVLS-tree and ring cross between 256 and 512 MiB; NCCL moves to
+    # the ring there, and the NVLS-tree's fill goes with it: one byte more takes less time, by at most that fill
+    fab = nccl.fabric("H100", 32, 4, 50e9)
+    lo, hi = 256 << 20, 512 << 20
+    assert (nccl.choose(fab, "all_reduce", lo).label, nccl.choose(fab, "all_reduce", hi).label) == (
+        "NVLSTree/Simple",
+        "Ring/Simple",
+    )
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if nccl.choose(fab, "all_reduce", mid).algorithm == "NVLSTree" else (lo, mid)
+    before, after = nccl.choose(fab, "all_reduce", lo), nccl.choose(fab, "all_reduce", hi)
+    assert after.estimate >= before.estimate
+    assert 0 < before.seconds - after.seconds <= before.fill
+
+
 def test_choices_as_published() -> None:
-    # NVLS wins large all-reduces on 8 H100s and loses to the ring on 2 (nccl-tests#212; NVLS needs many heads)
+    # NVLS wins large all-reduces on 8 H100s; NCCL turns it off on 2 GPUs of a node (ncclNvlsInit, nvls.cc 241)
     assert nccl.choose(H100_1, "all_reduce", 1 << 30).algorithm == "NVLS"
+    assert nccl.fabric("H100", 2, 1, math.inf).nvls is None
+    assert nccl.fabric("H100", 3, 1, math.inf).nvls is not None
     assert nccl.choose(nccl.fabric("H100", 2, 1, math.inf), "all_reduce", 1 << 30).algorithm == "Ring"
     # small messages take the low-latency protocol
     assert nccl.choose(H100_1, "all_reduce", 8).label == "Ring/LL"
@@ -113,7 +190,11 @@ fabrics = st.sampled_from(range(len(FABRICS)))
 def test_time_monotone_in_size(f: int, collective: str, a: int, b: int) -> None:
     fab = FABRICS[f][0]
     lo, hi = sorted((a, b))
-    assert nccl.choose(fab, collective, lo).seconds <= nccl.choose(fab, collective, hi).seconds
+    small, large = nccl.choose(fab, collective, lo), nccl.choose(fab, collective, hi)
+    # the tuner's estimate never falls as the size grows; the time may, by at most the smaller call's fill, where
+    # NCCL leaves an NVLS(-tree) pipeline for the ring at a size its estimates cross (as on 4 nodes near 370 MB)
+    assert small.estimate <= large.estimate
+    assert small.seconds - small.fill <= large.seconds
 
 
 @given(fabrics, collectives, sizes)
@@ -138,10 +219,13 @@ def test_continuous_where_the_choice_changes(f: int, collective: str, top: int) 
         else:
             hi = mid
     before, after = nccl.choose(fab, collective, lo), nccl.choose(fab, collective, hi)
-    assert after.seconds >= before.seconds
-    # one more byte costs at most a byte at the slowest bandwidth, unless the ring's plateau factor starts there
+    assert after.estimate >= before.estimate
+    # NCCL chooses by its tuner's estimate, which one more byte changes by at most a byte at the slowest
+    # bandwidth (unless the ring's plateau factor starts there); what it leaves out, an NVLS pipeline's fill,
+    # comes or goes with the choice: the time jumps, up or down, by at most the larger of the two fills
     plateau = fab.nodes > 1 and after.label == "Ring/Simple"
-    assert plateau or after.seconds - before.seconds < 1e-9
+    assert plateau or after.estimate - before.estimate < 1e-9
+    assert plateau or abs(after.seconds - before.seconds) <= max(before.fill, after.fill) + 1e-9
 
 
 def test_env_syntax_as_nccl_parses_it() -> None:
@@ -150,7 +234,24 @@ def test_env_syntax_as_nccl_parses_it() -> None:
     assert env.protocols == {"LL128", "Simple"}
     assert nccl.choose(H100_1, "all_reduce", 1 << 30, env).label == "Ring/Simple"
     assert nccl.choose(H100_1, "all_reduce", 8, env).protocol == "LL128"
-    for bad in ({"NCCL_ALGO": "rng"}, {"NCCL_PROTO": "LL129"}, {"NCCL_ALGO": ""}):
+    # NCCL_NVLS_ENABLE=0 leaves out NVLS and NVLS-tree, whatever NCCL_ALGO says; 1 and 2 leave them to the fabric
+    assert nccl.parse_enabled({"NCCL_NVLS_ENABLE": "0"}).algorithms == {
+        "Tree",
+        "Ring",
+        "CollNetDirect",
+        "CollNetChain",
+    }
+    assert nccl.parse_enabled({"NCCL_NVLS_ENABLE": "0", "NCCL_ALGO": "NVLS,Ring"}).algorithms == {"Ring"}
+    assert nccl.parse_enabled({"NCCL_NVLS_ENABLE": "1"}) == nccl.parse_enabled({})
+    assert nccl.parse_enabled({"NCCL_NVLS_ENABLE": ""}) == nccl.parse_enabled({})  # empty: the default
+    no_nvls = nccl.parse_enabled({"NCCL_NVLS_ENABLE": "0"})
+    assert nccl.choose(H100_1, "all_reduce", 1 << 30, no_nvls).label == "Ring/Simple"
+    for bad in (
+        {"NCCL_ALGO": "rng"},
+        {"NCCL_PROTO": "LL129"},
+        {"NCCL_ALGO": ""},
+        {"NCCL_NVLS_ENABLE": "yes"},
+    ):
         with pytest.raises(ValueError, match=next(iter(bad))):
             nccl.parse_enabled(bad)
 

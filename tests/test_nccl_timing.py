@@ -1,6 +1,6 @@
-"""Collectives timed by NCCL's model in a run: the simulated time is the tuner's prediction, contention on shared
-links still shows, NCCL_ALGO/NCCL_PROTO in rank code pin NCCL's choice, and the alpha-beta model stays the
-default."""
+"""Collectives timed by NCCL's model in a run: the simulated time is the model's (the tuner's prediction and an
+NVLS pipeline's fill), contention on shared links still shows, NCCL_ALGO/NCCL_PROTO/NCCL_NVLS_ENABLE in rank
+code pin NCCL's choice, and the alpha-beta model stays the default."""
 
 from __future__ import annotations
 
@@ -117,6 +117,17 @@ def test_nccl_env_pins_choice() -> None:
         NcclEnvironmentError, match=r"rank 0: NCCL_ALGO='Rign': unknown name .*test_nccl_timing.py:\d+"
     ):
         _run(cluster, "all_reduce", 2, {"NCCL_ALGO": "Rign"})
+
+
+def test_nvls_enable_0_turns_nvls_off() -> None:
+    # NCCL_NVLS_ENABLE=0 in rank code, as nccl-tests' NVLS-off runs set it: NCCL runs the ring, at the ring's time
+    cluster = Cluster.preset("dgx-h100", world_size=8, collective_model="nccl")
+    res = _run(cluster, "all_reduce", 1 << 24, {"NCCL_NVLS_ENABLE": "0"})
+    assert _label(res) == "Ring/Simple"
+    ring = nccl.choose(
+        nccl.fabric("H100", 8, 1, 50e9), "all_reduce", 4 << 24, nccl.Enabled(frozenset({"Ring"}))
+    )
+    assert max(res.returns) == pytest.approx(ring.seconds, rel=2e-3)
 
 
 def _pinned(algorithm: str) -> str:

@@ -382,7 +382,8 @@ class SimProcessGroup(dist.ProcessGroup):
 
 
 def _nccl_enabled(sim: RunContext, rank: int) -> nccl.Enabled:
-    """What ``NCCL_ALGO`` and ``NCCL_PROTO`` in the calling rank's environment leave NCCL, as NCCL reads them
+    """What ``NCCL_ALGO``, ``NCCL_PROTO`` and ``NCCL_NVLS_ENABLE`` in the calling rank's environment leave NCCL,
+    as NCCL reads them
     when a communicator is made (torch makes it at the group's first collective)."""
     try:
         return nccl.parse_enabled(os.environ)

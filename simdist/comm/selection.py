@@ -8,7 +8,8 @@ round for recursive halving/doubling, whose partners are at a different distance
 message moves at its links' own latency and bandwidth. Under ``"nccl"``, ``auto`` is the algorithm and
 protocol NCCL's tuner picks (within the group's ``NCCL_ALGO``/``NCCL_PROTO``), the schedule that moves the
 data is the closest one simdist has (ring for NCCL's rings and NVLS, the binomial tree for its tree), and
-every message is paced so that the uncontended schedule takes the tuner's predicted time. The result is the
+every message is paced so that the uncontended schedule takes the model's time (the tuner's prediction and
+the fill of an NVLS pipeline, :mod:`simdist.algorithms.nccl.runtime`). The result is the
 algorithm that really runs (recursive halving/doubling falls back to ring off powers of two).
 """
 
@@ -110,7 +111,7 @@ class AlgorithmSelector:
         algo = algorithms.get(collective, _SCHEDULE[choice.algorithm]).effective(n)
         # the schedule's closed form splits into (latency count) x alpha + (bytes on its critical path) x beta:
         # spreading NCCL's latency over the first and the rest of its time over the second makes the
-        # uncontended schedule take exactly NCCL's time
+        # uncontended schedule take exactly the model's time
         hops = algo.estimate(n, nbytes, 1.0, 0.0)
         path_bytes = algo.estimate(n, nbytes, 0.0, 1.0)
         per_byte = (choice.seconds - choice.latency) / path_bytes if path_bytes > 0 else 0.0

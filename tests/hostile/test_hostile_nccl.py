@@ -1,4 +1,4 @@
-"""Hostile uses of NCCL's collective model: misspelt NCCL_ALGO/NCCL_PROTO in rank code, the model asked of a
+"""Hostile uses of NCCL's collective model: misspelt NCCL_ALGO/NCCL_PROTO/NCCL_NVLS_ENABLE in rank code, the model asked of a
 device or a topology it does not know, and a command line asking for it on a cluster without nodes.
 
 Each case ends in a clear error naming what was wrong and what to use, or in a result checked by an oracle
@@ -63,6 +63,9 @@ CASES: list[Case] = [
          match=r"rank 0: NCCL_ALGO='Rign': unknown name 'Rign'; expected a comma-separated list of Tree, Ring"),
     Case("nccl-proto-empty", "NCCL_PROTO='' (nothing enabled)", _all_reduce_with({"NCCL_PROTO": ""}),
          error=NcclEnvironmentError, match=r"NCCL_PROTO='' names nothing; expected a comma-separated list of LL"),
+    Case("nccl-nvls-enable-word", "os.environ['NCCL_NVLS_ENABLE'] = 'yes' in rank code (NCCL reads an integer)",
+         _all_reduce_with({"NCCL_NVLS_ENABLE": "yes"}), error=NcclEnvironmentError,
+         match=r"rank 0: NCCL_NVLS_ENABLE='yes' is not an integer; expected 0 \(NVLink SHARP off\), 1 or 2.*first collective, .*test_hostile_nccl.py:\d+"),
     Case("nccl-algo-excludes-all-but-ring", "NCCL_ALGO='^tree,nvls,nvlstree,collnetdirect,collnetchain' (mixed case)",
          _all_reduce_with({"NCCL_ALGO": "^tree,nvls,NVLSTree,collnetdirect,CollNetChain"}),
          check=_only_ring_predicted),

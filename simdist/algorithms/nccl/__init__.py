@@ -6,12 +6,14 @@
     choice.seconds
 
 ``graphs`` reproduces what NCCL's topology search finds on NVSwitch nodes (channels and bandwidth per
-channel), ``tuning`` transcribes ``src/graph/tuning.cc`` (latencies, bandwidths, the choice), and ``env``
-reads ``NCCL_ALGO`` and ``NCCL_PROTO`` as NCCL does.
+channel), ``tuning`` transcribes ``src/graph/tuning.cc`` (latencies, bandwidths, the choice), ``runtime``
+holds what NCCL runs once it has chosen (the NVLS pipeline's chunks and fill, their constants in one
+``Runtime``), and ``env`` reads ``NCCL_ALGO``, ``NCCL_PROTO`` and ``NCCL_NVLS_ENABLE`` as NCCL does.
 """
 
 from simdist.algorithms.nccl.env import Enabled, parse_enabled
 from simdist.algorithms.nccl.graphs import GENERATIONS, Fabric, Graph, fabric, generation_of
+from simdist.algorithms.nccl.runtime import Runtime
 from simdist.algorithms.nccl.tuning import (
     ALGORITHMS,
     COLLECTIVES,
@@ -31,6 +33,7 @@ __all__ = [
     "Enabled",
     "Fabric",
     "Graph",
+    "Runtime",
     "candidates",
     "choose",
     "cost",

@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from simdist.algorithms.nccl.runtime import DEFAULT, Runtime
+
 #: speeds NCCL's search tries, GB/s per channel (search.cc 850-856): before Hopper and on Hopper, inside one
 #: node (no NIC in the topology) and with NICs
 # fmt: off
@@ -76,6 +78,8 @@ class Fabric:
     tree: Graph
     #: NVLink SHARP (in-switch reduction): Hopper and later on NVSwitch nodes only (search.cc 893)
     nvls: Graph | None
+    #: the run-time constants (channels, chunks) NCCL runs its choice with
+    runtime: Runtime = DEFAULT
 
     @property
     def per_node(self) -> float:
@@ -140,7 +144,9 @@ def _ring_graph(gen: Generation, per_node: int, nodes: int, nic_bw: float) -> Gr
 
 
 def _nvls_graph(gen: Generation, per_node: int, nodes: int, nic_bw: float) -> Graph | None:
-    if gen.compute_capability < 90 or per_node < 2:
+    # NCCL turns NVLS off where a node holds two GPUs of the communicator or fewer (ncclNvlsInit,
+    # src/transport/nvls.cc 241)
+    if gen.compute_capability < 90 or per_node <= 2:
         return None
     total = gen.nvlink_total
     if nodes == 1:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from simdist.algorithms.nccl.env import ALGORITHM_NAMES, PROTOCOL_NAMES, Enabled
 from simdist.algorithms.nccl.graphs import Fabric
+from simdist.algorithms.nccl.runtime import nvls_fill
 
 ALGORITHMS = ("Tree", "Ring", "NVLS", "NVLSTree")
 """The algorithms modelled (NCCL's CollNetDirect and CollNetChain need SHARP switches)."""
@@ -61,14 +62,21 @@ _NCCL_COLL = {
 
 @dataclass(frozen=True)
 class Choice:
-    """What NCCL runs a call with and what its tuner predicts for it."""
+    """What NCCL runs a call with, what its tuner predicts for it and how long it takes."""
 
     algorithm: str
     protocol: str
-    #: predicted seconds of the call
+    #: seconds the call takes: the tuner's prediction and ``fill``
     seconds: float
     #: the part of ``seconds`` that does not depend on the size (the call's latency)
     latency: float
+    #: seconds of the run's pipeline filling up, which the tuner does not count (:mod:`.runtime`)
+    fill: float = 0.0
+
+    @property
+    def estimate(self) -> float:
+        """The tuner's predicted seconds, which NCCL chooses by."""
+        return self.seconds - self.fill
 
     @property
     def label(self) -> str:
@@ -197,8 +205,8 @@ def candidates(fab: Fabric, collective: str, enabled: Enabled | None = None) -> 
 def cost(
     fab: Fabric, collective: str, algorithm: str, protocol: str, nbytes: int, exact: bool = False
 ) -> Choice:
-    """NCCL's predicted time of ``collective`` on ``nbytes`` (the whole buffer) with ``algorithm``/``protocol``
-    (``ncclTopoGetAlgoTime``, tuning.cc 418-445)."""
+    """The time of ``collective`` on ``nbytes`` (the whole buffer) with ``algorithm``/``protocol``: NCCL's
+    prediction (``ncclTopoGetAlgoTime``, tuning.cc 418-445) and the pipeline's fill it leaves out."""
     coll = _NCCL_COLL[collective]
     bw = _bandwidth(coll, algorithm, protocol, fab)
     lat = _latency(coll, algorithm, protocol, fab)
@@ -216,18 +224,22 @@ def cost(
             1.4 if fab.generation.compute_capability >= 80 else 1.9
         )  # the ring's plateau (tuning.cc 437-440)
     seconds = (lat + nbytes / (1000.0 * bw)) * 1e-6
-    return Choice(algorithm, protocol, seconds, lat * 1e-6)
+    fill = 0.0
+    if algorithm in ("NVLS", "NVLSTree") and coll == "AllReduce" and fab.nvls is not None:
+        fill = nvls_fill(nbytes, fab.nvls.channels, fab.nodes, bw * 1e9, fab.runtime)
+    return Choice(algorithm, protocol, seconds + fill, lat * 1e-6, fill)
 
 
 def choose(
     fab: Fabric, collective: str, nbytes: int, enabled: Enabled | None = None, exact: bool = False
 ) -> Choice:
-    """The pair NCCL runs ``collective`` of ``nbytes`` with, and its time: the smallest predicted time, ties to
-    the first pair in NCCL's order (algorithms Tree, Ring, NVLS, NVLSTree; protocols LL, LL128, Simple)."""
+    """The pair NCCL runs ``collective`` of ``nbytes`` with, and its time: the smallest time the tuner predicts
+    (not counting the fill NCCL does not know of), ties to the first pair in NCCL's order (algorithms Tree,
+    Ring, NVLS, NVLSTree; protocols LL, LL128, Simple)."""
     best: Choice | None = None
     for a, p in candidates(fab, collective, enabled):
         c = cost(fab, collective, a, p, nbytes, exact)
-        if best is None or c.seconds < best.seconds:
+        if best is None or c.estimate < best.estimate:
             best = c
     assert best is not None
     return best
