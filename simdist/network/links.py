@@ -34,6 +34,13 @@ class Network:
         self._routes: dict[tuple[int, int], tuple[tuple[int, ...], float, float]] = {}
         #: messages sent so far (``RunResult.messages``)
         self.messages = 0
+        perturbation = getattr(env, "perturbation", None)
+        if perturbation is not None:
+            self._jitter = perturbation.latency
+            self._rng = perturbation.rng("latency")
+            #: (src, dst) -> when its last message arrives: jitter never lets a message overtake an earlier one
+            self._last: dict[tuple[int, int], float] = {}
+            self.send = self._send_perturbed  # type: ignore[method-assign]
 
     def _route(self, src: int, dst: int) -> tuple[tuple[int, ...], float, float]:
         key = (src, dst)
@@ -84,3 +91,43 @@ class Network:
             free[i] = leave
         ev.start = start  # type: ignore[attr-defined]
         env.schedule(ev, NORMAL, leave + lat - now)
+
+    def _send_perturbed(
+        self,
+        src: int,
+        dst: int,
+        nbytes: int,
+        callback: Callable[[Event], None],
+        value: Any,
+        pace: tuple[float, float] | None = None,
+    ) -> None:
+        """:meth:`send` in a perturbed run: the latency stretched by the run's jitter, arrivals between one pair
+        of ranks kept in order, and the links and receiver reported to the clock (its partial-order reduction)."""
+        env = self.env
+        now = env.now
+        self.messages += 1
+        ev = Event(env)
+        ev._ok = True
+        ev._value = value
+        ev.callbacks.append(callback)
+        ev.arrives_at = dst  # type: ignore[attr-defined]
+        ev.owner_rank = src  # type: ignore[attr-defined]  # a sender's messages to one rank keep their order
+        if src == dst:
+            ev.start = now  # type: ignore[attr-defined]
+            env.schedule(ev, NORMAL, 0.0)
+            return
+        route, inv_bw, lat = self._route(src, dst)
+        if pace is not None:
+            lat, inv_bw = pace
+        if self._jitter:
+            lat *= 1.0 + self._jitter * self._rng.random()
+        free = self._free_at
+        start = max([now, *(free[i] for i in route)])
+        leave = start + nbytes * inv_bw
+        for i in route:
+            free[i] = leave
+        env.touch([("link", i) for i in route])  # type: ignore[attr-defined]
+        ev.start = start  # type: ignore[attr-defined]
+        arrive = max(leave + lat, self._last.get((src, dst), 0.0))
+        self._last[(src, dst)] = arrive
+        env.schedule(ev, NORMAL, arrive - now)
