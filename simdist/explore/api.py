@@ -207,8 +207,14 @@ def _exhaustive(
 
 
 def _pool(tasks: list[Task], workers: int) -> Iterator[Outcome]:
-    """Run ``tasks`` on ``workers`` fresh processes (spawned: no state of this one leaks in); yields as they end."""
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)) or 1, mp_context=get_context("spawn"))
+    """Run ``tasks`` on ``workers`` processes; yields their outcomes in task order.
+
+    The workers fork from a forkserver, a fresh single-threaded process that imported simdist once (forking this
+    process, whose rank threads and torch pools may hold locks, would not be safe; spawning imports torch per
+    worker)."""
+    context = get_context("forkserver")
+    context.set_forkserver_preload(["simdist.explore.runs"])
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)) or 1, mp_context=context)
     try:
         futures = [pool.submit(run_task, t) for t in tasks]
         for fut in futures:
