@@ -51,16 +51,21 @@ def test_replaying_a_token_twice_gives_the_same_failure_and_trace(failure: simdi
         (lambda t: t[:-3], "is JSON text; this one is not"),
         (lambda t: json.dumps([1]), "not a simdist replay token"),
         (lambda t: json.dumps({**json.loads(t), "format": 99}), "format 99"),
-        (lambda t: json.dumps({k: v for k, v in json.loads(t).items() if k != "perturbation"}), "'perturbation' is missing"),
+        (
+            lambda t: json.dumps({k: v for k, v in json.loads(t).items() if k != "perturbation"}),
+            "'perturbation' is missing",
+        ),
         (lambda t: json.dumps({**json.loads(t), "seed": "x"}), "'seed' is missing or not"),
         (
-            lambda t: json.dumps({**json.loads(t), "perturbation": {**json.loads(t)["perturbation"], "ties": "lifo"}}),
+            lambda t: json.dumps(
+                {**json.loads(t), "perturbation": {**json.loads(t)["perturbation"], "ties": "lifo"}}
+            ),
             "ties must be one of",
         ),
         (lambda t: json.dumps({**json.loads(t), "options": {"progress": "mpi"}}), "progress must be one of"),
     ],
 )
-def test_a_bad_token_is_refused_saying_why(failure: simdist.Failure, edit, match: str) -> None:  # noqa: ANN001
+def test_a_bad_token_is_refused_saying_why(failure: simdist.Failure, edit, match: str) -> None:
     with pytest.raises(simdist.ReplayTokenError, match=match):
         simdist.replay(fns.any_source_order, CPU4, edit(failure.replay))
 
@@ -69,11 +74,21 @@ def test_a_bad_token_is_refused_saying_why(failure: simdist.Failure, edit, match
     ("field", "value", "match"),
     [
         ("code", "0" * 64, "the program's code changed"),
-        ("versions", {"simdist": "0.0.1", "torch": "1.0"}, "simdist 0.0.1 when recorded.*torch 1.0 when recorded"),
-        ("cluster", simdist.Cluster.switch(4, device="cpu", latency="9us").to_config(), "the cluster differs"),
+        (
+            "versions",
+            {"simdist": "0.0.1", "torch": "1.0"},
+            "simdist 0.0.1 when recorded.*torch 1.0 when recorded",
+        ),
+        (
+            "cluster",
+            simdist.Cluster.switch(4, device="cpu", latency="9us").to_config(),
+            "the cluster differs",
+        ),
     ],
 )
-def test_replaying_in_changed_conditions_warns_naming_the_change(failure: simdist.Failure, field: str, value, match: str) -> None:  # noqa: ANN001
+def test_replaying_in_changed_conditions_warns_naming_the_change(
+    failure: simdist.Failure, field: str, value, match: str
+) -> None:
     edited = json.dumps({**json.loads(failure.replay), field: value})
     with pytest.warns(simdist.ReplayWarning, match=match), pytest.raises(simdist.RankError):
         simdist.replay(fns.any_source_order, CPU4, edited)
@@ -90,7 +105,9 @@ def test_a_replayed_schedule_the_run_cannot_follow_is_a_clear_error() -> None:
     ex = simdist.explore(fns.any_source_order, CPU4, runs=30, strategy="exhaustive")
     data = json.loads(ex.failures[0].replay)
     data["perturbation"]["choices"] = [0, 7]
-    with pytest.raises(simdist.SimdistError, match="decision 1 of the replayed schedule takes option 7, but the run has 3"):
+    with pytest.raises(
+        simdist.SimdistError, match="decision 1 of the replayed schedule takes option 7, but the run has 3"
+    ):
         simdist.replay(fns.any_source_order, CPU4, json.dumps(data))
 
 
@@ -127,7 +144,13 @@ def test_explore_refuses_faults_until_simdist_has_them() -> None:
 # ---------------------------------------------------------------------- the process pool
 @pytest.mark.slow
 def test_two_workers_find_exactly_what_one_finds() -> None:
-    kwargs = {"runs": 6, "strategy": "pct", "seed": 5, "jitter": {"latency": 0.2}, "check": fns.order_is_sorted}
+    kwargs = {
+        "runs": 6,
+        "strategy": "pct",
+        "seed": 5,
+        "jitter": {"latency": 0.2},
+        "check": fns.order_is_sorted,
+    }
     one = simdist.explore(fns.arrival_order, CPU4, workers=1, **kwargs)
     two = simdist.explore(fns.arrival_order, CPU4, workers=2, **kwargs)
     assert [o.key() for o in two.outcomes] == [o.key() for o in one.outcomes]
@@ -142,7 +165,9 @@ def test_workers_need_a_program_they_can_load_by_name() -> None:
         pass
 
     for fn, what in ((lambda: None, "<lambda>"), (local, "local")):
-        with pytest.raises(simdist.ExplorationError, match=f"{what}.*cannot be loaded by name in a worker process"):
+        with pytest.raises(
+            simdist.ExplorationError, match=f"{what}.*cannot be loaded by name in a worker process"
+        ):
             simdist.explore(fn, CPU4, runs=2, workers=2)
     with pytest.raises(simdist.ExplorationError, match="cannot be loaded by name"):
         simdist.explore(fns.returns_rank, CPU4, runs=2, workers=2, check=lambda res: True)

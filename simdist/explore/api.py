@@ -29,7 +29,7 @@ JITTER_KEYS = ("latency", "compute")
 
 
 def explore(
-    fn: Callable[..., Any],
+    fn: Callable[..., Any] | Program,
     cluster: Cluster | str,
     *,
     runs: int = 100,
@@ -51,8 +51,60 @@ def explore(
     ``1 + jitter[...]`` (random and pct). A run fails when it raises or ``check(result)`` returns False or
     raises; each failure is replayed twice and its traces compared before it is reported. ``workers > 1`` runs
     on a local process pool (``fn`` and ``check`` must be importable by name). ``run_options`` are
-    :func:`simdist.run`'s. Ctrl-C returns what was found, marked ``interrupted``.
+    :func:`simdist.run`'s. Ctrl-C returns what was found, marked ``interrupted``. ``fn`` may also be a
+    :class:`Program` reference (a script, as ``simdist explore`` passes it).
     """
+    if isinstance(fn, Program):
+        with fn.loaded() as (loaded, extra):
+            return _explore(
+                loaded,
+                fn.to_json(),
+                fn.code_hash(),
+                cluster,
+                runs,
+                strategy,
+                depth,
+                seed,
+                jitter,
+                faults,
+                check,
+                workers,
+                {**run_options, **extra},
+            )
+    program = _reference(fn, workers > 1) if callable(fn) else {}
+    return _explore(
+        fn,
+        program,
+        code_hash(fn),
+        cluster,
+        runs,
+        strategy,
+        depth,
+        seed,
+        jitter,
+        faults,
+        check,
+        workers,
+        run_options,
+    )
+
+
+def _explore(
+    fn: Callable[..., Any],
+    program: dict[str, Any],
+    code: str,
+    cluster: Cluster | str,
+    runs: int,
+    strategy: str,
+    depth: int,
+    seed: int,
+    jitter: Mapping[str, float] | None,
+    faults: Sequence[Any],
+    check: Callable[[RunResult], Any] | None,
+    workers: int,
+    run_options: dict[str, Any],
+) -> Exploration:
+    """:func:`explore` once ``fn`` is loaded and its reference and code hash known."""
     if isinstance(cluster, str):
         cluster = Cluster.load(cluster)
     if not isinstance(cluster, Cluster):
@@ -82,9 +134,7 @@ def explore(
         )
     options = RunOptions.from_keywords(**run_options)
     token.options_json(options)  # refuses, before any run, an option a token cannot hold
-    program = _reference(fn, workers > 1)
     check_ref = _reference(check, workers > 1) if check is not None else None
-    code = code_hash(fn)
     ex = Exploration(strategy)
 
     def found(outcome: Outcome) -> None:
@@ -224,14 +274,32 @@ def _pool(tasks: list[Task], workers: int) -> Iterator[Outcome]:
 
 
 def replay(
-    fn: Callable[..., Any], cluster: Cluster | str, replay_token: str | dict[str, Any], **run_options: Any
+    fn: Callable[..., Any] | Program,
+    cluster: Cluster | str,
+    replay_token: str | dict[str, Any],
+    **run_options: Any,
 ) -> RunResult:
     """Run again the run ``replay_token`` records (``Exploration.failures[i].replay``) and return its result.
 
     The run raises what it raised when explored; the exception carries the trace's hash as ``trace_hash``. A
     :class:`ReplayWarning` names what changed since the token was written (the program's code, simdist or
-    torch, the cluster). ``run_options`` override the token's (``watchdog=``, ``races=``, ...).
+    torch, the cluster). ``run_options`` override the token's (``watchdog=``, ``races=``, ...). ``fn`` may also be
+    a :class:`Program` reference (a script).
     """
+    if isinstance(fn, Program):
+        with fn.loaded() as (loaded, _):
+            return _replay(loaded, fn.code_hash(), cluster, replay_token, run_options)
+    return _replay(fn, code_hash(fn), cluster, replay_token, run_options)
+
+
+def _replay(
+    fn: Callable[..., Any],
+    code: str,
+    cluster: Cluster | str,
+    replay_token: str | dict[str, Any],
+    run_options: dict[str, Any],
+) -> RunResult:
+    """:func:`replay` once ``fn`` is loaded."""
     data = token.read(replay_token)
     if isinstance(cluster, str):
         cluster = Cluster.load(cluster)
@@ -239,14 +307,14 @@ def replay(
         raise ExplorationError(
             f"replay needs a simdist.Cluster, a preset name or a cluster file; got {type(cluster).__name__}"
         )
-    changed = token.changes(data, code_hash(fn), cluster)
+    changed = token.changes(data, code, cluster)
     if changed:
         warnings.warn(
             ReplayWarning(
                 "replaying a token recorded in other conditions; the run may take other paths: "
                 + "; ".join(changed)
             ),
-            stacklevel=2,
+            stacklevel=3,
         )
     if data["faults"]:
         faults_module = _faults_module()

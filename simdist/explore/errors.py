@@ -33,7 +33,11 @@ class NondeterminismError(SimdistError):
 
     def __init__(self, message: str, hashes: list[str]) -> None:
         super().__init__(message)
+        self.message = message
         self.hashes = hashes
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.message, self.hashes))
 
 
 class RemoteError(SimdistError):
@@ -42,3 +46,7 @@ class RemoteError(SimdistError):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(f"{kind}: {message}")
         self.kind = kind
+        self.message = message
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.kind, self.message))
