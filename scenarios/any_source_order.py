@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     first = ex.failures[0] if ex.failures else None
     verdicts.append(("pct finds the failing order", first is not None, f"{len(ex.failures)} of {ex.runs} runs fail"))
     if first is not None:
-        print(f"first failure: run {first.run}: {str(first.error.exc)}; trace {first.trace_hash[:16]}")
+        print(f"first failure: run {first.run}: {first.error.exc!s}; trace {first.trace_hash[:16]}")
         perturbation = json.loads(first.replay)["perturbation"]
         print(f"its perturbation: ties={perturbation['ties']} seed={perturbation['seed']} depth={perturbation['depth']} "
               f"steps={perturbation['steps']}")

@@ -38,8 +38,9 @@ class Network:
         if perturbation is not None:
             self._jitter = perturbation.latency
             self._rng = perturbation.rng("latency")
-            #: (src, dst) -> when its last message arrives: jitter never lets a message overtake an earlier one
-            self._last: dict[tuple[int, int], float] = {}
+            #: (src, dst) -> when its last message arrives, without and with jitter: jitter never lets a message
+            #: overtake an earlier one that the model delivers first
+            self._last: dict[tuple[int, int], tuple[float, float]] = {}
             self.send = self._send_perturbed  # type: ignore[method-assign]
 
     def _route(self, src: int, dst: int) -> tuple[tuple[int, ...], float, float]:
@@ -119,8 +120,6 @@ class Network:
         route, inv_bw, lat = self._route(src, dst)
         if pace is not None:
             lat, inv_bw = pace
-        if self._jitter:
-            lat *= 1.0 + self._jitter * self._rng.random()
         free = self._free_at
         start = max([now, *(free[i] for i in route)])
         leave = start + nbytes * inv_bw
@@ -128,6 +127,12 @@ class Network:
             free[i] = leave
         env.touch([("link", i) for i in route])  # type: ignore[attr-defined]
         ev.start = start  # type: ignore[attr-defined]
-        arrive = max(leave + lat, self._last.get((src, dst), 0.0))
-        self._last[(src, dst)] = arrive
+        arrive = leave + lat
+        if self._jitter:
+            modelled = arrive
+            arrive = leave + lat * (1.0 + self._jitter * self._rng.random())
+            before, before_jittered = self._last.get((src, dst), (0.0, 0.0))
+            if modelled >= before:  # the model keeps this pair's order: so does the jitter
+                arrive = max(arrive, before_jittered)
+            self._last[(src, dst)] = (modelled, arrive)
         env.schedule(ev, NORMAL, arrive - now)
