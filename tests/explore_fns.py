@@ -98,3 +98,15 @@ def ring_once() -> float:
     dist.all_reduce(t)
     return float(t.sum())
 
+
+
+def callback_order() -> list[str]:
+    """Two async all-reduces of empty tensors on gloo threads complete together; their ``then()`` callbacks log
+    the order they ran in."""
+    seen: list[str] = []
+    first, second = torch.ones(0), torch.ones(0)
+    a = dist.all_reduce(first, async_op=True).get_future().then(lambda _f: seen.append("a"))
+    b = dist.all_reduce(second, async_op=True).get_future().then(lambda _f: seen.append("b"))
+    a.wait()
+    b.wait()
+    return seen

@@ -64,6 +64,33 @@ def test_jitter_only_stretches_and_keeps_a_pairs_messages_in_order() -> None:
             arrivals[key] = m.end
 
 
+def test_callbacks_due_together_run_in_a_drawn_order_only_when_asked() -> None:
+    c = simdist.Cluster.switch(2, device="cpu")
+    plain = simdist.run(fns.callback_order, c, progress="gloo").returns
+    orders = set()
+    for seed in range(8):
+        kept = Perturbation(seed=seed, ties="fifo", callbacks=False)
+        assert simdist.run(fns.callback_order, c, progress="gloo", perturbation=kept).returns == plain
+        drawn = Perturbation(seed=seed, ties="fifo")
+        orders.update(tuple(r) for r in simdist.run(fns.callback_order, c, progress="gloo", perturbation=drawn).returns)
+    assert plain == [["a", "b"]] * 2
+    assert orders == {("a", "b"), ("b", "a")}
+
+
+def test_compute_jitter_stretches_each_op_within_its_bound() -> None:
+    # every rank computes 2 x 1 ms and waits for it: jitter 0.5 makes each op 1 to 1.5 ms long
+    c = simdist.Cluster.switch(2, device="cpu")
+    times = set()
+    for seed in range(4):
+        res = simdist.run(fns.two_sleeps, c, perturbation=Perturbation(seed=seed, ties="fifo", compute=0.5))
+        for rank, finish in enumerate(res.finish_times):
+            spans = [s for s in res.trace.spans if s.rank == rank and s.stream == "compute"]
+            assert len(spans) == 2 and all(1e-3 <= s.end - s.start <= 1.5e-3 for s in spans)
+            assert finish == pytest.approx(sum(s.end - s.start for s in spans))
+        times.add(res.sim_time)
+    assert len(times) == 4 and simdist.run(fns.two_sleeps, c).sim_time == pytest.approx(2e-3)
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     seed=st.integers(-(2**63), 2**64),
