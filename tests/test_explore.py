@@ -233,6 +233,12 @@ def test_a_run_that_replays_differently_is_reported_as_a_simdist_bug_with_every_
     assert err.hashes[0][:16] in str(err)
 
 
+def test_on_run_sees_every_run_as_it_ends() -> None:
+    seen: list[int] = []
+    ex = simdist.explore(fns.any_source_order, CPU4, runs=6, on_run=lambda o: seen.append(o.index))
+    assert seen == [o.index for o in ex.outcomes] == list(range(6))
+
+
 def test_ctrl_c_keeps_what_was_found() -> None:
     calls = []
 
@@ -259,6 +265,8 @@ def test_ctrl_c_keeps_what_was_found() -> None:
         ({"strategy": "exhaustive", "jitter": {"latency": 0.1}}, "exhaustive search enumerates tie orders"),
         ({"compute": simdist.Profile.__new__(simdist.Profile)}, "compute=simdist.profile"),
         ({"check": 3}, "check must be a function"),
+        ({"jitter": 0}, "jitter must map"),
+        ({"on_run": "print"}, "on_run must be a function"),
     ],
 )
 def test_explore_refuses_bad_arguments_naming_them(kwargs: dict, match: str) -> None:

@@ -9,6 +9,7 @@ import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 from multiprocessing import get_context
 from typing import Any
 
@@ -28,6 +29,44 @@ STRATEGIES = ("random", "pct", "exhaustive")
 JITTER_KEYS = ("latency", "compute")
 
 
+@dataclass(frozen=True)
+class Settings:
+    """How an exploration searches: :func:`explore`'s own keywords, checked once where they are made."""
+
+    runs: int = 100
+    strategy: str = "random"
+    depth: int = 2
+    seed: int = 0
+    #: relative jitter per point (``latency``, ``compute``), every key filled in
+    jitter: Mapping[str, float] = field(default_factory=dict)
+    check: Callable[[RunResult], Any] | None = None
+    workers: int = 1
+    #: called with each run's outcome as it is found (in the order found), e.g. by a progress bar
+    on_run: Callable[[Outcome], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ExplorationError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r:.40}")
+        for name, least in (("runs", 1), ("depth", 1), ("workers", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ExplorationError(f"{name} must be an int >= {least}, got {value!r:.40}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ExplorationError(f"seed must be an int, got {self.seed!r:.40}")
+        object.__setattr__(self, "jitter", _jitter(self.jitter))
+        if self.strategy == "exhaustive" and any(self.jitter.values()):
+            raise ExplorationError(
+                f"exhaustive search enumerates tie orders and draws nothing: jitter={dict(self.jitter)} would make "
+                "its runs random; leave jitter out, or use strategy='random' or 'pct'"
+            )
+        for name in ("check", "on_run"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise ExplorationError(
+                    f"{name} must be a function of a run's result (or None), got {type(value).__name__}"
+                )
+
+
 def explore(
     fn: Callable[..., Any] | Program,
     cluster: Cluster | str,
@@ -40,6 +79,7 @@ def explore(
     faults: Sequence[Any] = (),
     check: Callable[[RunResult], Any] | None = None,
     workers: int = 1,
+    on_run: Callable[[Outcome], None] | None = None,
     **run_options: Any,
 ) -> Exploration:
     """Run ``fn`` on ``cluster`` up to ``runs`` times, each under another perturbation, and collect the failures.
@@ -50,43 +90,20 @@ def explore(
     unperturbed run. ``jitter`` stretches message latencies and op times by random factors up to
     ``1 + jitter[...]`` (random and pct). A run fails when it raises or ``check(result)`` returns False or
     raises; each failure is replayed twice and its traces compared before it is reported. ``workers > 1`` runs
-    on a local process pool (``fn`` and ``check`` must be importable by name). ``run_options`` are
-    :func:`simdist.run`'s. Ctrl-C returns what was found, marked ``interrupted``. ``fn`` may also be a
-    :class:`Program` reference (a script, as ``simdist explore`` passes it).
+    on a local process pool (``fn`` and ``check`` must be importable by name). ``on_run(outcome)`` is called as
+    each run ends. ``run_options`` are :func:`simdist.run`'s. Ctrl-C returns what was found, marked
+    ``interrupted``. ``fn`` may also be a :class:`Program` reference (a script, as ``simdist explore`` passes it).
     """
+    settings = Settings(runs, strategy, depth, seed, {} if jitter is None else jitter, check, workers, on_run)
+    if faults:
+        raise ExplorationError(
+            "faults need simdist.faults and simdist.run(..., faults=...), which this build does not have yet"
+        )
     if isinstance(fn, Program):
         with fn.loaded() as (loaded, extra):
-            return _explore(
-                loaded,
-                fn.to_json(),
-                fn.code_hash(),
-                cluster,
-                runs,
-                strategy,
-                depth,
-                seed,
-                jitter,
-                faults,
-                check,
-                workers,
-                {**run_options, **extra},
-            )
+            return _explore(loaded, fn.to_json(), fn.code_hash(), cluster, settings, {**run_options, **extra})
     program = _reference(fn, workers > 1) if callable(fn) else {}
-    return _explore(
-        fn,
-        program,
-        code_hash(fn),
-        cluster,
-        runs,
-        strategy,
-        depth,
-        seed,
-        jitter,
-        faults,
-        check,
-        workers,
-        run_options,
-    )
+    return _explore(fn, program, code_hash(fn), cluster, settings, run_options)
 
 
 def _explore(
@@ -94,14 +111,7 @@ def _explore(
     program: dict[str, Any],
     code: str,
     cluster: Cluster | str,
-    runs: int,
-    strategy: str,
-    depth: int,
-    seed: int,
-    jitter: Mapping[str, float] | None,
-    faults: Sequence[Any],
-    check: Callable[[RunResult], Any] | None,
-    workers: int,
+    settings: Settings,
     run_options: dict[str, Any],
 ) -> Exploration:
     """:func:`explore` once ``fn`` is loaded and its reference and code hash known."""
@@ -111,39 +121,19 @@ def _explore(
         raise ExplorationError(
             f"explore needs a simdist.Cluster, a preset name or a cluster file; got {type(cluster).__name__}"
         )
-    if strategy not in STRATEGIES:
-        raise ExplorationError(f"strategy must be one of {STRATEGIES}, got {strategy!r:.40}")
-    for name, value, least in (("runs", runs, 1), ("depth", depth, 1), ("workers", workers, 1)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise ExplorationError(f"{name} must be an int >= {least}, got {value!r:.40}")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ExplorationError(f"seed must be an int, got {seed!r:.40}")
-    jitter = _jitter(jitter)
-    if strategy == "exhaustive" and any(jitter.values()):
-        raise ExplorationError(
-            f"exhaustive search enumerates tie orders and draws nothing: jitter={dict(jitter)} would make its runs "
-            "random; leave jitter out, or use strategy='random' or 'pct'"
-        )
-    if faults:
-        raise ExplorationError(
-            "faults need simdist.faults and simdist.run(..., faults=...), which this build does not have yet"
-        )
-    if check is not None and not callable(check):
-        raise ExplorationError(
-            f"check must be a function of a run's result (or None), got {type(check).__name__}"
-        )
     options = RunOptions.from_keywords(**run_options)
     token.options_json(options)  # refuses, before any run, an option a token cannot hold
-    check_ref = _reference(check, workers > 1) if check is not None else None
-    ex = Exploration(strategy)
+    check = settings.check
+    check_ref = _reference(check, settings.workers > 1) if check is not None else None
+    ex = Exploration(settings.strategy)
 
     def found(outcome: Outcome) -> None:
         ex.outcomes.append(outcome)
         if outcome.kind is not None and outcome.error is not None:
             replay = token.make(
                 perturbation=outcome.perturbation,
-                strategy=strategy,
-                seed=seed,
+                strategy=settings.strategy,
+                seed=settings.seed,
                 run=outcome.index,
                 cluster=cluster,
                 options=options,
@@ -154,24 +144,24 @@ def _explore(
             ex.failures.append(
                 Failure(outcome.index, outcome.kind, outcome.error, replay, outcome.trace_hash)
             )
+        if settings.on_run is not None:
+            settings.on_run(outcome)
 
     try:
-        if strategy == "exhaustive":
-            for outcome in _exhaustive(fn, cluster, options, check, runs):
+        if settings.strategy == "exhaustive":
+            for outcome in _exhaustive(fn, cluster, options, check, settings.runs):
                 found(outcome)
         else:
             base = _local(fn, cluster, options, check, 0, Perturbation(ties="fifo", callbacks=False))
             found(base)
-            plan = [_perturbation(strategy, seed, i, depth, base, jitter) for i in range(1, runs)]
-            if workers == 1:
+            plan = [_perturbation(settings, i, base) for i in range(1, settings.runs)]
+            if settings.workers == 1:
                 for i, p in enumerate(plan, start=1):
                     found(_local(fn, cluster, options, check, i, p))
             else:
-                tasks = [
-                    Task(i, program, check_ref, cluster.to_config(), options, p)
-                    for i, p in enumerate(plan, 1)
-                ]
-                for outcome in _pool(tasks, workers):
+                config = cluster.to_config()
+                tasks = [Task(i, program, check_ref, config, options, p) for i, p in enumerate(plan, 1)]
+                for outcome in _pool(tasks, settings.workers):
                     found(outcome)
     except KeyboardInterrupt:
         ex.interrupted = True
@@ -220,13 +210,12 @@ def _seed(seed: int, index: int) -> int:
     return int.from_bytes(hashlib.sha256(f"simdist-explore:{seed}:{index}".encode()).digest()[:8], "big")
 
 
-def _perturbation(
-    strategy: str, seed: int, index: int, depth: int, base: Outcome, jitter: dict[str, float]
-) -> Perturbation:
+def _perturbation(settings: Settings, index: int, base: Outcome) -> Perturbation:
     """Run ``index``'s perturbation; PCT's k is the number of decisions the unperturbed run met."""
-    common = {"seed": _seed(seed, index), "latency": jitter["latency"], "compute": jitter["compute"]}
-    if strategy == "pct":
-        return Perturbation(ties="pct", depth=depth, steps=max(len(base.decisions), 1), **common)
+    jitter = settings.jitter
+    common = {"seed": _seed(settings.seed, index), "latency": jitter["latency"], "compute": jitter["compute"]}
+    if settings.strategy == "pct":
+        return Perturbation(ties="pct", depth=settings.depth, steps=max(len(base.decisions), 1), **common)
     return Perturbation(ties="random", **common)
 
 
