@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from simdist.clock.schedule import EventId, PerturbedEnvironment
+from simdist.clock.schedule import EventId, PerturbedEnvironment, ScheduleDivergence
 from simdist.explore.errors import SearchSpaceError
 from simdist.explore.runs import Outcome
 
@@ -66,6 +66,8 @@ class Enumerator:
         k = len(self.nodes)
         if k < len(self._prefix):
             choice = self._prefix[k]
+            if choice >= len(ids):
+                raise ScheduleDivergence(k, choice, len(ids))
             node = Node(ids, current=choice)
             if k == len(self._prefix) - 1:
                 node.sleep = dict(self._branch_sleep)

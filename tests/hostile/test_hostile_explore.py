@@ -98,6 +98,13 @@ CASES: list[Case] = [
         match=r"<lambda>.* cannot be loaded by name in a worker process .* or explore with workers=1",
     ),
     Case(
+        "explore-not-a-function",
+        "explore('train.py', ...): a path where the function goes",
+        lambda: simdist.explore("train.py", CPU3),
+        error=simdist.ExplorationError,
+        match=r"explore needs a function every rank runs, got str 'train.py'",
+    ),
+    Case(
         "explore-strategy-case",
         "explore(strategy='PCT') (upper case)",
         lambda: simdist.explore(fns.returns_rank, CPU3, strategy="PCT"),
