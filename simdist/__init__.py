@@ -6,7 +6,7 @@
     res.trace.save_chrome("step.json")
 """
 
-from simdist import algorithms, calibrate, report
+from simdist import algorithms, calibrate, faults, report
 from simdist.calibrate import CalibrationError
 from simdist.compute.memory import MemoryStats
 from simdist.compute.profile import Profile, ReplayStats, profile
@@ -30,12 +30,15 @@ from simdist.errors import (
     ClusterSpecError,
     CollectiveMismatchError,
     DeadlockError,
+    FaultSpecError,
     InvalidArgumentError,
+    LinkFailureError,
     NcclEnvironmentError,
     OutOfMemoryError,
     ProfileError,
     RaceError,
     RaceWarning,
+    RankCrashError,
     RankError,
     RunArgumentError,
     SimdistError,
@@ -75,7 +78,9 @@ __all__ = [
     "DeadlockError",
     "Divergence",
     "EquivalenceReport",
+    "FaultSpecError",
     "InvalidArgumentError",
+    "LinkFailureError",
     "MemoryStats",
     "NcclEnvironmentError",
     "OutOfMemoryError",
@@ -83,6 +88,7 @@ __all__ = [
     "ProfileError",
     "RaceError",
     "RaceWarning",
+    "RankCrashError",
     "RankError",
     "ReplayStats",
     "RunArgumentError",
@@ -98,6 +104,7 @@ __all__ = [
     "calibrate",
     "charge",
     "check_equivalence",
+    "faults",
     "load_cluster",
     "now",
     "profile",

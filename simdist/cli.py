@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from simdist import algorithms
+from simdist import algorithms, faults
 from simdist.bench import (
     COLLECTIVES,
     DTYPES,
@@ -40,9 +40,17 @@ from simdist.calibrate.command import add_parser as add_calibrate_parser
 from simdist.compute.profile import Profile
 from simdist.engine.runner import RunResult
 from simdist.engine.torchrun import ScriptProgram, run_script
-from simdist.errors import ClusterSpecError, ProfileError, RaceWarning, RankError, SimdistError
+from simdist.errors import (
+    ClusterSpecError,
+    FaultSpecError,
+    ProfileError,
+    RaceWarning,
+    RankError,
+    SimdistError,
+)
 from simdist.explore.api import STRATEGIES, default_workers, explore
 from simdist.explore.program import Program
+from simdist.faults import Fault
 from simdist.network import Cluster
 from simdist.network.cluster import check_collective_model
 from simdist.network.presets import PRESETS
@@ -146,6 +154,29 @@ def _profile(text: str) -> Profile:
 _profile.__name__ = "profile"
 
 
+def _fault(text: str) -> Fault:
+    """An argparse type: one fault as JSON, e.g. '{"type": "Crash", "rank": 1, "at": 0.01}'."""
+    try:
+        return faults.from_json(json.loads(text))
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"expected a fault as JSON ({e.msg}); found {text!r}") from None
+    except FaultSpecError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+_fault.__name__ = "fault"
+
+
+def _restarts(text: str) -> int:
+    """An argparse type: a whole number of restarts, 0 or more."""
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number of restarts (0 or more); found {text!r}")
+    return int(text)
+
+
+_restarts.__name__ = "restarts"
+
+
 def _size(text: str) -> int:
     """Bytes from "8", "64K", "128M", "1G" (nccl-tests' binary suffixes) or any unit string ("25MiB")."""
     suffix = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -197,6 +228,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 gloo_threads=args.gloo_threads, races=args.races, race_waivers=args.waive_race, watchdog=args.watchdog,
                 backend_name=args.backend_name, memory=args.memory,
                 compute=args.profile if args.profile is not None else True,
+                faults=args.fault, max_restarts=args.max_restarts, nnodes=args.nnodes,
             )
         except SimdistError as e:
             # a diagnosed run is what a report is most often shared for: write it, then report as usual
@@ -214,6 +246,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"simulated time {res.sim_time * 1e6:.3f} us on {cluster.name} ({cluster.world_size} ranks); "
         f"{res.messages} messages; wall {wall:.2f} s; trace hash {res.trace_hash[:16]}"
     )
+    for attempt, failure in enumerate(res.failures):
+        print(f"attempt {attempt} failed and the job restarted (--max-restarts): {failure.splitlines()[0]}")
     if args.trace:
         try:
             path = res.trace.save_chrome(args.trace)
@@ -426,6 +460,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time ops by the durations this torch profiler trace (Kineto JSON) of the program measured; "
                         "the model prices the ops it does not hold, and their count is printed")
     r.add_argument("--show-none", action="store_true", help="with --entry, also print ranks that returned None")
+    r.add_argument("--fault", type=_fault, action="append", default=None, metavar="JSON",
+                   help='a fault the run meets, as JSON: {"type": "Crash", "rank": 1, "at": 0.01} (simdist.faults; '
+                        "repeatable)")
+    r.add_argument("--max-restarts", type=_restarts, default=0, metavar="N",
+                   help="restart every rank at most N times after a failure, as torchrun's --max-restarts (default 0)")
+    r.add_argument("--nnodes", default=None, metavar="N|MIN:MAX",
+                   help="as torchrun's --nnodes: with MIN:MAX a job that lost nodes re-forms on the survivors")
     r.set_defaults(func=cmd_run, script_args=[])
 
     k = sub.add_parser("check", help="compare SCRIPT on every rank with REFERENCE on one rank, step by step")

@@ -87,6 +87,33 @@ class SimTimeoutError(SimdistError, dist.DistBackendError):
     """
 
 
+class FaultSpecError(SimdistError, ValueError):
+    """A fault (``simdist.faults``) is malformed, or names a rank, link or node the run's cluster does not have."""
+
+
+class RankCrashError(SimdistError):
+    """A rank crashed (a ``simdist.faults.Crash`` or ``NodeLoss``): the message says when and where it died and
+    what its peers met (a hang, a timeout, the end of their work). ``crashed`` maps each dead global rank to its
+    simulated time of death (seconds); ``peer_failure`` is what the first surviving rank raised, if any."""
+
+    def __init__(self, message: str, crashed: dict[int, float], peer_failure: BaseException | None = None) -> None:
+        self.crashed = crashed
+        self.peer_failure = peer_failure
+        super().__init__(message)
+
+
+class LinkFailureError(SimdistError, dist.DistBackendError):
+    """A transfer needs a link that failed (``simdist.faults.LinkDown`` or ``NodeLoss``) and the cluster has no
+    other route: names the link, the ranks and the operation. Also a ``torch.distributed.DistBackendError``, what
+    NCCL's failed transport is raised as."""
+
+
+class ProcessTornDown(BaseException):
+    """Raised in a rank whose NCCL watchdog takes its process down (``TORCH_NCCL_ASYNC_ERROR_HANDLING`` 1 or 3 and
+    a collective past its group's timeout): the process ends, as with ``std::abort``; rank code cannot catch it
+    with ``except Exception``. The run reports it as that rank's failure."""
+
+
 class RendezvousTimeoutError(SimTimeoutError, dist.DistStoreError):
     """A rank's ``init_process_group`` waited its timeout (simulated seconds) for ranks that never joined the group.
 

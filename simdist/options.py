@@ -19,6 +19,8 @@ import torch
 
 from simdist.compute.profile import Profile
 from simdist.errors import RunArgumentError
+from simdist.faults.plan import as_faults
+from simdist.faults.specs import Fault
 
 #: backend progress semantics: "nccl" runs a group's collectives one after another on one stream per
 #: (rank, group); "gloo" runs them on a pool of threads per (rank, group), so independent async
@@ -92,6 +94,8 @@ class RunOptions:
     #: the local ranks whose ``sys.stdout`` and ``sys.stderr`` are shown (torchrun's ``--local-ranks-filter``;
     #: None: every rank's)
     local_ranks_filter: tuple[int, ...] | None = None
+    #: the faults the run meets (``simdist.faults``); empty: none, exactly the run without the option
+    faults: tuple[Fault, ...] = ()
 
     def __post_init__(self) -> None:
         if not _is_int(self.seed) or self.seed not in SEEDS:
@@ -123,11 +127,18 @@ class RunOptions:
         _flag("prefix_output", self.prefix_output)
         if self.local_ranks_filter is not None:
             object.__setattr__(self, "local_ranks_filter", _local_ranks(self.local_ranks_filter))
+        object.__setattr__(self, "faults", as_faults(self.faults))
 
     @classmethod
-    def from_keywords(cls, race_waivers: Sequence[str] | None = None, **options: Any) -> RunOptions:
-        """The options of ``simdist.run(..., **options)`` (``race_waivers=None`` is none)."""
-        return cls(race_waivers=() if race_waivers is None else race_waivers, **options)  # type: ignore[arg-type]
+    def from_keywords(
+        cls, race_waivers: Sequence[str] | None = None, faults: Sequence[Any] | None = None, **options: Any
+    ) -> RunOptions:
+        """The options of ``simdist.run(..., **options)`` (``race_waivers=None`` and ``faults=None`` are none)."""
+        return cls(
+            race_waivers=() if race_waivers is None else race_waivers,  # type: ignore[arg-type]
+            faults=as_faults(faults),
+            **options,
+        )
 
     def resolved(self) -> RunOptions:
         """These options with the environment's defaults filled in (``races``, ``watchdog``)."""

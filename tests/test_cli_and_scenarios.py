@@ -458,3 +458,14 @@ def test_any_source_order_scenario_finds_replays_and_counts_the_failing_orders(t
     assert "failing arrival orders: [10, 30, 20], [20, 10, 30], [20, 30, 10], [30, 10, 20], [30, 20, 10]" in out.stdout
     check_report("any_source_order", out, tmp_path)
     check_golden("any_source_order", out, tmp_path, update_golden)
+
+
+def test_elastic_restart_scenario_resumes_from_its_checkpoint_and_ends_as_one_process(tmp_path, update_golden):
+    out = run_scenario("elastic_restart", tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    verdicts = lines[next(i for i, l in enumerate(lines) if l.startswith("expectation")) + 1 :]
+    assert len(verdicts) == 7 and all(" PASS " in l for l in verdicts), "\n".join(verdicts)
+    summary = json.loads((tmp_path / "elastic_restart.json").read_text())
+    assert summary["crash"]["resumed_from"] == 4 and summary["node_loss"]["world"] == 2
+    check_golden("elastic_restart", out, tmp_path, update_golden)

@@ -95,6 +95,9 @@ class SimProcessGroup(dist.ProcessGroup):
         writes: list[torch.Tensor] = (),  # type: ignore[assignment]
     ) -> SimWork:
         """Issue this rank's part of ``spec``; ``reads``/``writes`` are the user buffers it owns until waited."""
+        crashes = self.sim.crashes
+        if crashes is not None:
+            crashes.before_collective(self.global_rank)
         for observe in ISSUE_OBSERVERS:
             observe(self, spec.name, list(writes))
         with internal():
@@ -120,7 +123,10 @@ class SimProcessGroup(dist.ProcessGroup):
             f"(issued at {site})"
         )
         work = SimWork(sim, desc, outputs, self.state.timeout)
-        work.group_state, work.seq, work.rank = self.state, seq, self.global_rank
+        work.group_state, work.seq, work.rank, work.op_name = self.state, seq, self.global_rank, spec.name
+        if self.state.timeout is not None and self.state.backend_name == "nccl":
+            sizes = spec.sizes()  # what NCCL's watchdog names if it times out
+            work.numel = (sizes.in_nelems, sizes.out_nelems)
         if sim.races.enabled:
             sim.races.issue(self.global_rank, work, spec.name, seq, self.state.name, site, list(reads), list(writes))
         call = Call(spec, self.grank, site, work, spec.signature(), ready_at)

@@ -46,6 +46,11 @@ class RankAbort(BaseException):
     """
 
 
+class RankCrashed(RankAbort):
+    """Raised inside every thread of a rank whose process died (a crash fault), wherever it waits, until it
+    ends: the process is gone, so none of its threads takes another step in simulated time."""
+
+
 @dataclass
 class RankState:
     """Book-keeping for one rank thread."""
@@ -90,6 +95,8 @@ class RankState:
     in_user: bool = False
     #: the watchdog has sent this thread an asynchronous RankAbort
     interrupted: bool = False
+    #: why the rank's process died (a crash fault), on the rank's own state; None while it lives
+    crashed: str | None = None
 
     @property
     def owner(self) -> RankState:
@@ -171,6 +178,8 @@ class Baton:
         self.on_stall: Callable[[], BaseException | None] | None = None
         #: threads the watchdog could not unwind (stuck inside C code); they are left behind as daemons
         self.abandoned: list[RankState] = []
+        #: whether a rank has crashed (see :meth:`mark_crashed`): waits look for their rank's death only then
+        self.any_crashed = False
 
     # ----------------------------------------------------------------- rank side
     def block(self, event: simpy.Event, description: str) -> Any:
@@ -183,6 +192,8 @@ class Baton:
         self._leave_user_code(state)
         if self.aborting:
             raise RankAbort()
+        if self.any_crashed and state.owner.crashed is not None:
+            raise RankCrashed(state.owner.crashed)
         if not event.processed:
             state.waiting_on = description
             event.callbacks.append(lambda _ev, s=state: self._resume(s))
@@ -191,6 +202,8 @@ class Baton:
         state.in_user = True
         if self.aborting:
             raise RankAbort()
+        if self.any_crashed and state.owner.crashed is not None:
+            raise RankCrashed(state.owner.crashed)
         if not event.ok:
             raise event.value
         return event.value
@@ -385,6 +398,8 @@ class Baton:
             try:
                 if self.aborting:
                     raise RankAbort()
+                if state.owner.crashed is not None:
+                    raise RankCrashed(state.owner.crashed)
                 if state.body is not None:
                     state.result = state.body()
                 else:
@@ -421,6 +436,29 @@ class Baton:
                 tb = tb.tb_next
             exc = exc.with_traceback(tb)
             threading.excepthook(threading.ExceptHookArgs((type(exc), exc, tb, threading.current_thread())))
+
+    def mark_crashed(self, rank: int, why: str) -> None:
+        """Record that ``rank``'s process died (``why``): its threads raise :class:`RankCrashed` at their next wait.
+        The calling rank's own thread raises it itself; :meth:`crash` ends the threads that wait."""
+        self.ranks[rank].crashed = why
+        self.any_crashed = True
+
+    def crash(self, rank: int, why: str) -> str | None:
+        """End ``rank``'s process now (simpy side): each of its threads raises :class:`RankCrashed` where it
+        waits, or as it starts. Returns what its own thread was waiting on (None: it had finished, had not started
+        or had already crashed, its other threads then ending now).
+        """
+        owner = self.ranks[rank]
+        first = owner.crashed is None
+        if first:
+            self.mark_crashed(rank, why)
+        where = owner.waiting_on if first and owner.started and not owner.finished else None
+        # threads a rank started and its callback thread die with it; each is parked in its hand-back (no rank
+        # runs while the simpy thread does), so resuming it makes its wait raise
+        for state in [owner, *(c for c in self.children if c.parent is owner)]:
+            if state.started and not state.finished and state.thread is not None and not self.is_abandoned(state):
+                self._resume(state)
+        return where
 
     def start_all(self) -> None:
         """Start every rank at simulated time 0, in rank order."""

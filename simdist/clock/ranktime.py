@@ -21,6 +21,7 @@ every stream is the host's own time, so side streams change nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import simpy
@@ -36,6 +37,9 @@ class RankTime:
         self.baton = baton
         #: whether hosts enqueue compute and go on (GPU under NCCL-like progress), or wait for it
         self.host_runs_ahead = host_runs_ahead
+        #: ``slowdown(rank, start)``: the factor a straggler's op starting at ``start`` (seconds) takes longer by;
+        #: None when no rank straggles
+        self.slowdown: Callable[[int, float], float] | None = None
 
     def charge(self, seconds: float) -> tuple[int, float, float, int] | None:
         """Queue ``seconds`` of compute on the calling thread's current stream: (rank, start, end, stream), or
@@ -49,12 +53,18 @@ class RankTime:
             host = self.env.now + state.pending  # a kernel starts no earlier than the host launched it
             if stream == 0:
                 start = max(host, owner.stream_end)
+                if self.slowdown is not None:
+                    seconds *= self.slowdown(state.rank, start)
                 owner.stream_end = start + seconds
             else:
                 start = max(host, owner.side_ends.get(stream, 0.0))
+                if self.slowdown is not None:
+                    seconds *= self.slowdown(state.rank, start)
                 owner.side_ends[stream] = start + seconds
             return state.rank, start, start + seconds, stream
         start = self.env.now + state.pending
+        if self.slowdown is not None:
+            seconds *= self.slowdown(state.rank, start)
         state.pending += seconds
         return state.rank, start, start + seconds, 0
 

@@ -12,6 +12,7 @@ from simdist.clock.baton import Baton, current_rank_state
 from simdist.clock.ranktime import RankTime
 from simdist.clock.sites import Site, caller_site, torch_scope
 from simdist.comm.callbacks import IDLE, FutureCallbacks
+from simdist.comm.crashes import Crashes
 from simdist.comm.group import GroupState
 from simdist.comm.p2p import P2P
 from simdist.comm.races import RaceDetector
@@ -81,6 +82,8 @@ class RunContext:
             self._jitter = perturbation.compute
             self._rng = perturbation.rng("compute")
             self.charge = self._charge_perturbed  # type: ignore[method-assign]
+        #: the run's crash faults and the ranks they killed (None: no rank crashes in this run)
+        self.crashes: Crashes | None = None
 
     # ------------------------------------------------------------------ groups
     def group_state(self, key: object, name: str, global_ranks: list[int], timeout: float | None) -> GroupState:
@@ -157,11 +160,15 @@ class RunContext:
             return ""
         missing = st.missing_ranks(work.seq)
         if missing:
-            return f"Not issued by {format_ranks(missing)}."
+            crashed = f" {self.crashes.note(missing)}" if self.crashes is not None else ""
+            return f"Not issued by {format_ranks(missing)}.{crashed}"
         running = getattr(work, "messages", None)
+        crashed = ""
+        if self.crashes is not None and self.crashes.dead:
+            crashed = " " + self.crashes.note([st.global_ranks[r] for r in range(st.size)])
         if running is None:
-            return "Every rank issued it."
-        return "Every rank issued it; it was still running. Its schedule:\n" + running.progress()
+            return "Every rank issued it." + crashed
+        return f"Every rank issued it; it was still running.{crashed} Its schedule:\n" + running.progress()
 
     def stall_report(self) -> DeadlockError:
         """The error raised when every unfinished rank is blocked and nothing is scheduled.
@@ -183,7 +190,7 @@ class RunContext:
         frames = sys._current_frames()
         for s in self.baton.ranks:
             prefix = f"rank {s.rank} "
-            what = "finished" if s.finished else (s.waiting_on or "blocked")
+            what = ("crashed" if s.crashed else "finished") if s.finished else (s.waiting_on or "blocked")
             # which step of torch's own loop (a schedule's action) the rank is blocked in
             scope = "" if s.finished or s.thread is None else torch_scope(frames.get(s.thread.ident))
             states.append((s.rank, what.removeprefix(prefix) + (f"; blocked in torch's {scope}" if scope else "")))

@@ -16,6 +16,8 @@ import torch
 
 from simdist.algorithms import Msg, format_schedule, reduce_ops
 from simdist.comm.ordering import GlooResult
+from simdist.errors import LinkFailureError
+from simdist.ranks import format_ranks
 from simdist.trace.trace import Message
 
 if TYPE_CHECKING:  # annotations only: the run's context imports the machinery, not the other way
@@ -111,10 +113,16 @@ class ScheduleRun:
         if self.order is not None and m.kind == "reduce":
             self.order.capture(m.src, m.slo, m.shi)
         payload = buf[m.slo : m.shi].clone() if count and buf is not None else None
-        self.sim.network.send(
-            self.global_ranks[m.src], self.global_ranks[m.dst], count * self.itemsize, self._arrive, (m, payload),
-            self.pace,
-        )
+        try:
+            self.sim.network.send(
+                self.global_ranks[m.src], self.global_ranks[m.dst], count * self.itemsize, self._arrive, (m, payload),
+                self.pace,
+            )
+        except LinkFailureError as e:
+            raise LinkFailureError(
+                f"{self.name.split(':', 1)[-1]} on global {format_ranks(self.global_ranks)} cannot send its step "
+                f"{m.step} message from rank {self.global_ranks[m.src]} to rank {self.global_ranks[m.dst]}: {e}"
+            ) from None
 
     def _arrive(self, ev: object) -> None:
         m, payload = ev.value  # type: ignore[attr-defined]

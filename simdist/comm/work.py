@@ -16,10 +16,23 @@ from torch.futures import Future
 from simdist.clock.baton import current_rank_state
 from simdist.comm.drain import drain_at_end_of_backward
 from simdist.comm.thread_world import acting_as
-from simdist.errors import SimTimeoutError
+from simdist.errors import ProcessTornDown, SimTimeoutError
 
 if TYPE_CHECKING:  # annotations only: the run's context imports the machinery, not the other way
     from simdist.comm.context import RunContext
+
+
+#: values of ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` with which NCCL's watchdog takes the process down on an error or a
+#: timeout (1: TearDown, 3: SkipCleanUp; 0 and 2 leave the process running)
+TEAR_DOWN = ("1", "3")
+#: ProcessGroupNCCL's ``OpType`` names where they are not the op's name without underscores
+_OP_TYPES = {
+    "reduce_scatter": "REDUCE_SCATTER",
+    "reduce_scatter_tensor": "_REDUCE_SCATTER_BASE",
+    "all_gather_into_tensor": "_ALLGATHER_BASE",
+    "all_to_all_single": "ALLTOALL_BASE",
+    "all_to_all": "ALLTOALL",
+}
 
 
 class SimFuture(Future):
@@ -248,10 +261,31 @@ class SimWork(dist.Work):
         deadline = env.timeout(limit)
         self.sim.baton.block(env.any_of([self.event, deadline]), self.description)
         if not self.event.triggered:
-            raise SimTimeoutError(
-                f"Timed out after {limit:g} s of simulated time: {self.description}. "
-                + self.sim.who_is_missing(self)
-            )
+            text = f"Timed out after {limit:g} s of simulated time: {self.description}. " + self.sim.who_is_missing(self)
+            state = getattr(self, "group_state", None)
+            if state is not None and state.backend_name == "nccl":
+                text = f"{self._watchdog_text(limit)} {text}"
+                handling = os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "").strip()
+                if handling in TEAR_DOWN:
+                    raise ProcessTornDown(
+                        f"{text}\nSome NCCL operations have failed or timed out. Due to the asynchronous nature of CUDA "
+                        f"kernels, subsequent GPU operations might run on corrupted/incomplete data. To avoid data "
+                        f"inconsistency, we are taking the entire process down. (TORCH_NCCL_ASYNC_ERROR_HANDLING="
+                        f"{handling} in rank {self.rank}'s environment: NCCL's watchdog ends the process)"
+                    )
+            raise SimTimeoutError(text)
+
+    def _watchdog_text(self, limit: float) -> str:
+        """The line ProcessGroupNCCL's watchdog logs for this work when it times out."""
+        name = getattr(self, "op_name", "")
+        op = _OP_TYPES.get(name, name.replace("_", "").upper())
+        numel = getattr(self, "numel", None)
+        numel_text = f", NumelIn={numel[0]}, NumelOut={numel[1]}" if numel is not None else ""
+        ms = round(limit * 1000)
+        return (
+            f"[Rank {self.rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={self.seq + 1}, "
+            f"OpType={op}{numel_text}, Timeout(ms)={ms}) ran for {ms} milliseconds before timing out."
+        )
 
     def is_completed(self) -> bool:
         """Whether the operation has finished at the calling rank's current simulated time.

@@ -23,6 +23,7 @@ from simdist.clock.perturbation import Perturbation
 from simdist.clock.schedule import PerturbedEnvironment, TieChooser
 from simdist.comm import thread_world
 from simdist.comm.context import RunContext
+from simdist.comm.crashes import Crashes
 from simdist.comm.races import Race, RaceCheckMode
 from simdist.comm.thread_world import acting_as
 from simdist.compute.cost import ComputeCostMode
@@ -44,7 +45,9 @@ from simdist.errors import (
     SimdistError,
     safe_str,
 )
+from simdist.faults.plan import check_world, counted_crashes, straggling, timed_crashes
 from simdist.network.cluster import Cluster
+from simdist.network.faulty import LinkFaults
 from simdist.options import RunOptions
 from simdist.ranks import ranges
 from simdist.trace.trace import Trace
@@ -102,6 +105,10 @@ class RunResult:
     #: with ``compute=simdist.profile(PATH)``: how many ops the profile timed, how many the model priced
     #: (which, and their share of compute time), summed over ranks; None otherwise
     profile: ReplayStats | None = None
+    #: under torchrun's restarts (``run_script(..., max_restarts=N)``): how many times the job was restarted
+    #: before this, its last attempt, and each failed attempt's error text, in order
+    restarts: int = 0
+    failures: list[str] = dataclasses.field(default_factory=list)
 
     def save_report(self, path: str | Path, *, real: Any = None) -> Path:
         """Write this run's self-contained HTML report (timeline, collectives, breakdown, memory, races) to ``path``.
@@ -157,6 +164,7 @@ def run(
     prefix_output: bool = False,
     local_ranks_filter: Sequence[int] | None = None,
     perturbation: Perturbation | None = None,
+    faults: Sequence[Any] | None = None,
 ) -> RunResult:
     """Run ``fn(*args, **kwargs)`` on every rank of ``cluster`` in simulated time.
 
@@ -191,7 +199,9 @@ def run(
     ``perturbation`` (a :class:`simdist.Perturbation`) draws the choices a run leaves open: the order of events
     due at the same simulated time, latency and compute jitter, ``then()`` callback order (see
     ``docs/explore.md``); None runs exactly the unperturbed run.
-    Runs from several Python threads execute one after another.
+    ``faults`` lists what goes wrong during the run (``simdist.faults``: crashed ranks, stragglers, slow, flapping
+    and failed links, delayed messages, lost nodes); a rank that crashed makes the run raise
+    :class:`RankCrashError`. Runs from several Python threads execute one after another.
     Raises :class:`RankError` if a rank raised, or the diagnosis (mismatch, deadlock) that stopped the run.
     """
     state = current_rank_state()
@@ -214,6 +224,7 @@ def run(
         default_group=default_group,
         prefix_output=prefix_output,
         local_ranks_filter=local_ranks_filter,
+        faults=faults,
     ).resolved()
     if perturbation is not None and not isinstance(perturbation, Perturbation):
         raise RunArgumentError(
@@ -415,6 +426,7 @@ def _run(
 
         return run_as_rank
 
+    crashes = _apply_faults(sim, cluster, options)
     baton.on_stall = sim.stall_report
     with run_context(sim, n, local_world) as shared, per_rank_generators(generators), rank_threads(baton, in_rank), (
         tracking_hooks() if options.memory else contextlib.nullcontext()
@@ -424,6 +436,12 @@ def _run(
     if observed is not None and isinstance(env, PerturbedEnvironment):
         observed.decisions = env.decisions
         observed.agents = len(env.agents)
+    if crashes is not None and crashes.dead:
+        try:
+            _raise_failure(baton)
+        except SimdistError as failure:
+            raise crashes.error(failure.__cause__ if isinstance(failure, RankError) else failure) from failure
+        raise crashes.error(None)
     _raise_failure(baton)
     for t in trackers:
         for time, totals in t.samples:
@@ -457,6 +475,22 @@ def _run(
         p2p_sites=sim.p2p_sites,
         profile=replay.stats if replay is not None else None,
     )
+
+
+def _apply_faults(sim: RunContext, cluster: Cluster, options: RunOptions) -> Crashes | None:
+    """Put the run's faults in place (checked against ``cluster`` first): stragglers on the ranks' compute, link
+    faults on the network, crashes on the clock. Returns the crashes (None: no rank crashes)."""
+    faults = options.faults
+    if not faults:
+        return None
+    check_world(faults, cluster.world_size, cluster.ranks_per_node, cluster.name)
+    sim.time.slowdown = straggling(faults)
+    sim.network.faults = LinkFaults(cluster, faults)
+    if not timed_crashes(faults, cluster.ranks_per_node) and not counted_crashes(faults):
+        return None
+    crashes = sim.crashes = Crashes(sim, faults)
+    crashes.schedule()
+    return crashes
 
 
 @contextlib.contextmanager

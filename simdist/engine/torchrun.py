@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import functools
 import os
 import sys
 import traceback
@@ -24,6 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from simdist.engine import elastic
 from simdist.engine.rank_process import own_main_module
 from simdist.engine.runner import RunResult, run
 from simdist.errors import RankExit, RunArgumentError
@@ -41,6 +43,8 @@ def run_script(
     argv: Sequence[str] = (),
     entry: str | None = None,
     prefix_output: bool = True,
+    max_restarts: int = 0,
+    nnodes: int | str | None = None,
     **options: Any,
 ) -> RunResult:
     """Run the script at ``path`` on every rank of ``cluster``, as ``simdist run path [options] -- argv`` does.
@@ -49,6 +53,9 @@ def run_script(
     return value is None. With ``entry`` every rank calls the script's function of that name and returns what it
     returns. Rank code reads ``sys.argv`` as ``[path, *argv]`` in both. ``prefix_output`` starts each line rank
     code writes with ``[rankN]:``; ``options`` are :func:`simdist.run`'s (``local_ranks_filter``, ``seed``, ...).
+    ``max_restarts`` and ``nnodes`` are torchrun's ``--max-restarts`` and ``--nnodes N|MIN:MAX``: a failed attempt
+    (a rank that raised or crashed) restarts every rank, on the surviving nodes if a node was lost
+    (:mod:`simdist.engine.elastic`).
     Raises :class:`ScriptError` when the script cannot be read or compiled, or lacks ``entry``.
     """
     for name in _SET_BY_RUN_SCRIPT:
@@ -62,11 +69,16 @@ def run_script(
             f"argv must be a list of the script's arguments (strings), got {type(argv).__name__} {argv!r:.60}"
         )
     rank_argv = [os.fspath(path), *argv]
+    launcher: Callable[..., RunResult] = run
+    if max_restarts or nnodes is not None:
+        if isinstance(cluster, str):
+            cluster = Cluster.load(cluster)
+        launcher = functools.partial(elastic.launch, max_restarts=max_restarts, nnodes=nnodes)
     if entry is not None:
-        return run(load_entry(path, entry), cluster, argv=rank_argv, prefix_output=prefix_output, **options)
+        return launcher(load_entry(path, entry), cluster, argv=rank_argv, prefix_output=prefix_output, **options)
     program = ScriptProgram.load(path)
     with program.importable():
-        return run(
+        return launcher(
             program.main, cluster, argv=rank_argv, default_group=False, prefix_output=prefix_output, **options
         )
 

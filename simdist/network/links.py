@@ -10,6 +10,10 @@ A paced transfer (``pace=(latency, seconds_per_byte)``) reserves the same links 
 seconds_per_byte``, and arrives ``latency`` after it leaves: a collective timed by NCCL's model sends every
 message so, so that its uncontended time is the model's while it still waits for, and delays, other
 transfers on the links it crosses.
+
+Under link faults (:class:`~simdist.network.faulty.LinkFaults`) a transfer takes the route still up when it is
+sent, starts once its flapping links are up, moves at each link's bandwidth times its factor at that start,
+and arrives after the added latencies and message delays on top; a crashed rank's messages never leave.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from typing import Any
 import simpy
 from simpy.core import NORMAL
 from simpy.events import Event
+
+from simdist.network.faulty import LinkFaults
 
 
 class Network:
@@ -34,6 +40,8 @@ class Network:
         self._routes: dict[tuple[int, int], tuple[tuple[int, ...], float, float]] = {}
         #: messages sent so far (``RunResult.messages``)
         self.messages = 0
+        #: the run's link faults, or None (the plain model below)
+        self.faults: LinkFaults | None = None
         perturbation = getattr(env, "perturbation", None)
         if perturbation is not None:
             self._jitter = perturbation.latency
@@ -69,6 +77,9 @@ class Network:
         """
         env = self.env
         now = env.now
+        faults = self.faults
+        if faults is not None and src in faults.dead:
+            return  # its process is gone: nothing it would send leaves
         self.messages += 1
         ev = Event(env)
         ev._ok = True
@@ -77,6 +88,9 @@ class Network:
         if src == dst:
             ev.start = now  # type: ignore[attr-defined]
             env.schedule(ev, NORMAL, 0.0)
+            return
+        if faults is not None:
+            self._send_faulty(faults, src, dst, nbytes, ev, pace)
             return
         hit = self._routes.get((src, dst))
         route, inv_bw, lat = hit if hit is not None else self._route(src, dst)
@@ -103,9 +117,13 @@ class Network:
         pace: tuple[float, float] | None = None,
     ) -> None:
         """:meth:`send` in a perturbed run: the latency stretched by the run's jitter, arrivals between one pair
-        of ranks kept in order, and the links and receiver reported to the clock (its partial-order reduction)."""
+        of ranks kept in order, and the links and receiver reported to the clock (its partial-order reduction);
+        link faults apply as in :meth:`send`."""
         env = self.env
         now = env.now
+        faults = self.faults
+        if faults is not None and src in faults.dead:
+            return  # its process is gone: nothing it would send leaves
         self.messages += 1
         ev = Event(env)
         ev._ok = True
@@ -117,14 +135,17 @@ class Network:
             ev.start = now  # type: ignore[attr-defined]
             env.schedule(ev, NORMAL, 0.0)
             return
-        route, inv_bw, lat = self._route(src, dst)
-        if pace is not None:
-            lat, inv_bw = pace
-        free = self._free_at
-        start = max([now, *(free[i] for i in route)])
-        leave = start + nbytes * inv_bw
-        for i in route:
-            free[i] = leave
+        if faults is not None:
+            route, start, leave, lat = self._faulty_timing(faults, src, dst, nbytes, pace)
+        else:
+            route, inv_bw, lat = self._route(src, dst)
+            if pace is not None:
+                lat, inv_bw = pace
+            free = self._free_at
+            start = max([now, *(free[i] for i in route)])
+            leave = start + nbytes * inv_bw
+            for i in route:
+                free[i] = leave
         env.touch([("link", i) for i in route])  # type: ignore[attr-defined]
         ev.start = start  # type: ignore[attr-defined]
         arrive = leave + lat
@@ -136,3 +157,36 @@ class Network:
                 arrive = max(arrive, before_jittered)
             self._last[(src, dst)] = (modelled, arrive)
         env.schedule(ev, NORMAL, arrive - now)
+
+    def _faulty_timing(
+        self, faults: LinkFaults, src: int, dst: int, nbytes: int, pace: tuple[float, float] | None
+    ) -> tuple[tuple[int, ...], float, float, float]:
+        """A transfer's route, start, departure and latency under link faults (the same figures where no fault
+        applies); reserves its links until it has left."""
+        now = self.env.now
+        route = faults.route(src, dst, now)
+        free = self._free_at
+        start = max([now, *(free[i] for i in route)])
+        start = faults.up_at(route, start)
+        factors, added = faults.slowdown(route, start)
+        if pace is not None:
+            lat, inv_bw = pace
+            inv_bw /= min(factors, default=1.0)
+            lat += added
+        else:
+            bw = min((self._bw[i] * f for i, f in zip(route, factors)), default=float("inf"))
+            inv_bw = 1.0 / bw
+            lat = sum(self._lat[i] for i in route) + added
+        lat += faults.delay(src, dst, now)
+        leave = start + nbytes * inv_bw
+        for i in route:
+            free[i] = leave
+        return tuple(route), start, leave, lat
+
+    def _send_faulty(
+        self, faults: LinkFaults, src: int, dst: int, nbytes: int, ev: Event, pace: tuple[float, float] | None
+    ) -> None:
+        """:meth:`send`'s timing under link faults (the same figures where no fault applies)."""
+        _, start, leave, lat = self._faulty_timing(faults, src, dst, nbytes, pace)
+        ev.start = start  # type: ignore[attr-defined]
+        self.env.schedule(ev, NORMAL, leave + lat - self.env.now)

@@ -17,15 +17,19 @@ PS_PER_S = 1e12
 
 
 class Router:
-    """Routes over directed links ``(src index, dst index, latency seconds)``, numbered by position."""
+    """Routes over directed links ``(src index, dst index, latency seconds)``, numbered by position; the links
+    in ``down`` keep their numbers but carry nothing (a failed link)."""
 
-    def __init__(self, vertices: int, world_size: int, links: Sequence[tuple[int, int, float]]) -> None:
+    def __init__(
+        self, vertices: int, world_size: int, links: Sequence[tuple[int, int, float]], down: frozenset[int] = frozenset()
+    ) -> None:
         self.world_size = world_size
         #: per vertex: (neighbour index, link id, latency in ps)
         self._out: list[list[tuple[int, int, int]]] = [[] for _ in range(vertices)]
         self._link_src: list[int] = []
         for link_id, (src, dst, latency) in enumerate(links):
-            self._out[src].append((dst, link_id, round(latency * PS_PER_S)))
+            if link_id not in down:
+                self._out[src].append((dst, link_id, round(latency * PS_PER_S)))
             self._link_src.append(src)
         self._trees: dict[int, array] = {}
         self._keys: dict[int, list[tuple[int, int, int] | None]] = {}
