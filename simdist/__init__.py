@@ -13,6 +13,19 @@ from simdist.compute.profile import Profile, ReplayStats, profile
 from simdist.engine.api import charge, now, set_algorithms, synchronize
 from simdist.engine.runner import RunResult, install_report_writer, run
 from simdist.engine.torchrun import run_script
+from simdist.explore import (
+    CheckFailed,
+    ExplorationError,
+    Exploration,
+    Failure,
+    NondeterminismError,
+    Perturbation,
+    ReplayTokenError,
+    ReplayWarning,
+    SearchSpaceError,
+    explore,
+    replay,
+)
 from simdist.errors import (
     ClusterSpecError,
     CollectiveMismatchError,
@@ -47,6 +60,17 @@ install_report_writer(write_run_report)
 install_equivalence_writer(write_equivalence_report)
 
 __all__ = [
+    "CheckFailed",
+    "Exploration",
+    "ExplorationError",
+    "Failure",
+    "NondeterminismError",
+    "Perturbation",
+    "ReplayTokenError",
+    "ReplayWarning",
+    "SearchSpaceError",
+    "explore",
+    "replay",
     "CalibrationError",
     "Cluster",
     "ClusterSpecError",

@@ -48,6 +48,8 @@ from simdist.errors import (
     RankError,
     SimdistError,
 )
+from simdist.explore.api import STRATEGIES, default_workers, explore
+from simdist.explore.program import Program
 from simdist.faults import Fault
 from simdist.network import Cluster
 from simdist.network.cluster import check_collective_model
@@ -366,6 +368,49 @@ def cmd_clusters(args: argparse.Namespace) -> int:
     return 0
 
 
+def _jitter(text: str) -> dict[str, float]:
+    """``latency=0.2,compute=0.1``: relative jitter per scheduling point."""
+    out: dict[str, float] = {}
+    for part in filter(None, text.split(",")):
+        key, _, value = part.partition("=")
+        try:
+            out[key.strip()] = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected KEY=AMOUNT pairs such as latency=0.2,compute=0.1, got {text!r}"
+            ) from None
+    return out
+
+
+def cmd_explore(args: argparse.Namespace) -> int:
+    """Run a script under many perturbations and report what fails (``simdist explore``)."""
+    cluster = _cluster(args.cluster, args.world_size)
+    program = Program(script=os.path.abspath(args.script), entry=args.entry, argv=tuple(args.script_args))
+    ScriptProgram.load(program.script)  # a missing or broken script is refused before any run
+    print(
+        f"exploring {args.script} on {cluster.name} ({cluster.world_size} ranks): {args.runs} runs, strategy "
+        f"{args.strategy}" + (f" (depth {args.depth})" if args.strategy == "pct" else "") + f", {args.workers} workers"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaceWarning)
+        ex = explore(
+            program, cluster, runs=args.runs, strategy=args.strategy, depth=args.depth, seed=args.seed,
+            jitter=args.jitter, workers=args.workers, progress=args.progress, races=args.races,
+            watchdog=args.watchdog, prefix_output=not args.no_prefix,
+        )
+    print(ex.summary())
+    for kind, found in ex.by_kind().items():
+        first = found[0]
+        message = str(first.error).splitlines()[0] if str(first.error) else ""
+        print(f"first {kind}: run {first.run}, trace {first.trace_hash[:16]}: {message}")
+    if args.tokens is not None:
+        failures = [{"run": f.run, "kind": f.kind, "error": str(f.error).splitlines()[0] if str(f.error) else "",
+                     "replay": json.loads(f.replay)} for f in ex.failures]
+        args.tokens.write_text(json.dumps(failures, indent=1))
+        print(f"replay tokens of {len(failures)} failures written to {args.tokens} (simdist.replay(fn, cluster, token))")
+    return 1 if ex.failures else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and documentation)."""
     p = argparse.ArgumentParser(prog="simdist", description=__doc__.split("\n\n")[0])
@@ -465,6 +510,30 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how collectives are timed (default: the cluster's own; see docs/nccl.md)")
     b.set_defaults(func=cmd_bench)
 
+    x = sub.add_parser(
+        "explore", help="run SCRIPT under many perturbations (tie orders, jitter) and report the runs that fail",
+        usage="simdist explore SCRIPT [options] [-- SCRIPT_ARGS ...]",
+    )
+    x.add_argument("script", help="a Python file, run as simdist run runs it (or its --entry function)")
+    x.add_argument("--cluster", default="switch", help="preset name or .toml/.json cluster file (default: switch)")
+    x.add_argument("--world-size", type=positive, default=None, help="number of ranks (sizes a preset; checks a file)")
+    x.add_argument("--entry", default=None, metavar="NAME", help="call SCRIPT's function NAME on every rank")
+    x.add_argument("--runs", type=positive, default=100, help="how many runs (the bound of --strategy exhaustive; default: 100)")
+    x.add_argument("--strategy", default="random", choices=STRATEGIES, help="how runs are perturbed (default: random)")
+    x.add_argument("--depth", type=positive, default=2, help="with --strategy pct: the bug depth searched for (default: 2)")
+    x.add_argument("--seed", type=_seed, default=0, help="the exploration's seed (default 0)")
+    x.add_argument("--jitter", type=_jitter, default=None, metavar="latency=A,compute=B",
+                   help="stretch latencies and op times by random factors up to 1 + A and 1 + B (random and pct)")
+    x.add_argument("--workers", type=positive, default=default_workers(),
+                   help="processes that run the exploration (default: every core this process may use)")
+    x.add_argument("--tokens", type=_output_file, default=None, metavar="FILE.json",
+                   help="write each failure's replay token here")
+    x.add_argument("--progress", default="nccl", choices=PROGRESS_MODES, help="backend progress semantics")
+    x.add_argument("--races", default="warn", choices=RACE_MODES, help="race detector (default: warn)")
+    x.add_argument("--watchdog", type=_seconds, default=None, metavar="SECONDS", help="as for simdist run")
+    x.add_argument("--no-prefix", action="store_true", help="leave the ranks' output lines unprefixed")
+    x.set_defaults(func=cmd_explore, script_args=[])
+
     rp = sub.add_parser("report", help="(re)build DIR/index.html linking every HTML report in DIR")
     rp.add_argument("directory", help="the directory the reports were written to, e.g. reports/")
     rp.set_defaults(func=cmd_report)
@@ -490,8 +559,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     if script_args is not None:
-        if args.command != "run":
-            parser.error(f"arguments after -- are a script's arguments, taken by simdist run only; found them after simdist {args.command}")
+        if args.command not in ("run", "explore"):
+            parser.error(
+                f"arguments after -- are a script's arguments, taken by simdist run and explore only; found them after "
+                f"simdist {args.command}"
+            )
         args.script_args = script_args
     try:
         return args.func(args)

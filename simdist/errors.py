@@ -52,11 +52,16 @@ class RankError(SimdistError):
         self.rank = rank
         self.exc = exc
         self.traceback_text = traceback_text
+        self.others = others
         extra = f" ({format_ranks(others)} also raised)" if others else ""
         super().__init__(
             f"rank {rank} raised {type(exc).__name__}: {safe_str(exc)}{extra}\n"
             f"--- traceback of rank {rank} ---\n{traceback_text}"
         )
+
+    def __reduce__(self) -> tuple:
+        # rebuilt from its fields, as an exploration's worker process sends it back
+        return (type(self), (self.rank, self.exc, self.traceback_text, self.others))
 
 
 class InvalidArgumentError(SimdistError, RuntimeError, ValueError):

@@ -40,7 +40,7 @@ LAYERS: tuple[Layer, ...] = (
           "and reduce-op records and algorithms as message schedules, the faults a run can meet as records"),
     Layer("clock and rank threads", ("simdist.clock",),
           "the simpy clock, one thread per rank and the baton passed between them, each rank's pending compute, "
-          "call sites"),
+          "call sites, perturbations and the clock that breaks ties by them"),
     Layer("network", ("simdist.network",),
           "the cluster graph and its checks, routing, builders, presets, config files, timed transfers over links"),
     Layer("communication", ("simdist.comm",),
@@ -59,6 +59,9 @@ LAYERS: tuple[Layer, ...] = (
     Layer("equivalence oracle", ("simdist.oracle",),
           "`check_equivalence`: capture, assembly of sharded tensors, comparison, localisation"),
     Layer("reports", ("simdist.report",), "self-contained HTML pages of runs, checks and scenarios, and their index"),
+    Layer("exploration", ("simdist.explore",),
+          "`simdist.explore` and `simdist.replay`: strategies over perturbed runs (random, PCT, exhaustive with "
+          "partial-order reduction), replay tokens, the determinism self-check, the local process pool"),
     Layer("tools", ("simdist", "simdist.cli", "simdist.bench", "simdist.calibrate", "simdist.script"),
           "the public API (and the composition root that fills the extension points), the command line, "
           "`simdist bench`, `simdist calibrate`, loading scripts"),

@@ -448,6 +448,18 @@ def test_hotpath_buffer_race_on_a_real_worker(capsys):
     assert "the current policy failed in" in capsys.readouterr().out
 
 
+def test_any_source_order_scenario_finds_replays_and_counts_the_failing_orders(tmp_path, update_golden):
+    out = run_scenario("any_source_order", tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    verdicts = lines[next(i for i, l in enumerate(lines) if l.startswith("expectation")) + 1 :]
+    assert len(verdicts) == 5 and all(" PASS " in l for l in verdicts), "\n".join(verdicts)
+    # the exhaustive search names every permutation of the three results but rank order
+    assert "failing arrival orders: [10, 30, 20], [20, 10, 30], [20, 30, 10], [30, 10, 20], [30, 20, 10]" in out.stdout
+    check_report("any_source_order", out, tmp_path)
+    check_golden("any_source_order", out, tmp_path, update_golden)
+
+
 def test_elastic_restart_scenario_resumes_from_its_checkpoint_and_ends_as_one_process(tmp_path, update_golden):
     out = run_scenario("elastic_restart", tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr

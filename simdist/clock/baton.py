@@ -237,6 +237,7 @@ class Baton:
         child = RankState(rank, parent=owner, body=body, done=self.env.event(), started=True, service=service)
         self.children.append(child)
         ev = self.env.event()
+        ev.owner_rank = rank  # type: ignore[attr-defined]  # whose step it is, when a perturbed run orders ties
         ev.callbacks.append(lambda _ev, s=child: self._resume(s))
         ev.succeed()
         if thread is None:
@@ -463,6 +464,7 @@ class Baton:
         """Start every rank at simulated time 0, in rank order."""
         for state in self.ranks:
             ev = self.env.event()
+            ev.owner_rank = state.rank  # type: ignore[attr-defined]  # see spawn
             ev.callbacks.append(lambda _ev, s=state: self._resume(s))
             ev.succeed()
 

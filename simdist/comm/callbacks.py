@@ -30,6 +30,9 @@ class FutureCallbacks:
         self._queues: dict[int, deque[Callable[[], Any]]] = {}
         self._wake: dict[int, simpy.Event] = {}
         self._threads: dict[int, RankState] = {}
+        perturbation = getattr(env, "perturbation", None)
+        #: draws which due completion runs next in a perturbed run (None: the order they were posted)
+        self._rng = perturbation.rng("callbacks") if perturbation is not None and perturbation.callbacks else None
 
     def post(self, rank: int, complete: Callable[[], Any]) -> None:
         """Run ``complete()`` (which runs the future's callbacks) in ``rank``'s callback thread, now."""
@@ -49,6 +52,8 @@ class FutureCallbacks:
         with acting_as(rank):
             while True:
                 while queue:
+                    if self._rng is not None and len(queue) > 1:
+                        queue.rotate(-self._rng.randrange(len(queue)))
                     queue.popleft()()
                 wake = self._wake[rank] = self.env.event()
                 self.baton.block(wake, IDLE)

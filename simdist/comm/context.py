@@ -77,6 +77,11 @@ class RunContext:
         self.backend_name = options.backend_name
         #: whether rank code sees simulated CUDA devices (the cluster's device is a GPU model)
         self.emulates_cuda = False
+        perturbation = getattr(env, "perturbation", None)
+        if perturbation is not None and perturbation.compute:
+            self._jitter = perturbation.compute
+            self._rng = perturbation.rng("compute")
+            self.charge = self._charge_perturbed  # type: ignore[method-assign]
         #: the run's crash faults and the ranks they killed (None: no rank crashes in this run)
         self.crashes: Crashes | None = None
 
@@ -100,6 +105,12 @@ class RunContext:
                 self.trace.compute(span[0], name, span[1], span[2])
             if name in HOST_READS:
                 self.synchronize_stream()
+
+    def _charge_perturbed(self, seconds: float, name: str) -> None:
+        """:meth:`charge` in a perturbed run: ``seconds`` stretched by the run's compute jitter."""
+        if seconds > 0 and current_rank_state() is not None:
+            seconds *= 1.0 + self._jitter * self._rng.random()
+        RunContext.charge(self, seconds, name)
 
     def launch(self, seconds: float) -> None:
         """The calling rank's host spends ``seconds`` launching a kernel (see ``RankTime.launch``)."""

@@ -19,6 +19,8 @@ import torch.distributed as dist
 
 from simdist.c10d import backend
 from simdist.clock.baton import Baton, RankState, current_rank_state
+from simdist.clock.perturbation import Perturbation
+from simdist.clock.schedule import PerturbedEnvironment, TieChooser
 from simdist.comm import thread_world
 from simdist.comm.context import RunContext
 from simdist.comm.crashes import Crashes
@@ -161,6 +163,7 @@ def run(
     default_group: bool = True,
     prefix_output: bool = False,
     local_ranks_filter: Sequence[int] | None = None,
+    perturbation: Perturbation | None = None,
     faults: Sequence[Any] | None = None,
 ) -> RunResult:
     """Run ``fn(*args, **kwargs)`` on every rank of ``cluster`` in simulated time.
@@ -193,6 +196,9 @@ def run(
     ``math.inf`` turns it off). ``argv`` is what ``sys.argv`` reads in rank code, each rank its own list (default:
     the process's). ``prefix_output=True`` starts each line rank code writes to ``sys.stdout``/``sys.stderr``
     with ``[rankN]:``, and ``local_ranks_filter`` shows only the output of those local ranks (as torchrun's options).
+    ``perturbation`` (a :class:`simdist.Perturbation`) draws the choices a run leaves open: the order of events
+    due at the same simulated time, latency and compute jitter, ``then()`` callback order (see
+    ``docs/explore.md``); None runs exactly the unperturbed run.
     ``faults`` lists what goes wrong during the run (``simdist.faults``: crashed ranks, stragglers, slow, flapping
     and failed links, delayed messages, lost nodes); a rank that crashed makes the run raise
     :class:`RankCrashError`. Runs from several Python threads execute one after another.
@@ -220,8 +226,44 @@ def run(
         local_ranks_filter=local_ranks_filter,
         faults=faults,
     ).resolved()
+    if perturbation is not None and not isinstance(perturbation, Perturbation):
+        raise RunArgumentError(
+            f"perturbation must be a simdist.Perturbation (or None), got {type(perturbation).__name__} {perturbation!r:.60}"
+        )
     with _RUN_LOCK:
-        return _run(fn, cluster, args, kwargs or {}, options)
+        return _run(fn, cluster, args, kwargs or {}, options, perturbation)
+
+
+@dataclass
+class Observed:
+    """What a perturbed run leaves besides its result, filled in even when the run raises (exploration reads it)."""
+
+    #: the run's trace so far
+    trace: Trace | None = None
+    #: the option taken at each decision (a tie between several agents' events)
+    decisions: list[int] = dataclasses.field(default_factory=list)
+    #: the agents seen at decisions
+    agents: int = 0
+
+
+def run_observed(
+    fn: Callable[..., Any],
+    cluster: Cluster | str,
+    options: RunOptions,
+    perturbation: Perturbation,
+    observed: Observed,
+    chooser: TieChooser | None = None,
+    args: tuple = (),
+    kwargs: dict[str, Any] | None = None,
+) -> RunResult:
+    """:func:`run` with validated ``options`` under ``perturbation``, its ties broken by ``chooser`` (default: the
+    one ``perturbation.ties`` names), recording into ``observed``."""
+    state = current_rank_state()
+    if state is not None:
+        raise SimdistError(_nested_run_message(state))
+    _check_arguments(fn, args, kwargs)
+    with _RUN_LOCK:
+        return _run(fn, cluster, args, kwargs or {}, options.resolved(), perturbation, observed, chooser)
 
 
 def _nested_run_message(state: RankState) -> str:
@@ -239,7 +281,16 @@ def _nested_run_message(state: RankState) -> str:
     )
 
 
-def _run(fn: Callable[..., Any], cluster: Cluster | str, args: tuple, kwargs: dict[str, Any], options: RunOptions) -> RunResult:
+def _run(
+    fn: Callable[..., Any],
+    cluster: Cluster | str,
+    args: tuple,
+    kwargs: dict[str, Any],
+    options: RunOptions,
+    perturbation: Perturbation | None = None,
+    observed: Observed | None = None,
+    chooser: TieChooser | None = None,
+) -> RunResult:
     """:func:`run` once the run lock is held."""
     if dist.is_initialized() and not backend.installed():
         raise RuntimeError(
@@ -260,7 +311,9 @@ def _run(fn: Callable[..., Any], cluster: Cluster | str, args: tuple, kwargs: di
     )
     tr = Trace(options.trace)
     generators = RankGenerators(options.seed)
-    env = simpy.Environment()
+    env = simpy.Environment() if perturbation is None else PerturbedEnvironment(perturbation, chooser)
+    if observed is not None:
+        observed.trace = tr
     baton = Baton(
         env,
         n,
@@ -380,6 +433,9 @@ def _run(fn: Callable[..., Any], cluster: Cluster | str, args: tuple, kwargs: di
     ), emulated(sim, device, local_world, cuda) if gpu else refused(sim):
         baton.run()
     stats = [t.close() for t in trackers]
+    if observed is not None and isinstance(env, PerturbedEnvironment):
+        observed.decisions = env.decisions
+        observed.agents = len(env.agents)
     if crashes is not None and crashes.dead:
         try:
             _raise_failure(baton)

@@ -42,6 +42,14 @@ class Network:
         self.messages = 0
         #: the run's link faults, or None (the plain model below)
         self.faults: LinkFaults | None = None
+        perturbation = getattr(env, "perturbation", None)
+        if perturbation is not None:
+            self._jitter = perturbation.latency
+            self._rng = perturbation.rng("latency")
+            #: (src, dst) -> when its last message arrives, without and with jitter: jitter never lets a message
+            #: overtake an earlier one that the model delivers first
+            self._last: dict[tuple[int, int], tuple[float, float]] = {}
+            self.send = self._send_perturbed  # type: ignore[method-assign]
 
     def _route(self, src: int, dst: int) -> tuple[tuple[int, ...], float, float]:
         key = (src, dst)
@@ -99,12 +107,63 @@ class Network:
         ev.start = start  # type: ignore[attr-defined]
         env.schedule(ev, NORMAL, leave + lat - now)
 
-    def _send_faulty(
-        self, faults: LinkFaults, src: int, dst: int, nbytes: int, ev: Event, pace: tuple[float, float] | None
+    def _send_perturbed(
+        self,
+        src: int,
+        dst: int,
+        nbytes: int,
+        callback: Callable[[Event], None],
+        value: Any,
+        pace: tuple[float, float] | None = None,
     ) -> None:
-        """:meth:`send`'s timing under link faults (the same figures where no fault applies)."""
+        """:meth:`send` in a perturbed run: the latency stretched by the run's jitter, arrivals between one pair
+        of ranks kept in order, and the links and receiver reported to the clock (its partial-order reduction);
+        link faults apply as in :meth:`send`."""
         env = self.env
         now = env.now
+        faults = self.faults
+        if faults is not None and src in faults.dead:
+            return  # its process is gone: nothing it would send leaves
+        self.messages += 1
+        ev = Event(env)
+        ev._ok = True
+        ev._value = value
+        ev.callbacks.append(callback)
+        ev.arrives_at = dst  # type: ignore[attr-defined]
+        ev.owner_rank = src  # type: ignore[attr-defined]  # a sender's messages to one rank keep their order
+        if src == dst:
+            ev.start = now  # type: ignore[attr-defined]
+            env.schedule(ev, NORMAL, 0.0)
+            return
+        if faults is not None:
+            route, start, leave, lat = self._faulty_timing(faults, src, dst, nbytes, pace)
+        else:
+            route, inv_bw, lat = self._route(src, dst)
+            if pace is not None:
+                lat, inv_bw = pace
+            free = self._free_at
+            start = max([now, *(free[i] for i in route)])
+            leave = start + nbytes * inv_bw
+            for i in route:
+                free[i] = leave
+        env.touch([("link", i) for i in route])  # type: ignore[attr-defined]
+        ev.start = start  # type: ignore[attr-defined]
+        arrive = leave + lat
+        if self._jitter:
+            modelled = arrive
+            arrive = leave + lat * (1.0 + self._jitter * self._rng.random())
+            before, before_jittered = self._last.get((src, dst), (0.0, 0.0))
+            if modelled >= before:  # the model keeps this pair's order: so does the jitter
+                arrive = max(arrive, before_jittered)
+            self._last[(src, dst)] = (modelled, arrive)
+        env.schedule(ev, NORMAL, arrive - now)
+
+    def _faulty_timing(
+        self, faults: LinkFaults, src: int, dst: int, nbytes: int, pace: tuple[float, float] | None
+    ) -> tuple[tuple[int, ...], float, float, float]:
+        """A transfer's route, start, departure and latency under link faults (the same figures where no fault
+        applies); reserves its links until it has left."""
+        now = self.env.now
         route = faults.route(src, dst, now)
         free = self._free_at
         start = max([now, *(free[i] for i in route)])
@@ -122,5 +181,12 @@ class Network:
         leave = start + nbytes * inv_bw
         for i in route:
             free[i] = leave
+        return tuple(route), start, leave, lat
+
+    def _send_faulty(
+        self, faults: LinkFaults, src: int, dst: int, nbytes: int, ev: Event, pace: tuple[float, float] | None
+    ) -> None:
+        """:meth:`send`'s timing under link faults (the same figures where no fault applies)."""
+        _, start, leave, lat = self._faulty_timing(faults, src, dst, nbytes, pace)
         ev.start = start  # type: ignore[attr-defined]
-        env.schedule(ev, NORMAL, leave + lat - now)
+        self.env.schedule(ev, NORMAL, leave + lat - self.env.now)

@@ -1,0 +1,28 @@
+"""Exploration: run a program under many perturbations (tie orders, jitter) and collect what fails, replayably."""
+
+from simdist.clock.perturbation import Perturbation
+from simdist.explore.api import STRATEGIES, explore, replay
+from simdist.explore.errors import (
+    CheckFailed,
+    ExplorationError,
+    NondeterminismError,
+    ReplayTokenError,
+    ReplayWarning,
+    SearchSpaceError,
+)
+from simdist.explore.exploration import Exploration, Failure
+
+__all__ = [
+    "STRATEGIES",
+    "CheckFailed",
+    "Exploration",
+    "ExplorationError",
+    "Failure",
+    "NondeterminismError",
+    "Perturbation",
+    "ReplayTokenError",
+    "ReplayWarning",
+    "SearchSpaceError",
+    "explore",
+    "replay",
+]

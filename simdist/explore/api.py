@@ -1,0 +1,336 @@
+"""``simdist.explore`` and ``simdist.replay``."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import os
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from typing import Any
+
+from simdist.clock.perturbation import Perturbation
+from simdist.engine.runner import Observed, RunResult, run_observed
+from simdist.explore import exhaustive, token
+from simdist.explore.errors import ExplorationError, ReplayWarning, SearchSpaceError
+from simdist.explore.exploration import Exploration, Failure
+from simdist.explore.program import Program, code_hash
+from simdist.explore.runs import Outcome, Task, execute, run_task, verify
+from simdist.network.cluster import Cluster
+from simdist.options import RunOptions
+
+#: the search strategies
+STRATEGIES = ("random", "pct", "exhaustive")
+#: the jitter keys (relative: 0.2 stretches each latency or op by up to 20%)
+JITTER_KEYS = ("latency", "compute")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How an exploration searches: :func:`explore`'s own keywords, checked once where they are made."""
+
+    runs: int = 100
+    strategy: str = "random"
+    depth: int = 2
+    seed: int = 0
+    #: relative jitter per point (``latency``, ``compute``), every key filled in
+    jitter: Mapping[str, float] = field(default_factory=dict)
+    check: Callable[[RunResult], Any] | None = None
+    workers: int = 1
+    #: called with each run's outcome as it is found (in the order found), e.g. by a progress bar
+    on_run: Callable[[Outcome], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ExplorationError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r:.40}")
+        for name, least in (("runs", 1), ("depth", 1), ("workers", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ExplorationError(f"{name} must be an int >= {least}, got {value!r:.40}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ExplorationError(f"seed must be an int, got {self.seed!r:.40}")
+        object.__setattr__(self, "jitter", _jitter(self.jitter))
+        if self.strategy == "exhaustive" and any(self.jitter.values()):
+            raise ExplorationError(
+                f"exhaustive search enumerates tie orders and draws nothing: jitter={dict(self.jitter)} would make "
+                "its runs random; leave jitter out, or use strategy='random' or 'pct'"
+            )
+        for name in ("check", "on_run"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise ExplorationError(
+                    f"{name} must be a function of a run's result (or None), got {type(value).__name__}"
+                )
+
+
+def explore(
+    fn: Callable[..., Any] | Program,
+    cluster: Cluster | str,
+    *,
+    runs: int = 100,
+    strategy: str = "random",
+    depth: int = 2,
+    seed: int = 0,
+    jitter: Mapping[str, float] | None = None,
+    faults: Sequence[Any] = (),
+    check: Callable[[RunResult], Any] | None = None,
+    workers: int = 1,
+    on_run: Callable[[Outcome], None] | None = None,
+    **run_options: Any,
+) -> Exploration:
+    """Run ``fn`` on ``cluster`` up to ``runs`` times, each under another perturbation, and collect the failures.
+
+    ``strategy``: ``"random"`` (each run's ties drawn from a seeded generator), ``"pct"`` (PCT for bugs of
+    ``depth`` ordering constraints), ``"exhaustive"`` (every tie order, with partial-order reduction; a
+    :class:`SearchSpaceError` when more than ``runs`` runs are needed). Run 0 of ``random`` and ``pct`` is the
+    unperturbed run. ``jitter`` stretches message latencies and op times by random factors up to
+    ``1 + jitter[...]`` (random and pct). A run fails when it raises or ``check(result)`` returns False or
+    raises; each failure is replayed twice and its traces compared before it is reported. ``workers > 1`` runs
+    on a local process pool (``fn`` and ``check`` must be importable by name). ``on_run(outcome)`` is called as
+    each run ends. ``run_options`` are :func:`simdist.run`'s. Ctrl-C returns what was found, marked
+    ``interrupted``. ``fn`` may also be a :class:`Program` reference (a script, as ``simdist explore`` passes it).
+    """
+    settings = Settings(runs, strategy, depth, seed, {} if jitter is None else jitter, check, workers, on_run)
+    if faults:
+        raise ExplorationError(
+            "faults need simdist.faults and simdist.run(..., faults=...), which this build does not have yet"
+        )
+    if isinstance(fn, Program):
+        with fn.loaded() as (loaded, extra):
+            return _explore(loaded, fn.to_json(), fn.code_hash(), cluster, settings, {**run_options, **extra})
+    if not callable(fn):
+        raise ExplorationError(f"explore needs a function every rank runs, got {type(fn).__name__} {fn!r:.60}")
+    program = _reference(fn, workers > 1)
+    return _explore(fn, program, code_hash(fn), cluster, settings, run_options)
+
+
+def _explore(
+    fn: Callable[..., Any],
+    program: dict[str, Any],
+    code: str,
+    cluster: Cluster | str,
+    settings: Settings,
+    run_options: dict[str, Any],
+) -> Exploration:
+    """:func:`explore` once ``fn`` is loaded and its reference and code hash known."""
+    if isinstance(cluster, str):
+        cluster = Cluster.load(cluster)
+    if not isinstance(cluster, Cluster):
+        raise ExplorationError(
+            f"explore needs a simdist.Cluster, a preset name or a cluster file; got {type(cluster).__name__}"
+        )
+    options = RunOptions.from_keywords(**run_options)
+    token.options_json(options)  # refuses, before any run, an option a token cannot hold
+    check = settings.check
+    check_ref = _reference(check, settings.workers > 1) if check is not None else None
+    ex = Exploration(settings.strategy)
+
+    def found(outcome: Outcome) -> None:
+        ex.outcomes.append(outcome)
+        if outcome.kind is not None and outcome.error is not None:
+            replay = token.make(
+                perturbation=outcome.perturbation,
+                strategy=settings.strategy,
+                seed=settings.seed,
+                run=outcome.index,
+                cluster=cluster,
+                options=options,
+                faults=[],
+                program=program,
+                code=code,
+            )
+            ex.failures.append(
+                Failure(outcome.index, outcome.kind, outcome.error, replay, outcome.trace_hash)
+            )
+        if settings.on_run is not None:
+            settings.on_run(outcome)
+
+    try:
+        if settings.strategy == "exhaustive":
+            for outcome in _exhaustive(fn, cluster, options, check, settings.runs):
+                found(outcome)
+        else:
+            base = _local(fn, cluster, options, check, 0, Perturbation(ties="fifo", callbacks=False))
+            found(base)
+            plan = [_perturbation(settings, i, base) for i in range(1, settings.runs)]
+            if settings.workers == 1:
+                for i, p in enumerate(plan, start=1):
+                    found(_local(fn, cluster, options, check, i, p))
+            else:
+                config = cluster.to_config()
+                tasks = [Task(i, program, check_ref, config, options, p) for i, p in enumerate(plan, 1)]
+                for outcome in _pool(tasks, settings.workers):
+                    found(outcome)
+    except KeyboardInterrupt:
+        ex.interrupted = True
+    except SearchSpaceError as e:
+        e.exploration = ex  # type: ignore[attr-defined]
+        raise
+    ex.outcomes.sort(key=lambda o: o.index)
+    ex.failures.sort(key=lambda f: f.run)
+    return ex
+
+
+def _jitter(jitter: Mapping[str, float] | None) -> dict[str, float]:
+    """``jitter`` checked: known keys, finite values >= 0."""
+    if jitter is None:
+        return {k: 0.0 for k in JITTER_KEYS}
+    if not isinstance(jitter, Mapping):
+        raise ExplorationError(
+            f"jitter must map {JITTER_KEYS} to relative amounts (0.2: up to 20% longer), got {jitter!r:.60}"
+        )
+    unknown = sorted(set(jitter) - set(JITTER_KEYS))
+    if unknown:
+        raise ExplorationError(f"jitter has unknown keys {unknown}; expected some of {JITTER_KEYS}")
+    out = {}
+    for k in JITTER_KEYS:
+        v = jitter.get(k, 0.0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+            raise ExplorationError(
+                f"jitter[{k!r}] must be a finite number >= 0 (0.2: up to 20% longer), got {v!r:.40}"
+            )
+        out[k] = float(v)
+    return out
+
+
+def _reference(fn: Callable[..., Any], required: bool) -> dict[str, Any]:
+    """``fn``'s reference for tokens and workers: required with workers; else its name as far as it goes."""
+    try:
+        return Program.of(fn).to_json()
+    except ExplorationError:
+        if required:
+            raise
+        return {"module": getattr(fn, "__module__", "") or "", "name": getattr(fn, "__qualname__", repr(fn))}
+
+
+def _seed(seed: int, index: int) -> int:
+    """Run ``index``'s perturbation seed: independent draws for every (seed, run)."""
+    return int.from_bytes(hashlib.sha256(f"simdist-explore:{seed}:{index}".encode()).digest()[:8], "big")
+
+
+def _perturbation(settings: Settings, index: int, base: Outcome) -> Perturbation:
+    """Run ``index``'s perturbation; PCT's k is the number of decisions the unperturbed run met."""
+    jitter = settings.jitter
+    common = {"seed": _seed(settings.seed, index), "latency": jitter["latency"], "compute": jitter["compute"]}
+    if settings.strategy == "pct":
+        return Perturbation(ties="pct", depth=settings.depth, steps=max(len(base.decisions), 1), **common)
+    return Perturbation(ties="random", **common)
+
+
+def _local(
+    fn: Callable[..., Any], cluster: Cluster, options: RunOptions, check: Any, index: int, p: Perturbation
+) -> Outcome:
+    outcome = execute(fn, cluster, options, p, check, index)
+    return verify(outcome, fn, cluster, options, check) if outcome.kind is not None else outcome
+
+
+def _exhaustive(
+    fn: Callable[..., Any], cluster: Cluster, options: RunOptions, check: Any, limit: int
+) -> Iterator[Outcome]:
+    base = Perturbation(ties="choices", callbacks=False)
+    index = 0
+
+    def one(chooser: exhaustive.Enumerator) -> Outcome:
+        outcome = execute(fn, cluster, options, base, check, index, chooser, exhaustive.Pruned)
+        return dataclasses.replace(
+            outcome, perturbation=dataclasses.replace(base, choices=tuple(outcome.decisions))
+        )
+
+    for outcome in exhaustive.search(one, limit):
+        if outcome.kind is not None:
+            outcome = verify(outcome, fn, cluster, options, check)
+        yield outcome
+        index += 1
+
+
+def _pool(tasks: list[Task], workers: int) -> Iterator[Outcome]:
+    """Run ``tasks`` on ``workers`` processes; yields their outcomes in task order.
+
+    The workers fork from a forkserver, a fresh single-threaded process that imported simdist once (forking this
+    process, whose rank threads and torch pools may hold locks, would not be safe; spawning imports torch per
+    worker)."""
+    context = get_context("forkserver")
+    context.set_forkserver_preload(["simdist.explore.runs"])
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)) or 1, mp_context=context)
+    try:
+        futures = [pool.submit(run_task, t) for t in tasks]
+        for fut in futures:
+            yield fut.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def replay(
+    fn: Callable[..., Any] | Program,
+    cluster: Cluster | str,
+    replay_token: str | dict[str, Any],
+    **run_options: Any,
+) -> RunResult:
+    """Run again the run ``replay_token`` records (``Exploration.failures[i].replay``) and return its result.
+
+    The run raises what it raised when explored; the exception carries the trace's hash as ``trace_hash``. A
+    :class:`ReplayWarning` names what changed since the token was written (the program's code, simdist or
+    torch, the cluster). ``run_options`` override the token's (``watchdog=``, ``races=``, ...). ``fn`` may also be
+    a :class:`Program` reference (a script).
+    """
+    if isinstance(fn, Program):
+        with fn.loaded() as (loaded, _):
+            return _replay(loaded, fn.code_hash(), cluster, replay_token, run_options)
+    return _replay(fn, code_hash(fn), cluster, replay_token, run_options)
+
+
+def _replay(
+    fn: Callable[..., Any],
+    code: str,
+    cluster: Cluster | str,
+    replay_token: str | dict[str, Any],
+    run_options: dict[str, Any],
+) -> RunResult:
+    """:func:`replay` once ``fn`` is loaded."""
+    data = token.read(replay_token)
+    if isinstance(cluster, str):
+        cluster = Cluster.load(cluster)
+    if not isinstance(cluster, Cluster):
+        raise ExplorationError(
+            f"replay needs a simdist.Cluster, a preset name or a cluster file; got {type(cluster).__name__}"
+        )
+    changed = token.changes(data, code, cluster)
+    if changed:
+        warnings.warn(
+            ReplayWarning(
+                "replaying a token recorded in other conditions; the run may take other paths: "
+                + "; ".join(changed)
+            ),
+            stacklevel=3,
+        )
+    if data["faults"]:
+        faults_module = _faults_module()
+        [token.fault_from_json(f, faults_module) for f in data["faults"]]
+        raise ExplorationError("the token holds faults, which this build of simdist cannot run yet")
+    options: RunOptions = data["options"]
+    if run_options:
+        options = dataclasses.replace(options, **run_options)
+    observed = Observed()
+    try:
+        return run_observed(fn, cluster, options, data["perturbation"], observed)
+    except Exception as e:
+        e.trace_hash = observed.trace.hash() if observed.trace is not None else ""  # type: ignore[attr-defined]
+        raise
+
+
+def _faults_module() -> Any:
+    try:
+        return importlib.import_module("simdist.faults")
+    except ImportError:
+        raise ExplorationError(
+            "the token holds faults, and this build of simdist has no simdist.faults"
+        ) from None
+
+
+def default_workers() -> int:
+    """All the cores this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
