@@ -61,8 +61,12 @@ BUGS = {1: lambda order: order[0] == 3, 2: lambda order: order == [2, 3, 1]}
 
 
 def hit_rates(runs: int, seeds: int) -> None:
-    print(f"hit rates of planted bugs, {runs} runs per exploration, {seeds} seeds (4 ranks, rank 0 receiving from any source)")
-    print(f"{'bug depth':>9}  {'strategy':<12}  {'hits':>7}  {'rate':>7}  {'PCT bound':>9}  (n agents, k decisions)")
+    print(
+        f"hit rates of planted bugs, {runs} runs per exploration, {seeds} seeds (4 ranks, rank 0 receiving from any source)"
+    )
+    print(
+        f"{'bug depth':>9}  {'strategy':<12}  {'hits':>7}  {'rate':>7}  {'PCT bound':>9}  (n agents, k decisions)"
+    )
     for depth, bug in BUGS.items():
         for strategy in ("random", f"pct d={depth}"):
             hits = total = 0
@@ -70,7 +74,12 @@ def hit_rates(runs: int, seeds: int) -> None:
             for seed in range(seeds):
                 seen: list[list[int]] = []
                 ex = simdist.explore(
-                    arrival_order, CPU4, runs=runs, strategy=strategy.split()[0], depth=depth, seed=seed,
+                    arrival_order,
+                    CPU4,
+                    runs=runs,
+                    strategy=strategy.split()[0],
+                    depth=depth,
+                    seed=seed,
                     check=lambda res, seen=seen: seen.append(res.returns[0]),
                 )
                 n, k = ex.outcomes[0].agents, len(ex.outcomes[0].decisions)
@@ -92,17 +101,23 @@ def overhead(repeats: int) -> None:
         simdist.run(ddp_step, CPU4, perturbation=perturbation)
         perturbed.append(time.perf_counter() - t0)
     a, b = statistics.median(plain), statistics.median(perturbed)
-    print(f"DDP step, 4 ranks: plain {a * 1e3:.1f} ms, perturbed (random ties, jitter) {b * 1e3:.1f} ms: {b / a:.2f}x "
-          f"(medians of {repeats})")
+    print(
+        f"DDP step, 4 ranks: plain {a * 1e3:.1f} ms, perturbed (random ties, jitter) {b * 1e3:.1f} ms: {b / a:.2f}x "
+        f"(medians of {repeats})"
+    )
 
 
 def throughput(runs: int, pool: bool) -> None:
     for workers in (1, 2) if pool else (1,):
         t0 = time.perf_counter()
-        ex = simdist.explore(ddp_step, CPU4, runs=runs, workers=workers, jitter={"latency": 0.2, "compute": 0.1})
+        ex = simdist.explore(
+            ddp_step, CPU4, runs=runs, workers=workers, jitter={"latency": 0.2, "compute": 0.1}
+        )
         wall = time.perf_counter() - t0
-        print(f"explore(ddp_step, runs={runs}, workers={workers}): {ex.runs / wall:.1f} runs/s "
-              f"({wall:.1f} s, worker start-up included)")
+        print(
+            f"explore(ddp_step, runs={runs}, workers={workers}): {ex.runs / wall:.1f} runs/s "
+            f"({wall:.1f} s, worker start-up included)"
+        )
 
 
 def main() -> None:
@@ -112,7 +127,9 @@ def main() -> None:
     ap.add_argument("--skip-pool", action="store_true", help="leave out the 2-worker figure")
     args = ap.parse_args()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load {load:.1f}; torch {torch.__version__}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load {load:.1f}; torch {torch.__version__}"
+    )
     hit_rates(args.runs, args.seeds)
     overhead(20)
     throughput(40, not args.skip_pool)

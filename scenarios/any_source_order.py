@@ -63,17 +63,29 @@ def collect_by_rank() -> list[int] | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=60, help="runs of the PCT exploration (default: %(default)s)")
-    ap.add_argument("--out", type=Path, default=REPORTS, metavar="DIR", help="where the HTML report is written (default: %(default)s)")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=REPORTS,
+        metavar="DIR",
+        help="where the HTML report is written (default: %(default)s)",
+    )
     args = ap.parse_args(argv)
     verdicts: list[tuple[str, bool, str]] = []
     page = simdist.report.ScenarioReport(
-        "A receive from any source", description=__doc__, command=f"python scenarios/any_source_order.py --runs {args.runs}"
+        "A receive from any source",
+        description=__doc__,
+        command=f"python scenarios/any_source_order.py --runs {args.runs}",
     )
 
     seeds = range(5)
     plain = [simdist.run(collect, CLUSTER, seed=s) for s in seeds]
-    print(f"default runs, seeds {seeds.start}..{seeds.stop - 1}: rank 0 got {plain[0].returns[0]} in every run")
-    verdicts.append(("every default run passes", all(r.returns[0] == [10, 20, 30] for r in plain), f"{len(plain)} seeds"))
+    print(
+        f"default runs, seeds {seeds.start}..{seeds.stop - 1}: rank 0 got {plain[0].returns[0]} in every run"
+    )
+    verdicts.append(
+        ("every default run passes", all(r.returns[0] == [10, 20, 30] for r in plain), f"{len(plain)} seeds")
+    )
 
     ex = simdist.explore(collect, CLUSTER, runs=args.runs, strategy="pct", depth=2, seed=0)
     print()
@@ -81,19 +93,25 @@ def main(argv: list[str] | None = None) -> int:
     print(ex.summary())
     page.text("PCT exploration", ex.summary())
     first = ex.failures[0] if ex.failures else None
-    verdicts.append(("pct finds the failing order", first is not None, f"{len(ex.failures)} of {ex.runs} runs fail"))
+    verdicts.append(
+        ("pct finds the failing order", first is not None, f"{len(ex.failures)} of {ex.runs} runs fail")
+    )
     if first is not None:
         print(f"first failure: run {first.run}: {first.error.exc!s}; trace {first.trace_hash[:16]}")
         perturbation = json.loads(first.replay)["perturbation"]
-        print(f"its perturbation: ties={perturbation['ties']} seed={perturbation['seed']} depth={perturbation['depth']} "
-              f"steps={perturbation['steps']}")
+        print(
+            f"its perturbation: ties={perturbation['ties']} seed={perturbation['seed']} depth={perturbation['depth']} "
+            f"steps={perturbation['steps']}"
+        )
         try:
             simdist.replay(collect, CLUSTER, first.replay)
             replayed = ""
         except simdist.RankError as e:
             replayed = e.trace_hash
         print(f"simdist.replay(collect, cluster, token): the same failure, trace {replayed[:16]}")
-        verdicts.append(("replay reproduces it with the same trace", replayed == first.trace_hash, replayed[:16]))
+        verdicts.append(
+            ("replay reproduces it with the same trace", replayed == first.trace_hash, replayed[:16])
+        )
 
     full = simdist.explore(collect, CLUSTER, runs=200, strategy="exhaustive")
     orders = sorted({re.search(r"\[[^\]]*\]", str(f.error.exc)).group() for f in full.failures})
@@ -103,7 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"failing arrival orders: {', '.join(orders)}")
     page.text("Exhaustive search", full.summary() + "\nfailing arrival orders: " + ", ".join(orders))
     verdicts.append(
-        ("exhaustive: every order but rank order fails", len(orders) == 5, f"{len(orders)} failing orders of 3! = 6")
+        (
+            "exhaustive: every order but rank order fails",
+            len(orders) == 5,
+            f"{len(orders)} failing orders of 3! = 6",
+        )
     )
 
     fixed = simdist.explore(collect_by_rank, CLUSTER, runs=200, strategy="exhaustive")

@@ -99,7 +99,6 @@ def ring_once() -> float:
     return float(t.sum())
 
 
-
 def callback_order() -> list[str]:
     """Two async all-reduces of empty tensors on gloo threads complete together; their ``then()`` callbacks log
     the order they ran in."""

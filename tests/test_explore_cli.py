@@ -38,7 +38,9 @@ def script(tmp_path: Path) -> Path:
     return path
 
 
-def test_explore_reports_failures_and_writes_replayable_tokens(script: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_explore_reports_failures_and_writes_replayable_tokens(
+    script: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     tokens = tmp_path / "tokens.json"
     status = main(["explore", str(script), "--world-size", "3", "--runs", "8", "--strategy", "pct", "--workers", "1",
                    "--tokens", str(tokens), "--", "--strict"])  # fmt: skip
@@ -53,12 +55,16 @@ def test_explore_reports_failures_and_writes_replayable_tokens(script: Path, tmp
         simdist.replay(program, cluster, found[0]["replay"])
 
 
-def test_explore_of_a_script_without_failures_exits_0(script: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_explore_of_a_script_without_failures_exits_0(
+    script: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["explore", str(script), "--world-size", "3", "--runs", "4", "--workers", "1"]) == 0
     assert "4 runs (random)" in capsys.readouterr().out
 
 
-def test_explore_refuses_a_missing_script_before_any_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_explore_refuses_a_missing_script_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["explore", str(tmp_path / "nope.py"), "--workers", "1"]) == 2
     err = capsys.readouterr().err
     assert "nope.py" in err and "not found" in err

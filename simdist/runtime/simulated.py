@@ -11,14 +11,17 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import simpy
 import torch
+from simpy.events import NORMAL
 
 from simdist.autograd.executor import use_executor
 from simdist.clock.baton import Baton, RankAbort
+from simdist.clock.perturbation import Perturbation
+from simdist.clock.schedule import PerturbedEnvironment
 from simdist.errors import RankError
 from simdist.runtime.client import Client
 from simdist.runtime.commands import Command, Response
@@ -58,6 +61,10 @@ class Delivery:
 class SimLink:
     """One direction of the channel: FIFO delivery after latency + size / bandwidth + jitter."""
 
+    #: the agent a perturbed run files each direction's deliveries under: one per direction, so that a perturbation
+    #: never reorders deliveries due at the same time on one direction (TCP keeps their order)
+    AGENTS: ClassVar[dict[str, int]] = {"client->worker": -1000, "worker->client": -1001}
+
     def __init__(self, env: simpy.Environment, spec: LinkSpec, rng: np.random.Generator, direction: str, log: list[Delivery]) -> None:
         self.env = env
         self.spec = spec
@@ -75,8 +82,11 @@ class SimLink:
         self._last = arrive
         what = message.describe() if hasattr(message, "describe") else f"response to #{message.seq}"
         self.log.append(Delivery(self.direction, what, sent, arrive))
-        ev = self.env.timeout(arrive - self.env.now)
+        ev = simpy.Event(self.env)  # a timeout, made by hand to carry its agent before it is scheduled
+        ev._ok, ev._value = True, None
+        ev.owner_rank = self.AGENTS.get(self.direction)  # type: ignore[attr-defined]
         ev.callbacks.append(lambda _ev: deliver(message))
+        self.env.schedule(ev, NORMAL, arrive - self.env.now)
 
 
 @dataclass
@@ -102,6 +112,7 @@ def simulate(
     link: LinkSpec | None = None,
     worker: Worker | None = None,
     client_seconds: float = CLIENT_SECONDS_PER_COMMAND,
+    perturbation: Perturbation | None = None,
 ) -> SimRuntimeResult:
     """Run ``fn(*args)`` as the client of a simulated worker; autograd tensors inside it live on the worker.
 
@@ -109,10 +120,17 @@ def simulate(
     Raises :class:`RankError` (rank 0 is the client) if ``fn`` raised, e.g. a ``RemoteError`` from the worker,
     and the worker's own exception if its code raised; either has a ``deliveries`` attribute: the link's
     record up to then.
+    ``perturbation`` (a :class:`simdist.Perturbation`) draws the link's delivery jitter from its own seed instead of
+    ``seed`` and breaks ties between events due at the same time as it says (see ``docs/explore.md``); None keeps
+    the run as it was.
     """
     link = link or LinkSpec()
-    env = simpy.Environment()
-    rng = np.random.default_rng(seed)
+    if perturbation is None:
+        env = simpy.Environment()
+        rng = np.random.default_rng(seed)
+    else:
+        env = PerturbedEnvironment(perturbation)
+        rng = np.random.default_rng(perturbation.rng("delivery").getrandbits(64))
     deliveries: list[Delivery] = []
     to_worker = SimLink(env, link, rng, "client->worker", deliveries)
     to_client = SimLink(env, link, rng, "worker->client", deliveries)
