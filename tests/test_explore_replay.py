@@ -136,9 +136,23 @@ def test_faults_go_into_a_token_as_json_and_come_back_equal() -> None:
         token.fault_json({"rank": 1})
 
 
-def test_explore_refuses_faults_until_simdist_has_them() -> None:
-    with pytest.raises(simdist.ExplorationError, match="faults need simdist.faults"):
-        simdist.explore(fns.returns_rank, CPU4, faults=[Straggler(1, 2.0)])
+def test_explore_runs_under_faults_and_its_tokens_replay_them() -> None:
+    # rank 2 dies at its first collective: every run fails, each token holds the crash, and replaying a token
+    # meets the same crash with the same trace
+    crash = simdist.faults.Crash(rank=2, collective=1)
+    ex = simdist.explore(fns.mixed, CPU4, runs=3, strategy="random", seed=1, faults=[crash])
+    assert ex.runs == 3 and len(ex.failures) == 3
+    failure = ex.failures[1]
+    assert isinstance(failure.error, simdist.RankCrashError), failure.error
+    data = json.loads(failure.replay)
+    assert data["faults"] == [{"type": "Crash", **{k: v for k, v in crash.to_json().items() if k != "type"}}]
+    assert data["options"]["faults"] == []
+    with pytest.raises(simdist.RankCrashError) as caught:
+        simdist.replay(fns.mixed, CPU4, failure.replay)
+    assert caught.value.trace_hash == failure.trace_hash
+    # without the fault the same runs pass: the crash came from the faults, and replay took it from the token
+    assert not simdist.explore(fns.mixed, CPU4, runs=3, strategy="random", seed=1).failures
+
 
 
 # ---------------------------------------------------------------------- the process pool

@@ -96,9 +96,7 @@ def explore(
     """
     settings = Settings(runs, strategy, depth, seed, {} if jitter is None else jitter, check, workers, on_run)
     if faults:
-        raise ExplorationError(
-            "faults need simdist.faults and simdist.run(..., faults=...), which this build does not have yet"
-        )
+        run_options = {**run_options, "faults": faults}  # a run option: checked with the others, in every run
     if isinstance(fn, Program):
         with fn.loaded() as (loaded, extra):
             return _explore(loaded, fn.to_json(), fn.code_hash(), cluster, settings, {**run_options, **extra})
@@ -141,7 +139,7 @@ def _explore(
                 run=outcome.index,
                 cluster=cluster,
                 options=options,
-                faults=[],
+                faults=[token.fault_json(f) for f in options.faults],
                 program=program,
                 code=code,
             )
@@ -309,11 +307,12 @@ def _replay(
             ),
             stacklevel=3,
         )
-    if data["faults"]:
-        faults_module = _faults_module()
-        [token.fault_from_json(f, faults_module) for f in data["faults"]]
-        raise ExplorationError("the token holds faults, which this build of simdist cannot run yet")
     options: RunOptions = data["options"]
+    if data["faults"]:
+        namespace = _faults_module()
+        options = dataclasses.replace(
+            options, faults=tuple(token.fault_from_json(f, namespace) for f in data["faults"])
+        )
     if run_options:
         options = dataclasses.replace(options, **run_options)
     observed = Observed()

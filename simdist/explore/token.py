@@ -50,6 +50,9 @@ def options_json(options: RunOptions) -> dict[str, Any]:
         )
     out: dict[str, Any] = {}
     for f in dataclasses.fields(options):
+        if f.name == "faults":  # the token's own "faults" list holds them, each as fault_json writes it
+            out[f.name] = []
+            continue
         value = getattr(options, f.name)
         out[f.name] = list(value) if isinstance(value, tuple) else value
     return out
