@@ -17,6 +17,7 @@ from typing import Any
 import networkx as nx
 
 from simdist.algorithms import nccl
+from simdist.compute.devicefile import device_config, is_builtin
 from simdist.compute.devices import DeviceSpec, get_device
 from simdist.errors import ClusterSpecError
 from simdist.network.builders import ClusterBuilders
@@ -257,7 +258,10 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
         cluster: dict[str, Any] = {
             "name": self.name,
             "world_size": self.world_size,
-            "device": self.device_name,
+            # a device built by hand or fitted by calibrate keeps its figures; a built-in one is named
+            "device": self.device_name
+            if isinstance(self.device, str) or is_builtin(self.device)
+            else device_config(self.device),
         }
         if self.switches:
             cluster["switches"] = list(self.switches)  # keeps switch order, hence link numbering

@@ -23,6 +23,7 @@ from typing import Any
 import networkx as nx
 from typing_extensions import Self
 
+from simdist.compute.devicefile import device_from_config
 from simdist.errors import ClusterSpecError
 from simdist.network.builders import BUILDERS
 from simdist.network.graph import positive_int, suggest, world_size_within_limit
@@ -177,13 +178,21 @@ def _nodes(params: dict[str, Any], world_size: int) -> tuple[int | None, int | N
     return used, per_node
 
 
+def _toml_table(header: str, table: Mapping[str, Any]) -> list[str]:
+    """``table`` as TOML lines under ``[header]``: its values first, then each nested table as ``[header.key]``."""
+    lines = [
+        f"[{header}]",
+        *(f"{k} = {_toml_value(v)}" for k, v in table.items() if not isinstance(v, Mapping)),
+    ]
+    for key, value in table.items():
+        if isinstance(value, Mapping) and value:
+            lines += ["", *_toml_table(f"{header}.{key}", value)]
+    return lines
+
+
 def config_to_toml(config: Mapping[str, Any]) -> str:
     """Return the config mapping made by ``Cluster.to_config`` as TOML text."""
-    cluster = dict(config["cluster"])
-    algorithms = cluster.pop("algorithms", None)
-    lines = ["[cluster]", *(f"{k} = {_toml_value(v)}" for k, v in cluster.items())]
-    if algorithms:
-        lines += ["", "[cluster.algorithms]", *(f"{k} = {_toml_value(v)}" for k, v in algorithms.items())]
+    lines = _toml_table("cluster", config["cluster"])
     for link in config.get("links", []):
         lines += ["", "[[links]]", *(f"{k} = {_toml_value(v)}" for k, v in link.items())]
     return "\n".join(lines) + "\n"
@@ -260,6 +269,8 @@ class ClusterFiles:
                 f"found {', '.join(forms) if forms else 'none of them'}"
             )
         params = {k: v for k, v in table.items() if k not in ("preset", "builder", "world_size")}
+        if "device" in params:
+            params["device"] = device_from_config(params["device"])
         if "world_size" in table:
             file_size = positive_int(table["world_size"], "[cluster] world_size")
             world_size_within_limit(file_size, "[cluster] world_size")
