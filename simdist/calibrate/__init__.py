@@ -7,13 +7,15 @@
     fit.cluster.save("mine.toml")  # simdist.Cluster.from_file("mine.toml") loads it
 
 ``samples`` holds the measurements and refuses what a fit cannot trust; ``nccltests`` reads nccl-tests' text,
-``records`` a real timeline, ``measure`` times a sweep on real gloo processes, ``fit`` fits the alpha-beta model.
+``records`` a real timeline, ``measure`` times a sweep on real gloo processes, ``fit`` fits the alpha-beta model,
+``device`` fits a device's compute figures to a torch profiler trace (``calls`` rebuilds its ops on meta tensors).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from simdist.calibrate.device import DeviceFit, PricedOp, fit_device, predict
 from simdist.calibrate.fit import BANDS, Fit, Residual, fit
 from simdist.calibrate.measure import measure
 from simdist.calibrate.nccltests import BINARIES
@@ -48,12 +50,16 @@ __all__ = [
     "BINARIES",
     "FITTED",
     "CalibrationError",
+    "DeviceFit",
     "Fit",
+    "PricedOp",
     "Residual",
     "Sample",
     "fit",
+    "fit_device",
     "measure",
     "parse_nccl_tests",
+    "predict",
     "read_nccl_tests",
     "read_timeline",
     "timeline_samples",
