@@ -23,6 +23,7 @@ from typing import Any
 import networkx as nx
 from typing_extensions import Self
 
+from simdist.algorithms import nccl
 from simdist.compute.devicefile import device_from_config
 from simdist.errors import ClusterSpecError
 from simdist.network.builders import BUILDERS
@@ -268,9 +269,26 @@ class ClusterFiles:
                 'the [cluster] table needs exactly one of preset = "...", builder = "...", or a [[links]] list; '
                 f"found {', '.join(forms) if forms else 'none of them'}"
             )
-        params = {k: v for k, v in table.items() if k not in ("preset", "builder", "world_size")}
+        params = {k: v for k, v in table.items() if k not in ("preset", "builder", "world_size", "nccl")}
         if "device" in params:
             params["device"] = device_from_config(params["device"])
+        overrides = nccl.Overrides.from_config(table["nccl"]) if "nccl" in table else None
+        cluster = cls._form(config, params, world_size, links)
+        if overrides is not None:
+            if cluster.collective_model != "nccl":
+                raise ClusterSpecError(
+                    "[cluster.nccl] corrects NCCL's model, and this cluster's collectives are timed by the "
+                    f'{cluster.collective_model} model: add collective_model = "nccl" or remove [cluster.nccl]'
+                )
+            cluster.nccl_overrides = overrides
+        return cluster
+
+    @classmethod
+    def _form(
+        cls, config: Mapping[str, Any], params: dict[str, Any], world_size: int | None, links: Any
+    ) -> Self:
+        """The cluster of a preset, a builder or an explicit list of links, as ``config``'s [cluster] says."""
+        table = config["cluster"]
         if "world_size" in table:
             file_size = positive_int(table["world_size"], "[cluster] world_size")
             world_size_within_limit(file_size, "[cluster] world_size")

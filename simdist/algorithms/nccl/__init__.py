@@ -6,12 +6,13 @@
     choice.seconds
 
 ``graphs`` reproduces what NCCL's topology search finds on NVSwitch nodes (channels and bandwidth per
-channel), ``tuning`` transcribes ``src/graph/tuning.cc`` (latencies, bandwidths, the choice), and ``env``
-reads ``NCCL_ALGO`` and ``NCCL_PROTO`` as NCCL does.
+channel), ``tuning`` transcribes ``src/graph/tuning.cc`` (latencies, bandwidths, the choice), ``env``
+reads ``NCCL_ALGO`` and ``NCCL_PROTO`` as NCCL does, and ``overrides`` holds a cluster's fitted corrections.
 """
 
 from simdist.algorithms.nccl.env import Enabled, parse_enabled
 from simdist.algorithms.nccl.graphs import GENERATIONS, Fabric, Graph, fabric, generation_of
+from simdist.algorithms.nccl.overrides import NO_OVERRIDES, Overrides
 from simdist.algorithms.nccl.tuning import (
     ALGORITHMS,
     COLLECTIVES,
@@ -26,11 +27,13 @@ __all__ = [
     "ALGORITHMS",
     "COLLECTIVES",
     "GENERATIONS",
+    "NO_OVERRIDES",
     "PROTOCOLS",
     "Choice",
     "Enabled",
     "Fabric",
     "Graph",
+    "Overrides",
     "candidates",
     "choose",
     "cost",

@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from simdist.algorithms.nccl.overrides import NO_OVERRIDES, Overrides
+
 #: speeds NCCL's search tries, GB/s per channel (search.cc 850-856): before Hopper and on Hopper, inside one
 #: node (no NIC in the topology) and with NICs
 # fmt: off
@@ -76,6 +78,8 @@ class Fabric:
     tree: Graph
     #: NVLink SHARP (in-switch reduction): Hopper and later on NVSwitch nodes only (search.cc 893)
     nvls: Graph | None
+    #: the cluster's corrections of the tuner's latencies and bandwidths (fitted by simdist calibrate)
+    overrides: Overrides = NO_OVERRIDES
 
     @property
     def per_node(self) -> float:

@@ -200,8 +200,8 @@ def cost(
     """NCCL's predicted time of ``collective`` on ``nbytes`` (the whole buffer) with ``algorithm``/``protocol``
     (``ncclTopoGetAlgoTime``, tuning.cc 418-445)."""
     coll = _NCCL_COLL[collective]
-    bw = _bandwidth(coll, algorithm, protocol, fab)
-    lat = _latency(coll, algorithm, protocol, fab)
+    bw = _bandwidth(coll, algorithm, protocol, fab) * fab.overrides.factor(algorithm)
+    lat = max(0.0, _latency(coll, algorithm, protocol, fab) + fab.overrides.latency * 1e6)
     if algorithm == "Tree":
         bw *= _tree_factor(protocol, nbytes, exact)
     comm_channels = min(32, 2 * fab.ring.channels)
