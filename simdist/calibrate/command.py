@@ -7,16 +7,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from simdist.algorithms import nccl
 from simdist.calibrate import read_nccl_tests, read_timeline
 from simdist.calibrate.device import DeviceFit, fit_device
-from simdist.calibrate.fit import fit
+from simdist.calibrate.fit import Fit, fit
 from simdist.calibrate.measure import measure
+from simdist.calibrate.nccl_model import NcclFit, fit_nccl
 from simdist.calibrate.nccltests import BINARIES
 from simdist.calibrate.samples import FITTED, CalibrationError, Sample
 from simdist.compute.devicefile import device_config
 from simdist.compute.devices import DeviceSpec, get_device
 from simdist.compute.profile import parse_trace
 from simdist.network import Cluster
+from simdist.network.models import nccl_knows
 from simdist.units import parse_size
 
 
@@ -78,6 +81,12 @@ def add_parser(sub: Any, output_file: Callable[[str], Path]) -> None:
         help="the fitted cluster's device model, or the base device a GPU trace is fitted onto (default: cpu)",
     )
     c.add_argument("--name", default="calibrated", help="the fitted cluster's name")
+    c.add_argument(
+        "--model",
+        default="auto",
+        choices=("auto", "nccl", "alpha-beta"),
+        help="the collective model fitted: NCCL's (auto: where the device is one it knows) or alpha-beta links",
+    )
     c.set_defaults(func=cmd_calibrate)
 
 
@@ -129,6 +138,14 @@ def _device_fit(args: argparse.Namespace) -> DeviceFit | None:
     return fit_device(trace, base=args.device if get_device(args.device).is_gpu else None)
 
 
+def _fits_nccl(model: str, samples: list[Sample], device: object) -> bool:
+    """Whether to fit NCCL's model: asked for, or (``auto``) GPU measurements of collectives it times, on a
+    device it knows."""
+    if model != "auto":
+        return model == "nccl"
+    return nccl_knows(device) and all(s.collective in nccl.COLLECTIVES for s in samples)
+
+
 def _with_device(cluster: Cluster, spec: str, device: DeviceSpec, name: str) -> Cluster:
     """``cluster`` (named by ``spec``: a preset or a file) with ``device`` as every rank's."""
     config = cluster.to_config()
@@ -153,9 +170,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     device_fit = _device_fit(args)
     if device_fit is not None:
         print(device_fit.report())
+    device = device_fit.device if device_fit else args.device
     if base is None:
-        result = fit(
-            samples, device=device_fit.device if device_fit else args.device, name=args.name, what=what
+        result: Fit | NcclFit = (
+            fit_nccl(samples, device, args.name, what)
+            if _fits_nccl(args.model, samples, device)
+            else fit(samples, device=device, name=args.name, what=what)
         )
         print(result.report())
         cluster = result.cluster

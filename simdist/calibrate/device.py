@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +27,7 @@ import torch
 
 from simdist.calibrate.calls import Call, rebuild
 from simdist.calibrate.samples import CalibrationError
+from simdist.calibrate.search import golden, log_loss
 from simdist.compute import op_cost, op_flops
 from simdist.compute.devices import DeviceSpec, get_device
 from simdist.compute.fusion import is_pointwise
@@ -45,8 +46,6 @@ MIN_BANDWIDTH = 1e8
 MAX_FLOPS = 1e17  # FLOP/s
 MIN_FLOPS = 1e8
 MAX_LAUNCH = 0.01  # seconds
-#: a log error beyond this factor counts linearly, not squared (:func:`_loss`)
-HUBER = 2.0
 #: the op kinds the residuals are reported by, in order
 KINDS = ("matmul", "other FLOPs", "elementwise", "other memory-bound")
 
@@ -169,59 +168,34 @@ def _price(ops: Sequence[_Op], device: DeviceSpec) -> np.ndarray:
     return np.array([op_cost(o.call.func, o.call.args, o.call.kwargs, o.call.out, device) for o in ops])
 
 
-def _golden(loss: Callable[[float], float], lo: float, hi: float, tol: float = 1e-3) -> float:
-    """The ``x`` in [lo, hi] minimising a unimodal ``loss`` (golden-section search)."""
-    g = (math.sqrt(5) - 1) / 2
-    x1, x2 = hi - g * (hi - lo), lo + g * (hi - lo)
-    f1, f2 = loss(x1), loss(x2)
-    while hi - lo > tol:
-        if f1 <= f2:
-            hi, x2, f2 = x2, x1, f1
-            x1 = hi - g * (hi - lo)
-            f1 = loss(x1)
-        else:
-            lo, x1, f1 = x1, x2, f2
-            x2 = lo + g * (hi - lo)
-            f2 = loss(x2)
-    return (lo + hi) / 2
-
-
-def _loss(predicted: np.ndarray, measured: np.ndarray, weight: np.ndarray) -> float:
-    """Weighted Huber loss of the log errors: quadratic within a factor ``HUBER`` of the measurement, linear
-    beyond, so that one call a loaded machine delayed hundreds of times does not decide the fit."""
-    r = np.abs(np.log(predicted / measured))
-    d = math.log(HUBER)
-    return float(np.sum(weight * np.where(r < d, r * r, 2 * d * r - d * d)))
-
-
 def _fit_memory(ops: Sequence[_Op], measured: np.ndarray, weight: np.ndarray) -> tuple[float, float]:
-    """(launch seconds, bytes/s) of ``t = L + bytes / B`` minimising :func:`_loss`."""
+    """(launch seconds, bytes/s) of ``t = L + bytes / B`` minimising :func:`~simdist.calibrate.search.log_loss`."""
     moved = np.array([o.nbytes for o in ops])
 
     def best_bandwidth(launch: float) -> tuple[float, float]:
         def loss(log_bw: float) -> float:
-            return _loss(launch + moved / math.exp(log_bw), measured, weight)
+            return log_loss(launch + moved / math.exp(log_bw), measured, weight)
 
-        log_bw = _golden(loss, math.log(1e3), math.log(MAX_BANDWIDTH * 10))
+        log_bw = golden(loss, math.log(1e3), math.log(MAX_BANDWIDTH * 10))
         return loss(log_bw), math.exp(log_bw)
 
     # the launch overhead lies between none and the fastest op's time; searched on a square-root scale, where
     # microsecond overheads of millisecond-long ops are resolved as finely as those of microsecond-long ones
-    root = _golden(lambda r: best_bandwidth(r * r)[0], 0.0, math.sqrt(float(measured.min())), tol=1e-6)
+    root = golden(lambda r: best_bandwidth(r * r)[0], 0.0, math.sqrt(float(measured.min())), tol=1e-6)
     return root * root, best_bandwidth(root * root)[1]
 
 
 def _fit_rate(
     ops: Sequence[_Op], measured: np.ndarray, weight: np.ndarray, device: DeviceSpec, dtype: torch.dtype
 ) -> float:
-    """The FLOP/s of ``dtype`` minimising :func:`_loss` of ``ops`` on ``device`` (golden section in log)."""
+    """The FLOP/s of ``dtype`` minimising :func:`~simdist.calibrate.search.log_loss` of ``ops`` on ``device`` (golden section in log)."""
 
     def loss(log_rate: float) -> float:
         rate = math.exp(log_rate)
         trial = dataclasses.replace(device, peak_flops={**device.peak_flops, dtype: rate}, tf32_flops=None)
-        return _loss(_price(ops, trial), measured, weight)
+        return log_loss(_price(ops, trial), measured, weight)
 
-    return math.exp(_golden(loss, math.log(1e6), math.log(MAX_FLOPS * 10)))
+    return math.exp(golden(loss, math.log(1e6), math.log(MAX_FLOPS * 10)))
 
 
 def _signature(a: object) -> object:
