@@ -84,8 +84,9 @@ def add_parser(sub: Any, output_file: Callable[[str], Path]) -> None:
     c.add_argument(
         "--model",
         default="auto",
-        choices=("auto", "nccl", "alpha-beta"),
-        help="the collective model fitted: NCCL's (auto: where the device is one it knows) or alpha-beta links",
+        choices=("auto", "nccl", "gloo", "alpha-beta"),
+        help="the collective model fitted: NCCL's (auto: where the device is one it knows), gloo's (auto: a "
+        "--measure sweep alone) or alpha-beta links",
     )
     c.set_defaults(func=cmd_calibrate)
 
@@ -172,10 +173,17 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(device_fit.report())
     device = device_fit.device if device_fit else args.device
     if base is None:
+        gloo = args.model == "gloo" or (args.model == "auto" and args.measure and not args.inputs)
         result: Fit | NcclFit = (
             fit_nccl(samples, device, args.name, what)
             if _fits_nccl(args.model, samples, device)
-            else fit(samples, device=device, name=args.name, what=what)
+            else fit(
+                samples,
+                device=device,
+                name=args.name,
+                what=what,
+                collective_model="gloo" if gloo else "alpha-beta",
+            )
         )
         print(result.report())
         cluster = result.cluster
