@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from simdist import algorithms, calibrate
 from simdist.bench import bench
-from simdist.calibrate import Sample
+from simdist.calibrate import Sample, command
+from simdist.cli import main
 from simdist.errors import ClusterSpecError
 from simdist.network import Cluster
 
@@ -78,3 +79,20 @@ def test_the_fit_prices_gloo_samples_with_gloos_algorithms() -> None:
     assert fit.cluster.collective_model == "gloo" and "(gloo algorithms)" in fit.report()
     # the alpha-beta model reads the same times as a reduce-scatter twice as slow as its closed form
     assert max(abs(r.error) for r in calibrate.fit(samples).residuals) > 0.2
+
+
+def test_a_measure_sweep_is_written_under_the_gloo_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    swept = [
+        Sample("all_reduce", m, 2, _closed("all_reduce", "ring", 2, m), f"--measure {m}")
+        for m in (8, 512, 32768, 1 << 21)
+    ]
+    monkeypatch.setattr(
+        command, "measure", lambda *args, **kwargs: swept
+    )  # no real processes: the sweep's rows
+    assert main(["calibrate", "--measure", "-o", str(tmp_path / "c.toml")]) == 0
+    assert "fitted 2-rank switch cluster (gloo algorithms)" in capsys.readouterr().out
+    assert Cluster.from_file(tmp_path / "c.toml").collective_model == "gloo"
+    assert main(["calibrate", "--measure", "--model", "alpha-beta", "-o", str(tmp_path / "c.toml")]) == 0
+    assert Cluster.from_file(tmp_path / "c.toml").collective_model == "alpha-beta"
