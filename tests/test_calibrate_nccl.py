@@ -85,7 +85,7 @@ def test_fitted_on_half_a_published_table_it_predicts_the_other_half(
             held_out, predict(nccl_cluster(device, 8, 1, "x").nccl_fabric(list(range(8))), held_out)
         )
     )
-    # figures in docs/calibrate.md: A100 23.8% -> 8.8%, H200 6.8% -> 4.4%
+    # figures in docs/calibrate.md: A100 23.8% -> 5.8%, H200 6.8% -> 3.9%
     assert fitted < bound and fitted < plain, (fitted, plain)
 
 

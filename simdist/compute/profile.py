@@ -115,7 +115,9 @@ def parse_trace(path: str | Path) -> KinetoTrace:
         seconds = {id(e): e["dur"] * 1e-6 for e in visible}
         kind = "cpu"
     found = tuple(
-        ProfiledOp(e["name"], _trace_shapes(e["args"]), seconds[id(e)], e["ts"] * 1e-6, e["dur"] * 1e-6, e["args"])
+        ProfiledOp(
+            e["name"], _trace_shapes(e["args"]), seconds[id(e)], e["ts"] * 1e-6, e["dur"] * 1e-6, e["args"]
+        )
         for e in sorted(visible, key=lambda e: (e["ts"], -e["dur"]))
     )
     return KinetoTrace(where, kind, _gpu_name(data) if kind == "gpu" else None, found)
