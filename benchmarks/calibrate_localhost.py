@@ -92,13 +92,16 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=15)
     p.add_argument("--steps", type=int, default=15)
     p.add_argument("--fit", default="all_reduce", help="the collectives the fit sees (comma-separated)")
+    p.add_argument(
+        "--model", default="gloo", choices=("gloo", "alpha-beta"), help="the collective model fitted"
+    )
     args = p.parse_args()
     fitted = tuple(args.fit.split(","))
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} "
           f"(1-minute average), torch {torch.__version__}, {args.ranks} gloo processes")  # fmt: skip
     measured = calibrate.measure(args.ranks, COLLECTIVES, SIZES, iters=args.iters)
     seen = [s for s in measured if s.collective in fitted and SIZES.index(s.nbytes) % 2 == 0]
-    fit = calibrate.fit(seen, device="cpu", name="localhost")
+    fit = calibrate.fit(seen, device="cpu", name="localhost", collective_model=args.model)
     print(fit.report())
     with tempfile.TemporaryDirectory() as tmp:
         fit.cluster.save(f"{tmp}/localhost.toml")

@@ -27,8 +27,9 @@ from simdist.faults.specs import Fault
 #: operations overlap (ProcessGroupGloo's default pool has 2 threads)
 PROGRESS_MODES = ("nccl", "gloo")
 #: how collectives are timed: "alpha-beta" prices each message of the algorithm's schedule on the links it
-#: crosses; "nccl" times the whole call as NCCL's tuner predicts it (simdist.algorithms.nccl)
-COLLECTIVE_MODELS = ("alpha-beta", "nccl")
+#: crosses; "nccl" times the whole call as NCCL's tuner predicts it (simdist.algorithms.nccl); "gloo" prices
+#: messages as "alpha-beta" does, with the algorithms torch's gloo backend runs (simdist.comm.selection)
+COLLECTIVE_MODELS = ("alpha-beta", "nccl", "gloo")
 #: the in-flight buffer race detector: raise at the first race, warn about each distinct race, check nothing
 RACE_MODES = ("error", "warn", "off")
 #: the names a run may present to rank code as its backend (``dist.get_backend()``)
@@ -142,7 +143,9 @@ class RunOptions:
 
     def resolved(self) -> RunOptions:
         """These options with the environment's defaults filled in (``races``, ``watchdog``)."""
-        return dataclasses.replace(self, races=self.races or default_race_mode(), watchdog=watchdog_limit(self.watchdog))
+        return dataclasses.replace(
+            self, races=self.races or default_race_mode(), watchdog=watchdog_limit(self.watchdog)
+        )
 
     def keywords(self) -> dict[str, Any]:
         """The ``simdist.run`` keywords that give these options."""
@@ -156,7 +159,9 @@ def _waiver_texts(waivers: Any) -> tuple[str, ...]:
             f"race_waivers must be a list of site patterns, got the string {waivers!r}; write race_waivers=[{waivers!r}]"
         )
     if not isinstance(waivers, (list, tuple)):
-        raise RunArgumentError(f"race_waivers must be a list of site patterns (strings), got {type(waivers).__name__}")
+        raise RunArgumentError(
+            f"race_waivers must be a list of site patterns (strings), got {type(waivers).__name__}"
+        )
     for i, w in enumerate(waivers):
         if not isinstance(w, str):
             raise RunArgumentError(
@@ -175,7 +180,9 @@ def _argv(argv: Any) -> tuple[str, ...]:
         )
     for i, a in enumerate(argv):
         if not isinstance(a, str):
-            raise RunArgumentError(f"argv[{i}] must be a string, as every item of sys.argv is; got {type(a).__name__} {a!r:.60}")
+            raise RunArgumentError(
+                f"argv[{i}] must be a string, as every item of sys.argv is; got {type(a).__name__} {a!r:.60}"
+            )
     return tuple(argv)
 
 
@@ -199,7 +206,9 @@ def _positive_seconds(source: str, value: Any) -> float:
     except (TypeError, ValueError):
         limit = math.nan
     if isinstance(value, bool) or not limit > 0:
-        raise RunArgumentError(f"{source}={value!r:.60}: expected a positive number of wall-clock seconds (or inf to turn it off)")
+        raise RunArgumentError(
+            f"{source}={value!r:.60}: expected a positive number of wall-clock seconds (or inf to turn it off)"
+        )
     return limit
 
 
@@ -253,13 +262,17 @@ class OracleOptions:
 
     def __post_init__(self) -> None:
         if self.steps is not None and (not _is_int(self.steps) or self.steps < 1):
-            raise RunArgumentError(f"steps must be a positive int (or None for every step), got {self.steps!r:.60}")
+            raise RunArgumentError(
+                f"steps must be a positive int (or None for every step), got {self.steps!r:.60}"
+            )
         _flag("exact", self.exact)
         _flag("localize", self.localize)
         _one_of("loss", self.loss, LOSS_MODES)
         tolerances = {} if self.tolerances is None else self.tolerances
         if not isinstance(tolerances, Mapping) or not all(isinstance(k, torch.dtype) for k in tolerances):
-            raise RunArgumentError(f"tolerances must map torch dtypes to simdist.oracle.Tolerance, got {tolerances!r:.80}")
+            raise RunArgumentError(
+                f"tolerances must map torch dtypes to simdist.oracle.Tolerance, got {tolerances!r:.80}"
+            )
         object.__setattr__(self, "tolerances", dict(tolerances))
         if self.names is not None and not isinstance(self.names, Mapping) and not callable(self.names):
             raise RunArgumentError(
@@ -267,7 +280,11 @@ class OracleOptions:
                 f"name, got {type(self.names).__name__}"
             )
         ignore = self.ignore
-        if isinstance(ignore, str) or not isinstance(ignore, (list, tuple)) or not all(isinstance(p, str) for p in ignore):
+        if (
+            isinstance(ignore, str)
+            or not isinstance(ignore, (list, tuple))
+            or not all(isinstance(p, str) for p in ignore)
+        ):
             raise RunArgumentError(f"ignore must be a list of fnmatch patterns (strings), got {ignore!r:.60}")
         object.__setattr__(self, "ignore", tuple(ignore))
         object.__setattr__(self, "shards", _shard_specs(self.shards))
@@ -278,13 +295,22 @@ def _shard_specs(shards: Any) -> dict[str, ShardSpec]:
     if shards is None:
         return {}
     if not isinstance(shards, Mapping):
-        raise RunArgumentError(f"shards must map name patterns to a dim or (dim, ranks per shard group), got {shards!r:.60}")
+        raise RunArgumentError(
+            f"shards must map name patterns to a dim or (dim, ranks per shard group), got {shards!r:.60}"
+        )
     out: dict[str, ShardSpec] = {}
     for pattern, spec in shards.items():
         if _is_int(spec):
             out[pattern] = (spec, None)
-        elif isinstance(spec, tuple) and len(spec) == 2 and _is_int(spec[0]) and (spec[1] is None or _is_int(spec[1]) and spec[1] >= 1):
+        elif (
+            isinstance(spec, tuple)
+            and len(spec) == 2
+            and _is_int(spec[0])
+            and (spec[1] is None or _is_int(spec[1]) and spec[1] >= 1)
+        ):
             out[pattern] = (spec[0], spec[1])
         else:
-            raise RunArgumentError(f"shards[{pattern!r}] must be a dim (int) or (dim, ranks per shard group), got {spec!r}")
+            raise RunArgumentError(
+                f"shards[{pattern!r}] must be a dim (int) or (dim, ranks per shard group), got {spec!r}"
+            )
     return out

@@ -7,15 +7,19 @@
     fit.cluster.save("mine.toml")  # simdist.Cluster.from_file("mine.toml") loads it
 
 ``samples`` holds the measurements and refuses what a fit cannot trust; ``nccltests`` reads nccl-tests' text,
-``records`` a real timeline, ``measure`` times a sweep on real gloo processes, ``fit`` fits the alpha-beta model.
+``records`` a real timeline, ``measure`` times a sweep on real gloo processes, ``fit`` fits the alpha-beta model,
+``nccl_model`` fits NCCL's model's corrections to nccl-tests times,
+``device`` fits a device's compute figures to a torch profiler trace (``calls`` rebuilds its ops on meta tensors).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from simdist.calibrate.device import DeviceFit, PricedOp, fit_device, predict
 from simdist.calibrate.fit import BANDS, Fit, Residual, fit
 from simdist.calibrate.measure import measure
+from simdist.calibrate.nccl_model import NcclFit, fit_nccl
 from simdist.calibrate.nccltests import BINARIES
 from simdist.calibrate.nccltests import read as parse_nccl_tests
 from simdist.calibrate.records import samples as timeline_samples
@@ -48,12 +52,18 @@ __all__ = [
     "BINARIES",
     "FITTED",
     "CalibrationError",
+    "DeviceFit",
     "Fit",
+    "NcclFit",
+    "PricedOp",
     "Residual",
     "Sample",
     "fit",
+    "fit_device",
+    "fit_nccl",
     "measure",
     "parse_nccl_tests",
+    "predict",
     "read_nccl_tests",
     "read_timeline",
     "timeline_samples",

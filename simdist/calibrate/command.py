@@ -7,11 +7,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from simdist.algorithms import nccl
 from simdist.calibrate import read_nccl_tests, read_timeline
-from simdist.calibrate.fit import fit
+from simdist.calibrate.device import DeviceFit, fit_device
+from simdist.calibrate.fit import Fit, fit
 from simdist.calibrate.measure import measure
+from simdist.calibrate.nccl_model import NcclFit, fit_nccl
 from simdist.calibrate.nccltests import BINARIES
 from simdist.calibrate.samples import FITTED, CalibrationError, Sample
+from simdist.compute.devicefile import device_config
+from simdist.compute.devices import DeviceSpec, get_device
+from simdist.compute.profile import parse_trace
+from simdist.network import Cluster
+from simdist.network.models import nccl_knows
 from simdist.units import parse_size
 
 
@@ -55,8 +63,31 @@ def add_parser(sub: Any, output_file: Callable[[str], Path]) -> None:
     c.add_argument(
         "--in-place", action="store_true", help="fit nccl-tests' in-place times (default: out-of-place)"
     )
-    c.add_argument("--device", default="cpu", help="the fitted cluster's device model (default: cpu)")
+    c.add_argument(
+        "--compute",
+        default=None,
+        metavar="TRACE.json",
+        help="also fit the device's compute figures to a torch profiler trace (Kineto JSON) of one rank's step",
+    )
+    c.add_argument(
+        "--cluster",
+        default=None,
+        metavar="SPEC",
+        help="with --compute and no network input: the cluster (preset or file) to put the fitted device in",
+    )
+    c.add_argument(
+        "--device",
+        default="cpu",
+        help="the fitted cluster's device model, or the base device a GPU trace is fitted onto (default: cpu)",
+    )
     c.add_argument("--name", default="calibrated", help="the fitted cluster's name")
+    c.add_argument(
+        "--model",
+        default="auto",
+        choices=("auto", "nccl", "gloo", "alpha-beta"),
+        help="the collective model fitted: NCCL's (auto: where the device is one it knows), gloo's (auto: a "
+        "--measure sweep alone) or alpha-beta links",
+    )
     c.set_defaults(func=cmd_calibrate)
 
 
@@ -86,9 +117,42 @@ def gather(args: argparse.Namespace) -> list[Sample]:
         if args.world_size < 2:
             raise CalibrationError(f"--world-size {args.world_size}: the sweep needs at least 2 ranks")
         from_inputs += measure(args.world_size, sizes=_sizes(args.sizes))
-    if not args.inputs and not args.measure:
-        raise CalibrationError("give nccl-tests output files, real timeline directories, or --measure")
+    if not args.inputs and not args.measure and args.compute is None:
+        raise CalibrationError(
+            "give nccl-tests output files, real timeline directories, --measure, or --compute TRACE.json"
+        )
     return from_inputs
+
+
+def _device_fit(args: argparse.Namespace) -> DeviceFit | None:
+    """The device fitted to ``--compute``'s trace (onto ``--device`` for a GPU trace), or None without one."""
+    if args.compute is None:
+        return None
+    trace = parse_trace(args.compute)
+    if trace.kind == "cpu":
+        if get_device(args.device).is_gpu:
+            raise CalibrationError(
+                f"{args.compute} is a CPU trace (no GPU kernels in it): it fits this machine's CPU, not a "
+                f"{args.device}; leave --device out, or profile on the GPU with ProfilerActivity.CUDA"
+            )
+        return fit_device(trace)
+    return fit_device(trace, base=args.device if get_device(args.device).is_gpu else None)
+
+
+def _fits_nccl(model: str, samples: list[Sample], device: object) -> bool:
+    """Whether to fit NCCL's model: asked for, or (``auto``) GPU measurements of collectives it times, on a
+    device it knows."""
+    if model != "auto":
+        return model == "nccl"
+    return nccl_knows(device) and all(s.collective in nccl.COLLECTIVES for s in samples)
+
+
+def _with_device(cluster: Cluster, spec: str, device: DeviceSpec, name: str) -> Cluster:
+    """``cluster`` (named by ``spec``: a preset or a file) with ``device`` as every rank's."""
+    config = cluster.to_config()
+    config["cluster"]["device"] = device_config(device)
+    config["cluster"]["name"] = name
+    return Cluster.from_config(config, source=spec)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -96,9 +160,38 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.output is not None and args.output.suffix.lower() not in (".toml", ".json"):
         raise CalibrationError(f"-o {str(args.output)!r}: a cluster file ends in .toml or .json")
     what = ", ".join(args.inputs + (["--measure"] if args.measure else [])) or "the input"
-    result = fit(gather(args), device=args.device, name=args.name, what=what)
-    print(result.report())
+    samples = gather(args)
+    if args.compute is not None and not samples and args.cluster is None:
+        raise CalibrationError(
+            f"--compute {args.compute} fits a device, and a cluster file needs a network too: give network "
+            f"measurements (nccl-tests output, a timeline, --measure) or the cluster to put the device in "
+            f"(--cluster dgx-a100, --cluster mine.toml)"
+        )
+    base = Cluster.load(args.cluster) if args.cluster is not None and not samples else None
+    device_fit = _device_fit(args)
+    if device_fit is not None:
+        print(device_fit.report())
+    device = device_fit.device if device_fit else args.device
+    if base is None:
+        gloo = args.model == "gloo" or (args.model == "auto" and args.measure and not args.inputs)
+        result: Fit | NcclFit = (
+            fit_nccl(samples, device, args.name, what)
+            if _fits_nccl(args.model, samples, device)
+            else fit(
+                samples,
+                device=device,
+                name=args.name,
+                what=what,
+                collective_model="gloo" if gloo else "alpha-beta",
+            )
+        )
+        print(result.report())
+        cluster = result.cluster
+    else:
+        assert device_fit is not None
+        cluster = _with_device(base, args.cluster, device_fit.device, args.name)
+        print(f"the fitted device put in {args.cluster}: {cluster.world_size} ranks")
     if args.output is not None:
-        result.cluster.save(args.output)
+        cluster.save(args.output)
         print(f"wrote {args.output}")
     return 0

@@ -18,7 +18,9 @@ import numpy as np
 
 from simdist import algorithms
 from simdist.calibrate.samples import CalibrationError, Sample, check
+from simdist.comm.selection import GLOO
 from simdist.network import Cluster
+from simdist.network.models import check_collective_model
 from simdist.units import MAX_BANDWIDTH, MIN_BANDWIDTH
 
 #: size bands the residuals are reported in: (label, smallest bytes), each up to the next band's start
@@ -73,7 +75,8 @@ class Fit:
         n = self.cluster.world_size
         lines = [
             (
-                f"fitted {n}-rank switch cluster: route latency {self.alpha * 1e6:.3f} us, bandwidth "
+                f"fitted {n}-rank switch cluster{' (gloo algorithms)' * (self.cluster.collective_model == 'gloo')}: "
+                f"route latency {self.alpha * 1e6:.3f} us, bandwidth "
                 f"{self.bandwidth / 1e9:.4g} GB/s (each link: {self.alpha / 2 * 1e6:.3f} us)"
             ),
             f"collectives: {', '.join(sorted({r.sample.collective for r in self.residuals}))}; {len(self.residuals)} samples",
@@ -94,10 +97,16 @@ class Fit:
 
 
 def _terms(s: Sample, algorithm: str | None, alpha: float, beta: float) -> tuple[str, float, float]:
-    """(algorithm, a, b) with the sample's closed-form time ``a·α + b·β``; ``auto``'s pick when None."""
+    """(algorithm, a, b) with the sample's closed-form time ``a·α + b·β``; ``auto``'s pick when None, gloo's
+    algorithms when ``"gloo"`` (a reduce-scatter is the ring all-reduce of its input, as ProcessGroupGloo runs it)."""
     n, m = s.ranks, float(s.nbytes)
     if s.collective == "sendrecv":  # every rank sends m bytes to the next and receives from the previous
         return "sendrecv", 1.0, m
+    if algorithm == "gloo":
+        algo = algorithms.get(
+            "all_reduce" if s.collective == "reduce_scatter" else s.collective, GLOO[s.collective]
+        )
+        return algo.name, algo.estimate(n, m, 1.0, 0.0), algo.estimate(n, m, 0.0, 1.0)
     if algorithm is None:
         algo = algorithms.choose(s.collective, n, m, (alpha, beta), (alpha, beta))
     else:
@@ -128,9 +137,17 @@ def fit(
     name: str = "calibrated",
     algorithm: str | None = None,
     what: str = "the measurements",
+    collective_model: str = "alpha-beta",
 ) -> Fit:
     """The switch cluster whose link latency and bandwidth best explain ``samples`` (``algorithm`` pins the
-    algorithm every collective is priced with; ``auto``'s choice by default, as a run makes it)."""
+    algorithm every collective is priced with; ``auto``'s choice by default, as a run makes it).
+
+    ``collective_model="gloo"``: the samples are of torch's gloo backend, priced with the algorithms it runs
+    (``simdist.comm.selection.GLOO``), and the written cluster times collectives so."""
+    if collective_model == "gloo":
+        if algorithm is not None:
+            raise CalibrationError(f"{what}: the gloo model prices gloo's own algorithms; pin none")
+        algorithm = "gloo"
     rows = check(samples, what)
     alpha, beta = _fit_rows(rows, algorithm)
     # one refit without the samples the first fit cannot explain at all: noise of a loaded machine
@@ -150,6 +167,7 @@ def fit(
         )
     n = rows[0].ranks
     cluster = Cluster.switch(n, bandwidth=bandwidth, latency=alpha / 2, device=device, name=name)
+    cluster.collective_model = check_collective_model(collective_model, device)
     residuals = tuple(
         Residual(s, algo, a * alpha + b * beta)
         for s, (algo, a, b) in zip(rows, [_terms(s, algorithm, alpha, beta) for s in rows])

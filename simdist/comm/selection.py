@@ -9,7 +9,9 @@ message moves at its links' own latency and bandwidth. Under ``"nccl"``, ``auto`
 protocol NCCL's tuner picks (within the group's ``NCCL_ALGO``/``NCCL_PROTO``), the schedule that moves the
 data is the closest one simdist has (ring for NCCL's rings and NVLS, the binomial tree for its tree), and
 every message is paced so that the uncontended schedule takes the model's time (the tuner's prediction and
-the fill of an NVLS pipeline, :mod:`simdist.algorithms.nccl.runtime`). The result is the
+the fill of an NVLS pipeline, :mod:`simdist.algorithms.nccl.runtime`). Under ``"gloo"``,
+``auto`` is what torch's gloo backend runs (:data:`GLOO`), and a reduce-scatter is paced to take the time of
+the ring all-reduce of its whole input, which is what ProcessGroupGloo runs for it. The result is the
 algorithm that really runs (recursive halving/doubling falls back to ring off powers of two).
 """
 
@@ -26,6 +28,17 @@ from simdist.network.cluster import Cluster
 _SCHEDULE = {"Ring": "ring", "Tree": "tree", "NVLS": "ring", "NVLSTree": "ring"}
 #: a pinned simdist algorithm as NCCL's
 _PINNED = {"ring": "Ring", "tree": "Tree"}
+#: the algorithm gloo runs each collective with on CPU tensors (gloo's allreduce.cc: ring unless bcube is asked
+#: for; allgather.cc: a ring; broadcast.cc: a binomial tree; reduce.cc: a ring). torch's ProcessGroupGloo runs
+#: reduce_scatter_tensor as an all-reduce of a clone of the whole input, keeping its rank's chunk
+#: (ProcessGroupGloo::reduce_scatter_tensor_coalesced): the all-reduce's ring sets its time
+GLOO = {
+    "all_reduce": "ring",
+    "all_gather": "ring",
+    "broadcast": "tree",
+    "reduce": "ring",
+    "reduce_scatter": "ring",
+}
 
 
 @dataclass(frozen=True)
@@ -71,8 +84,16 @@ class AlgorithmSelector:
             timed = self._nccl(group, ranks, name, collective, nbytes, enabled or nccl.Enabled())
             if timed is not None:
                 return timed
+        gloo = self.cluster.collective_model == "gloo" and n > 1 and name == algorithms.AUTO
+        if gloo and collective in GLOO:
+            name = GLOO[collective]
         if name != algorithms.AUTO:
-            return Selection(algorithms.get(collective, name).effective(n))
+            chosen = Selection(algorithms.get(collective, name).effective(n))
+            return (
+                self._gloo_reduce_scatter(group, ranks, chosen, nbytes)
+                if gloo and collective == "reduce_scatter"
+                else chosen
+            )
         ab = self._alpha_beta.get(group)
         if ab is None:
             ab = self._alpha_beta[group] = self.cluster.alpha_beta(ranks)
@@ -93,6 +114,20 @@ class AlgorithmSelector:
             algorithms.choose(collective, n, nbytes, near, far, hop).effective(n)
         )
         return chosen
+
+    def _gloo_reduce_scatter(self, group: int, ranks: list[int], chosen: Selection, nbytes: int) -> Selection:
+        """``chosen``'s reduce-scatter schedule paced to take the closed-form time of the ring all-reduce of its
+        whole input (``nbytes``), priced with the group's slowest pair's alpha-beta, as gloo runs it."""
+        ab = self._alpha_beta.get(group)
+        if ab is None:
+            ab = self._alpha_beta[group] = self.cluster.alpha_beta(ranks)
+        alpha, beta = ab[1]
+        n = len(ranks)
+        ring = algorithms.get("all_reduce", "ring")
+        algo = chosen.algorithm
+        hops, path_bytes = algo.estimate(n, nbytes, 1.0, 0.0), algo.estimate(n, nbytes, 0.0, 1.0)
+        latency, moving = ring.estimate(n, nbytes, alpha, 0.0), ring.estimate(n, nbytes, 0.0, beta)
+        return Selection(algo, (latency / hops, moving / path_bytes if path_bytes > 0 else 0.0))
 
     def _nccl(
         self, group: int, ranks: list[int], name: str, collective: str, nbytes: int, enabled: nccl.Enabled

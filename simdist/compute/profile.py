@@ -13,10 +13,11 @@ other op hides its children (``aten::addmm``'s own ``aten::empty``), which are p
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,12 +42,17 @@ _NOT_TENSOR_TYPES = frozenset(
 
 @dataclass(frozen=True)
 class ProfiledOp:
-    """One op of a trace as the cost mode sees it: name, input shapes, measured seconds, start (trace seconds)."""
+    """One op of a trace as the cost mode sees it: name, input shapes, measured seconds, start (trace seconds),
+    its host seconds and its recorded arguments."""
 
     name: str
     shapes: tuple[Any, ...]
     seconds: float
     start: float
+    #: seconds the op took on the host (its ``cpu_op`` event, children included): its dispatch and launches
+    host: float = 0.0
+    #: the op event's ``args`` as recorded (``Input type``, ``Input Dims``, ``Input Strides``, ``Concrete Inputs``)
+    args: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def key(self) -> OpKey:
@@ -72,11 +78,13 @@ def parse_trace(path: str | Path) -> KinetoTrace:
     """
     where = str(path)
     try:
-        with open(path, encoding="utf-8") as f:
+        # torch's tensorboard_trace_handler(use_gzip=True) and many published traces are gzipped JSON
+        opener = gzip.open if where.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as f:
             data = json.load(f)
     except OSError as e:
         raise ProfileError(f"cannot read the profiler trace {where}: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, EOFError) as e:
         raise ProfileError(
             f"{where} is not JSON ({e}); a profile is the file torch.profiler.profile(...).export_chrome_trace writes"
         ) from None
@@ -107,7 +115,9 @@ def parse_trace(path: str | Path) -> KinetoTrace:
         seconds = {id(e): e["dur"] * 1e-6 for e in visible}
         kind = "cpu"
     found = tuple(
-        ProfiledOp(e["name"], _trace_shapes(e["args"]), seconds[id(e)], e["ts"] * 1e-6)
+        ProfiledOp(
+            e["name"], _trace_shapes(e["args"]), seconds[id(e)], e["ts"] * 1e-6, e["dur"] * 1e-6, e["args"]
+        )
         for e in sorted(visible, key=lambda e: (e["ts"], -e["dur"]))
     )
     return KinetoTrace(where, kind, _gpu_name(data) if kind == "gpu" else None, found)

@@ -7,6 +7,7 @@ graph is checked and frozen by :mod:`~simdist.network.graph` and routed by :mod:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 import re
@@ -17,6 +18,7 @@ from typing import Any
 import networkx as nx
 
 from simdist.algorithms import nccl
+from simdist.compute.devicefile import device_config, is_builtin
 from simdist.compute.devices import DeviceSpec, get_device
 from simdist.errors import ClusterSpecError
 from simdist.network.builders import ClusterBuilders
@@ -78,6 +80,8 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
         #: GPUs in each node, ``ranks_per_node`` of which the ranks use (a node's ``device_count()``); None when the
         #: topology has no notion of nodes
         self.gpus_per_node: int | None = None
+        #: corrections of NCCL's model fitted to this cluster's measurements (``collective_model="nccl"`` only)
+        self.nccl_overrides: nccl.Overrides = nccl.NO_OVERRIDES
         self._check_connected()
 
     def nccl_fabric(self, ranks: Sequence[int]) -> nccl.Fabric:
@@ -94,7 +98,10 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
             other = next(r for r in ranks if r // per_node != ranks[0] // per_node)
             nic = self.path_bandwidth(ranks[0], other)
         device = get_device(self.device).name if isinstance(self.device, str) else self.device_name
-        return nccl.fabric(device, len(ranks), len(nodes), nic)
+        fab = nccl.fabric(device, len(ranks), len(nodes), nic)
+        return (
+            fab if self.nccl_overrides.is_default else dataclasses.replace(fab, overrides=self.nccl_overrides)
+        )
 
     @property
     def device_name(self) -> str:
@@ -257,7 +264,10 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
         cluster: dict[str, Any] = {
             "name": self.name,
             "world_size": self.world_size,
-            "device": self.device_name,
+            # a device built by hand or fitted by calibrate keeps its figures; a built-in one is named
+            "device": self.device_name
+            if isinstance(self.device, str) or is_builtin(self.device)
+            else device_config(self.device),
         }
         if self.switches:
             cluster["switches"] = list(self.switches)  # keeps switch order, hence link numbering
@@ -266,6 +276,8 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
             cluster["gpus_per_node"] = self.gpus_per_node
         if self.collective_model != "alpha-beta":
             cluster["collective_model"] = self.collective_model
+        if not self.nccl_overrides.is_default:
+            cluster["nccl"] = self.nccl_overrides.to_config()
         if self.algorithms:
             cluster["algorithms"] = dict(self.algorithms)
         links = [

@@ -23,6 +23,8 @@ from typing import Any
 import networkx as nx
 from typing_extensions import Self
 
+from simdist.algorithms import nccl
+from simdist.compute.devicefile import device_from_config
 from simdist.errors import ClusterSpecError
 from simdist.network.builders import BUILDERS
 from simdist.network.graph import positive_int, suggest, world_size_within_limit
@@ -144,7 +146,9 @@ def _read(path: Path) -> Any:
 
 
 def _toml_value(value: Any) -> str:
-    """Return ``value`` (bool, int, finite float, str, or a list of these) written as a TOML value."""
+    """Return ``value`` (bool, int, finite float, str, or a list or table of these) written as a TOML value."""
+    if isinstance(value, Mapping):  # inside a list: an inline table
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, bool):
@@ -177,13 +181,21 @@ def _nodes(params: dict[str, Any], world_size: int) -> tuple[int | None, int | N
     return used, per_node
 
 
+def _toml_table(header: str, table: Mapping[str, Any]) -> list[str]:
+    """``table`` as TOML lines under ``[header]``: its values first, then each nested table as ``[header.key]``."""
+    lines = [
+        f"[{header}]",
+        *(f"{k} = {_toml_value(v)}" for k, v in table.items() if not isinstance(v, Mapping)),
+    ]
+    for key, value in table.items():
+        if isinstance(value, Mapping) and value:
+            lines += ["", *_toml_table(f"{header}.{key}", value)]
+    return lines
+
+
 def config_to_toml(config: Mapping[str, Any]) -> str:
     """Return the config mapping made by ``Cluster.to_config`` as TOML text."""
-    cluster = dict(config["cluster"])
-    algorithms = cluster.pop("algorithms", None)
-    lines = ["[cluster]", *(f"{k} = {_toml_value(v)}" for k, v in cluster.items())]
-    if algorithms:
-        lines += ["", "[cluster.algorithms]", *(f"{k} = {_toml_value(v)}" for k, v in algorithms.items())]
+    lines = _toml_table("cluster", config["cluster"])
     for link in config.get("links", []):
         lines += ["", "[[links]]", *(f"{k} = {_toml_value(v)}" for k, v in link.items())]
     return "\n".join(lines) + "\n"
@@ -259,7 +271,26 @@ class ClusterFiles:
                 'the [cluster] table needs exactly one of preset = "...", builder = "...", or a [[links]] list; '
                 f"found {', '.join(forms) if forms else 'none of them'}"
             )
-        params = {k: v for k, v in table.items() if k not in ("preset", "builder", "world_size")}
+        params = {k: v for k, v in table.items() if k not in ("preset", "builder", "world_size", "nccl")}
+        if "device" in params:
+            params["device"] = device_from_config(params["device"])
+        overrides = nccl.Overrides.from_config(table["nccl"]) if "nccl" in table else None
+        cluster = cls._form(config, params, world_size, links)
+        if overrides is not None:
+            if cluster.collective_model != "nccl":
+                raise ClusterSpecError(
+                    "[cluster.nccl] corrects NCCL's model, and this cluster's collectives are timed by the "
+                    f'{cluster.collective_model} model: add collective_model = "nccl" or remove [cluster.nccl]'
+                )
+            cluster.nccl_overrides = overrides
+        return cluster
+
+    @classmethod
+    def _form(
+        cls, config: Mapping[str, Any], params: dict[str, Any], world_size: int | None, links: Any
+    ) -> Self:
+        """The cluster of a preset, a builder or an explicit list of links, as ``config``'s [cluster] says."""
+        table = config["cluster"]
         if "world_size" in table:
             file_size = positive_int(table["world_size"], "[cluster] world_size")
             world_size_within_limit(file_size, "[cluster] world_size")

@@ -1,5 +1,5 @@
 """Hostile inputs to ``simdist calibrate``: files that are not nccl-tests output, tables edited or cut, runs that
-cannot be fitted, and a command line without input.
+cannot be fitted, a command line without input, and profiler traces a device cannot be fitted to.
 
 Each case ends in a clear error (a ``simdist.CalibrationError`` naming the file, the line and what was
 expected) or in a fit checked against the parameters that made its times."""
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from simdist.cli import main as simdist_main
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "calibrate"
 H20 = (FIXTURES / "h20_all_reduce.txt").read_text()
+ONE_MM = Path(__file__).resolve().parent.parent / "data" / "profiles" / "hta_backward_thread.json"
 
 
 def _text(text: str) -> calibrate.Fit:
@@ -41,6 +44,22 @@ def _exact(n: int) -> list[Sample]:
         algo = algorithms.choose("all_gather", n, m, (alpha, beta), (alpha, beta))
         out.append(Sample("all_gather", m, n, algo.estimate(n, m, alpha, beta), f"row {k}"))
     return out
+
+
+def _trace(scale: float = 1.0) -> Path:
+    """A CPU trace of adds over 2^8 to 2^20 elements timed at 2 us + bytes / 20 GB/s (times ``scale``)."""
+    events, ts = [], 0.0
+    for k in range(8, 21, 2):
+        dur = (2e-6 + 3 * 4 * (1 << k) / 20e9) * 1e6 * scale
+        args = {"Input Dims": [[1 << k], [1 << k], []], "Input type": ["float", "float", "Scalar"],
+                "Concrete Inputs": ["", "", "1"]}  # fmt: skip
+        for _ in range(2):
+            events.append({"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": ts,
+                           "dur": dur, "args": args})  # fmt: skip
+            ts += dur + 1
+    path = Path(tempfile.mkdtemp()) / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
 
 
 def _recovered(fit: calibrate.Fit) -> None:
@@ -97,7 +116,7 @@ CASES: list[Case] = [
         "simdist calibrate with no input and no --measure",
         lambda: _cli(),
         error=CalibrationError,
-        match=r"give nccl-tests output files, real timeline directories, or --measure",
+        match=r"give nccl-tests output files, real timeline directories, --measure, or --compute TRACE.json",
     ),
     Case(
         "calibrate-missing-file",
@@ -105,6 +124,44 @@ CASES: list[Case] = [
         lambda: _cli("/nonexistent/all_reduce.txt"),
         error=CalibrationError,
         match=r"/nonexistent/all_reduce.txt: cannot be read",
+    ),
+    Case(
+        "calibrate-compute-one-kernel",
+        "simdist calibrate --compute on a trace of one matmul (the HTA trace profile replay's tests use)",
+        lambda: _cli("--compute", str(ONE_MM), "--device", "A100", "--cluster", "dgx-a100"),
+        error=CalibrationError,
+        match=r"hta_backward_thread.json: too few usable kernels: 1 ops priced \(0 without FLOPs",
+    ),
+    Case(
+        "calibrate-compute-nanoseconds",
+        "a profiler trace whose durations are nanoseconds where Kineto writes microseconds",
+        lambda: calibrate.fit_device(_trace(scale=1e3)),
+        error=CalibrationError,
+        match=r"trace.json: the fit gives memory bandwidth .* which no device reaches: the trace's durations are "
+        r"not in microseconds",
+    ),
+    Case(
+        "calibrate-compute-cpu-trace-as-gpu",
+        "a CPU-only profiler trace fitted onto an H100",
+        lambda: _cli("--compute", str(_trace()), "--device", "H100", "--cluster", "dgx-h100"),
+        error=CalibrationError,
+        match=r"trace.json is a CPU trace \(no GPU kernels in it\): it fits this machine's CPU, not a H100",
+    ),
+    Case(
+        "calibrate-compute-no-cluster",
+        "simdist calibrate --compute with neither network measurements nor --cluster",
+        lambda: _cli("--compute", str(_trace())),
+        error=CalibrationError,
+        match=r"fits a device, and a cluster file needs a network too: .* \(--cluster dgx-a100",
+    ),
+    Case(
+        "calibrate-compute-recovers",
+        "a CPU trace whose times a 20 GB/s, 2 us device made",
+        lambda: calibrate.fit_device(_trace()).device,
+        check=lambda d: (
+            (d.memory_bandwidth == pytest.approx(20e9, rel=0.01))
+            and (d.launch_overhead == pytest.approx(2e-6, rel=0.01))
+        ),
     ),
     Case(
         "calibrate-exact-times",

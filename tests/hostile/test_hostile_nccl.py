@@ -74,7 +74,7 @@ CASES: list[Case] = [
          error=ClusterSpecError, match=r"knows NCCL's tuning on H100, H200, A100, A100-40GB only.*'alpha-beta'"),
     Case("nccl-model-misspelt", "collective_model='NCCL'",
          lambda: simdist.Cluster.preset("dgx-h100", world_size=8, collective_model="NCCL"),
-         error=ClusterSpecError, match=r"collective_model must be one of alpha-beta, nccl; found 'NCCL'"),
+         error=ClusterSpecError, match=r"collective_model must be one of alpha-beta, nccl, gloo; found 'NCCL'"),
     Case("nccl-model-without-nodes", "collective_model='nccl' on a graph with no nodes of GPUs", _no_nodes,
          error=ClusterSpecError, match=r"needs nodes of GPUs \(a two_level cluster or a preset such as 'dgx-h100'\)"),
     Case("bench-nccl-on-ring", "simdist bench --cluster ring -m nccl", _bench_on_ring,

@@ -8,11 +8,13 @@
 ``graphs`` reproduces what NCCL's topology search finds on NVSwitch nodes (channels and bandwidth per
 channel), ``tuning`` transcribes ``src/graph/tuning.cc`` (latencies, bandwidths, the choice), ``runtime``
 holds what NCCL runs once it has chosen (the NVLS pipeline's chunks and fill, their constants in one
-``Runtime``), and ``env`` reads ``NCCL_ALGO``, ``NCCL_PROTO`` and ``NCCL_NVLS_ENABLE`` as NCCL does.
+``Runtime``), ``env`` reads ``NCCL_ALGO``, ``NCCL_PROTO`` and ``NCCL_NVLS_ENABLE`` as NCCL does, and
+``overrides`` holds a cluster's fitted corrections.
 """
 
 from simdist.algorithms.nccl.env import Enabled, parse_enabled
 from simdist.algorithms.nccl.graphs import GENERATIONS, Fabric, Graph, fabric, generation_of
+from simdist.algorithms.nccl.overrides import NO_OVERRIDES, Overrides
 from simdist.algorithms.nccl.runtime import Runtime
 from simdist.algorithms.nccl.tuning import (
     ALGORITHMS,
@@ -28,11 +30,13 @@ __all__ = [
     "ALGORITHMS",
     "COLLECTIVES",
     "GENERATIONS",
+    "NO_OVERRIDES",
     "PROTOCOLS",
     "Choice",
     "Enabled",
     "Fabric",
     "Graph",
+    "Overrides",
     "Runtime",
     "candidates",
     "choose",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from simdist.algorithms.nccl.overrides import NO_OVERRIDES, Overrides
 from simdist.algorithms.nccl.runtime import DEFAULT, Runtime
 
 #: speeds NCCL's search tries, GB/s per channel (search.cc 850-856): before Hopper and on Hopper, inside one
@@ -80,6 +81,8 @@ class Fabric:
     nvls: Graph | None
     #: the run-time constants (channels, chunks) NCCL runs its choice with
     runtime: Runtime = DEFAULT
+    #: the cluster's corrections of the tuner's latencies and bandwidths (fitted by simdist calibrate)
+    overrides: Overrides = NO_OVERRIDES
 
     @property
     def per_node(self) -> float:

@@ -208,8 +208,8 @@ def cost(
     """The time of ``collective`` on ``nbytes`` (the whole buffer) with ``algorithm``/``protocol``: NCCL's
     prediction (``ncclTopoGetAlgoTime``, tuning.cc 418-445) and the pipeline's fill it leaves out."""
     coll = _NCCL_COLL[collective]
-    bw = _bandwidth(coll, algorithm, protocol, fab)
-    lat = _latency(coll, algorithm, protocol, fab)
+    bw = _bandwidth(coll, algorithm, protocol, fab) * fab.overrides.factor(algorithm)
+    lat = max(0.0, _latency(coll, algorithm, protocol, fab) + fab.overrides.latency * 1e6)
     if algorithm == "Tree":
         bw *= _tree_factor(protocol, nbytes, exact)
     comm_channels = min(32, 2 * fab.ring.channels)
