@@ -310,7 +310,7 @@ CASES: list[Case] = [
         "simdist bench -- x",
         _usage_error(["bench", "--", "x"], ""),
         error=SystemExit,
-        match=r"arguments after -- are a script's arguments, taken by simdist run only",
+        match=r"arguments after -- are a script's arguments, taken by simdist run and explore only; found them after simdist bench",
     ),
     Case(
         "local-ranks-filter-not-numbers",
