@@ -61,7 +61,8 @@ LAYERS: tuple[Layer, ...] = (
     Layer("reports", ("simdist.report",), "self-contained HTML pages of runs, checks and scenarios, and their index"),
     Layer("exploration", ("simdist.explore",),
           "`simdist.explore` and `simdist.replay`: strategies over perturbed runs (random, PCT, exhaustive with "
-          "partial-order reduction), replay tokens, the determinism self-check, the local process pool"),
+          "partial-order reduction), replay tokens, the determinism self-check, the local process pool, Dask and Ray as "
+          "engines, the progress bar"),
     Layer("tools", ("simdist", "simdist.cli", "simdist.bench", "simdist.calibrate", "simdist.script"),
           "the public API (and the composition root that fills the extension points), the command line, "
           "`simdist bench`, `simdist calibrate`, loading scripts"),
