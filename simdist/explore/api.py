@@ -152,6 +152,8 @@ def _explore(
     token.options_json(options)  # refuses, before any run, an option a token cannot hold
     check = settings.check
     check_ref = _reference(check, settings.remote) if check is not None else None
+    if settings.engine is not None:
+        engines.require(settings.engine)
     ex = Exploration(settings.strategy)
     bar = ProgressBar(settings.runs, settings.progress_bar)
 

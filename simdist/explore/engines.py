@@ -56,12 +56,18 @@ def resolve(engine: Any) -> Engine | None:
         return Engine("dask", engine)
     if isinstance(engine, str):
         if engine == "ray" or engine.startswith("ray://"):
-            _library("ray", "ray")  # missing, it is said before any run
             return Engine("ray", None if engine == "ray" else engine)
         if "://" in engine and engine.split("://", 1)[1]:
-            _library("distributed", "dask")
             return Engine("dask", engine)
     raise ExplorationError(f"engine must be {ACCEPTED}; got {type(engine).__name__} {engine!r:.60}")
+
+
+def require(engine: Engine) -> None:
+    """A clear error, before any run, if ``engine``'s library is not installed."""
+    if engine.kind == "dask":
+        _library("distributed", "dask")
+    else:
+        _library("ray", "ray")
 
 
 def run(engine: Engine, tasks: list[Task]) -> Iterator[Outcome]:
