@@ -4,6 +4,7 @@ the progress bar on a terminal only."""
 from __future__ import annotations
 
 import io
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,8 +12,10 @@ from typing import Any
 
 import explore_fns as fns
 import pytest
+from test_explore_cli import SCRIPT
 
 import simdist
+from simdist.cli import main
 from simdist.explore.engines import resolve
 from simdist.explore.progress import ProgressBar
 from simdist.explore.runs import Outcome
@@ -74,6 +77,20 @@ def test_dask_finds_exactly_what_this_process_finds(dask_client: Any, local: sim
         fns.any_source_order, CPU4, check=fns.order_is_sorted, engine=address, **KWARGS
     )
     assert _findings(by_address) == _findings(local)
+
+
+def test_simdist_explore_runs_a_script_on_a_dask_scheduler(
+    dask_client: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "collect.py"
+    script.write_text(SCRIPT)
+    args = ["explore", str(script), "--world-size", "3", "--runs", "6", "--strategy", "pct", "--tokens"]
+    local_tokens, dask_tokens = tmp_path / "local.json", tmp_path / "dask.json"
+    assert main([*args, str(local_tokens), "--workers", "1", "--", "--strict"]) == 1
+    address = dask_client.scheduler.address
+    assert main([*args, str(dask_tokens), "--engine", address, "--", "--strict"]) == 1
+    assert f"on {address}" in capsys.readouterr().out
+    assert json.loads(dask_tokens.read_text()) == json.loads(local_tokens.read_text())
 
 
 def test_ctrl_c_on_dask_keeps_what_was_found_and_cancels_the_rest(dask_client: Any) -> None:
