@@ -413,7 +413,9 @@ def cmd_explore(args: argparse.Namespace) -> int:
         print(f"replay tokens of {len(failures)} failures written to {args.tokens} (simdist.replay(fn, cluster, token))")
     if args.report is not None:
         command = " ".join(shlex.quote(a) for a in ["simdist", *sys.argv[1:]]) if sys.argv[1:2] == ["explore"] else None
-        path = save_exploration_page(ex, args.report, program=args.script, cluster=cluster, command=command)
+        path = save_exploration_page(
+            ex, args.report, program=args.script, cluster=cluster, command=command, fn=program
+        )
         print(f"report written to {path}")
     return 1 if ex.failures else 0
 

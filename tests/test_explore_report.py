@@ -7,10 +7,13 @@ import html
 import json
 from pathlib import Path
 
+import explore_fns as fns
 import pytest
 from test_explore_cli import SCRIPT
 
+import simdist
 from simdist.cli import main
+from simdist.explore.report import save_exploration_page
 from simdist.report import build_index
 
 
@@ -73,3 +76,28 @@ def test_a_bad_engine_is_refused_before_any_run(script: Path, capsys: pytest.Cap
         main(["explore", str(script), "--world-size", "3", "--runs", "4", "--engine", "localhost:8786"]) == 2
     )
     assert "engine must be a distributed.Client, a Dask scheduler address" in capsys.readouterr().err
+
+
+def test_a_failed_checks_run_is_drawn_beside_the_unperturbed_run(tmp_path: Path) -> None:
+    cpu4 = simdist.Cluster.switch(4, device="cpu")
+    ex = simdist.explore(fns.arrival_order, cpu4, runs=8, strategy="pct", seed=5, check=fns.order_is_sorted)
+    first = ex.failures[0]
+    assert first.kind == "check failed" and ex.outcomes[0].kind is None
+    page = save_exploration_page(
+        ex, tmp_path / "ex.html", program="arrival_order", cluster=cpu4, fn=fns.arrival_order
+    )
+    text = html.unescape(page.read_text())
+    assert f"Run {first.run} beside the unperturbed run" in text
+    # the timelines are the failing run's and run 0's: their trace hashes, as the exploration recorded them
+    assert first.trace_hash[:16] in text.rsplit(f"Run {first.run} beside", 1)[1]
+    assert ex.outcomes[0].trace_hash[:16] in text.rsplit(f"Run {first.run} beside", 1)[1]
+
+
+def test_a_run_that_raised_has_no_timeline_to_draw(tmp_path: Path) -> None:
+    cpu4 = simdist.Cluster.switch(4, device="cpu")
+    ex = simdist.explore(fns.any_source_order, cpu4, runs=6, seed=1)
+    assert ex.failures
+    page = save_exploration_page(
+        ex, tmp_path / "ex.html", program="any_source_order", cluster=cpu4, fn=fns.any_source_order
+    )
+    assert "beside the unperturbed run" not in page.read_text()

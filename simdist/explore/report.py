@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from simdist.explore.exploration import Exploration
+from simdist.clock.perturbation import Perturbation
+from simdist.explore.api import replay
+from simdist.explore.errors import CheckFailed
+from simdist.explore.exploration import Exploration, Failure
+from simdist.explore.program import Program
 from simdist.network.cluster import Cluster
 from simdist.report.scenario import ScenarioReport
 
@@ -16,9 +22,17 @@ MAX_INTERLEAVINGS = 20
 
 
 def exploration_page(
-    ex: Exploration, *, program: str, cluster: Cluster, command: str | None = None
+    ex: Exploration,
+    *,
+    program: str,
+    cluster: Cluster,
+    command: str | None = None,
+    fn: Callable[..., Any] | Program | None = None,
 ) -> ScenarioReport:
-    """The page of ``ex``, an exploration of ``program`` (its name as the user gave it) on ``cluster``."""
+    """The page of ``ex``, an exploration of ``program`` (its name as the user gave it) on ``cluster``.
+
+    With ``fn`` (the program explored), each kind of failure whose run ended (a failed ``check``) is replayed and
+    its timeline drawn beside the unperturbed run's; a run that raised leaves no timeline to draw."""
     page = ScenarioReport(
         f"simdist explore: {program}",
         description=f"{ex.runs} runs of {program} on {cluster.name} ({cluster.world_size} ranks), each under another "
@@ -47,6 +61,8 @@ def exploration_page(
             note=f"{len(found)} runs failed so; runs {', '.join(str(f.run) for f in found[:20])}"
             + (" ..." if len(found) > 20 else ""),
         )
+        if fn is not None and _completed(first):
+            _timelines(page, fn, cluster, first)
         token = json.loads(first.replay)
         page.text(
             f"Replay run {first.run}",
@@ -79,13 +95,37 @@ def exploration_page(
 
 
 def save_exploration_page(
-    ex: Exploration, path: str | Path, *, program: str, cluster: Cluster, command: str | None = None
+    ex: Exploration,
+    path: str | Path,
+    *,
+    program: str,
+    cluster: Cluster,
+    command: str | None = None,
+    fn: Callable[..., Any] | Program | None = None,
 ) -> Path:
     """Write :func:`exploration_page` to ``path``; its verdict is whether every run passed."""
-    page = exploration_page(ex, program=program, cluster=cluster, command=command)
+    page = exploration_page(ex, program=program, cluster=cluster, command=command, fn=fn)
     held = not ex.failures and not ex.interrupted
     detail = f"{len(ex.failures)} of {ex.runs} runs failed" + (" (interrupted)" if ex.interrupted else "")
     return page.save(path, [("every explored run passes", held, detail)])
+
+
+def _completed(failure: Failure) -> bool:
+    """Whether the failing run ended with a result (only its check failed)."""
+    return isinstance(failure.error, CheckFailed) or failure.kind.startswith("check raised")
+
+
+def _timelines(
+    page: ScenarioReport, fn: Callable[..., Any] | Program, cluster: Cluster, failure: Failure
+) -> None:
+    """The failing run, replayed from its token, beside the unperturbed run with the same options."""
+    plain = json.loads(failure.replay)
+    plain["perturbation"] = Perturbation(ties="fifo", callbacks=False).to_json()
+    runs = {
+        f"run {failure.run} ({failure.kind})": replay(fn, cluster, failure.replay),
+        "the unperturbed run": replay(fn, cluster, json.dumps(plain)),
+    }
+    page.runs(f"Run {failure.run} beside the unperturbed run", runs)
 
 
 def _first_line(error: BaseException) -> str:
