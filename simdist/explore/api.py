@@ -128,7 +128,9 @@ def explore(
         with fn.loaded() as (loaded, extra):
             return _explore(loaded, fn.to_json(), fn.code_hash(), cluster, settings, {**run_options, **extra})
     if not callable(fn):
-        raise ExplorationError(f"explore needs a function every rank runs, got {type(fn).__name__} {fn!r:.60}")
+        raise ExplorationError(
+            f"explore needs a function every rank runs, got {type(fn).__name__} {fn!r:.60}"
+        )
     program = _reference(fn, settings.remote)
     return _explore(fn, program, code_hash(fn), cluster, settings, run_options)
 
