@@ -108,6 +108,20 @@ def test_ctrl_c_on_dask_keeps_what_was_found_and_cancels_the_rest(dask_client: A
     assert not dask_client.futures, "the runs still pending were left on the cluster"
 
 
+@pytest.mark.slow
+def test_ctrl_c_on_the_local_pool_keeps_every_run_that_ended() -> None:
+    seen: list[int] = []
+
+    def interrupt(outcome: Outcome) -> None:
+        seen.append(outcome.index)
+        if len(seen) == 4:
+            raise KeyboardInterrupt
+
+    ex = simdist.explore(fns.any_source_order, CPU4, runs=30, seed=1, workers=2, on_run=interrupt)
+    assert ex.interrupted and sorted(seen) == [o.index for o in ex.outcomes]
+    assert [f.run for f in ex.failures] == [o.index for o in ex.outcomes if o.kind is not None]
+
+
 def test_an_engine_needs_programs_loadable_by_name_and_says_what_it_takes() -> None:
     with pytest.raises(simdist.ExplorationError, match="cannot be loaded by name in a worker process"):
         simdist.explore(lambda: None, CPU4, runs=2, engine="tcp://127.0.0.1:1")
