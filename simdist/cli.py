@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 import warnings
@@ -50,6 +51,7 @@ from simdist.errors import (
 )
 from simdist.explore.api import STRATEGIES, default_workers, explore
 from simdist.explore.program import Program
+from simdist.explore.report import save_exploration_page
 from simdist.faults import Fault
 from simdist.network import Cluster
 from simdist.network.cluster import check_collective_model
@@ -389,14 +391,15 @@ def cmd_explore(args: argparse.Namespace) -> int:
     ScriptProgram.load(program.script)  # a missing or broken script is refused before any run
     print(
         f"exploring {args.script} on {cluster.name} ({cluster.world_size} ranks): {args.runs} runs, strategy "
-        f"{args.strategy}" + (f" (depth {args.depth})" if args.strategy == "pct" else "") + f", {args.workers} workers"
+        f"{args.strategy}" + (f" (depth {args.depth})" if args.strategy == "pct" else "") + (f", on {args.engine}" if args.engine else f", {args.workers} workers")
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RaceWarning)
         ex = explore(
             program, cluster, runs=args.runs, strategy=args.strategy, depth=args.depth, seed=args.seed,
             jitter=args.jitter, workers=args.workers, progress=args.progress, races=args.races,
-            watchdog=args.watchdog, prefix_output=not args.no_prefix,
+            watchdog=args.watchdog, prefix_output=not args.no_prefix, engine=args.engine,
+            progress_bar=False if args.no_progress_bar else None,
         )
     print(ex.summary())
     for kind, found in ex.by_kind().items():
@@ -408,6 +411,12 @@ def cmd_explore(args: argparse.Namespace) -> int:
                      "replay": json.loads(f.replay)} for f in ex.failures]
         args.tokens.write_text(json.dumps(failures, indent=1))
         print(f"replay tokens of {len(failures)} failures written to {args.tokens} (simdist.replay(fn, cluster, token))")
+    if args.report is not None:
+        command = " ".join(shlex.quote(a) for a in ["simdist", *sys.argv[1:]]) if sys.argv[1:2] == ["explore"] else None
+        path = save_exploration_page(
+            ex, args.report, program=args.script, cluster=cluster, command=command, fn=program
+        )
+        print(f"report written to {path}")
     return 1 if ex.failures else 0
 
 
@@ -528,6 +537,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="processes that run the exploration (default: every core this process may use)")
     x.add_argument("--tokens", type=_output_file, default=None, metavar="FILE.json",
                    help="write each failure's replay token here")
+    x.add_argument("--report", type=_output_file, default=None, metavar="FILE.html",
+                   help="write a self-contained HTML page of the exploration here (failures by kind, their replay "
+                        "tokens, failures over runs, interleavings)")
+    x.add_argument("--engine", default=None, metavar="ADDRESS",
+                   help="run on a Dask scheduler (tcp://host:8786) or Ray ('ray', ray://host:10001) instead of "
+                        "--workers local processes")
+    x.add_argument("--no-progress-bar", action="store_true",
+                   help="no progress bar (by default one is drawn when standard error is a terminal)")
     x.add_argument("--progress", default="nccl", choices=PROGRESS_MODES, help="backend progress semantics")
     x.add_argument("--races", default="warn", choices=RACE_MODES, help="race detector (default: warn)")
     x.add_argument("--watchdog", type=_seconds, default=None, metavar="SECONDS", help="as for simdist run")

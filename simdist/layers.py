@@ -61,10 +61,14 @@ LAYERS: tuple[Layer, ...] = (
     Layer("reports", ("simdist.report",), "self-contained HTML pages of runs, checks and scenarios, and their index"),
     Layer("exploration", ("simdist.explore",),
           "`simdist.explore` and `simdist.replay`: strategies over perturbed runs (random, PCT, exhaustive with "
-          "partial-order reduction), replay tokens, the determinism self-check, the local process pool"),
-    Layer("tools", ("simdist", "simdist.cli", "simdist.bench", "simdist.calibrate", "simdist.script"),
+          "partial-order reduction), replay tokens, the determinism self-check, the local process pool, Dask and Ray as "
+          "engines, the progress bar"),
+    Layer("testing", ("simdist.testing",),
+          "hypothesis strategies of perturbations, clusters and faults for users' test suites"),
+    Layer("tools",
+          ("simdist", "simdist.cli", "simdist.bench", "simdist.calibrate", "simdist.script", "simdist.pytest_plugin"),
           "the public API (and the composition root that fills the extension points), the command line, "
-          "`simdist bench`, `simdist calibrate`, loading scripts"),
+          "`simdist bench`, `simdist calibrate`, loading scripts, the pytest plugin"),
 )
 
 #: packages outside the chain and the modules each may import (strategies: plain torch.distributed)

@@ -5,7 +5,8 @@ A run without one is exactly the unperturbed run. With one, these scheduling poi
 - ``ties``: the order of events due at the same simulated time and simpy priority (message arrivals, work
   completions, ranks waking up): ``"fifo"`` keeps simpy's insertion order, ``"random"`` draws one,
   ``"pct"`` follows PCT's priorities (see :mod:`simdist.clock.schedule`), ``"choices"`` replays explicit
-  decisions (an exhaustive search's, then insertion order);
+  decisions (an exhaustive search's, then insertion order; with ``wrap``, a choice past the tied agents counts
+  round them, as a drawn schedule needs);
 - ``latency``: every message's latency is stretched by a factor drawn from ``[1, 1 + latency]``;
 - ``compute``: every op's compute time is stretched by a factor drawn from ``[1, 1 + compute]``;
 - ``callbacks``: completions posted to a rank's ``then()`` callback thread at the same simulated time run
@@ -41,6 +42,10 @@ class Perturbation:
     #: with ``ties="choices"``: the option taken at each tie with several agents (an index into the tied
     #: agents in insertion order); insertion order once they run out
     choices: tuple[int, ...] = ()
+    #: with ``ties="choices"``: a choice past the agents tied at its decision counts round them (``c % agents``)
+    #: instead of being an error; what a schedule drawn before the run (``simdist.testing.perturbations``) needs,
+    #: since how many agents each decision has is only known as the run meets it
+    wrap: bool = False
     #: with ``ties="pct"``: the bug depth d the run is drawn for (d - 1 priority change points)
     depth: int = 2
     #: with ``ties="pct"``: how many ties with several agents the run is expected to meet (PCT's k)
@@ -80,6 +85,8 @@ class Perturbation:
                     f"perturbation {name} jitter must be a finite number >= 0 (0.2: up to 20% longer), got {value!r:.40}"
                 )
             object.__setattr__(self, name, float(value))
+        if not isinstance(self.wrap, bool):
+            raise RunArgumentError(f"perturbation wrap must be True or False, got {self.wrap!r:.40}")
         if not isinstance(self.callbacks, bool):
             raise RunArgumentError(
                 f"perturbation callbacks must be True or False, got {self.callbacks!r:.40}"

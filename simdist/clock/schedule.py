@@ -98,10 +98,11 @@ class PCT(Fifo):
 
 
 class Choices(Fifo):
-    """Explicit decisions, then simpy's order."""
+    """Explicit decisions, then simpy's order; with ``wrap``, a choice past the options counts round them."""
 
-    def __init__(self, choices: Sequence[int]) -> None:
+    def __init__(self, choices: Sequence[int], wrap: bool = False) -> None:
         self._choices = choices
+        self._wrap = wrap
         self._next = 0
 
     def choose(self, env: PerturbedEnvironment, options: Sequence[Event]) -> int:
@@ -109,6 +110,8 @@ class Choices(Fifo):
         self._next += 1
         if k < len(self._choices):
             c = self._choices[k]
+            if self._wrap:
+                return c % len(options)
             if c >= len(options):
                 raise ScheduleDivergence(k, c, len(options))
             return c
@@ -134,7 +137,7 @@ def chooser_for(p: Perturbation) -> TieChooser:
     if p.ties == "pct":
         return PCT(p)
     if p.ties == "choices":
-        return Choices(p.choices)
+        return Choices(p.choices, p.wrap)
     return Fifo()
 
 

@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib
 import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from typing import Any
 
 from simdist.clock.perturbation import Perturbation
 from simdist.engine.runner import Observed, RunResult, run_observed
-from simdist.explore import exhaustive, token
+from simdist.explore import engines, exhaustive, token
 from simdist.explore.errors import ExplorationError, ReplayWarning, SearchSpaceError
 from simdist.explore.exploration import Exploration, Failure
 from simdist.explore.program import Program, code_hash
+from simdist.explore.progress import ProgressBar
 from simdist.explore.runs import Outcome, Task, execute, run_task, verify
 from simdist.network.cluster import Cluster
 from simdist.options import RunOptions
@@ -43,6 +45,11 @@ class Settings:
     workers: int = 1
     #: called with each run's outcome as it is found (in the order found), e.g. by a progress bar
     on_run: Callable[[Outcome], None] | None = None
+    #: where the runs go: None (this process, or the local pool with ``workers > 1``), or a Dask or Ray cluster
+    #: (see :mod:`simdist.explore.engines`)
+    engine: Any = None
+    #: show a progress bar: None shows it when standard error is a terminal
+    progress_bar: bool | None = None
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -65,6 +72,16 @@ class Settings:
                 raise ExplorationError(
                     f"{name} must be a function of a run's result (or None), got {type(value).__name__}"
                 )
+        object.__setattr__(self, "engine", engines.resolve(self.engine))
+        if self.progress_bar not in (None, True, False):
+            raise ExplorationError(
+                f"progress_bar must be True, False or None (on a terminal only), got {self.progress_bar!r:.40}"
+            )
+
+    @property
+    def remote(self) -> bool:
+        """Whether runs leave this process, so the program and the check must be loadable by name."""
+        return self.workers > 1 or self.engine is not None
 
 
 def explore(
@@ -80,6 +97,8 @@ def explore(
     check: Callable[[RunResult], Any] | None = None,
     workers: int = 1,
     on_run: Callable[[Outcome], None] | None = None,
+    engine: Any = None,
+    progress_bar: bool | None = None,
     **run_options: Any,
 ) -> Exploration:
     """Run ``fn`` on ``cluster`` up to ``runs`` times, each under another perturbation, and collect the failures.
@@ -91,10 +110,16 @@ def explore(
     ``1 + jitter[...]`` (random and pct). A run fails when it raises or ``check(result)`` returns False or
     raises; each failure is replayed twice and its traces compared before it is reported. ``workers > 1`` runs
     on a local process pool (``fn`` and ``check`` must be importable by name). ``on_run(outcome)`` is called as
-    each run ends. ``run_options`` are :func:`simdist.run`'s. Ctrl-C returns what was found, marked
+    each run ends. ``engine`` runs them on Dask or Ray instead: a ``distributed.Client``, a scheduler address
+    ``"tcp://..."``, ``"ray"`` or ``"ray://..."`` (see :mod:`simdist.explore.engines`). ``progress_bar`` shows
+    runs/s, failures and an ETA (default: when standard error is a terminal). ``run_options`` are
+    :func:`simdist.run`'s. Ctrl-C returns what was found, marked
     ``interrupted``. ``fn`` may also be a :class:`Program` reference (a script, as ``simdist explore`` passes it).
     """
-    settings = Settings(runs, strategy, depth, seed, {} if jitter is None else jitter, check, workers, on_run)
+    settings = Settings(
+        runs, strategy, depth, seed, {} if jitter is None else jitter, check, workers, on_run,
+        engine=engine, progress_bar=progress_bar,
+    )
     if faults:
         run_options = {**run_options, "faults": faults}  # a run option: checked with the others, in every run
     if isinstance(fn, Program):
@@ -104,7 +129,7 @@ def explore(
         raise ExplorationError(
             f"explore needs a function every rank runs, got {type(fn).__name__} {fn!r:.60}"
         )
-    program = _reference(fn, workers > 1)
+    program = _reference(fn, settings.remote)
     return _explore(fn, program, code_hash(fn), cluster, settings, run_options)
 
 
@@ -126,8 +151,11 @@ def _explore(
     options = RunOptions.from_keywords(**run_options)
     token.options_json(options)  # refuses, before any run, an option a token cannot hold
     check = settings.check
-    check_ref = _reference(check, settings.workers > 1) if check is not None else None
+    check_ref = _reference(check, settings.remote) if check is not None else None
+    if settings.engine is not None:
+        engines.require(settings.engine)
     ex = Exploration(settings.strategy)
+    bar = ProgressBar(settings.runs, settings.progress_bar)
 
     def found(outcome: Outcome) -> None:
         ex.outcomes.append(outcome)
@@ -146,6 +174,7 @@ def _explore(
             ex.failures.append(
                 Failure(outcome.index, outcome.kind, outcome.error, replay, outcome.trace_hash)
             )
+        bar.update(outcome)
         if settings.on_run is not None:
             settings.on_run(outcome)
 
@@ -157,19 +186,26 @@ def _explore(
             base = _local(fn, cluster, options, check, 0, Perturbation(ties="fifo", callbacks=False))
             found(base)
             plan = [_perturbation(settings, i, base) for i in range(1, settings.runs)]
-            if settings.workers == 1:
+            if not settings.remote:
                 for i, p in enumerate(plan, start=1):
                     found(_local(fn, cluster, options, check, i, p))
             else:
                 config = cluster.to_config()
                 tasks = [Task(i, program, check_ref, config, options, p) for i, p in enumerate(plan, 1)]
-                for outcome in _pool(tasks, settings.workers):
-                    found(outcome)
+                if settings.engine is not None:
+                    outcomes = engines.run(settings.engine, tasks)
+                else:
+                    outcomes = _pool(tasks, settings.workers)
+                with contextlib.closing(outcomes):  # Ctrl-C cancels the runs still pending
+                    for outcome in outcomes:
+                        found(outcome)
     except KeyboardInterrupt:
         ex.interrupted = True
     except SearchSpaceError as e:
         e.exploration = ex  # type: ignore[attr-defined]
         raise
+    finally:
+        bar.close()
     ex.outcomes.sort(key=lambda o: o.index)
     ex.failures.sort(key=lambda f: f.run)
     return ex
@@ -248,7 +284,8 @@ def _exhaustive(
 
 
 def _pool(tasks: list[Task], workers: int) -> Iterator[Outcome]:
-    """Run ``tasks`` on ``workers`` processes; yields their outcomes in task order.
+    """Run ``tasks`` on ``workers`` processes; yields their outcomes as the runs end (so Ctrl-C keeps every run
+    that ended).
 
     The workers fork from a forkserver, a fresh single-threaded process that imported simdist once (forking this
     process, whose rank threads and torch pools may hold locks, would not be safe; spawning imports torch per
@@ -258,7 +295,7 @@ def _pool(tasks: list[Task], workers: int) -> Iterator[Outcome]:
     pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)) or 1, mp_context=context)
     try:
         futures = [pool.submit(run_task, t) for t in tasks]
-        for fut in futures:
+        for fut in as_completed(futures):
             yield fut.result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
