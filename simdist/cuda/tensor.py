@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass, transform_subclass
 
+from simdist import uninitialised
 from simdist.cuda import device, pending, philox
 from simdist.cuda.fallbacks import FALLBACKS, unsupported
 from simdist.cuda.rngstate import DeviceGenerator
@@ -330,7 +331,17 @@ class Call:
 
     def run(self, generator: Callable[[int], DeviceGenerator | None] | None = None) -> Any:
         """Run the op on the CPU tensors; a random op draws from the device's generator (``generator(index)``):
-        from its CPU generator, or counter-based numbers at its Philox offset inside DTensor's RNG region."""
+        from its CPU generator, or counter-based numbers at its Philox offset inside DTensor's RNG region.
+        Memory the op leaves uninitialised is filled as torch's deterministic mode fills it."""
+        if self.func not in uninitialised.OPS:
+            return self._run(generator)
+        before = uninitialised.stored_bytes(self.func, self.args)
+        out = self._run(generator)
+        uninitialised.fill(self.func, out, before)
+        return out
+
+    def _run(self, generator: Callable[[int], DeviceGenerator | None] | None) -> Any:
+        """The op on the CPU tensors (see :meth:`run`)."""
         func, args, kwargs = self.func, self.args, self.kwargs
         fallback = FALLBACKS.get(func)
         if fallback is not None:

@@ -49,6 +49,7 @@ from simdist.network.faulty import LinkFaults
 from simdist.options import RunOptions
 from simdist.ranks import ranges
 from simdist.trace.trace import Trace
+from simdist.uninitialised import FillMode
 
 #: rank threads run the user's code, torch's autograd and NumPy; 16 MiB covers deep recursion in them
 _STACK_BYTES = 16 * 1024 * 1024
@@ -340,7 +341,7 @@ def _run(fn: Callable[..., Any], cluster: Cluster | str, args: tuple, kwargs: di
                 launch=sim.launch,
                 provider=providers[rank],
             )
-        return races if races is not None else contextlib.nullcontext()
+        return races if races is not None else FillMode()
 
     def target(rank: int) -> Any:
         if options.default_group:
