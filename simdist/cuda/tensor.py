@@ -462,6 +462,17 @@ def _as_to_copy(func: Any, args: Any, kwargs: dict[str, Any]) -> tuple[Any, Any,
     return aten._to_copy.default, (src,), copy_kwargs
 
 
+def _plain(kind: type) -> bool:
+    """Whether tensors of ``kind`` hold their data themselves: ``torch.Tensor``, ``nn.Parameter`` and their
+    subclasses that add attributes but no ``__torch_dispatch__`` of their own (as libraries' parameter classes
+    do); a wrapper subclass (DTensor, a fake tensor) unwraps first."""
+    return kind is torch.Tensor or kind is torch.nn.Parameter or kind.__torch_dispatch__ is _NO_DISPATCH
+
+
+#: what a tensor class without a ``__torch_dispatch__`` of its own has in its place
+_NO_DISPATCH = torch.Tensor.__torch_dispatch__
+
+
 def unwrap(func: Any, args: Any, kwargs: dict[str, Any]) -> Call | None | Any:
     """``func``'s call with simulated-GPU operands replaced by their CPU tensors.
 
@@ -481,7 +492,11 @@ def unwrap(func: Any, args: Any, kwargs: dict[str, Any]) -> Call | None | Any:
             if new_args is None:
                 new_args = list(args)
             new_args[i] = a._elem
-        elif kind is torch.Tensor or kind is torch.nn.Parameter:
+        elif (
+            kind is torch.Tensor
+            or kind is torch.nn.Parameter
+            or (isinstance(a, torch.Tensor) and _plain(kind))
+        ):
             if a.dim() > 0 and not a.is_meta:
                 host = True
         elif isinstance(a, torch.Tensor):
@@ -510,7 +525,7 @@ def unwrap(func: Any, args: Any, kwargs: dict[str, Any]) -> Call | None | Any:
                         dev = _joined(func, dev, t)
                         items[j] = t._elem
                     elif isinstance(t, torch.Tensor) and t.dim() > 0 and not t.is_meta:
-                        if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
+                        if not _plain(type(t)):
                             return None if _fake(t) else NotImplemented
                         host = True
                 if new_args is None:
@@ -551,7 +566,7 @@ def unwrap(func: Any, args: Any, kwargs: dict[str, Any]) -> Call | None | Any:
                             elif t._dev != dev:
                                 raise _mismatch(func, dev, t._dev)
                     new_kwargs[k] = items if kind is list else tuple(items)
-            elif isinstance(v, torch.Tensor) and kind is not torch.Tensor and kind is not torch.nn.Parameter:
+            elif isinstance(v, torch.Tensor) and not _plain(kind):
                 return None if _fake(v) else NotImplemented
     if dev is None:
         return None
