@@ -226,6 +226,10 @@ SETTINGS: Mapping[str, tuple[str, str]] = {
     "torch.get_num_threads()": (_RUN, "1 during a run: rank threads run one at a time"),
     "os.sched_getaffinity(0)": (_RUN, "pinned to one CPU where allowed: a baton hand-off is several times cheaper"),
     "gc.get_threshold(), gc.get_freeze_count()": (_RUN, "young objects collected less often among thousands of rank threads"),
+    "gc.isenabled()": (
+        "simdist.compute.memory",
+        "off with memory=True: the run collects where its allocations say, freeing cycles alike in every run",
+    ),
     "torch.get_default_dtype()": (_RUN, "kept per rank, as per process"),
     "torch.get_rng_state()": (_RUN, "kept per rank, as per process"),
     "torch's float32 precision (TF32, set_float32_matmul_precision)": (_RUN, "kept per rank, as per process"),
@@ -333,7 +337,7 @@ def process_state() -> dict[str, Any]:
     state["os.environ contents"] = dict(os.environ)
     state["torch.get_num_threads()"] = torch.get_num_threads()
     state["os.sched_getaffinity(0)"] = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    state["gc"] = (gc.get_threshold(), gc.get_freeze_count())
+    state["gc"] = (gc.get_threshold(), gc.get_freeze_count(), gc.isenabled())
     state["torch.get_default_dtype()"] = torch.get_default_dtype()
     state["torch.get_rng_state()"] = bytes(torch.get_rng_state().numpy())
     state["torch's float32 precision"] = tuple(

@@ -26,7 +26,7 @@ from simdist.comm.races import Race, RaceCheckMode
 from simdist.comm.thread_world import acting_as
 from simdist.compute.cost import ComputeCostMode
 from simdist.compute.devices import CPU, DeviceSpec, get_device
-from simdist.compute.memory import CATEGORIES, MemoryStats, MemoryTracker, tracking_hooks
+from simdist.compute.memory import CATEGORIES, Collections, MemoryStats, MemoryTracker, tracking_hooks
 from simdist.compute.profile import Profile, ProfileReplay, ReplayStats
 from simdist.cuda.rank import RankCuda
 from simdist.cuda.returns import to_host
@@ -275,8 +275,14 @@ def _run(fn: Callable[..., Any], cluster: Cluster | str, args: tuple, kwargs: di
     sim = RunContext(env, baton, cluster, tr, options, host_runs_ahead=options.compute and not device.is_zero_cost)
     store = sim.store
     local_world = _local_world_size(cluster)
+    collections = Collections()
     trackers = (
-        [MemoryTracker(r, device.memory_capacity, sim.time.device_now, sim.call_site, device.name) for r in range(n)]
+        [
+            MemoryTracker(
+                r, device.memory_capacity, sim.time.device_now, sim.call_site, device.name, collections=collections
+            )
+            for r in range(n)
+        ]
         if options.memory
         else []
     )
@@ -378,7 +384,7 @@ def _run(fn: Callable[..., Any], cluster: Cluster | str, args: tuple, kwargs: di
     baton.on_stall = sim.stall_report
     with run_context(sim, n, local_world) as shared, per_rank_generators(generators), rank_threads(baton, in_rank), (
         tracking_hooks() if options.memory else contextlib.nullcontext()
-    ), emulated(sim, device, local_world, cuda) if gpu else refused(sim):
+    ), collections.running() if options.memory else contextlib.nullcontext(), emulated(sim, device, local_world, cuda) if gpu else refused(sim):
         baton.run()
     stats = [t.close() for t in trackers]
     if crashes is not None and crashes.dead:
