@@ -4,12 +4,15 @@ after other runs, after garbage collections, in a fresh process."""
 from __future__ import annotations
 
 import gc
+import random
+import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import simdist
+from simdist.engine.rank_process import WALL_CLOCK_BASE
 
 RING = simdist.Cluster.preset("ring", world_size=2)
 
@@ -55,3 +58,21 @@ def test_cyclic_garbage_is_freed_at_the_same_points_in_every_run(shift: int) -> 
     # the cycles were collected during the run: the peak is below every step's tensor kept at once
     assert all(m.peak_bytes < 30 * 100_000 for m in first.memory), [m.peak_bytes for m in first.memory]
     assert gc.isenabled()
+
+
+def _seeded_by_the_clock() -> tuple:
+    """What scripts do with the clock: seed from it, name a run by it, time a step by it."""
+    random.seed(int(time.time() * 1000))
+    stamp = time.time_ns()
+    start = time.perf_counter()
+    dist.all_reduce(torch.ones(1000))
+    return random.random(), stamp, time.perf_counter() - start, time.monotonic(), time.monotonic_ns()
+
+
+def test_a_ranks_clocks_read_the_same_values_in_every_run() -> None:
+    first = simdist.run(_seeded_by_the_clock, RING)
+    time.sleep(0.01)  # the process's own clocks move on
+    second = simdist.run(_seeded_by_the_clock, RING)
+    assert first.returns == second.returns
+    assert first.returns[0][1] == int(WALL_CLOCK_BASE * 1e9)  # rank 0 read it at simulated time 0
+    assert first.returns[0][2] > 0  # the all-reduce took simulated time
