@@ -69,6 +69,8 @@ HOST_READS = ("tolist", "numpy", "__repr__", "__array__")
 
 #: ``time``'s clocks that rank code reads in simulated time (its rank's host time plus a base taken at the start)
 RANK_CLOCKS = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns")
+#: ``time``'s calendar functions that, given no time, read the system clock in C: in rank code they take the rank's
+RANK_CALENDAR = ("localtime", "gmtime", "ctime", "asctime", "strftime")
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,8 @@ INVENTORY: tuple[Patch, ...] = (
     Patch("time", ("sleep",), "simdist.engine.process", "a rank sleeps in simulated time and lets the others run"),
     Patch("time", RANK_CLOCKS, "simdist.engine.process",
           "a rank's clocks read its simulated host time, so what it times takes simulated seconds"),
+    Patch("time", RANK_CALENDAR, "simdist.engine.process",
+          "given no time, they take the rank's time.time(): a run's file names and log lines are the same every run"),
     Patch("os", ("getpid",), "simdist.engine.process",
           "each rank has a process id of its own, and none of a live process"),
     Patch("sys", ("argv",), "simdist.engine.process", "each rank reads and changes its own command line (argv=)"),

@@ -66,7 +66,18 @@ def _seeded_by_the_clock() -> tuple:
     stamp = time.time_ns()
     start = time.perf_counter()
     dist.all_reduce(torch.ones(1000))
-    return random.random(), stamp, time.perf_counter() - start, time.monotonic(), time.monotonic_ns()
+    name = time.strftime("run-%Y%m%d-%H%M%S")
+    return (
+        random.random(),
+        stamp,
+        time.perf_counter() - start,
+        time.monotonic(),
+        time.monotonic_ns(),
+        name,
+        time.gmtime()[:6],
+        time.ctime(),
+        time.asctime(),
+    )
 
 
 def test_a_ranks_clocks_read_the_same_values_in_every_run() -> None:
@@ -76,3 +87,5 @@ def test_a_ranks_clocks_read_the_same_values_in_every_run() -> None:
     assert first.returns == second.returns
     assert first.returns[0][1] == int(WALL_CLOCK_BASE * 1e9)  # rank 0 read it at simulated time 0
     assert first.returns[0][2] > 0  # the all-reduce took simulated time
+    assert first.returns[0][6] == (2026, 1, 1, 0, 0, 0)
+    assert first.returns[0][5] == time.strftime("run-%Y%m%d-%H%M%S", time.localtime(WALL_CLOCK_BASE))

@@ -26,9 +26,10 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from types import ModuleType
+from typing import Any
 
 from simdist.clock.baton import current_rank_state
-from simdist.patching import RANK_CLOCKS
+from simdist.patching import RANK_CALENDAR, RANK_CLOCKS
 
 #: what each clock of :data:`simdist.patching.RANK_CLOCKS` reads at simulated time 0, in seconds: the wall clock
 #: 2026-01-01 00:00:00 UTC, the others a day after a host's start. Fixed, not read when the run starts: a program
@@ -50,6 +51,41 @@ def rank_clocks(now: Callable[[], float]) -> dict[str, Callable[[], float | int]
         ns = name.endswith("_ns")
         base = CLOCK_BASES[name] * 1e9 if ns else CLOCK_BASES[name]
         out[name] = _rank_clock(name, getattr(time, name), base, ns, now)
+    return out
+
+
+def rank_calendar(clock: Callable[[], float]) -> dict[str, Callable[..., Any]]:
+    """``time``'s calendar functions (:data:`simdist.patching.RANK_CALENDAR`) as rank code calls them: given no
+    time, they read ``clock`` (the rank's ``time.time``) where the C functions read the system clock."""
+    real = {name: getattr(time, name) for name in RANK_CALENDAR}
+
+    def seconds(secs: float | None = None) -> float | None:
+        return clock() if secs is None and current_rank_state() is not None else secs
+
+    def localtime(secs: float | None = None) -> time.struct_time:
+        return real["localtime"](seconds(secs))
+
+    def gmtime(secs: float | None = None) -> time.struct_time:
+        return real["gmtime"](seconds(secs))
+
+    def ctime(secs: float | None = None) -> str:
+        return real["ctime"](seconds(secs))
+
+    def asctime(t: Any = None) -> str:
+        return real["asctime"](real["localtime"](seconds()) if t is None else t)
+
+    def strftime(format: str, t: Any = None) -> str:
+        return real["strftime"](format, real["localtime"](seconds()) if t is None else t)
+
+    out: dict[str, Callable[..., Any]] = {
+        "localtime": localtime,
+        "gmtime": gmtime,
+        "ctime": ctime,
+        "asctime": asctime,
+        "strftime": strftime,
+    }
+    for name, fn in out.items():
+        fn.__doc__ = real[name].__doc__
     return out
 
 
