@@ -4,12 +4,17 @@ after other runs, after garbage collections, in a fresh process."""
 from __future__ import annotations
 
 import gc
+import os
 import random
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
+from gpu_programs.common import digest
+from gpu_programs.suite import PROGRAMS
 
 import simdist
 from simdist.engine.rank_process import WALL_CLOCK_BASE
@@ -89,3 +94,33 @@ def test_a_ranks_clocks_read_the_same_values_in_every_run() -> None:
     assert first.returns[0][2] > 0  # the all-reduce took simulated time
     assert first.returns[0][6] == (2026, 1, 1, 0, 0, 0)
     assert first.returns[0][5] == time.strftime("run-%Y%m%d-%H%M%S", time.localtime(WALL_CLOCK_BASE))
+
+
+def _fingerprints() -> list[str]:
+    """Trace hashes and result digests of a GPU program with memory accounting, cyclic garbage and the clocks."""
+    runs = [
+        simdist.run(
+            PROGRAMS["fsdp2_mixed"], simdist.Cluster.switch(2, device="H100"), args=("cuda",), memory=True
+        ),
+        simdist.run(_cyclic_garbage, RING, memory=True),
+        simdist.run(_seeded_by_the_clock, RING),
+    ]
+    return [f"{r.trace_hash} {digest(r.returns)}" for r in runs]
+
+
+_CHILD = """
+import sys, warnings
+warnings.simplefilter("ignore")
+sys.path.insert(0, {tests!r})
+from test_determinism import _fingerprints
+print("\\n".join(_fingerprints()))
+"""
+
+
+def test_runs_are_the_same_in_a_fresh_process_under_another_hash_seed() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "PYTHONHASHSEED": "4321", "PYTHONPATH": os.path.dirname(here)}
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD.format(tests=here)], env=env, capture_output=True, text=True, check=True
+    )
+    assert child.stdout.split("\n")[-4:-1] == _fingerprints()
