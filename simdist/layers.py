@@ -32,12 +32,12 @@ LAYERS: tuple[Layer, ...] = (
           "script loading, the host-memory check, a real run's timeline records"),
     Layer("foundation",
           ("simdist.errors", "simdist.layers", "simdist.options", "simdist.patching", "simdist.ranks", "simdist.units",
-           "simdist.trace", "simdist.untraced", "simdist.cuda", "simdist.compute", "simdist.algorithms",
-           "simdist.faults"),
+           "simdist.trace", "simdist.untraced", "simdist.uninitialised", "simdist.cuda", "simdist.compute",
+           "simdist.algorithms", "simdist.faults"),
           "the error hierarchy, this architecture, a run's validated options, the inventory of process-wide "
           "changes, unit strings, the trace record, the mark that keeps torch.compile out of simdist's per-op "
-          "code, the simulated GPU's tensor and native pieces, device models and the per-op cost mode, collective "
-          "and reduce-op records and algorithms as message schedules, the faults a run can meet as records"),
+          "code, the fill of uninitialised memory, the simulated GPU's tensor and native pieces, device models and "
+          "the per-op cost mode, collective and reduce-op records and algorithms as message schedules, the faults a run can meet as records"),
     Layer("clock and rank threads", ("simdist.clock",),
           "the simpy clock, one thread per rank and the baton passed between them, each rank's pending compute, "
           "call sites, perturbations and the clock that breaks ties by them"),

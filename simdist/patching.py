@@ -69,6 +69,8 @@ HOST_READS = ("tolist", "numpy", "__repr__", "__array__")
 
 #: ``time``'s clocks that rank code reads in simulated time (its rank's host time plus a base taken at the start)
 RANK_CLOCKS = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns")
+#: ``time``'s calendar functions that, given no time, read the system clock in C: in rank code they take the rank's
+RANK_CALENDAR = ("localtime", "gmtime", "ctime", "asctime", "strftime")
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,8 @@ INVENTORY: tuple[Patch, ...] = (
     Patch("time", ("sleep",), "simdist.engine.process", "a rank sleeps in simulated time and lets the others run"),
     Patch("time", RANK_CLOCKS, "simdist.engine.process",
           "a rank's clocks read its simulated host time, so what it times takes simulated seconds"),
+    Patch("time", RANK_CALENDAR, "simdist.engine.process",
+          "given no time, they take the rank's time.time(): a run's file names and log lines are the same every run"),
     Patch("os", ("getpid",), "simdist.engine.process",
           "each rank has a process id of its own, and none of a live process"),
     Patch("sys", ("argv",), "simdist.engine.process", "each rank reads and changes its own command line (argv=)"),
@@ -226,6 +230,10 @@ SETTINGS: Mapping[str, tuple[str, str]] = {
     "torch.get_num_threads()": (_RUN, "1 during a run: rank threads run one at a time"),
     "os.sched_getaffinity(0)": (_RUN, "pinned to one CPU where allowed: a baton hand-off is several times cheaper"),
     "gc.get_threshold(), gc.get_freeze_count()": (_RUN, "young objects collected less often among thousands of rank threads"),
+    "gc.isenabled()": (
+        "simdist.compute.memory",
+        "off with memory=True: the run collects where its allocations say, freeing cycles alike in every run",
+    ),
     "torch.get_default_dtype()": (_RUN, "kept per rank, as per process"),
     "torch.get_rng_state()": (_RUN, "kept per rank, as per process"),
     "torch's float32 precision (TF32, set_float32_matmul_precision)": (_RUN, "kept per rank, as per process"),
@@ -333,7 +341,7 @@ def process_state() -> dict[str, Any]:
     state["os.environ contents"] = dict(os.environ)
     state["torch.get_num_threads()"] = torch.get_num_threads()
     state["os.sched_getaffinity(0)"] = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    state["gc"] = (gc.get_threshold(), gc.get_freeze_count())
+    state["gc"] = (gc.get_threshold(), gc.get_freeze_count(), gc.isenabled())
     state["torch.get_default_dtype()"] = torch.get_default_dtype()
     state["torch.get_rng_state()"] = bytes(torch.get_rng_state().numpy())
     state["torch's float32 precision"] = tuple(

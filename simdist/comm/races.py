@@ -34,6 +34,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from simdist import uninitialised
 from simdist.clock.baton import current_rank_state
 from simdist.comm.waivers import RaceWaiver
 from simdist.errors import RaceError, RaceWarning, RunArgumentError
@@ -564,7 +565,12 @@ class RaceCheckMode(TorchDispatchMode):
     @never_compiled
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         self.check(func, args, kwargs or {})
-        return func(*args, **(kwargs or {}))
+        if func not in uninitialised.OPS:
+            return func(*args, **(kwargs or {}))
+        before = uninitialised.stored_bytes(func, args)
+        out = func(*args, **(kwargs or {}))
+        uninitialised.fill(func, out, before)
+        return out
 
 
 def direct_read(detector: RaceDetector, site: Any, name: str, tensor: torch.Tensor, read: Callable[[], Any]) -> Any:

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from simdist import uninitialised
 from simdist.compute.attention import AttentionCall, attention_calls
 from simdist.compute.devices import DeviceSpec, get_device
 from simdist.compute.fusion import FusedRegion, is_pointwise
@@ -483,6 +484,15 @@ class ComputeCostMode(TorchDispatchMode):
     def __torch_dispatch__(
         self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
+        if func not in uninitialised.OPS:
+            return self._dispatch(func, args, kwargs)
+        before = uninitialised.stored_bytes(func, args)
+        out = self._dispatch(func, args, kwargs)
+        uninitialised.fill(func, out, before)
+        return out
+
+    def _dispatch(self, func: Any, args: Sequence[Any], kwargs: dict[str, Any] | None) -> Any:
+        """One op run, checked, accounted and charged (see :meth:`__torch_dispatch__`)."""
         if self._cuda is not None:
             if func in PINNED_OPS or (kwargs and kwargs.get("pin_memory") and kwargs.get("device") in _HOST):
                 return self._pinned(func, args, kwargs or {})

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass, transform_subclass
 
+from simdist import uninitialised
 from simdist.cuda import device, pending, philox
 from simdist.cuda.fallbacks import FALLBACKS, unsupported
 from simdist.cuda.rngstate import DeviceGenerator
@@ -330,7 +331,17 @@ class Call:
 
     def run(self, generator: Callable[[int], DeviceGenerator | None] | None = None) -> Any:
         """Run the op on the CPU tensors; a random op draws from the device's generator (``generator(index)``):
-        from its CPU generator, or counter-based numbers at its Philox offset inside DTensor's RNG region."""
+        from its CPU generator, or counter-based numbers at its Philox offset inside DTensor's RNG region.
+        Memory the op leaves uninitialised is filled as torch's deterministic mode fills it."""
+        if self.func not in uninitialised.OPS:
+            return self._run(generator)
+        before = uninitialised.stored_bytes(self.func, self.args)
+        out = self._run(generator)
+        uninitialised.fill(self.func, out, before)
+        return out
+
+    def _run(self, generator: Callable[[int], DeviceGenerator | None] | None) -> Any:
+        """The op on the CPU tensors (see :meth:`run`)."""
         func, args, kwargs = self.func, self.args, self.kwargs
         fallback = FALLBACKS.get(func)
         if fallback is not None:
@@ -451,6 +462,17 @@ def _as_to_copy(func: Any, args: Any, kwargs: dict[str, Any]) -> tuple[Any, Any,
     return aten._to_copy.default, (src,), copy_kwargs
 
 
+def _plain(kind: type) -> bool:
+    """Whether tensors of ``kind`` hold their data themselves: ``torch.Tensor``, ``nn.Parameter`` and their
+    subclasses that add attributes but no ``__torch_dispatch__`` of their own (as libraries' parameter classes
+    do); a wrapper subclass (DTensor, a fake tensor) unwraps first."""
+    return kind is torch.Tensor or kind is torch.nn.Parameter or kind.__torch_dispatch__ is _NO_DISPATCH
+
+
+#: what a tensor class without a ``__torch_dispatch__`` of its own has in its place
+_NO_DISPATCH = torch.Tensor.__torch_dispatch__
+
+
 def unwrap(func: Any, args: Any, kwargs: dict[str, Any]) -> Call | None | Any:
     """``func``'s call with simulated-GPU operands replaced by their CPU tensors.
 
@@ -470,7 +492,11 @@ def unwrap(func: Any, args: Any, kwargs: dict[str, Any]) -> Call | None | Any:
             if new_args is None:
                 new_args = list(args)
             new_args[i] = a._elem
-        elif kind is torch.Tensor or kind is torch.nn.Parameter:
+        elif (
+            kind is torch.Tensor
+            or kind is torch.nn.Parameter
+            or (isinstance(a, torch.Tensor) and _plain(kind))
+        ):
             if a.dim() > 0 and not a.is_meta:
                 host = True
         elif isinstance(a, torch.Tensor):
@@ -499,7 +525,7 @@ def unwrap(func: Any, args: Any, kwargs: dict[str, Any]) -> Call | None | Any:
                         dev = _joined(func, dev, t)
                         items[j] = t._elem
                     elif isinstance(t, torch.Tensor) and t.dim() > 0 and not t.is_meta:
-                        if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
+                        if not _plain(type(t)):
                             return None if _fake(t) else NotImplemented
                         host = True
                 if new_args is None:
@@ -540,7 +566,7 @@ def unwrap(func: Any, args: Any, kwargs: dict[str, Any]) -> Call | None | Any:
                             elif t._dev != dev:
                                 raise _mismatch(func, dev, t._dev)
                     new_kwargs[k] = items if kind is list else tuple(items)
-            elif isinstance(v, torch.Tensor) and kind is not torch.Tensor and kind is not torch.nn.Parameter:
+            elif isinstance(v, torch.Tensor) and not _plain(kind):
                 return None if _fake(v) else NotImplemented
     if dev is None:
         return None

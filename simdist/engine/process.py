@@ -34,7 +34,7 @@ from simdist.cudart.api import seed_devices
 from simdist.engine.compiled import fusing_compile
 from simdist.engine.precision import RankPrecision
 from simdist.engine.rank_output import RankStream
-from simdist.engine.rank_process import RankArgv, rank_clocks, rank_getpid, rank_mains
+from simdist.engine.rank_process import RankArgv, rank_calendar, rank_clocks, rank_getpid, rank_mains
 from simdist.errors import RankExit
 from simdist.patching import HOST_READS, replaced
 
@@ -87,7 +87,9 @@ def run_context(ctx: RunContext, n: int, local_world: int) -> Iterator[RankProce
         "torch.cuda.synchronize": _rank_cuda_synchronize(ctx),
         "os.getpid": rank_getpid(),
     }
-    patches.update({f"time.{name}": clock for name, clock in rank_clocks(ctx.now).items()})
+    clocks = rank_clocks(ctx.now)
+    patches.update({f"time.{name}": clock for name, clock in clocks.items()})
+    patches.update({f"time.{name}": fn for name, fn in rank_calendar(clocks["time"]).items()})
     # TF32 and matmul precision switches per rank: the cost model and the CPU's oneDNN matmuls read them
     precision = RankPrecision()
     ctx.baton.per_rank.append(precision)

@@ -2,9 +2,10 @@
 process id and the command line.
 
 - The clock: ``time.time()``, ``time.perf_counter()``, ``time.monotonic()`` and their ``_ns`` forms read the
-  rank's simulated host time (:func:`simdist.now`, compute charged but not yet slept off included) plus what each
-  read when the run started, so a step timed with them takes its simulated time, as ``time.sleep`` already waits
-  in it. All ranks share the bases, as the hosts of a cluster share a synchronised wall clock.
+  rank's simulated host time (:func:`simdist.now`, compute charged but not yet slept off included) plus a fixed
+  base (:data:`CLOCK_BASES`), so a step timed with them takes its simulated time, as ``time.sleep`` already waits
+  in it, and a value read from them (a seed, a file name) is the same in every run. All ranks share the bases, as
+  the hosts of a cluster share a synchronised wall clock.
 - The process id: ``os.getpid()`` answers ``FIRST_PID + rank``. Those numbers are above Linux's largest process
   id, so no live process has one: ``os.kill(os.getpid(), ...)`` in rank code fails with ``ProcessLookupError``
   rather than signal the simulator or another program.
@@ -25,21 +26,66 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from types import ModuleType
+from typing import Any
 
 from simdist.clock.baton import current_rank_state
-from simdist.patching import RANK_CLOCKS
+from simdist.patching import RANK_CALENDAR, RANK_CLOCKS
+
+#: what each clock of :data:`simdist.patching.RANK_CLOCKS` reads at simulated time 0, in seconds: the wall clock
+#: 2026-01-01 00:00:00 UTC, the others a day after a host's start. Fixed, not read when the run starts: a program
+#: that seeds its generators from ``time.time()`` or names its files by it does the same in every run.
+WALL_CLOCK_BASE = 1_767_225_600.0
+UPTIME_BASE = 86_400.0
+CLOCK_BASES = {name: WALL_CLOCK_BASE if name.startswith("time") else UPTIME_BASE for name in RANK_CLOCKS}
 
 #: the process id of rank 0 (``os.getpid()`` in rank r answers FIRST_PID + r): one above Linux's PID_MAX_LIMIT
 FIRST_PID = (1 << 22) + 1
 
 
 def rank_clocks(now: Callable[[], float]) -> dict[str, Callable[[], float | int]]:
-    """``time``'s clocks (:data:`simdist.patching.RANK_CLOCKS`) as rank code reads them: each one's value at
-    this call plus ``now()``, the calling rank's simulated time in seconds (``_ns`` clocks in nanoseconds)."""
+    """``time``'s clocks (:data:`simdist.patching.RANK_CLOCKS`) as rank code reads them: each one's base
+    (:data:`CLOCK_BASES`) plus ``now()``, the calling rank's simulated time in seconds (``_ns`` clocks in
+    nanoseconds)."""
     out: dict[str, Callable[[], float | int]] = {}
     for name in RANK_CLOCKS:
-        real = getattr(time, name)
-        out[name] = _rank_clock(name, real, real(), name.endswith("_ns"), now)
+        ns = name.endswith("_ns")
+        base = CLOCK_BASES[name] * 1e9 if ns else CLOCK_BASES[name]
+        out[name] = _rank_clock(name, getattr(time, name), base, ns, now)
+    return out
+
+
+def rank_calendar(clock: Callable[[], float]) -> dict[str, Callable[..., Any]]:
+    """``time``'s calendar functions (:data:`simdist.patching.RANK_CALENDAR`) as rank code calls them: given no
+    time, they read ``clock`` (the rank's ``time.time``) where the C functions read the system clock."""
+    real = {name: getattr(time, name) for name in RANK_CALENDAR}
+
+    def seconds(secs: float | None = None) -> float | None:
+        return clock() if secs is None and current_rank_state() is not None else secs
+
+    def localtime(secs: float | None = None) -> time.struct_time:
+        return real["localtime"](seconds(secs))
+
+    def gmtime(secs: float | None = None) -> time.struct_time:
+        return real["gmtime"](seconds(secs))
+
+    def ctime(secs: float | None = None) -> str:
+        return real["ctime"](seconds(secs))
+
+    def asctime(t: Any = None) -> str:
+        return real["asctime"](real["localtime"](seconds()) if t is None else t)
+
+    def strftime(format: str, t: Any = None) -> str:
+        return real["strftime"](format, real["localtime"](seconds()) if t is None else t)
+
+    out: dict[str, Callable[..., Any]] = {
+        "localtime": localtime,
+        "gmtime": gmtime,
+        "ctime": ctime,
+        "asctime": asctime,
+        "strftime": strftime,
+    }
+    for name, fn in out.items():
+        fn.__doc__ = real[name].__doc__
     return out
 
 

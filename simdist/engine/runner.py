@@ -28,7 +28,7 @@ from simdist.comm.races import Race, RaceCheckMode
 from simdist.comm.thread_world import acting_as
 from simdist.compute.cost import ComputeCostMode
 from simdist.compute.devices import CPU, DeviceSpec, get_device
-from simdist.compute.memory import CATEGORIES, MemoryStats, MemoryTracker, tracking_hooks
+from simdist.compute.memory import CATEGORIES, Collections, MemoryStats, MemoryTracker, tracking_hooks
 from simdist.compute.profile import Profile, ProfileReplay, ReplayStats
 from simdist.cuda.rank import RankCuda
 from simdist.cuda.returns import to_host
@@ -51,6 +51,7 @@ from simdist.network.faulty import LinkFaults
 from simdist.options import RunOptions
 from simdist.ranks import ranges
 from simdist.trace.trace import Trace
+from simdist.uninitialised import FillMode
 
 #: rank threads run the user's code, torch's autograd and NumPy; 16 MiB covers deep recursion in them
 _STACK_BYTES = 16 * 1024 * 1024
@@ -327,8 +328,14 @@ def _run(
     sim = RunContext(env, baton, cluster, tr, options, host_runs_ahead=options.compute and not device.is_zero_cost)
     store = sim.store
     local_world = _local_world_size(cluster)
+    collections = Collections()
     trackers = (
-        [MemoryTracker(r, device.memory_capacity, sim.time.device_now, sim.call_site, device.name) for r in range(n)]
+        [
+            MemoryTracker(
+                r, device.memory_capacity, sim.time.device_now, sim.call_site, device.name, collections=collections
+            )
+            for r in range(n)
+        ]
         if options.memory
         else []
     )
@@ -393,7 +400,7 @@ def _run(
                 launch=sim.launch,
                 provider=providers[rank],
             )
-        return races if races is not None else contextlib.nullcontext()
+        return races if races is not None else FillMode()
 
     def target(rank: int) -> Any:
         if options.default_group:
@@ -430,7 +437,7 @@ def _run(
     baton.on_stall = sim.stall_report
     with run_context(sim, n, local_world) as shared, per_rank_generators(generators), rank_threads(baton, in_rank), (
         tracking_hooks() if options.memory else contextlib.nullcontext()
-    ), emulated(sim, device, local_world, cuda) if gpu else refused(sim):
+    ), collections.running() if options.memory else contextlib.nullcontext(), emulated(sim, device, local_world, cuda) if gpu else refused(sim):
         baton.run()
     stats = [t.close() for t in trackers]
     if observed is not None and isinstance(env, PerturbedEnvironment):

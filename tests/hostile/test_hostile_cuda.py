@@ -18,6 +18,7 @@ import torch.distributed as dist
 from hostile_cases import Case, check, params
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from typing_extensions import Self
 
 import simdist
 from simdist.compute import get_device
@@ -355,6 +356,45 @@ def _check_retry(result: simdist.RunResult) -> None:
     assert result.returns == [2**24, 2**24]
 
 
+class _TaggedParameter(torch.nn.Parameter):
+    """A parameter class with an attribute of its own, as libraries define them (no ``__torch_dispatch__``)."""
+
+    def __new__(cls, data: torch.Tensor, requires_grad: bool = True, tag: str = "") -> Self:
+        p = super().__new__(cls, data, requires_grad)
+        p.tag = tag
+        return p
+
+
+def _move_a_parameter_subclass(kind: str) -> tuple:
+    """A module holding a parameter subclass, moved to ``kind`` with ``Module.to``, then one training step."""
+    dev = "cuda" if kind == "cuda" else "cpu"
+    if kind == "cuda":
+        torch.cuda.set_device(dist.get_rank())
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    model.weight = _TaggedParameter(model.weight.detach().clone(), tag="w")
+    kept = model.weight
+    model.to(dev)
+    w = model.weight
+    loss = model(torch.ones(4, 3, device=dev)).square().sum()
+    loss.backward()
+    return (
+        w is kept,
+        isinstance(w, torch.nn.Parameter),
+        w.tag,
+        w.device.type,
+        loss.item(),
+        w.grad.cpu(),
+    )
+
+
+def _as_its_cpu_twin(res: simdist.RunResult) -> None:
+    twin = simdist.run(_move_a_parameter_subclass, simdist.Cluster.switch(2, device="cpu"), args=("cpu",))
+    for rank, (got, want) in enumerate(zip(res.returns, twin.returns)):
+        assert got[:3] == (True, True, "w") and got[3] == "cuda", (rank, got)
+        assert got[4] == want[4] and torch.equal(got[5], want[5]), (rank, got, want)
+
+
 CASES = [
     Case(
         "cuda0_plus_cuda1",
@@ -580,6 +620,12 @@ CASES = [
         _self_check_fails,
         error=CudaEmulationError,
         match=r"need, in this process: torch 3\.0\.0",
+    ),
+    Case(
+        "parameter_subclass_to_cuda",
+        "moves a module holding a subclass of nn.Parameter (with an attribute of its own) with .to('cuda')",
+        lambda: simdist.run(_move_a_parameter_subclass, PAIR, args=("cuda",)),
+        check=_as_its_cpu_twin,
     ),
 ]
 

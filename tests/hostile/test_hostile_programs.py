@@ -427,6 +427,31 @@ def _check_concurrent(results: list) -> None:
             assert torch.equal(t, torch.full((2,), 2.0 * (i + 1)))
 
 
+def _seeds_from_the_clock() -> tuple[float, str]:
+    """Seeds its generator from the wall clock and names its run directory by the date, as many scripts do."""
+    random.seed(time.time())
+    return random.random(), time.strftime("runs/%Y%m%d-%H%M%S")
+
+
+def _same_twice(result: tuple[simdist.RunResult, simdist.RunResult]) -> None:
+    first, second = result
+    assert first.returns == second.returns and first.trace_hash == second.trace_hash
+
+
+def _sums_uninitialised_memory() -> float:
+    """Reads a buffer it never wrote (a forgotten zeros), reduced across ranks."""
+    acc = torch.empty(16)
+    acc += torch.ones(16)
+    dist.all_reduce(acc)
+    return acc.sum().item()
+
+
+def _nan_twice(result: tuple[simdist.RunResult, simdist.RunResult]) -> None:
+    first, second = result
+    assert first.trace_hash == second.trace_hash
+    assert all(math.isnan(v) for v in first.returns + second.returns), (first.returns, second.returns)
+
+
 CASES: list[Case] = [
     Case(
         "arg-copied-per-rank",
@@ -754,6 +779,22 @@ CASES: list[Case] = [
         "four simdist.run calls at once from four Python threads, clusters given as objects and as files",
         lambda: _concurrent_runs(pathlib.Path(tempfile.mkdtemp())),
         check=_check_concurrent,
+    ),
+    Case(
+        "reads_uninitialised_memory",
+        "accumulates into torch.empty instead of torch.zeros and all-reduces it, in two runs",
+        lambda: (simdist.run(_sums_uninitialised_memory, RING2), simdist.run(_sums_uninitialised_memory, RING2)),
+        check=_nan_twice,
+    ),
+    Case(
+        "seeds_from_the_clock",
+        "seeds random from time.time() and names its run directory by time.strftime, in two runs",
+        lambda: (
+            simdist.run(_seeds_from_the_clock, RING2),
+            time.sleep(0.01),
+            simdist.run(_seeds_from_the_clock, RING2),
+        )[::2],
+        check=_same_twice,
     ),
 ]
 
