@@ -376,7 +376,10 @@ class _ImportWatcher(importlib.abc.MetaPathFinder):
         self.names = names
         self.then = then
 
-    def find_spec(self, name: str, path: Any, target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, name: str, path: Any, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        """The spec the next finder gives a watched module, its loader followed by ``then()``."""
         if name not in self.names:
             return None
         for finder in sys.meta_path:
@@ -397,9 +400,11 @@ class _ThenLoader(importlib.abc.Loader):
         self.then = then
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        """The wrapped loader's module."""
         return self.loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
+        """Run the module with the wrapped loader as its own, then ``then()``."""
         module.__loader__ = self.loader
         if module.__spec__ is not None:
             module.__spec__.loader = self.loader

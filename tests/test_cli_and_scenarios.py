@@ -246,7 +246,9 @@ def test_ci_reruns_every_cpu_kernels_test_under_the_lesser_capabilities(request)
     found = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, check=True)
     rerun = {ROOT / name for name in found.stdout.split()}
     marked = {Path(item.path) for item in request.session.items if item.get_closest_marker("cpu_kernels")}
-    assert marked <= rerun, f"cpu_kernels tests in files .ci/run leaves out: {sorted(map(str, marked - rerun))}"
+    assert marked <= rerun, (
+        f"cpu_kernels tests in files .ci/run leaves out: {sorted(map(str, marked - rerun))}"
+    )
     assert (ROOT / "tests" / "test_cli_and_scenarios.py") in rerun
 
 
