@@ -15,12 +15,15 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib
+import importlib.abc
+import importlib.machinery
 import os
 import random
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -238,6 +241,13 @@ SETTINGS: Mapping[str, tuple[str, str]] = {
     "torch.get_rng_state()": (_RUN, "kept per rank, as per process"),
     "torch's float32 precision (TF32, set_float32_matmul_precision)": (_RUN, "kept per rank, as per process"),
     "sys.excepthook": (_RUN, "restored after rank threads' unhandled exceptions"),
+    "sys.meta_path": (
+        "simdist.patching",
+        (
+            "a finder while a run waits for rank code to import a module it patches (DTensor's random module, not "
+            "imported up front: about a second of CPU); it patches the module as it loads"
+        ),
+    ),
     "sys.modules['__main__']": (
         "simdist.engine.rank_process",
         "a rank running a script as torchrun runs it has a __main__ module of its own",
@@ -289,14 +299,29 @@ def _resolve(path: str) -> Any | None:
     return None
 
 
+@dataclass(frozen=True)
+class OnImport:
+    """A replacement made from the target's own value (``make(original)``), set when the block starts if the
+    target's module is imported, or else the moment the program imports it during the block.
+
+    For targets in modules that cost much to import (DTensor's pulls in sympy, about a second of CPU): importing
+    them up front would charge every process that imports simdist, rank processes of real launches included.
+    """
+
+    make: Callable[[Any], Any]
+
+
 @contextlib.contextmanager
 def replaced(owner: str, values: Mapping[str, Any]) -> Iterator[None]:
     """Set each dotted target of ``values`` (declared in :data:`INVENTORY` for ``owner``) during the block.
 
-    Whatever ends the block, each target gets back what it had: the same object, or no attribute of its own
-    (a class attribute that was inherited is deleted again), in the reverse order of setting.
+    A plain value is set if its module is imported (otherwise the program cannot reach it); an :class:`OnImport`
+    value also when its module is imported during the block. Whatever ends the block, each target gets back
+    what it had: the same object, or no attribute of its own (a class attribute that was inherited is deleted
+    again), in the reverse order of setting.
     """
     done: list[tuple[Any, str, Any]] = []
+    waiting: dict[str, OnImport] = {}
     try:
         for target, value in values.items():
             if owner not in _OWNERS.get(target, ()):
@@ -304,20 +329,95 @@ def replaced(owner: str, values: Mapping[str, Any]) -> Iterator[None]:
                     f"{owner} replaces {target}, which simdist.patching.INVENTORY does not list for it: declare every "
                     "process-wide change there"
                 )
-            path, _, name = target.rpartition(".")
-            obj = _resolve(path)
-            if obj is None:
-                continue  # the module is not imported: the program cannot reach it
-            previous = vars(obj).get(name, _MISSING) if isinstance(obj, type) else getattr(obj, name, _MISSING)
-            setattr(obj, name, value)
-            done.append((obj, name, previous))
-        yield
+            if not _set(target, value, done) and isinstance(value, OnImport):
+                waiting[target] = value
+        with _set_on_import(waiting, done) if waiting else contextlib.nullcontext():
+            yield
     finally:
         for obj, name, previous in reversed(done):
             if previous is _MISSING:
                 delattr(obj, name)
             else:
                 setattr(obj, name, previous)
+
+
+def _set(target: str, value: Any, done: list[tuple[Any, str, Any]]) -> bool:
+    """Set ``target`` to ``value`` (noting in ``done`` what it had); False if its module is not imported."""
+    path, _, name = target.rpartition(".")
+    obj = _resolve(path)
+    if obj is None:
+        return False
+    previous = vars(obj).get(name, _MISSING) if isinstance(obj, type) else getattr(obj, name, _MISSING)
+    setattr(obj, name, value.make(getattr(obj, name, None)) if isinstance(value, OnImport) else value)
+    done.append((obj, name, previous))
+    return True
+
+
+@contextlib.contextmanager
+def _set_on_import(waiting: dict[str, OnImport], done: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    """During the block, set each waiting target as soon as an import makes it reachable."""
+    lock = threading.RLock()  # making a replacement may import a watched module again
+
+    def imported() -> None:
+        with lock:
+            for target in [t for t in waiting if _set(t, waiting[t], done)]:
+                del waiting[target]
+
+    watcher = _ImportWatcher({p for t in waiting for p in _prefixes(t)}, imported)
+    sys.meta_path.insert(0, watcher)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(watcher)
+
+
+def _prefixes(target: str) -> list[str]:
+    """Every dotted prefix of ``target``'s path: any of them may be the module that holds it."""
+    parts = target.split(".")[:-1]
+    return [".".join(parts[:i]) for i in range(2, len(parts) + 1)]
+
+
+class _ImportWatcher(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: has the next finder find a watched module and calls ``then()`` once it has run."""
+
+    def __init__(self, names: set[str], then: Callable[[], None]) -> None:
+        self.names = names
+        self.then = then
+
+    def find_spec(
+        self, name: str, path: Any, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        """The spec the next finder gives a watched module, its loader followed by ``then()``."""
+        if name not in self.names:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None) if finder is not self else None
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _ThenLoader(spec.loader, self.then)
+                return spec
+        return None
+
+
+class _ThenLoader(importlib.abc.Loader):
+    """``loader``, followed by ``then()`` once the module has run; the module keeps ``loader`` as its own."""
+
+    def __init__(self, loader: Any, then: Callable[[], None]) -> None:
+        self.loader = loader
+        self.then = then
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        """The wrapped loader's module."""
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        """Run the module with the wrapped loader as its own, then ``then()``."""
+        module.__loader__ = self.loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        self.then()
 
 
 def current(target: str) -> Any:
@@ -351,6 +451,7 @@ def process_state() -> dict[str, Any]:
     state["random.getstate()"] = random.getstate()
     state["numpy.random.get_state()"] = bytes(np.random.get_state()[1].tobytes())
     state["sys.excepthook"] = _Identity(sys.excepthook)
+    state["sys.meta_path"] = tuple(map(_Identity, sys.meta_path))
     state["sys.modules['__main__']"] = _Identity(sys.modules.get("__main__"))
     state["threading.excepthook"] = _Identity(threading.excepthook)
     state["torch.autograd.is_multithreading_enabled()"] = torch.autograd.is_multithreading_enabled()

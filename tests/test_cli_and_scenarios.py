@@ -238,6 +238,20 @@ def test_expected_outputs_hold_no_float_round_off():
     assert sorted(EXPECTED.glob("*.txt")) and not found, "\n".join(found)
 
 
+def test_ci_reruns_every_cpu_kernels_test_under_the_lesser_capabilities(request):
+    # .ci/run's capability passes collect only the files its grep names: a cpu_kernels test elsewhere would
+    # silently never run under another capability
+    line = next(l for l in (ROOT / ".ci" / "run").read_text().splitlines() if l.startswith("kernel_files=$("))
+    command = line.removeprefix("kernel_files=$(").removesuffix(")")
+    found = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, check=True)
+    rerun = {ROOT / name for name in found.stdout.split()}
+    marked = {Path(item.path) for item in request.session.items if item.get_closest_marker("cpu_kernels")}
+    assert marked <= rerun, (
+        f"cpu_kernels tests in files .ci/run leaves out: {sorted(map(str, marked - rerun))}"
+    )
+    assert (ROOT / "tests" / "test_cli_and_scenarios.py") in rerun
+
+
 def test_round_off_is_printed_as_a_bound():
     difference = scenario_module("verdicts").difference
     assert {difference(x) for x in (0.0, -0.0, 3.47e-18, 2.22e-16, -4.44e-16, 9.9e-13)} == {"below 1e-12"}

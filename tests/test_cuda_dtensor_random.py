@@ -10,8 +10,12 @@ whole tensor's size past the old one, rounded likewise).
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import runpy
+import subprocess
+import sys
 import types
 
 import pytest
@@ -29,6 +33,7 @@ import simdist
 from simdist.cuda.rngstate import PHILOX_STATE_BYTES, STATE_BYTES
 from simdist.errors import InvalidArgumentError, RankError, UnsupportedCudaOpError
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPS = ("normal", "uniform", "randn", "dropout", "bernoulli")
 
 
@@ -248,3 +253,62 @@ def test_dtensors_manual_seed_makes_each_ranks_tracker_and_the_process_keeps_non
     assert all(torch.equal(r, stream.view(4, 2)) for r in res)
     # torch keeps the tracker in a module global: the run leaves the module and that global as it found them
     assert type(dtensor_rng) is types.ModuleType and vars(dtensor_rng)["_rng_tracker"] is None
+
+
+#: a program that imports DTensor itself, inside the run (as a torchrun-style script does at its top)
+_LATE_IMPORT = """
+import os
+
+import torch
+
+
+def draw_late():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    torch.manual_seed(5)
+    t = distribute_tensor(torch.zeros(6, 4, device="cuda"), init_device_mesh("cuda", (2,)), [Shard(0)])
+    torch.nn.init.normal_(t)
+    return t.full_tensor().cpu().tolist()
+"""
+
+_LATE_SCRIPT = """
+import json, runpy, sys
+import simdist
+imported_by_simdist = "torch.distributed.tensor" in sys.modules
+draw_late = runpy.run_path(sys.argv[1])["draw_late"]
+drawn = simdist.run(draw_late, simdist.Cluster.switch(2, device="H100")).returns
+from torch.distributed.tensor import _random
+restored = [
+    type(_random) is type(sys),
+    _random._PhiloxState.state.fget.__module__,
+    *(f.__qualname__ for f in (
+        _random._PhiloxState.__init__, _random.OffsetBasedRNGTracker._distribute_region, _random.manual_seed
+    )),
+]
+print(json.dumps([imported_by_simdist, drawn, restored]))
+"""
+
+
+def test_dtensor_first_imported_inside_a_run_draws_as_when_imported_before(tmp_path) -> None:
+    # importing simdist leaves DTensor (and sympy, about a second of CPU) out; the run still puts its random
+    # module in place the moment rank code imports it, and takes it away afterwards
+    program = tmp_path / "late.py"
+    program.write_text(_LATE_IMPORT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-c", _LATE_SCRIPT, str(program)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    imported_by_simdist, drawn, restored = json.loads(out.stdout.splitlines()[-1])
+    assert not imported_by_simdist, "import simdist imports torch.distributed.tensor"
+    here = simdist.run(runpy.run_path(str(program))["draw_late"], _cluster(2)).returns
+    assert drawn == here  # lists of floats: JSON carries each float exactly
+    # afterwards the module is torch's own again
+    assert restored == [
+        True,
+        "torch.distributed.tensor._random",
+        "_PhiloxState.__init__",
+        "OffsetBasedRNGTracker._distribute_region",
+        "manual_seed",
+    ]

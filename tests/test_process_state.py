@@ -19,6 +19,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
+# imported before every run here, so its patched attributes compare before and after: every run on simulated GPUs
+# imports it (the autograd engine does, at the emulation's self-test); test_cuda_dtensor_random checks a run that
+# imports it first
+import torch.distributed.tensor
+
 import simdist
 from simdist import patching
 from simdist.engine.rank_process import FIRST_PID

@@ -12,6 +12,9 @@ runs the op, the device generator draws counter-based numbers at the offset (:mo
 
 torch keeps the tracker in a module global, one per process; ranks that run as threads of one process each get
 their own (:class:`PerRankTracker`), as each process of a job has its own.
+
+Nothing here imports DTensor (its import costs about a second, sympy's): each replacement is made from torch's
+own function when the run starts, or when rank code first imports DTensor (:class:`simdist.patching.OnImport`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.distributed.tensor import _random as dtensor_random
 
 from simdist.cuda import device as current_device
 from simdist.cuda.fallbacks import user_line
@@ -31,7 +33,7 @@ from simdist.cudart.state import rank
 from simdist.errors import UnsupportedCudaOpError
 
 
-def philox_state_init(original: Any = dtensor_random._PhiloxState.__init__) -> Any:
+def philox_state_init(original: Any) -> Any:
     """DTensor's reader of a Philox state (``_PhiloxState.__init__``), for a simulated GPU generator's state: its
     seed and offset are a view of the state's first 16 bytes, which :func:`philox_state_whole` gives back whole."""
 
@@ -59,7 +61,7 @@ def philox_state_whole(self: Any) -> torch.Tensor:
     return self._whole
 
 
-def distribute_region(original: Any = dtensor_random.OffsetBasedRNGTracker._distribute_region) -> Any:
+def distribute_region(original: Any) -> Any:
     """The tracker's region (``OffsetBasedRNGTracker._distribute_region``), in which the device generator of a
     simulated GPU draws counter-based numbers at the offset the tracker has set."""
 
@@ -102,7 +104,7 @@ class PerRankTracker(types.ModuleType):
             cuda.dtensor_rng_tracker = tracker
 
 
-def manual_seed(original: Any = dtensor_random.manual_seed) -> Any:
+def manual_seed(original: Any) -> Any:
     """DTensor's ``manual_seed(seed, device_mesh)``, which makes the calling rank's tracker if it has none."""
 
     def seed(seed: int, device_mesh: Any) -> None:
@@ -112,7 +114,7 @@ def manual_seed(original: Any = dtensor_random.manual_seed) -> Any:
         # torch's function reads and sets the tracker as a global of its module (the module's own dict, which
         # :class:`PerRankTracker` does not see): it sees the rank's for its duration, which hands no other rank
         # the baton (it makes a tracker without synchronising states, then seeds)
-        shared = vars(dtensor_random)
+        shared = original.__globals__  # torch.distributed.tensor._random's own dict
         saved = shared["_rng_tracker"]
         shared["_rng_tracker"] = cuda.dtensor_rng_tracker
         try:

@@ -35,7 +35,7 @@ from simdist.cudart.nvtx import NvtxRanges, record_function_methods
 from simdist.cudart.state import Emulation, activate, in_ranks
 from simdist.cudart.state import rank as rank_cuda
 from simdist.errors import CudaEmulationError, NoCudaError
-from simdist.patching import replaced
+from simdist.patching import OnImport, replaced
 
 #: the patches of simdist.patching.INVENTORY this module makes
 _OWNER = "simdist.cudart.install"
@@ -169,13 +169,13 @@ def _patches() -> dict[str, Any]:
     )
     patches["torch._utils._rebuild_tensor_v2"] = checkpoints.rebuild_tensor(torch._utils._rebuild_tensor_v2)
     patches["torch.nn.functional.scaled_dot_product_attention"] = attention.scaled_dot_product_attention
-    patches["torch.distributed.tensor._random._PhiloxState.__init__"] = dtensor_random.philox_state_init()
-    patches["torch.distributed.tensor._random._PhiloxState.state"] = dtensor_random.philox_state_whole
-    patches["torch.distributed.tensor._random.OffsetBasedRNGTracker._distribute_region"] = (
-        dtensor_random.distribute_region()
-    )
-    patches["torch.distributed.tensor._random.__class__"] = dtensor_random.PerRankTracker
-    patches["torch.distributed.tensor._random.manual_seed"] = dtensor_random.manual_seed()
+    # DTensor's random module: now, or when rank code first imports DTensor (its import costs about a second)
+    dtensor = "torch.distributed.tensor._random"
+    patches[f"{dtensor}._PhiloxState.__init__"] = OnImport(dtensor_random.philox_state_init)
+    patches[f"{dtensor}._PhiloxState.state"] = OnImport(lambda _: dtensor_random.philox_state_whole)
+    patches[f"{dtensor}.OffsetBasedRNGTracker._distribute_region"] = OnImport(dtensor_random.distribute_region)
+    patches[f"{dtensor}.__class__"] = OnImport(lambda _: dtensor_random.PerRankTracker)
+    patches[f"{dtensor}.manual_seed"] = OnImport(dtensor_random.manual_seed)
     patches["torch.utils.swap_tensors"] = swapping(torch.utils.swap_tensors)
     run_backward = _run_backward(torch.autograd.graph._engine_run_backward)
     patches["torch.autograd._engine_run_backward"] = run_backward

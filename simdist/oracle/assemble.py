@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
-from torch.distributed.tensor import Shard
-from torch.distributed.tensor.placement_types import _StridedShard
 
 from simdist.errors import SimdistError
 from simdist.options import ShardSpec
 from simdist.oracle.capture import MeshLayout, Piece
+from simdist.oracle.dtensors import placements as dtensor_placements
 from simdist.oracle.flat import FlatAssemblyError, FlatLayout, assemble_flat
 from simdist.oracle.tolerance import bitwise_equal
 from simdist.ranks import ranges
@@ -164,11 +164,12 @@ def held_indices(layout: MeshLayout, coord: tuple[int, ...]) -> list[torch.Tenso
     chunks and FSDP2-over-TP's strided order come out as torch lays them out.
     """
     held = [torch.arange(n) for n in layout.global_shape]
+    types = dtensor_placements()
     for mesh_dim, p in enumerate(layout.placements):
         if p[0] == "shard":
-            split: Shard | _StridedShard = Shard(0)
+            split: Any = types.Shard(0)
         elif p[0] == "strided":
-            split = _StridedShard(0, split_factor=p[2])
+            split = types._StridedShard(0, split_factor=p[2])
         else:
             continue
         chunks, _ = split._split_tensor(held[p[1]], layout.mesh_shape[mesh_dim], with_padding=False, contiguous=False)

@@ -39,19 +39,19 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
-from torch.distributed.tensor.placement_types import _StridedShard
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import _disable_current_modes
 
 from simdist.clock.baton import RankState, current_rank_state
 from simdist.cuda.tensor import host_values
 from simdist.errors import SimdistError
+from simdist.oracle.dtensors import is_dtensor
+from simdist.oracle.dtensors import placements as dtensor_placements
 from simdist.oracle.flat import (
     SHARD_ATTR,
     FlatLayout,
@@ -65,6 +65,9 @@ from simdist.oracle.names import named_tensors
 from simdist.oracle.shared import SharedHooks
 from simdist.oracle.tolerance import bitwise_equal
 from simdist.patching import replaced
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 
 class UnsupportedLayoutError(SimdistError, NotImplementedError):
@@ -207,7 +210,7 @@ class Capture:
             grads = grads[0] if len(grads) == 1 else grads
         if not isinstance(tensors, torch.Tensor) or tensors.numel() != 1:
             return
-        if not tensors.dtype.is_floating_point or isinstance(tensors, DTensor) or _inferring_shapes():
+        if not tensors.dtype.is_floating_point or is_dtensor(tensors) or _inferring_shapes():
             return
         with _disable_current_modes(), torch.no_grad():
             # a gradient of one is what backward() supplies itself: the root is still the loss
@@ -290,7 +293,7 @@ class Capture:
         (every DDP parameter, gradient and optimizer state) cost one comparison each instead of a copy, and the
         assembly's replica check sees the same object.
         """
-        if isinstance(tensor, DTensor):
+        if is_dtensor(tensor):
             return Piece(rank, host_values(tensor._local_tensor).detach().clone(), mesh_layout(tensor))
         value = host_values(tensor).detach()
         key = (k, table, name)
@@ -411,7 +414,7 @@ def _inferring_shapes() -> bool:
 
 def _is_one(grad: Any) -> bool:
     """Whether ``grad`` is a plain one-element tensor holding 1."""
-    if not isinstance(grad, torch.Tensor) or isinstance(grad, DTensor) or grad.numel() != 1:
+    if not isinstance(grad, torch.Tensor) or is_dtensor(grad) or grad.numel() != 1:
         return False
     return bool(grad.detach().reshape(()) == 1)
 
@@ -425,14 +428,15 @@ def mesh_layout(tensor: DTensor) -> MeshLayout:
     """The layout of the calling rank's piece of ``tensor``."""
     mesh = tensor.device_mesh
     placements: list[tuple[Any, ...]] = []
+    types = dtensor_placements()
     for p in tensor.placements:
-        if type(p) is Shard:
+        if type(p) is types.Shard:
             placements.append(("shard", p.dim))
-        elif isinstance(p, _StridedShard):
+        elif isinstance(p, types._StridedShard):
             placements.append(("strided", p.dim, int(p.split_factor)))
-        elif isinstance(p, Replicate):
+        elif isinstance(p, types.Replicate):
             placements.append(("replicate",))
-        elif isinstance(p, Partial):
+        elif isinstance(p, types.Partial):
             placements.append(("partial", p.reduce_op))
         else:
             raise UnsupportedLayoutError(

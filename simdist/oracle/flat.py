@@ -21,13 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import FullyShardedDataParallel
 
 from simdist.errors import SimdistError
+from simdist.oracle.dtensors import is_fsdp1
 from simdist.oracle.names import canonical_names
 from simdist.ranks import format_ranks
 
@@ -98,10 +99,10 @@ def fsdp1_layouts(root: nn.Module) -> dict[int, FlatLayout]:
     parameters are sharded (at an optimizer step).
     """
     prefixes: dict[int, str] = {}
-    units: list[tuple[str, FullyShardedDataParallel]] = []
+    units: list[tuple[str, Any]] = []  # FSDP1 wrappers
     for name, module, _ in canonical_names(root):
         prefixes.setdefault(id(module), name)
-        if isinstance(module, FullyShardedDataParallel) and module._handle is not None:
+        if is_fsdp1(module) and module._handle is not None:
             units.append((name, module))
     out: dict[int, FlatLayout] = {}
     for prefix, unit in units:

@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.optim import optimizer as torch_optimizer
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
@@ -34,6 +33,7 @@ from simdist.c10d import process_group
 from simdist.clock.sites import caller_site
 from simdist.cuda.tensor import SimCudaTensor, host_values
 from simdist.layers import NOT_CALL_SITES
+from simdist.oracle.dtensors import is_dtensor
 from simdist.oracle.names import canonical_names, named_tensors
 from simdist.oracle.shared import SharedHooks
 from simdist.patching import replaced
@@ -298,7 +298,7 @@ class Recorder(TorchDispatchMode):
         params, _ = named_tensors(root)
         for name, p in params:
             # a DTensor (FSDP2, tensor parallelism) has no storage of its own: its local shard has
-            local = p._local_tensor if isinstance(p, DTensor) else p
+            local = p._local_tensor if is_dtensor(p) else p
             self._params.setdefault(local.untyped_storage().data_ptr(), name)
 
     def optimizer_pre(self, optimizer: Any) -> None:
@@ -311,8 +311,8 @@ class Recorder(TorchDispatchMode):
         self._in_optimizer += 1
         for group in optimizer.param_groups:
             for p in group["params"]:
-                grad = p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad
-                local = p._local_tensor if isinstance(p, DTensor) else p
+                grad = p.grad._local_tensor if is_dtensor(p.grad) else p.grad
+                local = p._local_tensor if is_dtensor(p) else p
                 name = self._params.get(local.untyped_storage().data_ptr())
                 if grad is not None and name is not None:
                     self._grads[(grad.untyped_storage().data_ptr(), grad.storage_offset(), tuple(grad.shape))] = name
