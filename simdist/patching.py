@@ -109,6 +109,9 @@ INVENTORY: tuple[Patch, ...] = (
           "given no time, they take the rank's time.time(): a run's file names and log lines are the same every run"),
     Patch("os", ("getpid",), "simdist.engine.process",
           "each rank has a process id of its own, and none of a live process"),
+    Patch("tqdm.std.tqdm", ("monitor_interval",), "simdist.engine.process",
+          "0 during a run: tqdm's monitor thread waits in wall-clock time and would keep a rank's turn (the watchdog "
+          "stopped every run whose rank code made a progress bar); bars still draw, without the monitor's checks"),
     Patch("sys", ("argv",), "simdist.engine.process", "each rank reads and changes its own command line (argv=)"),
     Patch("sys", ("stdout", "stderr"), "simdist.engine.process",
           "each line a rank writes starts with [rankN]:, or is left out by local rank (prefix_output, local_ranks_filter)"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import pathlib
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.distributed as dist
+import tqdm
 from alpha_beta import all_reduce_seconds
 from hypothesis import given
 from hypothesis import strategies as st
@@ -203,3 +205,20 @@ def test_a_nested_run_names_the_rank_and_its_call_site(fn: Callable[[], None], w
     site = f"{__file__}:{line} in _runs_inside"
     assert text.startswith(f"{who} called simdist.run at {site}, inside a simulated run"), text
     assert "call simdist.run from plain Python" in text, text
+
+
+def _with_a_progress_bar() -> int:
+    total = 0
+    for i in tqdm.tqdm(range(3), file=io.StringIO()):
+        total += i
+    dist.barrier()
+    return total
+
+
+def test_rank_code_with_a_tqdm_progress_bar_runs_and_tqdm_is_restored() -> None:
+    # tqdm's monitor thread, started by the first bar, waits in wall-clock time: in a rank it kept the rank's turn
+    # until the watchdog stopped the run
+    before = tqdm.std.tqdm.monitor_interval
+    res = simdist.run(_with_a_progress_bar, simdist.Cluster.switch(2, device="cpu"), watchdog=5)
+    assert res.returns == [3, 3]
+    assert tqdm.std.tqdm.monitor_interval == before

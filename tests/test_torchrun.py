@@ -170,7 +170,7 @@ def test_the_command_line_passes_what_follows_the_double_dash_to_the_script(tmp_
     err = capsys.readouterr().err
     assert "unrecognized arguments: --scale 0.5; a script's own arguments go after --" in err
     assert _usage_error(["clusters", "--", "x"])
-    assert "arguments after -- are a script's arguments, taken by simdist run only" in capsys.readouterr().err
+    assert "arguments after -- are a script's arguments, taken by simdist run and explore only" in capsys.readouterr().err
 
 
 def _usage_error(argv: list[str]) -> bool:

@@ -36,7 +36,7 @@ from simdist.engine.precision import RankPrecision
 from simdist.engine.rank_output import RankStream
 from simdist.engine.rank_process import RankArgv, rank_calendar, rank_clocks, rank_getpid, rank_mains
 from simdist.errors import RankExit
-from simdist.patching import HOST_READS, replaced
+from simdist.patching import HOST_READS, OnImport, replaced
 
 #: the patches of simdist.patching.INVENTORY this module makes
 _OWNER = "simdist.engine.process"
@@ -95,6 +95,8 @@ def run_context(ctx: RunContext, n: int, local_world: int) -> Iterator[RankProce
     ctx.baton.per_rank.append(precision)
     patches.update(precision.setters())
     patches["torch.compile"] = fusing_compile(torch.compile)
+    # set now if tqdm is imported, else the moment rank code imports it
+    patches["tqdm.std.tqdm.monitor_interval"] = OnImport(lambda _: 0)
     if ctx.time.host_runs_ahead or ctx.races.enabled:
         patches.update({f"torch.Tensor.{name}": _host_read(ctx, name) for name in HOST_READS})
     options = ctx.options
