@@ -13,19 +13,6 @@ from simdist.compute.profile import Profile, ReplayStats, profile
 from simdist.engine.api import charge, now, set_algorithms, synchronize
 from simdist.engine.runner import RunResult, install_report_writer, run
 from simdist.engine.torchrun import run_script
-from simdist.explore import (
-    CheckFailed,
-    ExplorationError,
-    Exploration,
-    Failure,
-    NondeterminismError,
-    Perturbation,
-    ReplayTokenError,
-    ReplayWarning,
-    SearchSpaceError,
-    explore,
-    replay,
-)
 from simdist.errors import (
     ClusterSpecError,
     CollectiveMismatchError,
@@ -45,6 +32,19 @@ from simdist.errors import (
     SimTimeoutError,
     WatchdogError,
 )
+from simdist.explore import (
+    CheckFailed,
+    Exploration,
+    ExplorationError,
+    Failure,
+    NondeterminismError,
+    Perturbation,
+    ReplayTokenError,
+    ReplayWarning,
+    SearchSpaceError,
+    explore,
+    replay,
+)
 from simdist.network import Cluster, load_cluster
 from simdist.oracle import Divergence, EquivalenceReport, StepDifference, Tolerance, check_equivalence
 from simdist.oracle.report import install_report_writer as install_equivalence_writer
@@ -60,30 +60,25 @@ install_report_writer(write_run_report)
 install_equivalence_writer(write_equivalence_report)
 
 __all__ = [
-    "CheckFailed",
-    "Exploration",
-    "ExplorationError",
-    "Failure",
-    "NondeterminismError",
-    "Perturbation",
-    "ReplayTokenError",
-    "ReplayWarning",
-    "SearchSpaceError",
-    "explore",
-    "replay",
     "CalibrationError",
+    "CheckFailed",
     "Cluster",
     "ClusterSpecError",
     "CollectiveMismatchError",
     "DeadlockError",
     "Divergence",
     "EquivalenceReport",
+    "Exploration",
+    "ExplorationError",
+    "Failure",
     "FaultSpecError",
     "InvalidArgumentError",
     "LinkFailureError",
     "MemoryStats",
     "NcclEnvironmentError",
+    "NondeterminismError",
     "OutOfMemoryError",
+    "Perturbation",
     "Profile",
     "ProfileError",
     "RaceError",
@@ -91,9 +86,12 @@ __all__ = [
     "RankCrashError",
     "RankError",
     "ReplayStats",
+    "ReplayTokenError",
+    "ReplayWarning",
     "RunArgumentError",
     "RunResult",
     "ScriptError",
+    "SearchSpaceError",
     "SimTimeoutError",
     "SimdistError",
     "StepDifference",
@@ -104,10 +102,12 @@ __all__ = [
     "calibrate",
     "charge",
     "check_equivalence",
+    "explore",
     "faults",
     "load_cluster",
     "now",
     "profile",
+    "replay",
     "report",
     "run",
     "run_script",
