@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+import tqdm
 from hostile_cases import Case, check, params
 
 import simdist
@@ -438,6 +439,19 @@ def _same_twice(result: tuple[simdist.RunResult, simdist.RunResult]) -> None:
     assert first.returns == second.returns and first.trace_hash == second.trace_hash
 
 
+def _equal(got: list, expected: list) -> None:
+    assert got == expected, got
+
+
+def _trains_with_a_progress_bar() -> float:
+    """Wraps its loop in a tqdm bar, as most training scripts do (tqdm starts its monitor thread)."""
+    total = torch.zeros(1)
+    for _ in tqdm.tqdm(range(4), desc=f"rank {dist.get_rank()}", disable=False, file=sys.stderr):
+        dist.all_reduce(t := torch.ones(1))
+        total += t
+    return total.item()
+
+
 def _sums_uninitialised_memory() -> float:
     """Reads a buffer it never wrote (a forgotten zeros), reduced across ranks."""
     acc = torch.empty(16)
@@ -785,6 +799,12 @@ CASES: list[Case] = [
         "accumulates into torch.empty instead of torch.zeros and all-reduces it, in two runs",
         lambda: (simdist.run(_sums_uninitialised_memory, RING2), simdist.run(_sums_uninitialised_memory, RING2)),
         check=_nan_twice,
+    ),
+    Case(
+        "tqdm_progress_bar",
+        "wraps its training loop in a tqdm progress bar (a watchdog limit of 5 s)",
+        lambda: simdist.run(_trains_with_a_progress_bar, RING2, watchdog=5),
+        check=lambda res: _equal(res.returns, [8.0, 8.0]),
     ),
     Case(
         "seeds_from_the_clock",
