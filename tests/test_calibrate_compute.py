@@ -12,7 +12,7 @@ import dataclasses
 import json
 import re
 import statistics
-import time
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +27,10 @@ from simdist.compute.profile import parse_trace
 from simdist.network import Cluster
 
 PROFILES = Path(__file__).parent / "data" / "profiles"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from calibrate_compute import fastest, mlp_step
+
 ONE_MM = PROFILES / "hta_backward_thread.json"
 
 # --------------------------------------------------------------------------- a synthetic trace of known figures
@@ -122,39 +126,11 @@ def test_a_trace_of_too_few_kernels_is_refused() -> None:
 # --------------------------------------------------------------------------- end to end on this machine's CPU
 
 
-def _mlp_step(width: int, batch: int) -> callable:
-    torch.manual_seed(0)
-    layers: list[torch.nn.Module] = []
-    for _ in range(3):
-        layers += [torch.nn.Linear(width, width), torch.nn.GELU(), torch.nn.LayerNorm(width)]
-    model = torch.nn.Sequential(*layers)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = torch.randn(batch, width)
-
-    def step() -> None:
-        model(x).pow(2).mean().backward()
-        opt.step()
-        opt.zero_grad()
-
-    return step
-
-
-def _fastest(step: callable, runs: int = 5) -> float:
-    """The fastest of ``runs`` calls after one untimed: a loaded machine only ever adds time."""
-    step()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
 def test_a_cpu_step_fitted_predicts_another_program_on_this_cpu(tmp_path: Path) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        small = _mlp_step(128, 32)
+        small = mlp_step(128, 32)
         small()
         with torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True
@@ -163,10 +139,10 @@ def test_a_cpu_step_fitted_predicts_another_program_on_this_cpu(tmp_path: Path) 
                 small()
         prof.export_chrome_trace(str(tmp_path / "step.json"))
         fit = calibrate.fit_device(tmp_path / "step.json")
-        big = _mlp_step(512, 64)
+        big = mlp_step(512, 64)
         # measured and predicted: the fitted CPU must order the two programs as they run, and bound the larger one
-        measured = {"small": _fastest(_mlp_step(128, 32)), "big": _fastest(big)}
-        predicted = {k: estimate(_mlp_step(*shape), device=fit.device)[0] for k, shape in
+        measured = {"small": fastest(mlp_step(128, 32), 5), "big": fastest(big, 5)}
+        predicted = {k: estimate(mlp_step(*shape), device=fit.device)[0] for k, shape in
                      (("small", (128, 32)), ("big", (512, 64)))}  # fmt: skip
     finally:
         torch.set_num_threads(threads)
@@ -178,7 +154,7 @@ def test_a_cpu_step_fitted_predicts_another_program_on_this_cpu(tmp_path: Path) 
     cluster = Cluster.switch(2, bandwidth=1e9, latency=1e-6, device=fit.device)
     cluster.save(tmp_path / "c.toml")
     loaded = Cluster.from_file(tmp_path / "c.toml").device
-    assert estimate(_mlp_step(512, 64), device=loaded)[0] == pytest.approx(predicted["big"], rel=1e-3)
+    assert estimate(mlp_step(512, 64), device=loaded)[0] == pytest.approx(predicted["big"], rel=1e-3)
     assert statistics.median(abs(o.error) for o in fit.ops) < 1.0
 
 

@@ -8,9 +8,9 @@ the written cluster times what the fit predicts).
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,9 +25,11 @@ from simdist.errors import ClusterSpecError
 from simdist.network import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
-TABLES = ROOT / "benchmarks" / "fidelity" / "collectives.csv"
 H20 = Path(__file__).parent / "fixtures" / "calibrate" / "h20_all_reduce.txt"
 SIZES = [8 << (2 * k) for k in range(15)]  # 8 B .. 2 GiB
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from calibrate_nccl import samples as published
 
 
 def _made_by(overrides: nccl.Overrides, device: str = "H100") -> list[Sample]:
@@ -53,26 +55,11 @@ def test_the_fit_recovers_the_corrections_that_made_the_times() -> None:
     assert abs(plain.latency) < 0.05e-6 and all(f == pytest.approx(1, rel=0.01) for _, f in plain.bandwidth)
 
 
-def _table(name: str) -> list[Sample]:
-    """A published table's rows as samples: nccl-tests' time where printed, else size over its algbw."""
-    out = []
-    for row in csv.DictReader(TABLES.open()):
-        if row["table"] != name:
-            continue
-        n, size = int(row["gpus"]), int(row["size_bytes"])
-        if row["time_us"]:
-            seconds = float(row["time_us"].lstrip("~")) * 1e-6
-        else:  # all-reduce's busbw is its algbw times 2(n-1)/n
-            seconds = size / (float(row["busbw_gbps"]) * 1e9 * n / (2 * (n - 1)))
-        out.append(Sample(row["collective"], size, n, seconds, f"{name}: {size} B", int(row["nodes"])))
-    return sorted(out, key=lambda s: s.nbytes)
-
-
 @pytest.mark.parametrize("table, device, bound", [("a100-1node", "A100", 0.12), ("h200-1node", "H200", 0.08)])
 def test_fitted_on_half_a_published_table_it_predicts_the_other_half(
     table: str, device: str, bound: float
 ) -> None:
-    samples = _table(table)
+    samples = published(table)
     seen, held_out = samples[0::2], samples[1::2]
     fit = calibrate.fit_nccl(seen, device, table)
     fitted = statistics.median(
