@@ -227,7 +227,7 @@ GIB = 2**30
 # H100 and H200: corrected from a measurement (benchmarks/gpu/results/h100-2026-11-26, an H100 SXM 80GB HBM3,
 # driver 580.159.04, torch 2.11.0+cu130, CUDA 13.0). The datasheet's peaks are not reached: cuBLAS sustains
 # 65-78% of the dense bf16/fp16 peak on large GEMMs, and elementwise kernels 90% of the HBM bandwidth. The rule
-# (benchmarks/gpu/calibrate.py, which prints the figures from the results; tests/test_gpu_calibration.py checks
+# (benchmarks/gpu/calibrate.py, which prints the figures from the results; tests/test_gpu_results.py checks
 # these equal its output): each matmul rate is the median achieved FLOP/s of the large matmuls (the `mm` cases
 # of at least 2 * 4096**3 FLOPs: 4096^3, 8192^3, 8192x11008x4096, 8192x4096x11008, 8192x50304x768), the
 # bandwidth the median achieved bandwidth of add, mul and gelu on 2**27 elements in bf16 and fp32; rounded to
