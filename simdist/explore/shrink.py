@@ -86,6 +86,8 @@ class Shrunk:
             + f", trace {self.trace_hash[:16]}",
         ]
         lines += [f"  {d}" for d in self.decisions]
+        if not self.decisions and not (p.latency or p.compute or p.callbacks):
+            lines.append("the unperturbed run itself fails so: no reordering is needed")
         lines += self.notes
         lines += self.departure.lines()
         return "\n".join(lines)
