@@ -551,7 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--shrink", action=argparse.BooleanOptionalAction, default=True,
                    help="shrink the first failure of each kind to its fewest decisions off the unperturbed order and "
                         "print where it departs from the unperturbed run (default: on)")
-    x.add_argument("--shrink-runs", type=_whole_number(2), default=DEFAULT_MAX_RUNS, metavar="N",
+    x.add_argument("--shrink-runs", type=_whole_number(3), default=DEFAULT_MAX_RUNS, metavar="N",
                    help=f"the most runs shrinking one failure makes (default: {DEFAULT_MAX_RUNS})")
     x.add_argument("--engine", default=None, metavar="ADDRESS",
                    help="run on a Dask scheduler (tcp://host:8786) or Ray ('ray', ray://host:10001) instead of "

@@ -109,7 +109,9 @@ def test_shrink_never_returns_a_passing_token(jittered: simdist.Exploration, p: 
 def test_a_passing_token_is_refused(jittered: simdist.Exploration) -> None:
     data = json.loads(jittered.failures[0].replay)
     data["perturbation"] = Perturbation(ties="fifo", callbacks=False).to_json()
-    with pytest.raises(ShrinkError, match=r"run \d+ of a random exploration\) passes .*: there is no failure"):
+    with pytest.raises(
+        ShrinkError, match=r"run \d+ of a random exploration\) passes .*: there is no failure"
+    ):
         simdist.shrink(fns.any_source_order, CPU3, json.dumps(data))
 
 
@@ -128,8 +130,8 @@ def test_a_failure_whose_replay_fails_otherwise_is_refused(jittered: simdist.Exp
         simdist.shrink(fns.any_source_order, CPU3, other)
     with pytest.raises(ShrinkError, match="determinism self-check"):
         simdist.shrink(fns.any_source_order, CPU3, dataclasses.replace(other, kind=NONDETERMINISM))
-    with pytest.raises(ShrinkError, match="max_runs must be an int >= 2"):
-        simdist.shrink(fns.any_source_order, CPU3, jittered.failures[0], max_runs=1)
+    with pytest.raises(ShrinkError, match="max_runs must be an int >= 3"):
+        simdist.shrink(fns.any_source_order, CPU3, jittered.failures[0], max_runs=2)
     with pytest.raises(ShrinkError, match="a failure .* or its replay token, got int"):
         simdist.shrink(fns.any_source_order, CPU3, 3)  # type: ignore[arg-type]
     with pytest.raises(simdist.ReplayTokenError):
@@ -175,3 +177,26 @@ def test_shrink_kinds_keeps_each_kinds_shrunk_case(jittered: simdist.Exploration
     assert list(found) == [KIND]
     assert ex.failures[0].shrunk is found[KIND] and len(found[KIND].decisions) == 1
     assert all(f.shrunk is None for f in ex.failures[1:])
+
+
+def test_a_depth_2_bug_keeps_exactly_its_two_reorderings() -> None:
+    """On 4 ranks, a check that fails only when the values come as 2, 3, 1 needs two ordering constraints
+    (2 before 1, 3 before 1): no single departure from rank order gives it, so the shrunk case keeps two."""
+    cpu4 = simdist.Cluster.switch(4, device="cpu")
+
+    def not_2_3_1(res: simdist.RunResult) -> bool:
+        return res.returns[0] != [2, 3, 1]
+
+    ex = simdist.explore(fns.arrival_order, cpu4, runs=40, strategy="pct", seed=11, check=not_2_3_1)
+    assert ex.failures
+    s = simdist.shrink(fns.arrival_order, cpu4, ex.failures[0], check=not_2_3_1)
+    assert s.kind == "check failed" and len(s.decisions) == 2, s.describe()
+    assert {d.went for d in s.decisions} <= {2, 3} and s.complete
+    result = simdist.replay(fns.arrival_order, cpu4, s.replay)
+    assert result.returns[0] == [2, 3, 1] and result.trace_hash == s.trace_hash
+
+
+def test_max_runs_stops_shrinking_with_a_case_that_still_fails(jittered: simdist.Exploration) -> None:
+    s = simdist.shrink(fns.any_source_order, CPU3, jittered.failures[0], max_runs=4)
+    assert s.runs <= 4 and not s.complete and "may not be minimal" in s.describe()
+    assert _replayed_hash(s.replay) == s.trace_hash and s.kind == KIND

@@ -132,10 +132,14 @@ class _Shrinker:
         self.max_runs = max_runs
         self.runs = 0
         self.kind: str | None = None
+        #: a candidate was left untried because the runs were spent
+        self.truncated = False
 
     @property
     def spent(self) -> bool:
-        return self.runs >= self.max_runs
+        """Whether the search's runs are spent (two are kept for the replay of the result and the unperturbed
+        run)."""
+        return self.runs >= self.max_runs - 2
 
     def run(self, p: Perturbation) -> _Run:
         self.runs += 1
@@ -146,6 +150,7 @@ class _Shrinker:
     def fails(self, p: Perturbation) -> _Run | None:
         """The run under ``p`` if it fails with the failure's kind (None once ``max_runs`` is spent)."""
         if self.spent:
+            self.truncated = True
             return None
         r = self.run(p)
         return r if r.outcome.kind == self.kind else None
@@ -272,9 +277,10 @@ def shrink(
     instead of which) and where the run departs from the unperturbed run. A token whose run passes, a token of
     another program, or a failure whose replay fails otherwise raises :class:`ShrinkError`.
     """
-    if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 2:
+    if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 3:
         raise ShrinkError(
-            f"max_runs must be an int >= 2 (the replay and the unperturbed run), got {max_runs!r:.40}"
+            "max_runs must be an int >= 3 (the token's run, the shrunk run's replay and the unperturbed run), got "
+            f"{max_runs!r:.40}"
         )
     if check is not None and not callable(check):
         raise ShrinkError(f"check must be a function of a run's result (or None), got {type(check).__name__}")
@@ -363,7 +369,9 @@ def _shrink(
     best = given
     exact = _explicit(given.perturbation, given.choices)
     again = s.fails(exact)
-    if again is None:
+    if again is None and s.truncated:
+        notes.append("max_runs left no run to shrink with: the given perturbation was kept")
+    elif again is None:
         notes.append(
             "as explicit decisions the run did not fail the same way, so the given perturbation was kept unshrunk"
         )
@@ -412,7 +420,7 @@ def _shrink(
         ),
         before=before,
         runs=s.runs,
-        complete=s.runs < max_runs or best is given,
+        complete=not s.truncated,
         notes=tuple(notes),
     )
 
