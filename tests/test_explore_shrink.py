@@ -58,6 +58,7 @@ def test_a_failure_needing_one_reordering_shrinks_to_rank_2_before_rank_1(
         assert (p.latency, p.compute, p.callbacks, p.seed, p.wrap) == (0.0, 0.0, False, 0, False)
         assert sum(1 for c in p.choices if c) == 1 and p.choices[-1] != 0
         assert s.complete and s.runs <= 30
+        assert not s.notes  # as explicit decisions with its jitter, the run took the same trace
         assert _replayed_hash(s.replay) == s.trace_hash
 
 
