@@ -5,8 +5,9 @@ and appends them to a list it takes to be in rank order, as code written against
 Every default run passes, whatever its seed: the simulator, like a lightly loaded machine, lets ranks 1, 2, 3
 send in rank order. ``simdist.explore`` perturbs the order of events due at the same simulated time (here, which
 rank sends first) and finds the orders that break it; each failure's replay token reruns it with the same trace;
-the exhaustive search counts every order and how many fail; the fix (receive from each rank by name) passes
-them all.
+``simdist.shrink`` reduces a failure to the one reordering it needs, and hypothesis, searching perturbations
+itself, shrinks to one as well; the exhaustive search counts every order and how many fail; the fix (receive
+from each rank by name) passes them all.
 
 Usage: python scenarios/any_source_order.py [--runs N] [--out DIR]
 """
@@ -19,12 +20,14 @@ import re
 import sys
 from pathlib import Path
 
+import hypothesis
 import torch
 import torch.distributed as dist
-from verdicts import finish
+from verdicts import Verdict, finish
 
 import simdist
 import simdist.report
+from simdist.testing import perturbations
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
 WORLD = 4
@@ -60,6 +63,64 @@ def collect_by_rank() -> list[int] | None:
     return results
 
 
+def shrink_section(page: simdist.report.ScenarioReport, failure: simdist.Failure) -> list[Verdict]:
+    """simdist.shrink of PCT's first failure: one decision off the unperturbed order is all it needs."""
+    shrunk = simdist.shrink(collect, CLUSTER, failure)
+    print()
+    print(f"simdist.shrink(collect, cluster, ex.failures[0]):\n{shrunk}")
+    page.text("The first failure shrunk", shrunk.describe())
+    try:
+        simdist.replay(collect, CLUSTER, shrunk.replay)
+        replayed = ""
+    except simdist.RankError as e:
+        replayed = e.trace_hash
+    return [
+        (
+            "shrink keeps one reordering",
+            len(shrunk.decisions) == 1,
+            f"{len(shrunk.decisions)} decision off the unperturbed order (from {shrunk.before})",
+        ),
+        ("the shrunk token replays the failure", replayed == shrunk.trace_hash, replayed[:16]),
+    ]
+
+
+def hypothesis_section(page: simdist.report.ScenarioReport, token: str | None) -> list[Verdict]:
+    """hypothesis searches perturbations for a failing one and shrinks it to the minimal reordering."""
+
+    def fails(p: simdist.Perturbation) -> bool:
+        try:
+            simdist.run(collect, CLUSTER, perturbation=p)
+        except simdist.RankError:
+            return True
+        return False
+
+    found = hypothesis.find(
+        perturbations(max_events=6, callbacks=False),
+        fails,
+        settings=hypothesis.settings(
+            database=None,
+            derandomize=True,
+            max_examples=200,
+            deadline=None,
+            suppress_health_check=[hypothesis.HealthCheck.too_slow],
+        ),
+    )
+    print()
+    print("hypothesis.find(simdist.testing.perturbations(max_events=6, callbacks=False), fails):")
+    print(f"shrunk to choices={list(found.choices)} (wrap={found.wrap})")
+    text = f"choices={list(found.choices)}"
+    held = len([c for c in found.choices if c]) == 1
+    if token is not None:  # what that one choice means, as simdist.shrink describes a token of it
+        data = json.loads(token)
+        data["perturbation"] = found.to_json()
+        described = simdist.shrink(collect, CLUSTER, json.dumps(data))
+        print("\n".join(str(d) for d in described.decisions))
+        text += "\n" + "\n".join(str(d) for d in described.decisions)
+        held = held and len(described.decisions) == 1
+    page.text("hypothesis shrinks to the minimal reordering", text)
+    return [("hypothesis shrinks to one reordering", held, f"choices={list(found.choices)}")]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=60, help="runs of the PCT exploration (default: %(default)s)")
@@ -71,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         help="where the HTML report is written (default: %(default)s)",
     )
     args = ap.parse_args(argv)
-    verdicts: list[tuple[str, bool, str]] = []
+    verdicts: list[Verdict] = []
     page = simdist.report.ScenarioReport(
         "A receive from any source",
         description=__doc__,
@@ -112,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         verdicts.append(
             ("replay reproduces it with the same trace", replayed == first.trace_hash, replayed[:16])
         )
+        verdicts += shrink_section(page, first)
+    verdicts += hypothesis_section(page, ex.failures[0].replay if ex.failures else None)
 
     full = simdist.explore(collect, CLUSTER, runs=200, strategy="exhaustive")
     orders = sorted({re.search(r"\[[^\]]*\]", str(f.error.exc)).group() for f in full.failures})

@@ -42,8 +42,11 @@ from simdist.explore import (
     ReplayTokenError,
     ReplayWarning,
     SearchSpaceError,
+    ShrinkError,
+    Shrunk,
     explore,
     replay,
+    shrink,
 )
 from simdist.network import Cluster, load_cluster
 from simdist.oracle import Divergence, EquivalenceReport, StepDifference, Tolerance, check_equivalence
@@ -92,6 +95,8 @@ __all__ = [
     "RunResult",
     "ScriptError",
     "SearchSpaceError",
+    "ShrinkError",
+    "Shrunk",
     "SimTimeoutError",
     "SimdistError",
     "StepDifference",
@@ -112,5 +117,6 @@ __all__ = [
     "run",
     "run_script",
     "set_algorithms",
+    "shrink",
     "synchronize",
 ]

@@ -17,6 +17,7 @@ import json
 import os
 import shlex
 import sys
+import textwrap
 import time
 import warnings
 from collections.abc import Callable
@@ -52,6 +53,7 @@ from simdist.errors import (
 from simdist.explore.api import STRATEGIES, default_workers, explore
 from simdist.explore.program import Program
 from simdist.explore.report import save_exploration_page
+from simdist.explore.shrink import DEFAULT_MAX_RUNS, shrink_kinds
 from simdist.faults import Fault
 from simdist.network import Cluster
 from simdist.network.cluster import check_collective_model
@@ -402,10 +404,16 @@ def cmd_explore(args: argparse.Namespace) -> int:
             progress_bar=False if args.no_progress_bar else None,
         )
     print(ex.summary())
+    if args.shrink and ex.failures:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RaceWarning)
+            shrink_kinds(ex, program, cluster, max_runs=args.shrink_runs)
     for kind, found in ex.by_kind().items():
         first = found[0]
         message = str(first.error).splitlines()[0] if str(first.error) else ""
         print(f"first {kind}: run {first.run}, trace {first.trace_hash[:16]}: {message}")
+        if first.shrunk is not None:
+            print(textwrap.indent(str(first.shrunk), "  "))
     if args.tokens is not None:
         failures = [{"run": f.run, "kind": f.kind, "error": str(f.error).splitlines()[0] if str(f.error) else "",
                      "replay": json.loads(f.replay)} for f in ex.failures]
@@ -540,6 +548,11 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--report", type=_output_file, default=None, metavar="FILE.html",
                    help="write a self-contained HTML page of the exploration here (failures by kind, their replay "
                         "tokens, failures over runs, interleavings)")
+    x.add_argument("--shrink", action=argparse.BooleanOptionalAction, default=True,
+                   help="shrink the first failure of each kind to its fewest decisions off the unperturbed order and "
+                        "print where it departs from the unperturbed run (default: on)")
+    x.add_argument("--shrink-runs", type=_whole_number(3), default=DEFAULT_MAX_RUNS, metavar="N",
+                   help=f"the most runs shrinking one failure makes (default: {DEFAULT_MAX_RUNS})")
     x.add_argument("--engine", default=None, metavar="ADDRESS",
                    help="run on a Dask scheduler (tcp://host:8786) or Ray ('ray', ray://host:10001) instead of "
                         "--workers local processes")

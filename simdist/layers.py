@@ -60,9 +60,10 @@ LAYERS: tuple[Layer, ...] = (
           "`check_equivalence`: capture, assembly of sharded tensors, comparison, localisation"),
     Layer("reports", ("simdist.report",), "self-contained HTML pages of runs, checks and scenarios, and their index"),
     Layer("exploration", ("simdist.explore",),
-          "`simdist.explore` and `simdist.replay`: strategies over perturbed runs (random, PCT, exhaustive with "
-          "partial-order reduction), replay tokens, the determinism self-check, the local process pool, Dask and Ray as "
-          "engines, the progress bar"),
+          "`simdist.explore`, `simdist.replay` and `simdist.shrink`: strategies over perturbed runs (random, PCT, "
+          "exhaustive with partial-order reduction), replay tokens, the determinism self-check, shrinking a failure to "
+          "its fewest departures and where it departs, the local process pool, Dask and Ray as engines, the progress "
+          "bar"),
     Layer("testing", ("simdist.testing",),
           "hypothesis strategies of perturbations, clusters and faults for users' test suites"),
     Layer("tools",

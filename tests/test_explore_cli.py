@@ -47,12 +47,21 @@ def test_explore_reports_failures_and_writes_replayable_tokens(
     out = capsys.readouterr().out
     assert status == 1
     assert "8 runs (pct)" in out and "RankError (AssertionError)" in out
+    # the first failure of the kind, shrunk: gloo-like progress fails without any reordering
+    assert "  shrunk to 0 decisions off the unperturbed order" in out
+    assert "the unperturbed run itself fails so: no reordering is needed" in out
     found = json.loads(tokens.read_text())
     assert found and all(f["kind"] == "RankError (AssertionError)" for f in found)
     program = Program(script=str(script), argv=("--strict",))
     cluster = simdist.Cluster.load("switch", 3)
     with pytest.raises(simdist.RankError, match="arrival order"):
         simdist.replay(program, cluster, found[0]["replay"])
+
+
+def test_no_shrink_leaves_the_failures_as_found(script: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["explore", str(script), "--world-size", "3", "--runs", "2", "--workers", "1", "--no-shrink"]
+    assert main([*args, "--", "--strict"]) == 1
+    assert "shrunk to" not in capsys.readouterr().out
 
 
 def test_explore_of_a_script_without_failures_exits_0(

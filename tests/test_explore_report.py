@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from pathlib import Path
 
 import explore_fns as fns
@@ -14,6 +15,7 @@ from test_explore_cli import SCRIPT
 import simdist
 from simdist.cli import main
 from simdist.explore.report import save_exploration_page
+from simdist.explore.shrink import shrink_kinds
 from simdist.report import build_index
 
 
@@ -43,6 +45,10 @@ def test_the_report_holds_each_kinds_first_failure_and_its_replay_token(
     assert json.dumps(first["replay"], sort_keys=True) in text  # the token, as --tokens wrote it
     assert "Failures by kind" in text and "Failures over runs" in text and "Interleavings" in text
     assert f"{len(found)} of 8 runs failed" in text
+    # shrunk by default: under gloo-like progress the unperturbed run already fails, so no reordering is kept
+    assert f"{first['kind']}: the minimal case after shrinking run {first['run']}" in text
+    assert "shrunk to 0 decisions off the unperturbed order" in text
+    assert "first differing trace event: none (the traces agree)" in text
     assert "<script src=" not in text and "https://" not in text.split("</style>")[0]  # self-contained
     index = build_index(out_dir).read_text()
     assert 'href="explore.html"' in index and "FAIL" in index
@@ -101,3 +107,19 @@ def test_a_run_that_raised_has_no_timeline_to_draw(tmp_path: Path) -> None:
         ex, tmp_path / "ex.html", program="any_source_order", cluster=cpu4, fn=fns.any_source_order
     )
     assert "beside the unperturbed run" not in page.read_text()
+
+
+def test_the_page_shows_each_kinds_shrunk_case_and_where_it_departs(tmp_path: Path) -> None:
+    cpu3 = simdist.Cluster.switch(3, device="cpu")
+    ex = simdist.explore(fns.any_source_order, cpu3, runs=6, strategy="pct", seed=1)
+    shrunk = shrink_kinds(ex, fns.any_source_order, cpu3)["RankError (AssertionError)"]
+    assert isinstance(shrunk, simdist.Shrunk)
+    page = save_exploration_page(ex, tmp_path / "ex.html", program="any_source_order", cluster=cpu3)
+    text = html.unescape(page.read_text())
+    section = text.rsplit("the minimal case after shrinking run", 1)[1]  # past the page's contents
+    # one decision: rank 2 before rank 1 (or before rank 0, which then receives from rank 2 before rank 1 sent)
+    assert re.search(r"ranks 0?,? ?1, 2 tied; rank 2 went first instead of rank [01]\n", section)
+    assert "first differing trace event: rank 0 nccl:recv (src 2) on stream p2p at t=0 s" in section
+    assert (
+        shrunk.replay in section and "simdist.replay(explore_fns.any_source_order, cluster, token)" in section
+    )

@@ -152,6 +152,8 @@ class PerturbedEnvironment(simpy.Environment):
         self.decisions: list[int] = []
         #: agents seen at decisions
         self.agents: set[int] = set()
+        #: each decision's simulated time (seconds) and its tied agents in insertion order (option i is ``agents[i]``)
+        self.ties: list[tuple[float, tuple[int, ...]]] = []
         self._serial: dict[int, int] = {}
         self._setup = 0
         self._active: int | None = None
@@ -232,6 +234,7 @@ class PerturbedEnvironment(simpy.Environment):
             i = self.chooser.choose(self, [e[3] for e in options])
             self.decisions.append(i)
             self.agents.update(firsts)
+            self.ties.append((key[0], tuple(firsts)))
             pick = options[i]
         for entry in tied:
             if entry is not pick:

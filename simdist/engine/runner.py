@@ -245,6 +245,8 @@ class Observed:
     decisions: list[int] = dataclasses.field(default_factory=list)
     #: the agents seen at decisions
     agents: int = 0
+    #: each decision's simulated time (seconds) and its tied agents in insertion order
+    ties: list[tuple[float, tuple[int, ...]]] = dataclasses.field(default_factory=list)
 
 
 def run_observed(
@@ -315,6 +317,9 @@ def _run(
     env = simpy.Environment() if perturbation is None else PerturbedEnvironment(perturbation, chooser)
     if observed is not None:
         observed.trace = tr
+        if isinstance(env, PerturbedEnvironment):  # filled as the run goes, so a run that raises keeps them too
+            observed.decisions = env.decisions
+            observed.ties = env.ties
     baton = Baton(
         env,
         n,

@@ -11,6 +11,7 @@ from simdist.explore.errors import (
     SearchSpaceError,
 )
 from simdist.explore.exploration import Exploration, Failure
+from simdist.explore.shrink import ShrinkError, Shrunk, shrink
 
 __all__ = [
     "STRATEGIES",
@@ -23,6 +24,9 @@ __all__ = [
     "ReplayTokenError",
     "ReplayWarning",
     "SearchSpaceError",
+    "ShrinkError",
+    "Shrunk",
     "explore",
     "replay",
+    "shrink",
 ]

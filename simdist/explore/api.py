@@ -344,6 +344,17 @@ def _replay(
             ),
             stacklevel=3,
         )
+    options = token_options(data, run_options)
+    observed = Observed()
+    try:
+        return run_observed(fn, cluster, options, data["perturbation"], observed)
+    except Exception as e:
+        e.trace_hash = observed.trace.hash() if observed.trace is not None else ""  # type: ignore[attr-defined]
+        raise
+
+
+def token_options(data: dict[str, Any], run_options: Mapping[str, Any]) -> RunOptions:
+    """The run options of a token :func:`token.read` checked, its faults rebuilt, ``run_options`` over them."""
     options: RunOptions = data["options"]
     if data["faults"]:
         namespace = _faults_module()
@@ -352,12 +363,7 @@ def _replay(
         )
     if run_options:
         options = dataclasses.replace(options, **run_options)
-    observed = Observed()
-    try:
-        return run_observed(fn, cluster, options, data["perturbation"], observed)
-    except Exception as e:
-        e.trace_hash = observed.trace.hash() if observed.trace is not None else ""  # type: ignore[attr-defined]
-        raise
+    return options
 
 
 def _faults_module() -> Any:

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from simdist.explore.runs import Outcome
+
+if TYPE_CHECKING:  # shrink builds on this module
+    from simdist.explore.shrink import ShrinkError, Shrunk
 
 
 @dataclass
@@ -20,6 +24,9 @@ class Failure:
     replay: str
     #: the hash of the run's trace (up to the failure)
     trace_hash: str
+    #: the run shrunk to a minimal case (``simdist.explore.shrink.shrink_kinds`` fills it in for the first failure
+    #: of each kind), or the error that says why it could not be
+    shrunk: Shrunk | ShrinkError | None = None
 
     def __str__(self) -> str:
         return f"run {self.run}: {self.kind}: {str(self.error).splitlines()[0] if str(self.error) else ''}"

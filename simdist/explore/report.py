@@ -1,5 +1,6 @@
-"""An exploration's HTML page: its summary, failures by kind (each with its error, call sites and replay token),
-failures over runs, and the interleavings the runs took; one self-contained file the report index links."""
+"""An exploration's HTML page: its summary, failures by kind (each with its error, call sites, replay token and,
+where it was shrunk, its minimal case and first divergent event), failures over runs, and the interleavings the
+runs took; one self-contained file the report index links."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from simdist.explore.api import replay
 from simdist.explore.errors import CheckFailed
 from simdist.explore.exploration import Exploration, Failure
 from simdist.explore.program import Program
+from simdist.explore.shrink import Shrunk
 from simdist.network.cluster import Cluster
 from simdist.report.scenario import ScenarioReport
 
@@ -69,6 +71,7 @@ def exploration_page(
             f"simdist.replay({_call(token['program'])}, cluster, token)\n\ntoken:\n{first.replay}",
             note="the token is JSON: tokens of every failure are written by simdist explore --tokens FILE",
         )
+        _shrunk(page, kind, first, token["program"])
     if ex.runs > 1:
         ordered = sorted(ex.outcomes, key=lambda o: o.index)
         seen = 0
@@ -108,6 +111,20 @@ def save_exploration_page(
     held = not ex.failures and not ex.interrupted
     detail = f"{len(ex.failures)} of {ex.runs} runs failed" + (" (interrupted)" if ex.interrupted else "")
     return page.save(path, [("every explored run passes", held, detail)])
+
+
+def _shrunk(page: ScenarioReport, kind: str, failure: Failure, program: dict) -> None:
+    """The failure's minimal case and where it departs from the unperturbed run, where it was shrunk."""
+    shrunk = failure.shrunk
+    if isinstance(shrunk, Shrunk):
+        page.text(
+            f"{kind}: the minimal case after shrinking run {failure.run}",
+            f"{shrunk.describe()}\n\nsimdist.replay({_call(program)}, cluster, token)\n\ntoken:\n{shrunk.replay}",
+            note="simdist.shrink kept only the decisions off the unperturbed order (and the jitter) the failure needs; "
+            "the first divergent event compares each rank's timeline with the unperturbed run's",
+        )
+    elif shrunk is not None:
+        page.text(f"{kind}: not shrunk", str(shrunk), error=True)
 
 
 def _completed(failure: Failure) -> bool:

@@ -67,11 +67,13 @@ def execute(
     index: int,
     chooser: TieChooser | None = None,
     prune: type[BaseException] | None = None,
+    observed: Observed | None = None,
 ) -> Outcome:
     """Run ``fn`` once under ``perturbation`` and judge it (an exception, or ``check(result)`` False or raising).
 
-    ``prune`` is the exception an exhaustive chooser raises to cut a redundant run short."""
-    observed = Observed()
+    ``prune`` is the exception an exhaustive chooser raises to cut a redundant run short; ``observed`` receives
+    the run's trace and decisions (with each decision's time and tied agents)."""
+    observed = Observed() if observed is None else observed
     error: BaseException | None = None
     kind: str | None = None
     try:

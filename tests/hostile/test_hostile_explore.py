@@ -185,6 +185,44 @@ CASES: list[Case] = [
         error=simdist.SimdistError,
         match=r"decision 0 of the replayed schedule takes option 9, but the run has 3",
     ),
+    Case(
+        "shrink-passing-token",
+        "shrink a token whose run passes (its perturbation edited to the unperturbed order)",
+        lambda: simdist.shrink(
+            fns.any_source_order,
+            CPU3,
+            _edited(perturbation=simdist.Perturbation(ties="fifo", callbacks=False).to_json()),
+        ),
+        error=simdist.ShrinkError,
+        match=r"passes .*: there is no failure to shrink",
+    ),
+    Case(
+        "shrink-token-of-another-program",
+        "shrink a failing token with another program than the one it was recorded with",
+        lambda: simdist.shrink(fns.returns_rank, CPU3, _token()),
+        error=simdist.ShrinkError,
+        match=r"records a run of .*any_source_order, not of .*returns_rank",
+    ),
+    Case(
+        "shrink-out-of-range-choice",
+        "shrink a token whose explicit decisions name options the run does not have",
+        lambda: simdist.shrink(
+            fns.any_source_order,
+            CPU3,
+            _edited(perturbation=simdist.Perturbation(ties="choices", choices=(9,)).to_json()),
+        ),
+        error=simdist.ShrinkError,
+        match=r"do not fit this program's run: decision 0 .* takes option 9, but the run has 3",
+    ),
+    Case(
+        "shrink-nondeterminism",
+        "shrink the failure the determinism self-check reported for a program keeping state between runs",
+        lambda: simdist.shrink(
+            fns.keeps_state, CPU3, simdist.explore(fns.keeps_state, CPU3, runs=2).failures[0]
+        ),
+        error=simdist.ShrinkError,
+        match=r"determinism self-check: its replays gave other traces",
+    ),
 ]
 
 
