@@ -11,6 +11,7 @@ from simdist.explore.errors import (
     SearchSpaceError,
 )
 from simdist.explore.exploration import Exploration, Failure
+from simdist.explore.target import Ran, Target
 
 __all__ = [
     "STRATEGIES",
@@ -20,9 +21,11 @@ __all__ = [
     "Failure",
     "NondeterminismError",
     "Perturbation",
+    "Ran",
     "ReplayTokenError",
     "ReplayWarning",
     "SearchSpaceError",
+    "Target",
     "explore",
     "replay",
 ]
