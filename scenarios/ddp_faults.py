@@ -8,7 +8,8 @@ cluster's ops cost nothing else), then DDP's all-reduce averages the gradients o
 (1) ``simdist.faults.Straggler(rank=3, slowdown=s)`` for s in 1, 1.5, 2, 3, 4: rank 3 computes s times slower.
     Every rank waits for it in the all-reduce, so the step takes the straggler's compute plus the all-reduce,
     which starts when rank 3 joins and then runs as it always does: T(s) = T(1) + (s - 1) x COMPUTE (the closed
-    form, within 1 ns), and never less than s x COMPUTE.
+    form, within 1 ns: rank 3, on node 0, leaves each all-reduce 0.39 ns before rank 7 does, so a late rank 3
+    starts its compute that much before the last rank of an undelayed step), and never less than s x COMPUTE.
 (2) ``Crash(rank=5, collective=4)``: rank 5 dies as it issues its 4th collective, the first step's gradient
     all-reduce (DDP's wrap issues three: it checks the parameters across ranks and broadcasts rank 0's state,
     each counting). Without a timeout its peers would hang: simdist stops
