@@ -432,11 +432,12 @@ def test_hotpath_buffer_race_scenario_reproduces_each_race_and_no_fix_fails(tmp_
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
     verdicts = lines[next(i for i, l in enumerate(lines) if l.startswith("expectation")) + 1 :]
-    assert len(verdicts) == 9 and all(" PASS " in l for l in verdicts), "\n".join(verdicts)
+    assert len(verdicts) == 10 and all(" PASS " in l for l in verdicts), "\n".join(verdicts)
     for kind in "ABC":
         assert f"FAILED ({kind})" in out.stdout  # the worker's own account of each race
     report = json.loads((tmp_path / "hotpath_buffer_race.json").read_text())
-    assert report["seeds"] >= 200
+    assert report["runs"] >= 100
+    assert all(row["runs"] == report["runs"] for row in report["policies"].values())
     assert report["policies"]["fallback"]["failed"] > 0
     assert all(row["failed"] == 0 for name, row in report["policies"].items() if name != "fallback")
     # the JSON holds the printed table's numbers: failures by kind and fallbacks per policy
@@ -474,6 +475,24 @@ def test_any_source_order_scenario_finds_replays_and_counts_the_failing_orders(t
     assert "failing arrival orders: [10, 30, 20], [20, 10, 30], [20, 30, 10], [30, 10, 20], [30, 20, 10]" in out.stdout
     check_report("any_source_order", out, tmp_path)
     check_golden("any_source_order", out, tmp_path, update_golden)
+
+
+def test_ddp_faults_scenario_times_the_straggler_and_diagnoses_the_crash(tmp_path, update_golden):
+    out = run_scenario("ddp_faults", tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    verdicts = lines[next(i for i, l in enumerate(lines) if l.startswith("expectation")) + 1 :]
+    assert len(verdicts) == 9 and all(" PASS " in l for l in verdicts), "\n".join(verdicts)
+    summary = json.loads((tmp_path / "ddp_faults.json").read_text())
+    steps = summary["stragglers"]["step_seconds"]
+    # the closed form, computed here from the script's figures: each unit of slowdown adds one step's compute
+    compute = summary["stragglers"]["compute_seconds"]
+    for s, t in steps.items():
+        assert t == pytest.approx(steps["1.0"] + (float(s) - 1) * compute, abs=1e-9)
+    assert summary["crash"]["diagnosis"].startswith("rank 5 crashed") and "ddp_faults.py:" in summary["crash"]["diagnosis"]
+    assert summary["explore"]["failures"] == 0
+    check_report("ddp_faults", out, tmp_path)
+    check_golden("ddp_faults", out, tmp_path, update_golden)
 
 
 def test_elastic_restart_scenario_resumes_from_its_checkpoint_and_ends_as_one_process(tmp_path, update_golden):

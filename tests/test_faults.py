@@ -181,6 +181,25 @@ def test_a_crash_at_the_kth_collective_names_its_call_site() -> None:
         run(steps, ring(), [Crash(rank=1, collective=2)])
 
 
+def test_a_crash_at_the_kth_collective_happens_when_the_rank_issues_it_after_its_compute() -> None:
+    # the oracle: the fault-free run's issue time of that collective (every rank of steps() issues the k-th
+    # all-reduce after k charges and k - 1 all-reduces); the rank dies there, not when its previous wait ended
+    def issue_times() -> list[float]:
+        times = []
+        t = torch.ones(1000)
+        for _ in range(3):
+            simdist.charge(1e-3)
+            times.append(simdist.now())
+            dist.all_reduce(t)
+        return times
+
+    issued = run(issue_times, ring()).returns[1]
+    for k in (1, 2):
+        with pytest.raises(simdist.RankCrashError) as info:
+            run(steps, ring(), [Crash(rank=1, collective=k)])
+        assert info.value.crashed[1] == pytest.approx(issued[k - 1], abs=1e-12)
+
+
 def with_timeout(handling: str | None = None, backend: str = "gloo") -> str:
     """Steps on a group made with a 0.5 s timeout; returns what the rank caught, if anything."""
     if handling is not None:

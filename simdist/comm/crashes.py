@@ -80,6 +80,9 @@ class Crashes:
         count = self.issued[rank] = self.issued.get(rank, 0) + 1
         if hit is None or count != hit[0] or rank in self.dead:
             return
+        # the rank reaches the issue point once its host has spent the compute it charged before it: its death
+        # is at that time, not when its last wait ended
+        self.sim.settle()
         self._record(
             rank, hit[1], f"as it issued its {_ordinal(count)} collective, at {self.sim.call_site()}"
         )

@@ -12,6 +12,7 @@ from simdist.explore.errors import (
 )
 from simdist.explore.exploration import Exploration, Failure
 from simdist.explore.shrink import ShrinkError, Shrunk, shrink
+from simdist.explore.target import Ran, Target
 
 __all__ = [
     "STRATEGIES",
@@ -21,11 +22,13 @@ __all__ = [
     "Failure",
     "NondeterminismError",
     "Perturbation",
+    "Ran",
     "ReplayTokenError",
     "ReplayWarning",
     "SearchSpaceError",
     "ShrinkError",
     "Shrunk",
+    "Target",
     "explore",
     "replay",
     "shrink",

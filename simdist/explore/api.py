@@ -22,6 +22,7 @@ from simdist.explore.exploration import Exploration, Failure
 from simdist.explore.program import Program, code_hash
 from simdist.explore.progress import ProgressBar
 from simdist.explore.runs import Outcome, Task, execute, run_task, verify
+from simdist.explore.target import Target, fields_json, refuse
 from simdist.network.cluster import Cluster
 from simdist.options import RunOptions
 
@@ -85,8 +86,8 @@ class Settings:
 
 
 def explore(
-    fn: Callable[..., Any] | Program,
-    cluster: Cluster | str,
+    fn: Callable[..., Any] | Program | Target,
+    cluster: Cluster | str | None = None,
     *,
     runs: int = 100,
     strategy: str = "random",
@@ -114,7 +115,9 @@ def explore(
     ``"tcp://..."``, ``"ray"`` or ``"ray://..."`` (see :mod:`simdist.explore.engines`). ``progress_bar`` shows
     runs/s, failures and an ETA (default: when standard error is a terminal). ``run_options`` are
     :func:`simdist.run`'s. Ctrl-C returns what was found, marked
-    ``interrupted``. ``fn`` may also be a :class:`Program` reference (a script, as ``simdist explore`` passes it).
+    ``interrupted``. ``fn`` may also be a :class:`Program` reference (a script, as ``simdist explore`` passes it),
+    or a :class:`~simdist.explore.target.Target`, a simulation other than ``simdist.run`` (no cluster, no run
+    options, strategy random; ``check`` receives its ``Ran.value``).
     """
     settings = Settings(
         runs, strategy, depth, seed, {} if jitter is None else jitter, check, workers, on_run,
@@ -122,6 +125,9 @@ def explore(
     )
     if faults:
         run_options = {**run_options, "faults": faults}  # a run option: checked with the others, in every run
+    if isinstance(fn, Target):
+        refuse(fn, settings.strategy, cluster, run_options)
+        return _explore(fn, _reference(fn, settings.remote), code_hash(type(fn)), None, settings, {})
     if isinstance(fn, Program):
         with fn.loaded() as (loaded, extra):
             return _explore(loaded, fn.to_json(), fn.code_hash(), cluster, settings, {**run_options, **extra})
@@ -134,17 +140,17 @@ def explore(
 
 
 def _explore(
-    fn: Callable[..., Any],
+    fn: Callable[..., Any] | Target,
     program: dict[str, Any],
     code: str,
-    cluster: Cluster | str,
+    cluster: Cluster | str | None,
     settings: Settings,
     run_options: dict[str, Any],
 ) -> Exploration:
-    """:func:`explore` once ``fn`` is loaded and its reference and code hash known."""
+    """:func:`explore` once ``fn`` is loaded and its reference and code hash known (a target has no cluster)."""
     if isinstance(cluster, str):
         cluster = Cluster.load(cluster)
-    if not isinstance(cluster, Cluster):
+    if not isinstance(cluster, Cluster) and not isinstance(fn, Target):
         raise ExplorationError(
             f"explore needs a simdist.Cluster, a preset name or a cluster file; got {type(cluster).__name__}"
         )
@@ -190,7 +196,7 @@ def _explore(
                 for i, p in enumerate(plan, start=1):
                     found(_local(fn, cluster, options, check, i, p))
             else:
-                config = cluster.to_config()
+                config = cluster.to_config() if cluster is not None else {}
                 tasks = [Task(i, program, check_ref, config, options, p) for i, p in enumerate(plan, 1)]
                 if settings.engine is not None:
                     outcomes = engines.run(settings.engine, tasks)
@@ -240,6 +246,8 @@ def _reference(fn: Callable[..., Any], required: bool) -> dict[str, Any]:
     except ExplorationError:
         if required:
             raise
+        if isinstance(fn, Target):
+            return {"module": type(fn).__module__, "name": type(fn).__qualname__, "fields": fields_json(fn)}
         return {"module": getattr(fn, "__module__", "") or "", "name": getattr(fn, "__qualname__", repr(fn))}
 
 
@@ -258,7 +266,12 @@ def _perturbation(settings: Settings, index: int, base: Outcome) -> Perturbation
 
 
 def _local(
-    fn: Callable[..., Any], cluster: Cluster, options: RunOptions, check: Any, index: int, p: Perturbation
+    fn: Callable[..., Any] | Target,
+    cluster: Cluster | None,
+    options: RunOptions,
+    check: Any,
+    index: int,
+    p: Perturbation,
 ) -> Outcome:
     outcome = execute(fn, cluster, options, p, check, index)
     return verify(outcome, fn, cluster, options, check) if outcome.kind is not None else outcome
@@ -302,18 +315,21 @@ def _pool(tasks: list[Task], workers: int) -> Iterator[Outcome]:
 
 
 def replay(
-    fn: Callable[..., Any] | Program,
-    cluster: Cluster | str,
-    replay_token: str | dict[str, Any],
+    fn: Callable[..., Any] | Program | Target,
+    cluster: Cluster | str | None = None,
+    replay_token: str | dict[str, Any] | None = None,
     **run_options: Any,
-) -> RunResult:
+) -> Any:
     """Run again the run ``replay_token`` records (``Exploration.failures[i].replay``) and return its result.
 
     The run raises what it raised when explored; the exception carries the trace's hash as ``trace_hash``. A
     :class:`ReplayWarning` names what changed since the token was written (the program's code, simdist or
     torch, the cluster). ``run_options`` override the token's (``watchdog=``, ``races=``, ...). ``fn`` may also be
-    a :class:`Program` reference (a script).
+    a :class:`Program` reference (a script), or a :class:`~simdist.explore.target.Target`:
+    ``replay(target, token)`` returns its ``Ran`` (the token's fields differing from ``target``'s warn).
     """
+    if isinstance(fn, Target):
+        return _replay_target(fn, replay_token if replay_token is not None else cluster, run_options)
     if isinstance(fn, Program):
         with fn.loaded() as (loaded, _):
             return _replay(loaded, fn.code_hash(), cluster, replay_token, run_options)
@@ -364,6 +380,28 @@ def token_options(data: dict[str, Any], run_options: Mapping[str, Any]) -> RunOp
     if run_options:
         options = dataclasses.replace(options, **run_options)
     return options
+
+
+def _replay_target(target: Target, replay_token: Any, run_options: dict[str, Any]) -> Any:
+    """:func:`replay` of a target's run: the token's perturbation, on ``target``."""
+    if run_options:
+        raise ExplorationError(
+            f"{type(target).__name__} is a Target: replay(target, token) takes no run options ({sorted(run_options)})"
+        )
+    data = token.read(replay_token)
+    changed = token.changes(data, code_hash(type(target)), None)
+    recorded = data["program"].get("fields")
+    if recorded != fields_json(target):
+        changed.append(f"the target's fields differ from the ones recorded ({recorded!r:.80})")
+    if changed:
+        warnings.warn(
+            ReplayWarning(
+                "replaying a token recorded in other conditions; the run may take other paths: "
+                + "; ".join(changed)
+            ),
+            stacklevel=3,
+        )
+    return target.run(data["perturbation"])
 
 
 def _faults_module() -> Any:

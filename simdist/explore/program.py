@@ -1,4 +1,5 @@
-"""A program named by reference, so that a worker process can load it: a module's function or a script.
+"""A program named by reference, so that a worker process can load it: a module's function, a script, or a
+:class:`~simdist.explore.target.Target` (its class by name, with its fields).
 
 Runs are shipped to workers as these JSON references, never as pickled closures; the same reference, with a
 hash of the code it names, goes into every replay token.
@@ -18,23 +19,29 @@ from typing import Any
 
 from simdist.engine.torchrun import ScriptProgram
 from simdist.explore.errors import ExplorationError
+from simdist.explore.target import Target, fields_json, from_fields, import_class
 from simdist_base.script import load_entry
 
 
 @dataclass(frozen=True)
 class Program:
     """A function every rank runs: ``module``'s ``name`` (a qualified name), or the script at ``script`` (run as
-    torchrun runs it, or its function ``entry``) with ``argv`` as its arguments."""
+    torchrun runs it, or its function ``entry``) with ``argv`` as its arguments. With ``fields``, the name is a
+    :class:`Target`'s class and the reference is that target, rebuilt from its fields."""
 
     module: str = ""
     name: str = ""
     script: str = ""
     entry: str | None = None
     argv: tuple[str, ...] = field(default_factory=tuple)
+    fields: dict[str, Any] | None = field(default=None, hash=False)
 
     @classmethod
-    def of(cls, fn: Callable[..., Any]) -> Program:
+    def of(cls, fn: Callable[..., Any] | Target) -> Program:
         """The reference of ``fn``; a clear error if it cannot be imported by name (a lambda, a closure)."""
+        if isinstance(fn, Target):
+            ref = cls.of(type(fn))
+            return cls(ref.module, ref.name, ref.script, ref.entry, fields=fields_json(fn))
         module = getattr(fn, "__module__", None)
         qualname = getattr(fn, "__qualname__", None)
         if not module or not qualname or "<" in qualname:
@@ -55,19 +62,36 @@ class Program:
     def to_json(self) -> dict[str, Any]:
         """This reference as a JSON object."""
         if self.script:
-            return {"script": self.script, "entry": self.entry, "argv": list(self.argv)}
-        return {"module": self.module, "name": self.name}
+            out = {"script": self.script, "entry": self.entry, "argv": list(self.argv)}
+        else:
+            out = {"module": self.module, "name": self.name}
+        return out if self.fields is None else {**out, "fields": self.fields}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Program:
         """The reference :meth:`to_json` wrote."""
+        fields = data.get("fields")
         if "script" in data:
-            return cls(script=str(data["script"]), entry=data.get("entry"), argv=tuple(data.get("argv", ())))
-        return cls(module=str(data["module"]), name=str(data["name"]))
+            return cls(
+                script=str(data["script"]),
+                entry=data.get("entry"),
+                argv=tuple(data.get("argv", ())),
+                fields=fields,
+            )
+        return cls(module=str(data["module"]), name=str(data["name"]), fields=fields)
 
     @contextlib.contextmanager
     def loaded(self) -> Iterator[tuple[Callable[..., Any], dict[str, Any]]]:
-        """The function and the run options it needs (a script's ``argv``, its own process group)."""
+        """The function and the run options it needs (a script's ``argv``, its own process group); a target."""
+        if self.fields is not None:
+            where = f"the target reference {self.to_json()!r:.80}"
+            cls = (
+                load_entry(self.script, str(self.entry))
+                if self.script
+                else import_class(self.module, self.name)
+            )
+            yield from_fields(cls, self.fields, where), {}  # type: ignore[misc]
+            return
         if not self.script:
             obj: Any = importlib.import_module(self.module)
             for part in self.name.split("."):

@@ -13,8 +13,9 @@ from simdist.clock.perturbation import Perturbation
 from simdist.clock.schedule import TieChooser
 from simdist.engine.runner import Observed, RunResult, run_observed
 from simdist.errors import RankError
-from simdist.explore.errors import CheckFailed, NondeterminismError, RemoteError
+from simdist.explore.errors import CheckFailed, ExplorationError, NondeterminismError, RemoteError
 from simdist.explore.program import Program
+from simdist.explore.target import Ran, Target
 from simdist.network.cluster import Cluster
 from simdist.options import RunOptions
 
@@ -39,6 +40,8 @@ class Outcome:
     agents: int = 0
     #: an exhaustive run cut short because every order from there on was explored already
     pruned: bool = False
+    #: what a :class:`Target`'s run returned (``Ran.value``) for a run that did not raise; None for programs
+    value: Any = None
 
     def key(self) -> tuple[Any, ...]:
         """What must be equal between two explorations that found the same (errors compared by kind)."""
@@ -59,8 +62,8 @@ def kind_of(error: BaseException) -> str:
 
 
 def execute(
-    fn: Callable[..., Any],
-    cluster: Cluster,
+    fn: Callable[..., Any] | Target,
+    cluster: Cluster | None,
     options: RunOptions,
     perturbation: Perturbation,
     check: Callable[[RunResult], Any] | None,
@@ -72,7 +75,10 @@ def execute(
     """Run ``fn`` once under ``perturbation`` and judge it (an exception, or ``check(result)`` False or raising).
 
     ``prune`` is the exception an exhaustive chooser raises to cut a redundant run short; ``observed`` receives
-    the run's trace and decisions (with each decision's time and tied agents)."""
+    the run's trace and decisions (with each decision's time and tied agents). ``fn`` may be a :class:`Target`
+    (``cluster``, ``options`` and ``observed`` are then unused)."""
+    if isinstance(fn, Target):
+        return _execute_target(fn, perturbation, check, index)
     observed = Observed() if observed is None else observed
     error: BaseException | None = None
     kind: str | None = None
@@ -89,25 +95,51 @@ def execute(
             raise
         error, kind = e, kind_of(e)
     else:
-        if check is not None:
-            try:
-                verdict = check(result)
-            except Exception as e:  # noqa: BLE001 - a check that raises fails the run
-                error, kind = e, f"check raised {type(e).__name__}"
-            else:
-                if verdict is False:
-                    error = CheckFailed(
-                        f"run {index}: check {getattr(check, '__qualname__', check)!s} returned False"
-                    )
-                    kind = kind_of(error)
+        error, kind = _judge(check, result, index)
     trace_hash = observed.trace.hash() if observed.trace is not None else ""
     return Outcome(index, perturbation, trace_hash, kind, error, observed.decisions, observed.agents)
 
 
+def _execute_target(
+    target: Target, perturbation: Perturbation, check: Callable[[Any], Any] | None, index: int
+) -> Outcome:
+    """:func:`execute` for a target: its run judged as a program's is, its kind named by the target if it says."""
+    try:
+        ran = target.run(perturbation)
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # noqa: BLE001 - a target's exception is the run's failure
+        kind = target.kind(e) or kind_of(e)
+        return Outcome(index, perturbation, str(getattr(e, "trace_hash", "")), kind, e)
+    if not isinstance(ran, Ran):
+        raise ExplorationError(
+            f"{type(target).__name__}.run must return simdist.explore.Ran(value, trace_hash), got "
+            f"{type(ran).__name__}"
+        )
+    error, kind = _judge(check, ran.value, index)
+    return Outcome(index, perturbation, ran.trace_hash, kind, error, value=ran.value)
+
+
+def _judge(
+    check: Callable[[Any], Any] | None, result: Any, index: int
+) -> tuple[Exception | None, str | None]:
+    """``check(result)``'s verdict: (None, None) when it passed, else the error and its kind."""
+    if check is None:
+        return None, None
+    try:
+        verdict = check(result)
+    except Exception as e:  # noqa: BLE001 - a check that raises fails the run
+        return e, f"check raised {type(e).__name__}"
+    if verdict is False:
+        error = CheckFailed(f"run {index}: check {getattr(check, '__qualname__', check)!s} returned False")
+        return error, kind_of(error)
+    return None, None
+
+
 def verify(
     outcome: Outcome,
-    fn: Callable[..., Any],
-    cluster: Cluster,
+    fn: Callable[..., Any] | Target,
+    cluster: Cluster | None,
     options: RunOptions,
     check: Callable[[RunResult], Any] | None,
 ) -> Outcome:
@@ -148,7 +180,7 @@ class Task:
 
 def run_task(task: Task) -> Outcome:
     """Run ``task`` in a worker process (its failure verified there) and make its outcome fit to send back."""
-    cluster = Cluster.from_config(task.cluster)
+    cluster = Cluster.from_config(task.cluster) if task.cluster else None  # a target's task has none
     check_ref = Program.from_json(task.check) if task.check is not None else None
     with Program.from_json(task.program).loaded() as (fn, extra):
         options = dataclasses.replace(task.options, **extra) if extra else task.options

@@ -33,6 +33,7 @@ from simdist.explore.errors import ExplorationError, NondeterminismError, Replay
 from simdist.explore.exploration import Exploration, Failure
 from simdist.explore.program import Program, code_hash
 from simdist.explore.runs import NONDETERMINISM, Outcome, execute
+from simdist.explore.target import Target
 from simdist.network.cluster import Cluster
 from simdist.options import RunOptions
 
@@ -277,6 +278,11 @@ def shrink(
     instead of which) and where the run departs from the unperturbed run. A token whose run passes, a token of
     another program, or a failure whose replay fails otherwise raises :class:`ShrinkError`.
     """
+    if isinstance(fn, Target):
+        raise ShrinkError(
+            f"{type(fn).__name__} is a target: shrinking replays a run's tie decisions, which a target does not report "
+            "(a target is explored with strategy='random'; its failure replays from its token with simdist.replay)"
+        )
     if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 3:
         raise ShrinkError(
             "max_runs must be an int >= 3 (the token's run, the shrunk run's replay and the unperturbed run), got "

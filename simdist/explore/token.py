@@ -112,7 +112,7 @@ def make(
     strategy: str,
     seed: int,
     run: int,
-    cluster: Cluster,
+    cluster: Cluster | None,
     options: RunOptions,
     faults: Sequence[dict[str, Any]],
     program: dict[str, Any],
@@ -127,7 +127,7 @@ def make(
             "seed": seed,
             "run": run,
             "perturbation": perturbation.to_json(),
-            "cluster": cluster.to_config(),
+            "cluster": cluster.to_config() if cluster is not None else {},  # a target holds its own
             "options": options_json(options),
             "faults": list(faults),
             "program": program,
@@ -185,8 +185,9 @@ def read(token: str | dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def changes(data: dict[str, Any], code: str, cluster: Cluster) -> list[str]:
-    """What differs between a token's recording and now: the program's code, the versions, the cluster."""
+def changes(data: dict[str, Any], code: str, cluster: Cluster | None) -> list[str]:
+    """What differs between a token's recording and now: the program's code, the versions, the cluster (None: a
+    target's token, which has none)."""
     out = []
     if data["code"] and code and data["code"] != code:
         out.append(f"the program's code changed (hash {data['code'][:12]} when recorded, {code[:12]} now)")
@@ -194,7 +195,7 @@ def changes(data: dict[str, Any], code: str, cluster: Cluster) -> list[str]:
         then = data["versions"].get(name)
         if then != now:
             out.append(f"{name} {then} when recorded, {now} now")
-    if data["cluster"] != cluster.to_config():
+    if cluster is not None and data["cluster"] != cluster.to_config():
         out.append(
             f"the cluster differs from the one recorded ({data['cluster'].get('cluster', {}).get('name')!r})"
         )

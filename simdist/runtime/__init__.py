@@ -22,7 +22,7 @@ from simdist.runtime.policies import (
     TrackDependencies,
     buffer_policy,
 )
-from simdist.runtime.simulated import Delivery, LinkSpec, SimRuntimeResult, simulate
+from simdist.runtime.simulated import Delivery, LinkSpec, SimRuntimeResult, simulate, trace_hash
 from simdist.runtime.worker import Worker, WorkerStats
 
 __all__ = [
@@ -54,4 +54,5 @@ __all__ = [
     "buffer_policy",
     "signature",
     "simulate",
+    "trace_hash",
 ]

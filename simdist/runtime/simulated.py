@@ -8,6 +8,7 @@ function of (client function, seed, options).
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -99,6 +100,17 @@ class SimRuntimeResult:
     stats: WorkerStats
     sent: dict[str, int]
     worker: Worker = field(repr=False)
+    #: SHA-256 of the link's record (:func:`trace_hash`): equal for runs that sent the same at the same times
+    trace_hash: str = ""
+
+
+def trace_hash(deliveries: list[Delivery]) -> str:
+    """SHA-256 of a session's deliveries (direction, what, times sent and arrived): the session's trace, as
+    ``simdist.explore`` compares runs by it."""
+    h = hashlib.sha256()
+    for d in deliveries:
+        h.update(f"{d.direction}|{d.what}|{d.sent!r}|{d.arrived!r}\n".encode())
+    return h.hexdigest()
 
 
 #: simulated seconds the client spends issuing one command (Python and autograd bookkeeping)
@@ -118,8 +130,8 @@ def simulate(
 
     ``fn`` creates tensors with ``simdist.autograd`` as usual: the client is the current executor while it runs.
     Raises :class:`RankError` (rank 0 is the client) if ``fn`` raised, e.g. a ``RemoteError`` from the worker,
-    and the worker's own exception if its code raised; either has a ``deliveries`` attribute: the link's
-    record up to then.
+    and the worker's own exception if its code raised; either has a ``deliveries`` attribute, the link's
+    record up to then, and its ``trace_hash``.
     ``perturbation`` (a :class:`simdist.Perturbation`) draws the link's delivery jitter from its own seed instead of
     ``seed`` and breaks ties between events due at the same time as it says (see ``docs/explore.md``); None keeps
     the run as it was.
@@ -188,10 +200,19 @@ def simulate(
         client_raised = state.exc is not None and not isinstance(state.exc, RankAbort)
         error = RankError(0, state.exc, state.traceback_text) if client_raised else baton.failure
         error.deliveries = deliveries  # type: ignore[union-attr]  # what crossed the link before it failed
+        error.trace_hash = trace_hash(deliveries)  # type: ignore[union-attr]
         if client_raised:
             raise error from state.exc
         raise error
-    return SimRuntimeResult(state.result, clock.finished_at, deliveries, worker.stats, dict(client.sent), worker)
+    return SimRuntimeResult(
+        state.result,
+        clock.finished_at,
+        deliveries,
+        worker.stats,
+        dict(client.sent),
+        worker,
+        trace_hash(deliveries),
+    )
 
 
 class _ClientClock:

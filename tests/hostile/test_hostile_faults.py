@@ -217,6 +217,14 @@ CASES = [
         match=r"rank 1 crashed at simulated time 0.03 s .* while waiting in all_reduce #0",
     ),
     Case(
+        "crash-at-collective-after-compute",
+        "Crash(collective=2) of a rank that charges 1 ms before each all-reduce",
+        _run(_steps, [Crash(rank=1, collective=2)]),
+        error=simdist.RankCrashError,
+        # 2 ms of compute and one all-reduce of 32 bytes (6 ring steps of about 1 us) come before the 2nd issue
+        match=r"rank 1 crashed at simulated time 0.00200\d+ s .* as it issued its 2nd collective",
+    ),
+    Case(
         "every-rank-crashes",
         "Crash of every rank at 0",
         _run(_steps, [Crash(rank=r, at=0.0) for r in range(4)]),
