@@ -22,6 +22,7 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from simdist import algorithms, faults
 from simdist.bench import (
@@ -50,7 +51,8 @@ from simdist.errors import (
     RankError,
     SimdistError,
 )
-from simdist.explore.api import STRATEGIES, default_workers, explore
+from simdist.explore import token
+from simdist.explore.api import STRATEGIES, default_workers, explore, replay
 from simdist.explore.program import Program
 from simdist.explore.report import save_exploration_page
 from simdist.explore.shrink import DEFAULT_MAX_RUNS, shrink_kinds
@@ -395,15 +397,26 @@ def cmd_explore(args: argparse.Namespace) -> int:
         f"exploring {args.script} on {cluster.name} ({cluster.world_size} ranks): {args.runs} runs, strategy "
         f"{args.strategy}" + (f" (depth {args.depth})" if args.strategy == "pct" else "") + (f", on {args.engine}" if args.engine else f", {args.workers} workers")
     )
+    before = _listing(Path.cwd())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RaceWarning)
         ex = explore(
             program, cluster, runs=args.runs, strategy=args.strategy, depth=args.depth, seed=args.seed,
             jitter=args.jitter, workers=args.workers, progress=args.progress, races=args.races,
             watchdog=args.watchdog, prefix_output=not args.no_prefix, engine=args.engine,
-            progress_bar=False if args.no_progress_bar else None,
+            progress_bar=False if args.no_progress_bar else None, faults=args.fault or (),
+            **({"local_ranks_filter": []} if args.quiet else {}),
         )
     print(ex.summary())
+    changed = sorted(name for name, stamp in _listing(Path.cwd()).items() if before.get(name) != stamp)
+    if changed:
+        print(
+            f"simdist explore: warning: the runs wrote {', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''} in "
+            "the working directory, so each run after the first may have read what an earlier one wrote (a snapshot "
+            "to resume from, a cache): the runs were not independent, and a replay token may not reproduce its run "
+            "until these files are as they were. Explore from a scratch directory, or have the script skip them",
+            file=sys.stderr,
+        )
     if args.shrink and ex.failures:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RaceWarning)
@@ -416,7 +429,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
             print(textwrap.indent(str(first.shrunk), "  "))
     if args.tokens is not None:
         failures = [{"run": f.run, "kind": f.kind, "error": str(f.error).splitlines()[0] if str(f.error) else "",
-                     "replay": json.loads(f.replay)} for f in ex.failures]
+                     "trace_hash": f.trace_hash, "replay": json.loads(f.replay)} for f in ex.failures]
         args.tokens.write_text(json.dumps(failures, indent=1))
         print(f"replay tokens of {len(failures)} failures written to {args.tokens} (simdist.replay(fn, cluster, token))")
     if args.report is not None:
@@ -426,6 +439,75 @@ def cmd_explore(args: argparse.Namespace) -> int:
         )
         print(f"report written to {path}")
     return 1 if ex.failures else 0
+
+
+def _token_from(path: str, failure: int) -> tuple[str, str | None]:
+    """The replay token in ``path`` ('-': standard input): a token itself, or failure ``failure`` of the list that
+    ``simdist explore --tokens`` writes; with the trace hash the exploration recorded for it, where the list has it."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as e:
+        raise ValueError(f"cannot read the replay token file {path!r}: {e.strerror or e}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path!r} is not JSON ({e}): a replay token file holds what explore --tokens wrote") from None
+    if isinstance(data, list):
+        if not data:
+            raise ValueError(f"{path!r} lists no failures: the exploration that wrote it found none")
+        if not 0 <= failure < len(data):
+            raise ValueError(f"{path!r} lists {len(data)} failures (--failure 0 to {len(data) - 1}); got --failure {failure}")
+        entry = data[failure]
+        if not isinstance(entry, dict) or "replay" not in entry:
+            raise ValueError(f"{path!r}: failure {failure} holds no replay token (a 'replay' field)")
+        return json.dumps(entry["replay"]), entry.get("trace_hash")
+    if failure != 0:
+        raise ValueError(f"{path!r} holds one token, not a list of failures: --failure {failure} names none")
+    return json.dumps(data), None  # as text: token.read fills in the parsed object it is given
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Run again the run a replay token records (``simdist replay``)."""
+    text, explored = _token_from(args.token, args.failure)
+    data = token.read(text)
+    program = Program.from_json(data["program"])
+    if program.fields is not None:
+        raise ValueError("this token replays a target (a simulation other than simdist.run): replay it from Python "
+                         "with simdist.replay(target, token)")
+    cluster = Cluster.from_config(data["cluster"])
+    what = program.script or f"{program.module}.{program.name}"
+    print(f"replaying {what} on {cluster.name} ({cluster.world_size} ranks)")
+    options: dict[str, Any] = {} if args.watchdog is None else {"watchdog": args.watchdog}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaceWarning)
+        try:
+            res = replay(program, cluster, text, **options)
+        except SimdistError as e:
+            print(f"the run failed again; trace hash {_against(str(getattr(e, 'trace_hash', '')), explored)}",
+                  file=sys.stderr)
+            raise
+    print(
+        f"the run ended: simulated time {res.sim_time * 1e6:.3f} us; trace hash {_against(res.trace_hash, explored)}. "
+        "A failure found by the exploration's check (a check= function) is not in the token: run the check on "
+        "simdist.replay's result"
+    )
+    return 0
+
+
+def _listing(directory: Path) -> dict[str, int]:
+    """The files directly in ``directory`` with their modification times (what a run writing there changes)."""
+    try:
+        return {p.name: p.stat().st_mtime_ns for p in directory.iterdir() if p.is_file()}
+    except OSError:  # an unreadable or vanished directory: nothing to compare
+        return {}
+
+
+def _against(trace_hash: str, explored: str | None) -> str:
+    """A replayed run's trace hash, and whether it is the one the exploration recorded."""
+    if explored is None:
+        return trace_hash[:16]
+    same = "the same as explored" if trace_hash == explored else f"NOT the explored run's {explored[:16]}"
+    return f"{trace_hash[:16]} ({same})"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -553,6 +635,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "print where it departs from the unperturbed run (default: on)")
     x.add_argument("--shrink-runs", type=_whole_number(3), default=DEFAULT_MAX_RUNS, metavar="N",
                    help=f"the most runs shrinking one failure makes (default: {DEFAULT_MAX_RUNS})")
+    x.add_argument("--fault", type=_fault, action="append", default=None, metavar="JSON",
+                   help='a fault every run meets, as JSON: {"type": "Straggler", "rank": 3, "slowdown": 2.0} '
+                        "(simdist.faults; repeatable; part of each replay token)")
     x.add_argument("--engine", default=None, metavar="ADDRESS",
                    help="run on a Dask scheduler (tcp://host:8786) or Ray ('ray', ray://host:10001) instead of "
                         "--workers local processes")
@@ -562,7 +647,20 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--races", default="warn", choices=RACE_MODES, help="race detector (default: warn)")
     x.add_argument("--watchdog", type=_seconds, default=None, metavar="SECONDS", help="as for simdist run")
     x.add_argument("--no-prefix", action="store_true", help="leave the ranks' output lines unprefixed")
+    x.add_argument("--quiet", action="store_true",
+                   help="hide what the ranks print (simdist replay shows a failing run's output again)")
     x.set_defaults(func=cmd_explore, script_args=[])
+
+    y = sub.add_parser(
+        "replay", help="run again a failure that simdist explore found, from its replay token",
+        usage="simdist replay TOKENS.json [--failure N]",
+    )
+    y.add_argument("token", metavar="TOKENS.json",
+                   help="a replay token, or the list simdist explore --tokens wrote ('-': standard input)")
+    y.add_argument("--failure", type=_whole_number(0), default=0, metavar="N",
+                   help="which failure of the list to replay (default: 0, the first)")
+    y.add_argument("--watchdog", type=_seconds, default=None, metavar="SECONDS", help="as for simdist run")
+    y.set_defaults(func=cmd_replay)
 
     rp = sub.add_parser("report", help="(re)build DIR/index.html linking every HTML report in DIR")
     rp.add_argument("directory", help="the directory the reports were written to, e.g. reports/")

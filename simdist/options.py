@@ -187,15 +187,16 @@ def _argv(argv: Any) -> tuple[str, ...]:
 
 
 def _local_ranks(ranks: Any) -> tuple[int, ...]:
-    """``local_ranks_filter`` as sorted distinct local ranks (whole numbers >= 0, at least one)."""
+    """``local_ranks_filter`` as sorted distinct local ranks (whole numbers >= 0; none: no rank's output shown)."""
     if isinstance(ranks, (str, bytes)) or not isinstance(ranks, (list, tuple, set, frozenset)):
         raise RunArgumentError(
             f"local_ranks_filter must be a list of local ranks (whole numbers >= 0) whose output is shown, or None for "
             f"every rank's; got {type(ranks).__name__} {ranks!r:.60}"
         )
-    if not ranks or not all(_is_int(r) and r >= 0 for r in ranks):
+    if not all(_is_int(r) and r >= 0 for r in ranks):
         raise RunArgumentError(
-            f"local_ranks_filter must name at least one local rank, each a whole number >= 0; got {sorted(ranks, key=repr)!r:.60}"
+            f"local_ranks_filter must name local ranks, each a whole number >= 0 (an empty list hides every rank's "
+            f"output); got {sorted(ranks, key=repr)!r:.60}"
         )
     return tuple(sorted(set(ranks)))
 

@@ -111,7 +111,7 @@ def test_each_option_is_refused_unless_its_documentation_admits_the_value(name: 
         ({"argv": ["train.py", 1]}, r"argv\[1\] must be a string"),
         ({"default_group": "no"}, r"default_group must be True or False"),
         ({"prefix_output": 1}, r"prefix_output must be True or False"),
-        ({"local_ranks_filter": [0, -1]}, r"local_ranks_filter must name at least one local rank"),
+        ({"local_ranks_filter": [0, -1]}, r"local_ranks_filter must name local ranks, each a whole number >= 0"),
         ({"local_ranks_filter": "0,1"}, r"local_ranks_filter must be a list of local ranks"),
     ],
 )

@@ -196,7 +196,7 @@ def run(
     stops with :class:`WatchdogError` (default ``$SIMDIST_WATCHDOG``, else 60 under pytest, else 600;
     ``math.inf`` turns it off). ``argv`` is what ``sys.argv`` reads in rank code, each rank its own list (default:
     the process's). ``prefix_output=True`` starts each line rank code writes to ``sys.stdout``/``sys.stderr``
-    with ``[rankN]:``, and ``local_ranks_filter`` shows only the output of those local ranks (as torchrun's options).
+    with ``[rankN]:``, and ``local_ranks_filter`` shows only the output of those local ranks (as torchrun's options; an empty list, none).
     ``perturbation`` (a :class:`simdist.Perturbation`) draws the choices a run leaves open: the order of events
     due at the same simulated time, latency and compute jitter, ``then()`` callback order (see
     ``docs/explore.md``); None runs exactly the unperturbed run.
