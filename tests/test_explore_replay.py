@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pickle
+import sys
 import types
 import warnings
 
@@ -185,3 +186,19 @@ def test_workers_need_a_program_they_can_load_by_name() -> None:
             simdist.explore(fn, CPU4, runs=2, workers=2)
     with pytest.raises(simdist.ExplorationError, match="cannot be loaded by name"):
         simdist.explore(fns.returns_rank, CPU4, runs=2, workers=2, check=lambda res: True)
+
+
+def test_a_program_read_from_standard_input_is_refused_workers_before_any_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # multiprocessing starts each worker by running __main__'s file again; python - < prog.py has none
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", "<stdin>")
+    with pytest.raises(simdist.ExplorationError, match=r"__main__ is '<stdin>', not a file.*workers=1"):
+        simdist.explore(fns.arrival_order, CPU4, runs=2, workers=2)
+
+    def step() -> None:
+        pass
+
+    step.__module__, step.__qualname__ = "__main__", "step"
+    with pytest.raises(simdist.ExplorationError, match="read from standard input"):
+        simdist.explore(step, CPU4, runs=2, workers=2)

@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import importlib
 import os
+import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -303,6 +304,13 @@ def _pool(tasks: list[Task], workers: int) -> Iterator[Outcome]:
     The workers fork from a forkserver, a fresh single-threaded process that imported simdist once (forking this
     process, whose rank threads and torch pools may hold locks, would not be safe; spawning imports torch per
     worker)."""
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main is not None and not os.path.isfile(main):
+        # multiprocessing starts each worker by running __main__'s file again: '<stdin>' is none
+        raise ExplorationError(
+            f"this program's __main__ is {main!r}, not a file, so worker processes cannot start from it (multiprocessing "
+            "runs __main__'s file again in each): save the program to a file and run that, or explore with workers=1"
+        )
     context = get_context("forkserver")
     context.set_forkserver_preload(["simdist.explore.runs"])
     pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)) or 1, mp_context=context)

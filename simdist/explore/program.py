@@ -51,9 +51,9 @@ class Program:
             )
         if module == "__main__":
             path = getattr(sys.modules.get("__main__"), "__file__", None)
-            if not path:
+            if not path or not os.path.isfile(path):  # python -c, a notebook, or a program read from stdin
                 raise ExplorationError(
-                    f"{qualname} is defined in an interactive session (__main__ has no file): a worker process cannot "
+                    f"{qualname} is defined in an interactive session or a program read from standard input (__main__ has no file): a worker process cannot "
                     "load it; define it in a module, or explore with workers=1"
                 )
             return cls(script=os.path.abspath(path), entry=qualname)
