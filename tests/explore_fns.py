@@ -109,3 +109,23 @@ def callback_order() -> list[str]:
     a.wait()
     b.wait()
     return seen
+
+
+def four_rounds() -> list[int] | None:
+    """Ranks 1, 2, 3 each do the same work and send rank 0 a value, four times; rank 0 returns the arrival order
+    (from any source). The sends of a round are due at the same time: a tie in every round."""
+    rank = dist.get_rank()
+    if rank != 0:
+        sends = []
+        for _ in range(4):
+            simdist.charge(1e-3)
+            sends.append(dist.isend(torch.tensor([float(rank)]), 0))
+        for s in sends:
+            s.wait()
+        return None
+    order = []
+    for _ in range(12):
+        buf = torch.zeros(1)
+        dist.recv(buf)
+        order.append(int(buf.item()))
+    return order

@@ -216,6 +216,23 @@ def test_pct_hits_a_depth_two_bug_at_least_as_often_as_its_bound() -> None:
     assert hits / (runs - 1) >= bound, (hits, bound)
 
 
+def test_pct_finds_a_rank_slowest_in_every_round_at_a_rate_the_number_of_ties_does_not_lower() -> None:
+    # rank 1 last in each of 4 rounds: random choice must pick it last at every tie, (1/3)^4 = 1.2% of runs; PCT's
+    # fixed priorities put it last in every round whenever it draws the lowest priority of the three senders
+    runs = 40
+    found = {}
+    for strategy in ("pct", "random"):
+        seen: list[list[int]] = []
+        ex = simdist.explore(
+            fns.four_rounds, CPU4, runs=runs, strategy=strategy, depth=1, seed=0,
+            check=lambda res, seen=seen: seen.append(res.returns[0]),
+        )  # fmt: skip
+        assert len(ex.outcomes[0].decisions) == 11  # ties over the four rounds
+        found[strategy] = sum(all(o[3 * r + 2] == 1 for r in range(4)) for o in seen[1:])
+    assert found["pct"] / (runs - 1) >= 1 / 4, found  # PCT's bound for depth 1: 1/n, n = 4 agents
+    assert found["random"] < found["pct"], found
+
+
 # ---------------------------------------------------------------------- failures
 def test_a_check_returning_false_or_raising_is_a_failure() -> None:
     ex = simdist.explore(fns.arrival_order, CPU4, runs=20, check=fns.order_is_sorted)
