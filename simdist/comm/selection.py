@@ -11,7 +11,9 @@ data is the closest one simdist has (ring for NCCL's rings and NVLS, the binomia
 every message is paced so that the uncontended schedule takes the model's time (the tuner's prediction and
 the fill of an NVLS pipeline, :mod:`simdist.algorithms.nccl.runtime`). Under ``"gloo"``,
 ``auto`` is what torch's gloo backend runs (:data:`GLOO`), and a reduce-scatter is paced to take the time of
-the ring all-reduce of its whole input, which is what ProcessGroupGloo runs for it. The result is the
+the ring all-reduce of its whole input, which is what ProcessGroupGloo runs for it; the receiver of a reduce
+message spends ``bytes / Cluster.reduce_bandwidth`` adding it in before it goes on, as gloo's ranks do on their
+own threads. The result is the
 algorithm that really runs (recursive halving/doubling falls back to ring off powers of two).
 """
 
@@ -50,6 +52,8 @@ class Selection:
     pace: tuple[float, float] | None = None
     #: NCCL's algorithm and protocol ("NVLS/Simple") when NCCL's model times the call
     nccl: str | None = None
+    #: seconds per byte the receiver of a reduce message spends adding it in (the gloo model); 0: free
+    reduce_cost: float = 0.0
 
 
 class AlgorithmSelector:
@@ -88,7 +92,8 @@ class AlgorithmSelector:
         if gloo and collective in GLOO:
             name = GLOO[collective]
         if name != algorithms.AUTO:
-            chosen = Selection(algorithms.get(collective, name).effective(n))
+            cost = 1.0 / self.cluster.reduce_bandwidth if self.cluster.collective_model == "gloo" else 0.0
+            chosen = Selection(algorithms.get(collective, name).effective(n), reduce_cost=cost)
             return (
                 self._gloo_reduce_scatter(group, ranks, chosen, nbytes)
                 if gloo and collective == "reduce_scatter"
@@ -127,7 +132,8 @@ class AlgorithmSelector:
         algo = chosen.algorithm
         hops, path_bytes = algo.estimate(n, nbytes, 1.0, 0.0), algo.estimate(n, nbytes, 0.0, 1.0)
         latency, moving = ring.estimate(n, nbytes, alpha, 0.0), ring.estimate(n, nbytes, 0.0, beta)
-        return Selection(algo, (latency / hops, moving / path_bytes if path_bytes > 0 else 0.0))
+        pace = (latency / hops, moving / path_bytes if path_bytes > 0 else 0.0)
+        return Selection(algo, pace, reduce_cost=chosen.reduce_cost)
 
     def _nccl(
         self, group: int, ranks: list[int], name: str, collective: str, nbytes: int, enabled: nccl.Enabled
