@@ -1,5 +1,6 @@
-"""gloo's model on one host: a shared medium every transfer crosses both ways, and a reduction cost per byte
-charged on the receiving rank before it goes on; the fit of both (``simdist calibrate --medium shared``).
+"""gloo's model on one host: a shared medium every transfer crosses both ways, and each rank's own work through
+its memory (adding a reduce message in before it goes on; the copies ProcessGroupGloo makes around all-gather and
+reduce-scatter) at a rate per byte; the fit of both (``simdist calibrate --medium shared``).
 
 Oracles: closed forms derived by hand from the transfer rules (a route's links held for ``bytes / bandwidth``,
 first come first served; a receiver adding each reduce message in before its next step), written out here
@@ -29,10 +30,10 @@ from simdist.network import Cluster
 SIZES = tuple(8 << (2 * k) for k in range(11))  # 8 B .. 8 MiB
 
 
-def _shared(alpha: float, bandwidth: float, reduce_bandwidth: float) -> Cluster:
+def _shared(alpha: float, bandwidth: float, local_bandwidth: float) -> Cluster:
     cluster = shared_cluster(2, bandwidth, alpha, "cpu", "host")
     cluster.collective_model = "gloo"
-    cluster.reduce_bandwidth = reduce_bandwidth
+    cluster.local_bandwidth = local_bandwidth
     return cluster
 
 
@@ -40,11 +41,13 @@ def _shared_closed(collective: str, m: float, a: float, b: float, g: float) -> f
     """Two ranks on one medium: every message waits for the one before it, whichever way it goes."""
     return {
         "broadcast": a + m * b,  # one message
-        "all_gather": a + m * b,  # two halves, one after the other
+        # two halves, one after the other; the rank's own chunk copied into the output before, the output out after
+        "all_gather": a + m * b + 1.5 * m * g,
         # the sums wait for the medium (the second chunk) or for the adds, whichever ends later
         "all_reduce": max(2 * a + 1.5 * m * b + 0.5 * m * g, a + 2 * m * b),
-        # gloo's all-reduce of the whole input: both chunks paced at twice the bytes, then the add
-        "reduce_scatter": 2 * a + 2 * m * b + 0.5 * m * g,
+        # gloo's all-reduce of a clone of the whole input: the clone, both chunks paced at twice the bytes, the
+        # add, the rank's chunk copied out
+        "reduce_scatter": m * g + 2 * a + 2 * m * b + 0.5 * m * g + 0.5 * m * g,
     }[collective]
 
 
@@ -64,10 +67,10 @@ def test_a_shared_medium_times_both_directions_one_after_the_other(
     alpha: float, bandwidth: float, reduce_over: float, k: int, collective: str
 ) -> None:
     m = 8 << k
-    reduce_bandwidth = bandwidth * reduce_over
-    got = _time(_shared(alpha, bandwidth, reduce_bandwidth), collective, m)
+    local_bandwidth = bandwidth * reduce_over
+    got = _time(_shared(alpha, bandwidth, local_bandwidth), collective, m)
     assert got == pytest.approx(
-        _shared_closed(collective, m, alpha, 1 / bandwidth, 1 / reduce_bandwidth), rel=1e-6
+        _shared_closed(collective, m, alpha, 1 / bandwidth, 1 / local_bandwidth), rel=1e-6
     )
 
 
@@ -80,22 +83,28 @@ def test_on_a_shared_medium_a_large_all_reduce_costs_more_than_twice_a_broadcast
     # one medium: twice the bytes; and where adding is slower than moving (here 3x), each rank's add of half the
     # buffer outlasts the other rank's transfer: 1.5 buffers moved and 0.5 added, 1.5 + 0.5 x 3
     assert _time(host, "all_reduce", m) / _time(host, "broadcast", m) == pytest.approx(3.0, rel=0.02)
-    host.reduce_bandwidth = math.inf  # free adds: the medium alone, twice the broadcast
+    host.local_bandwidth = math.inf  # free adds: the medium alone, twice the broadcast
     assert _time(host, "all_reduce", m) / _time(host, "broadcast", m) == pytest.approx(2.0, rel=0.02)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_a_ring_all_reduce_pays_each_added_chunk_on_its_critical_path(n: int) -> None:
-    a, bandwidth, reduce_bandwidth, m = 30e-6, 4e9, 1e9, 12 * 4096
+def test_a_rank_pays_its_adds_and_processgroupgloos_copies_on_its_critical_path(n: int) -> None:
+    a, bandwidth, local, m = 30e-6, 4e9, 1e9, 12 * 4096
     cluster = Cluster.switch(n, bandwidth=bandwidth, latency=a / 2, device="cpu")
     cluster.collective_model = "gloo"
-    free = _time(cluster, "all_reduce", m)
-    cluster.reduce_bandwidth = reduce_bandwidth
-    # n-1 reduce steps, each: the chunk's latency and bytes, then its add; n-1 copy steps
+    free = {c: _time(cluster, c, m) for c in ("all_reduce", "all_gather", "reduce_scatter", "broadcast")}
+    cluster.local_bandwidth = local
     c = m / n
-    closed = (n - 1) * (a + c / bandwidth + c / reduce_bandwidth) + (n - 1) * (a + c / bandwidth)
-    assert _time(cluster, "all_reduce", m) == pytest.approx(closed, rel=1e-6)
-    assert free == pytest.approx(closed - (n - 1) * c / reduce_bandwidth, rel=1e-6)
+    # n-1 reduce steps, each: the chunk's latency and bytes, then its add; n-1 copy steps
+    ring = (n - 1) * (a + c / bandwidth + c / local) + (n - 1) * (a + c / bandwidth)
+    assert _time(cluster, "all_reduce", m) == pytest.approx(ring, rel=1e-6)
+    assert free["all_reduce"] == pytest.approx(ring - (n - 1) * c / local, rel=1e-6)
+    # the rank's chunk into the output, n-1 steps, the whole output out
+    gather = c / local + (n - 1) * (a + c / bandwidth) + m / local
+    assert _time(cluster, "all_gather", m) == pytest.approx(gather, rel=1e-6)
+    # the clone of the input, the all-reduce's time, the rank's chunk out
+    assert _time(cluster, "reduce_scatter", m) == pytest.approx(m / local + ring + c / local, rel=1e-6)
+    assert _time(cluster, "broadcast", m) == free["broadcast"]  # in place: nothing of its own
 
 
 def _reduce(world: int) -> list[float]:
@@ -116,29 +125,29 @@ def test_the_reduction_rate_is_a_cluster_files_gloo_table(tmp_path: Path) -> Non
     text = (tmp_path / "host.toml").read_text()
     assert "[cluster.gloo]" in text
     back = Cluster.from_file(tmp_path / "host.toml")
-    assert back.reduce_bandwidth == 1.5e9 and back.switches == ("bus.in", "bus.out")
+    assert back.local_bandwidth == 1.5e9 and back.switches == ("bus.in", "bus.out")
     assert _time(back, "all_reduce", 1 << 20) == _time(host, "all_reduce", 1 << 20)
     for old, new, message in [
-        ('collective_model = "gloo"', "", r"\[cluster.gloo\] times gloo's reductions.*alpha-beta model"),
-        ("reduce_bandwidth = 1500000000.0", "reduce_bandwidth = -1", "reduce_bandwidth"),
-        ("reduce_bandwidth = 1500000000.0", "reduce_bw = 1", "reduce_bw"),
+        ('collective_model = "gloo"', "", r"\[cluster.gloo\] times gloo's adds and copies.*alpha-beta model"),
+        ("local_bandwidth = 1500000000.0", "local_bandwidth = -1", "local_bandwidth"),
+        ("local_bandwidth = 1500000000.0", "reduce_bw = 1", "reduce_bw"),
     ]:
         (tmp_path / "bad.toml").write_text(text.replace(old, new))
         with pytest.raises(ClusterSpecError, match=message):
             Cluster.from_file(tmp_path / "bad.toml")
     Cluster.switch(2, device="cpu").save(tmp_path / "plain.toml")  # no gloo table: reductions free
-    assert Cluster.from_file(tmp_path / "plain.toml").reduce_bandwidth == math.inf
+    assert Cluster.from_file(tmp_path / "plain.toml").local_bandwidth == math.inf
     assert "[cluster.gloo]" not in (tmp_path / "plain.toml").read_text()
 
 
 @pytest.mark.parametrize("medium", ["shared", "switch"])
 def test_the_fit_recovers_a_planted_medium_and_reduction_rate(medium: str) -> None:
-    alpha, bandwidth, reduce_bandwidth = 90e-6, 2.5e9, 1.2e9
+    alpha, bandwidth, local_bandwidth = 90e-6, 2.5e9, 1.2e9
     if medium == "shared":
-        cluster = _shared(alpha, bandwidth, reduce_bandwidth)
+        cluster = _shared(alpha, bandwidth, local_bandwidth)
     else:
         cluster = Cluster.switch(2, bandwidth=bandwidth, latency=alpha / 2, device="cpu")
-        cluster.collective_model, cluster.reduce_bandwidth = "gloo", reduce_bandwidth
+        cluster.collective_model, cluster.local_bandwidth = "gloo", local_bandwidth
     samples = [
         Sample(c, m, 2, _time(cluster, c, m), f"{c} {m}")
         for c in ("all_reduce", "broadcast", "all_gather")
@@ -147,15 +156,15 @@ def test_the_fit_recovers_a_planted_medium_and_reduction_rate(medium: str) -> No
     fit = calibrate.fit(samples, device="cpu", collective_model="gloo", medium=medium)
     assert fit.alpha == pytest.approx(alpha, rel=1e-6)
     assert fit.bandwidth == pytest.approx(bandwidth, rel=1e-6)
-    assert fit.reduce_bandwidth == pytest.approx(reduce_bandwidth, rel=1e-6)
+    assert fit.local_bandwidth == pytest.approx(local_bandwidth, rel=1e-6)
     assert max(abs(r.error) for r in fit.residuals) < 1e-6
-    assert f"reductions {reduce_bandwidth / 1e9:.4g} GB/s" in fit.report()
-    assert fit.cluster.reduce_bandwidth == fit.reduce_bandwidth
-    # the all-reduce alone cannot tell bytes from adds: no reduction rate is fitted
+    assert f"local copies and adds {local_bandwidth / 1e9:.4g} GB/s" in fit.report()
+    assert fit.cluster.local_bandwidth == fit.local_bandwidth
+    # the all-reduce alone cannot tell the bytes' time from the adds': no local rate is fitted
     alone = calibrate.fit(
         [s for s in samples if s.collective == "all_reduce"], collective_model="gloo", medium=medium
     )
-    assert alone.reduce_bandwidth == math.inf and "reductions" not in alone.report()
+    assert alone.local_bandwidth == math.inf and "local copies" not in alone.report()
 
 
 def test_a_shared_medium_refuses_what_its_closed_forms_do_not_time() -> None:
@@ -190,7 +199,7 @@ def test_the_cli_writes_a_shared_medium(
     assert main(["calibrate", "--measure", "--medium", "shared", "-o", str(tmp_path / "c.toml")]) == 0
     assert "fitted 2-rank shared medium (gloo algorithms)" in capsys.readouterr().out
     back = Cluster.from_file(tmp_path / "c.toml")
-    assert back.reduce_bandwidth == pytest.approx(1e9, rel=1e-6)
+    assert back.local_bandwidth == pytest.approx(1e9, rel=1e-6)
     assert _time(back, "all_reduce", 1 << 20) == pytest.approx(_time(host, "all_reduce", 1 << 20), rel=1e-6)
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from simdist import algorithms
 from simdist.calibrate.medium import MEDIA, check_shared, shared_cluster, shared_terms
 from simdist.calibrate.samples import CalibrationError, Sample, check
-from simdist.comm.selection import GLOO
+from simdist.comm.selection import GLOO, GLOO_COPIES
 from simdist.network import Cluster
 from simdist.network.models import check_collective_model
 from simdist.units import MAX_BANDWIDTH, MIN_BANDWIDTH
@@ -60,8 +60,8 @@ class Fit:
     residuals: tuple[Residual, ...]
     #: samples left out of the fit as noise: off the first fit by more than ``OUTLIER`` times (a loaded machine)
     outliers: tuple[Sample, ...] = ()
-    #: bytes/s at which a rank adds a received message in (gloo's model); inf where not fitted
-    reduce_bandwidth: float = math.inf
+    #: bytes/s at which a rank works through its own memory (gloo's adds and copies); inf where not fitted
+    local_bandwidth: float = math.inf
     #: ``switch`` (duplex links) or ``shared`` (one medium every transfer crosses)
     medium: str = "switch"
 
@@ -80,8 +80,8 @@ class Fit:
         n = self.cluster.world_size
         kind = "switch cluster" if self.medium == "switch" else "shared medium"
         adds = (
-            f", reductions {self.reduce_bandwidth / 1e9:.4g} GB/s"
-            if self.reduce_bandwidth != math.inf
+            f", local copies and adds {self.local_bandwidth / 1e9:.4g} GB/s"
+            if self.local_bandwidth != math.inf
             else ""
         )
         lines = [
@@ -107,10 +107,9 @@ class Fit:
         return "\n".join(lines)
 
 
-#: collectives whose messages are reduced at their receivers, and those that only move data: samples of both tell
-#: the reduction's cost apart from the bytes'
-REDUCING = ("all_reduce", "reduce_scatter", "reduce")
-MOVING = ("all_gather", "broadcast", "sendrecv", "all_to_all")
+#: collectives in whose time, under gloo's model, each rank works through its own memory (adds, copies): with
+#: another collective beside one of them, the samples tell that rate apart from the bytes' on the links
+LOCAL_WORK = ("all_reduce", "reduce_scatter", "reduce", "all_gather")
 
 
 def _terms(
@@ -131,11 +130,12 @@ def _terms(
             "all_reduce" if s.collective == "reduce_scatter" else s.collective, GLOO[s.collective]
         )
         # a ring all-reduce adds (n-1)/n of the buffer on its critical path, a step at a time; a pipelined ring
-        # reduce adds the whole buffer at its root, piece after piece
+        # reduce adds the whole buffer at its root, piece after piece; and ProcessGroupGloo's copies (GLOO_COPIES)
         added = {"all_reduce": (n - 1) / n * m, "reduce_scatter": (n - 1) / n * m, "reduce": m}.get(
             s.collective, 0.0
         )
-        return algo.name, algo.estimate(n, m, 1.0, 0.0), algo.estimate(n, m, 0.0, 1.0), added
+        copies = sum(GLOO_COPIES[s.collective](n)) * m if s.collective in GLOO_COPIES else 0.0
+        return algo.name, algo.estimate(n, m, 1.0, 0.0), algo.estimate(n, m, 0.0, 1.0), added + copies
     if algorithm is None:
         algo = algorithms.choose(s.collective, n, m, (alpha, beta), (alpha, beta))
     else:
@@ -182,9 +182,9 @@ def fit(
     every collective is priced with; ``auto``'s choice by default, as a run makes it).
 
     ``collective_model="gloo"``: the samples are of torch's gloo backend, priced with the algorithms it runs
-    (``simdist.comm.selection.GLOO``), and the written cluster times collectives so; where the samples have a
-    collective that reduces and one that does not, the rate at which a rank adds a received message in is fitted
-    too (``Cluster.reduce_bandwidth``). ``medium="shared"`` (gloo's model, two ranks): the cluster is one medium
+    (``simdist.comm.selection.GLOO``), and the written cluster times collectives so; where the samples have
+    several collectives, one of which works through the rank's own memory (adds, ProcessGroupGloo's copies), the
+    rate of that work is fitted too (``Cluster.local_bandwidth``). ``medium="shared"`` (gloo's model, two ranks): the cluster is one medium
     every transfer crosses (:mod:`simdist.calibrate.medium`), processes on one host; ``"switch"``: duplex links."""
     if medium not in MEDIA:
         raise CalibrationError(f"{what}: medium must be one of {', '.join(MEDIA)}; found {medium!r}")
@@ -200,13 +200,13 @@ def fit(
     if medium == "shared":
         check_shared(list(rows), what)
     kinds = {s.collective for s in rows}
-    reduces = algorithm == "gloo" and bool(kinds & set(REDUCING)) and bool(kinds & set(MOVING))
-    alpha, beta, gamma = _fit_rows(rows, algorithm, reduces, medium)
+    local = algorithm == "gloo" and len(kinds) > 1 and bool(kinds & set(LOCAL_WORK))
+    alpha, beta, gamma = _fit_rows(rows, algorithm, local, medium)
     # one refit without the samples the first fit cannot explain at all: noise of a loaded machine
     outliers = _noise(rows, algorithm, (alpha, beta, gamma), medium)
     if outliers:
         rows = check([s for s in rows if s not in outliers], what)
-        alpha, beta, gamma = _fit_rows(rows, algorithm, reduces, medium)
+        alpha, beta, gamma = _fit_rows(rows, algorithm, local, medium)
     if beta <= 0:
         raise CalibrationError(
             f"{what}: the times do not grow with the size (the best fit moves bytes in no time); measure up to "
@@ -217,9 +217,9 @@ def fit(
         raise CalibrationError(
             f"{what}: the fitted bandwidth {bandwidth:g} B/s is outside what a link can have"
         )
-    reduce_bandwidth = 1.0 / gamma if gamma > 0 else math.inf
-    if reduce_bandwidth != math.inf and not MIN_BANDWIDTH <= reduce_bandwidth <= MAX_BANDWIDTH:
-        reduce_bandwidth = math.inf  # an add that costs next to nothing: free, as without the term
+    local_bandwidth = 1.0 / gamma if gamma > 0 else math.inf
+    if local_bandwidth != math.inf and not MIN_BANDWIDTH <= local_bandwidth <= MAX_BANDWIDTH:
+        local_bandwidth = math.inf  # an add that costs next to nothing: free, as without the term
         gamma = 0.0
     n = rows[0].ranks
     if medium == "shared":
@@ -227,12 +227,12 @@ def fit(
     else:
         cluster = Cluster.switch(n, bandwidth=bandwidth, latency=alpha / 2, device=device, name=name)
     cluster.collective_model = check_collective_model(collective_model, device)
-    cluster.reduce_bandwidth = reduce_bandwidth
+    cluster.local_bandwidth = local_bandwidth
     residuals = []
     for s in rows:
         algo, a, b, c = _terms(s, algorithm, alpha, beta, gamma, medium)
         residuals.append(Residual(s, algo, a * alpha + b * beta + c * gamma))
-    return Fit(alpha, bandwidth, cluster, tuple(residuals), outliers, reduce_bandwidth, medium)
+    return Fit(alpha, bandwidth, cluster, tuple(residuals), outliers, local_bandwidth, medium)
 
 
 def _noise(
@@ -257,9 +257,9 @@ def _noise(
 
 
 def _fit_rows(
-    rows: Sequence[Sample], algorithm: str | None, reduces: bool, medium: str
+    rows: Sequence[Sample], algorithm: str | None, local: bool, medium: str
 ) -> tuple[float, float, float]:
-    """(α, β, γ) fitted to ``rows`` (γ only where ``reduces``, else 0), refitting until ``auto``'s choices (and
+    """(α, β, γ) fitted to ``rows`` (γ only where ``local``, else 0), refitting until ``auto``'s choices (and
     the branches of the shared medium's closed forms) at the fitted prices stop changing."""
     t = np.array([s.seconds for s in rows])
     params = (50e-6, 1e-9, 0.0)  # a starting guess; the choices it implies are refitted below
@@ -270,8 +270,8 @@ def _fit_rows(
             break
         choices = terms
         columns = [[a for _, a, _, _ in terms], [b for _, _, b, _ in terms]]
-        if reduces:
+        if local:
             columns.append([c for _, _, _, c in terms])
         x = _solve(np.array(columns).T / t[:, None])
-        params = (float(x[0]), float(x[1]), float(x[2]) if reduces else 0.0)
+        params = (float(x[0]), float(x[1]), float(x[2]) if local else 0.0)
     return params

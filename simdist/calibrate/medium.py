@@ -7,18 +7,22 @@ all transfers. Each rank has a link up to ``bus.in`` and one down from ``bus.out
 latency and of the medium's bandwidth (a rank's own transfers wait for each other anyway).
 
 The fit needs each collective's uncontended time on it in closed form. On two ranks, under the gloo model (its
-algorithms, a receiver adding each reduce message in at ``γ`` seconds per byte before it goes on), with ``α``
-the route's latency, ``β`` seconds per byte of the medium and ``m`` the buffer's bytes (chunks ``c = m / 2``):
+algorithms; each rank working through its own memory at ``γ`` seconds per byte: adding a reduce message in
+before it goes on, and the copies ProcessGroupGloo makes, :data:`simdist.comm.selection.GLOO_COPIES`), with
+``α`` the route's latency, ``β`` seconds per byte of the medium and ``m`` the buffer's bytes (chunks
+``c = m / 2``):
 
 - broadcast (one message): ``α + mβ``;
-- all-gather (both chunks at once, one after the other on the medium): ``α + mβ``;
+- all-gather (both chunks at once, one after the other on the medium; a rank's chunk copied into the output
+  before, the whole output copied out after): ``α + mβ + 1.5mγ``;
 - send/recv (both ranks send ``m``): ``α + 2mβ``;
 - all-reduce (the ring: a reduce step, then a copy step): the first chunk leaves at ``cβ``, the second at
   ``2cβ``; each rank adds its chunk in and sends the sum, which waits for the medium: rank 0's sum leaves at
   ``max(2cβ + α + cγ, 3cβ) + cβ``, so ``max(2α + 1.5mβ + 0.5mγ, α + 2mβ)``;
-- reduce-scatter (gloo's all-reduce of the whole input, its messages paced to the ring all-reduce's closed
-  form, ``2α + mβ`` for one step of ``c`` bytes each, as :mod:`simdist.comm.selection` paces them): both
-  chunks at ``2β`` per byte on the medium, then the add: ``2α + 2mβ + 0.5mγ``.
+- reduce-scatter (gloo's all-reduce of a clone of the whole input, its messages paced to the ring all-reduce's
+  closed form, ``2α + mβ`` for one step of ``c`` bytes each, as :mod:`simdist.comm.selection` paces them; the
+  rank's chunk copied out after): the clone, both chunks at ``2β`` per byte on the medium, the add, the copy:
+  ``2α + 2mβ + 2mγ``.
 """
 
 from __future__ import annotations
@@ -69,11 +73,11 @@ def shared_terms(s: Sample, alpha: float, beta: float, gamma: float) -> tuple[st
     model, the branch of a ``max`` that holds at ``(alpha, beta, gamma)``."""
     m = float(s.nbytes)
     if s.collective in ("broadcast", "all_gather"):
-        return ("tree" if s.collective == "broadcast" else "ring"), 1.0, m, 0.0
+        return ("tree", 1.0, m, 0.0) if s.collective == "broadcast" else ("ring", 1.0, m, 1.5 * m)
     if s.collective == "sendrecv":
         return "sendrecv", 1.0, 2 * m, 0.0
     if s.collective == "reduce_scatter":
-        return "ring", 2.0, 2 * m, 0.5 * m
+        return "ring", 2.0, 2 * m, 2 * m
     reducing = (2.0, 1.5 * m, 0.5 * m)
     moving = (1.0, 2 * m, 0.0)
     value = [x[0] * alpha + x[1] * beta + x[2] * gamma for x in (reducing, moving)]

@@ -34,7 +34,9 @@ class ScheduleRun:
     sends and received all its messages. ``order``, when given, is shown every element a reduce message reads; ``pace``, when given, times every message (see
     :meth:`simdist.network.links.Network.send`). ``reduce_cost`` (seconds per byte) is what the receiver of a reduce
     message spends adding it into its buffer before it goes on, one message after another on each rank (gloo
-    reduces on the rank's own thread); 0 makes a reduction free.
+    reduces on the rank's own thread); 0 makes a reduction free. ``local`` (seconds) is what each rank spends on its
+    own before its first message and after its last (the copies torch's ProcessGroupGloo makes around some
+    collectives).
     """
 
     def __init__(
@@ -52,9 +54,11 @@ class ScheduleRun:
         order: GlooResult | None = None,
         pace: tuple[float, float] | None = None,
         reduce_cost: float = 0.0,
+        local: tuple[float, float] = (0.0, 0.0),
     ) -> None:
         self.sim = sim
         self.reduce_cost = reduce_cost
+        self.local = local
         #: when each rank's last reduction ends (``reduce_cost`` > 0 only)
         self.reducing_until = [0.0] * n
         #: (latency s, seconds per byte) every message is sent at, or None for the links' own
@@ -97,9 +101,26 @@ class ScheduleRun:
         return format_schedule(self.msgs, self.n, done=done)
 
     def start(self) -> None:
-        """Begin at the current simulated time (every rank is ready)."""
+        """Begin at the current simulated time (every rank is ready), once each rank has made its own copies."""
+        before = self.local[0]
+        if before:
+            env = self.sim.env
+            self.reducing_until = [env.now + before] * self.n
+            env.timeout(before).callbacks.append(lambda _ev: self._start_ranks())
+        else:
+            self._start_ranks()
+
+    def _start_ranks(self) -> None:
         for r in range(self.n):
             self._advance(r)
+
+    def _finish(self, r: int) -> None:
+        """Rank ``r`` has sent and received everything: done once it has made its copies after."""
+        after = self.local[1]
+        if after:
+            self.sim.env.timeout(after).callbacks.append(lambda _ev: self.on_rank_done(r))
+        else:
+            self.on_rank_done(r)
 
     # The two methods below run once per message: they are written for speed (no closures, few calls).
     def _advance(self, r: int) -> None:
@@ -113,7 +134,7 @@ class ScheduleRun:
         self.next_step[r] = step
         if step >= nsteps and self.first_missing[r] >= nsteps and not self.done[r]:
             self.done[r] = True
-            self.on_rank_done(r)
+            self._finish(r)
 
     def _send(self, m: Msg) -> None:
         count = m.shi - m.slo

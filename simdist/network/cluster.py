@@ -82,9 +82,9 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
         self.gpus_per_node: int | None = None
         #: corrections of NCCL's model fitted to this cluster's measurements (``collective_model="nccl"`` only)
         self.nccl_overrides: nccl.Overrides = nccl.NO_OVERRIDES
-        #: bytes/s at which a rank adds a received message into its buffer (``collective_model="gloo"`` only;
-        #: inf: reductions take no time)
-        self.reduce_bandwidth: float = math.inf
+        #: bytes/s at which a rank works through its own memory under ``collective_model="gloo"``: adding a
+        #: received message into its buffer, the copies torch's ProcessGroupGloo makes (inf: they take no time)
+        self.local_bandwidth: float = math.inf
         self._check_connected()
 
     def nccl_fabric(self, ranks: Sequence[int]) -> nccl.Fabric:
@@ -281,8 +281,8 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
             cluster["collective_model"] = self.collective_model
         if not self.nccl_overrides.is_default:
             cluster["nccl"] = self.nccl_overrides.to_config()
-        if self.reduce_bandwidth != math.inf:
-            cluster["gloo"] = {"reduce_bandwidth": self.reduce_bandwidth}
+        if self.local_bandwidth != math.inf:
+            cluster["gloo"] = {"local_bandwidth": self.local_bandwidth}
         if self.algorithms:
             cluster["algorithms"] = dict(self.algorithms)
         links = [

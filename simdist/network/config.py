@@ -10,8 +10,8 @@ A config file has a ``[cluster]`` table in one of three forms (JSON: the same ke
   switches), then in the order listed.
 
 Every form also takes ``device``, ``name`` and a ``[cluster.algorithms]`` table; a cluster timed by the gloo
-model (``collective_model = "gloo"``) a ``[cluster.gloo]`` table whose ``reduce_bandwidth`` (bytes/s) is the rate
-at which a rank adds a received message into its buffer. In the first two forms
+model (``collective_model = "gloo"``) a ``[cluster.gloo]`` table whose ``local_bandwidth`` (bytes/s) is the rate
+at which a rank works through its own memory (adding a received message in, ProcessGroupGloo's copies). In the first two forms
 ``world_size`` may replace the size argument (``n``, ``nodes`` or ``dims``) of a builder that has one.
 """
 
@@ -88,21 +88,21 @@ def _links_graph(links: Any, world_size: int, switches: Any) -> nx.DiGraph:
 
 
 def _gloo_table(table: Any, model: str) -> float:
-    """The reduction bandwidth (bytes/s) of a ``[cluster.gloo]`` table, on a cluster timed by the gloo model."""
+    """The local bandwidth (bytes/s) of a ``[cluster.gloo]`` table, on a cluster timed by the gloo model."""
     if model != "gloo":
         raise ClusterSpecError(
-            f"[cluster.gloo] times gloo's reductions, and this cluster's collectives are timed by the {model} "
+            f"[cluster.gloo] times gloo's adds and copies, and this cluster's collectives are timed by the {model} "
             'model: add collective_model = "gloo" or remove [cluster.gloo]'
         )
     if not isinstance(table, Mapping):
-        raise ClusterSpecError(f"[cluster.gloo] must be a table (reduce_bandwidth = ...); found {table!r}")
-    check_keys(table, ["reduce_bandwidth"], "[cluster.gloo]")
-    if "reduce_bandwidth" not in table:
-        raise ClusterSpecError("[cluster.gloo] needs reduce_bandwidth (bytes/s, or a string such as '3GB/s')")
+        raise ClusterSpecError(f"[cluster.gloo] must be a table (local_bandwidth = ...); found {table!r}")
+    check_keys(table, ["local_bandwidth"], "[cluster.gloo]")
+    if "local_bandwidth" not in table:
+        raise ClusterSpecError("[cluster.gloo] needs local_bandwidth (bytes/s, or a string such as '3GB/s')")
     try:
-        return parse_bandwidth(table["reduce_bandwidth"])
+        return parse_bandwidth(table["local_bandwidth"])
     except ClusterSpecError as exc:
-        raise ClusterSpecError(f"[cluster.gloo] reduce_bandwidth: {exc}") from None
+        raise ClusterSpecError(f"[cluster.gloo] local_bandwidth: {exc}") from None
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -307,7 +307,7 @@ class ClusterFiles:
                 )
             cluster.nccl_overrides = overrides
         if "gloo" in table:
-            cluster.reduce_bandwidth = _gloo_table(table["gloo"], cluster.collective_model)
+            cluster.local_bandwidth = _gloo_table(table["gloo"], cluster.collective_model)
         return cluster
 
     @classmethod
