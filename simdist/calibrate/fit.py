@@ -194,7 +194,7 @@ def fit(
         algorithm = "gloo"
     elif medium == "shared":
         raise CalibrationError(
-            f"{what}: a shared medium is fitted under the gloo model (collective_model='gloo')"
+            f"{what}: a shared medium is fitted under the gloo model (collective_model='gloo', or --model gloo)"
         )
     rows = check(samples, what)
     if medium == "shared":
