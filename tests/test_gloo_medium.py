@@ -126,6 +126,7 @@ def test_the_reduction_rate_is_a_cluster_files_gloo_table(tmp_path: Path) -> Non
     assert "[cluster.gloo]" in text
     back = Cluster.from_file(tmp_path / "host.toml")
     assert back.local_bandwidth == 1.5e9 and back.switches == ("bus.in", "bus.out")
+    assert "timed by the gloo model (adds and copies at 1.5 GB/s)" in back.describe()
     assert _time(back, "all_reduce", 1 << 20) == _time(host, "all_reduce", 1 << 20)
     for old, new, message in [
         ('collective_model = "gloo"', "", r"\[cluster.gloo\] times gloo's adds and copies.*alpha-beta model"),

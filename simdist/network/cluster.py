@@ -247,6 +247,11 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
                 ""
                 if self.collective_model == "alpha-beta"
                 else f"; timed by the {self.collective_model} model"
+            )
+            + (
+                f" (adds and copies at {format_bandwidth(self.local_bandwidth)})"
+                if self.local_bandwidth != math.inf
+                else ""
             ),
             "  link classes (count, bandwidth per direction, latency per link):",
         ]
