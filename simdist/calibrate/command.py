@@ -12,6 +12,7 @@ from simdist.calibrate import read_nccl_tests, read_timeline
 from simdist.calibrate.device import DeviceFit, fit_device
 from simdist.calibrate.fit import Fit, fit
 from simdist.calibrate.measure import measure
+from simdist.calibrate.medium import MEDIA
 from simdist.calibrate.nccl_model import NcclFit, fit_nccl
 from simdist.calibrate.nccltests import BINARIES
 from simdist.calibrate.samples import FITTED, CalibrationError, Sample
@@ -87,6 +88,13 @@ def add_parser(sub: Any, output_file: Callable[[str], Path]) -> None:
         choices=("auto", "nccl", "gloo", "alpha-beta"),
         help="the collective model fitted: NCCL's (auto: where the device is one it knows), gloo's (auto: a "
         "--measure sweep alone) or alpha-beta links",
+    )
+    c.add_argument(
+        "--medium",
+        default="switch",
+        choices=MEDIA,
+        help="gloo's model: the ranks joined by duplex links through a switch (default), or one medium every "
+        "transfer crosses, both ways (processes on one host, 2 ranks)",
     )
     c.set_defaults(func=cmd_calibrate)
 
@@ -183,6 +191,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                 name=args.name,
                 what=what,
                 collective_model="gloo" if gloo else "alpha-beta",
+                medium=args.medium,
             )
         )
         print(result.report())

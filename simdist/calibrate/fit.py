@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from simdist import algorithms
+from simdist.calibrate.medium import MEDIA, check_shared, shared_cluster, shared_terms
 from simdist.calibrate.samples import CalibrationError, Sample, check
-from simdist.comm.selection import GLOO
+from simdist.comm.selection import GLOO, GLOO_COPIES
 from simdist.network import Cluster
 from simdist.network.models import check_collective_model
 from simdist.units import MAX_BANDWIDTH, MIN_BANDWIDTH
@@ -59,6 +60,10 @@ class Fit:
     residuals: tuple[Residual, ...]
     #: samples left out of the fit as noise: off the first fit by more than ``OUTLIER`` times (a loaded machine)
     outliers: tuple[Sample, ...] = ()
+    #: bytes/s at which a rank works through its own memory (gloo's adds and copies); inf where not fitted
+    local_bandwidth: float = math.inf
+    #: ``switch`` (duplex links) or ``shared`` (one medium every transfer crosses)
+    medium: str = "switch"
 
     def bands(self) -> list[tuple[str, int, float, float]]:
         """(band, samples, median |error|, max |error|) per size band that has samples."""
@@ -73,11 +78,17 @@ class Fit:
     def report(self) -> str:
         """The fitted parameters and the residuals per size band, as ``simdist calibrate`` prints them."""
         n = self.cluster.world_size
+        kind = "switch cluster" if self.medium == "switch" else "shared medium"
+        adds = (
+            f", local copies and adds {self.local_bandwidth / 1e9:.4g} GB/s"
+            if self.local_bandwidth != math.inf
+            else ""
+        )
         lines = [
             (
-                f"fitted {n}-rank switch cluster{' (gloo algorithms)' * (self.cluster.collective_model == 'gloo')}: "
+                f"fitted {n}-rank {kind}{' (gloo algorithms)' * (self.cluster.collective_model == 'gloo')}: "
                 f"route latency {self.alpha * 1e6:.3f} us, bandwidth "
-                f"{self.bandwidth / 1e9:.4g} GB/s (each link: {self.alpha / 2 * 1e6:.3f} us)"
+                f"{self.bandwidth / 1e9:.4g} GB/s (each link: {self.alpha / 2 * 1e6:.3f} us){adds}"
             ),
             f"collectives: {', '.join(sorted({r.sample.collective for r in self.residuals}))}; {len(self.residuals)} samples",
             "residuals (predicted vs measured) per size band:",
@@ -96,38 +107,65 @@ class Fit:
         return "\n".join(lines)
 
 
-def _terms(s: Sample, algorithm: str | None, alpha: float, beta: float) -> tuple[str, float, float]:
-    """(algorithm, a, b) with the sample's closed-form time ``a·α + b·β``; ``auto``'s pick when None, gloo's
-    algorithms when ``"gloo"`` (a reduce-scatter is the ring all-reduce of its input, as ProcessGroupGloo runs it)."""
+#: collectives in whose time, under gloo's model, each rank works through its own memory (adds, copies): with
+#: another collective beside one of them, the samples tell that rate apart from the bytes' on the links
+LOCAL_WORK = ("all_reduce", "reduce_scatter", "reduce", "all_gather")
+
+
+def _terms(
+    s: Sample, algorithm: str | None, alpha: float, beta: float, gamma: float = 0.0, medium: str = "switch"
+) -> tuple[str, float, float, float]:
+    """(algorithm, a, b, c) with the sample's closed-form time ``a·α + b·β + c·γ`` (``γ``: seconds per byte a
+    receiver spends adding a reduce message in, gloo's model only); ``auto``'s pick when None, gloo's algorithms
+    when ``"gloo"`` (a reduce-scatter is the ring all-reduce of its input, as ProcessGroupGloo runs it)."""
     n, m = s.ranks, float(s.nbytes)
+    if medium == "shared":
+        return shared_terms(s, alpha, beta, gamma)
     if s.collective == "sendrecv":  # every rank sends m bytes to the next and receives from the previous
-        return "sendrecv", 1.0, m
+        return "sendrecv", 1.0, m, 0.0
+    if algorithm == "gloo" and s.collective not in GLOO:
+        algorithm = None  # gloo's model runs auto's choice for what gloo has no algorithm of its own for
     if algorithm == "gloo":
         algo = algorithms.get(
             "all_reduce" if s.collective == "reduce_scatter" else s.collective, GLOO[s.collective]
         )
-        return algo.name, algo.estimate(n, m, 1.0, 0.0), algo.estimate(n, m, 0.0, 1.0)
+        # a ring all-reduce adds (n-1)/n of the buffer on its critical path, a step at a time; a pipelined ring
+        # reduce adds the whole buffer at its root, piece after piece; and ProcessGroupGloo's copies (GLOO_COPIES)
+        added = {"all_reduce": (n - 1) / n * m, "reduce_scatter": (n - 1) / n * m, "reduce": m}.get(
+            s.collective, 0.0
+        )
+        copies = sum(GLOO_COPIES[s.collective](n)) * m if s.collective in GLOO_COPIES else 0.0
+        return algo.name, algo.estimate(n, m, 1.0, 0.0), algo.estimate(n, m, 0.0, 1.0), added + copies
     if algorithm is None:
         algo = algorithms.choose(s.collective, n, m, (alpha, beta), (alpha, beta))
     else:
         algo = algorithms.get(s.collective, algorithm)
-    return algo.name, algo.estimate(n, m, 1.0, 0.0), algo.estimate(n, m, 0.0, 1.0)
+    return algo.name, algo.estimate(n, m, 1.0, 0.0), algo.estimate(n, m, 0.0, 1.0), 0.0
 
 
-def _solve(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    """Non-negative (α, β) minimising sum((a·α + b·β - 1)^2): relative errors, as the rows are divided by t."""
-    best: tuple[float, tuple[float, float]] | None = None
-    x, *_ = np.linalg.lstsq(np.stack([a, b], axis=1), np.ones_like(a), rcond=None)
-    candidates = [(float(x[0]), float(x[1]))]
-    # at the boundary: one of the two is zero, the other its own least-squares value
-    candidates += [(float(a @ np.ones_like(a) / (a @ a)), 0.0), (0.0, float(b @ np.ones_like(b) / (b @ b)))]
-    for alpha, beta in candidates:
-        if alpha < 0 or beta < 0:
+def _solve(columns: np.ndarray) -> np.ndarray:
+    """Non-negative ``x`` minimising sum((columns @ x - 1)^2): relative errors, as the rows are divided by t.
+
+    With two or three unknowns every set of them held at zero is tried (the optimum of a convex problem under
+    ``x >= 0`` is the unconstrained optimum of the unknowns it leaves free)."""
+    k = columns.shape[1]
+    ones = np.ones(columns.shape[0])
+    best: tuple[float, np.ndarray] | None = None
+    for mask in range(1, 1 << k):
+        free = [j for j in range(k) if mask >> j & 1]
+        if len(free) == 1:
+            col = columns[:, free[0]]
+            sub = np.array([col @ ones / (col @ col)])
+        else:
+            sub, *_ = np.linalg.lstsq(columns[:, free], ones, rcond=None)
+        if np.any(sub < 0):
             continue
-        loss = float(np.sum((a * alpha + b * beta - 1.0) ** 2))
+        x = np.zeros(k)
+        x[free] = sub
+        loss = float(np.sum((columns @ x - 1.0) ** 2))
         if best is None or loss < best[0]:
-            best = (loss, (alpha, beta))
-    assert best is not None
+            best = (loss, x)
+    assert best is not None  # a single column's least-squares value is >= 0 where its entries are
     return best[1]
 
 
@@ -138,23 +176,37 @@ def fit(
     algorithm: str | None = None,
     what: str = "the measurements",
     collective_model: str = "alpha-beta",
+    medium: str = "switch",
 ) -> Fit:
-    """The switch cluster whose link latency and bandwidth best explain ``samples`` (``algorithm`` pins the
-    algorithm every collective is priced with; ``auto``'s choice by default, as a run makes it).
+    """The cluster whose link latency and bandwidth best explain ``samples`` (``algorithm`` pins the algorithm
+    every collective is priced with; ``auto``'s choice by default, as a run makes it).
 
     ``collective_model="gloo"``: the samples are of torch's gloo backend, priced with the algorithms it runs
-    (``simdist.comm.selection.GLOO``), and the written cluster times collectives so."""
+    (``simdist.comm.selection.GLOO``), and the written cluster times collectives so; where the samples have
+    several collectives, one of which works through the rank's own memory (adds, ProcessGroupGloo's copies), the
+    rate of that work is fitted too (``Cluster.local_bandwidth``). ``medium="shared"`` (gloo's model, two ranks): the cluster is one medium
+    every transfer crosses (:mod:`simdist.calibrate.medium`), processes on one host; ``"switch"``: duplex links."""
+    if medium not in MEDIA:
+        raise CalibrationError(f"{what}: medium must be one of {', '.join(MEDIA)}; found {medium!r}")
     if collective_model == "gloo":
         if algorithm is not None:
             raise CalibrationError(f"{what}: the gloo model prices gloo's own algorithms; pin none")
         algorithm = "gloo"
+    elif medium == "shared":
+        raise CalibrationError(
+            f"{what}: a shared medium is fitted under the gloo model (collective_model='gloo', or --model gloo)"
+        )
     rows = check(samples, what)
-    alpha, beta = _fit_rows(rows, algorithm)
+    if medium == "shared":
+        check_shared(list(rows), what)
+    kinds = {s.collective for s in rows}
+    local = algorithm == "gloo" and len(kinds) > 1 and bool(kinds & set(LOCAL_WORK))
+    alpha, beta, gamma = _fit_rows(rows, algorithm, local, medium)
     # one refit without the samples the first fit cannot explain at all: noise of a loaded machine
-    outliers = _noise(rows, algorithm, alpha, beta)
+    outliers = _noise(rows, algorithm, (alpha, beta, gamma), medium)
     if outliers:
         rows = check([s for s in rows if s not in outliers], what)
-        alpha, beta = _fit_rows(rows, algorithm)
+        alpha, beta, gamma = _fit_rows(rows, algorithm, local, medium)
     if beta <= 0:
         raise CalibrationError(
             f"{what}: the times do not grow with the size (the best fit moves bytes in no time); measure up to "
@@ -165,23 +217,33 @@ def fit(
         raise CalibrationError(
             f"{what}: the fitted bandwidth {bandwidth:g} B/s is outside what a link can have"
         )
+    local_bandwidth = 1.0 / gamma if gamma > 0 else math.inf
+    if local_bandwidth != math.inf and not MIN_BANDWIDTH <= local_bandwidth <= MAX_BANDWIDTH:
+        local_bandwidth = math.inf  # an add that costs next to nothing: free, as without the term
+        gamma = 0.0
     n = rows[0].ranks
-    cluster = Cluster.switch(n, bandwidth=bandwidth, latency=alpha / 2, device=device, name=name)
+    if medium == "shared":
+        cluster = shared_cluster(n, bandwidth, alpha, device, name)
+    else:
+        cluster = Cluster.switch(n, bandwidth=bandwidth, latency=alpha / 2, device=device, name=name)
     cluster.collective_model = check_collective_model(collective_model, device)
-    residuals = tuple(
-        Residual(s, algo, a * alpha + b * beta)
-        for s, (algo, a, b) in zip(rows, [_terms(s, algorithm, alpha, beta) for s in rows])
-    )
-    return Fit(alpha, bandwidth, cluster, residuals, outliers)
+    cluster.local_bandwidth = local_bandwidth
+    residuals = []
+    for s in rows:
+        algo, a, b, c = _terms(s, algorithm, alpha, beta, gamma, medium)
+        residuals.append(Residual(s, algo, a * alpha + b * beta + c * gamma))
+    return Fit(alpha, bandwidth, cluster, tuple(residuals), outliers, local_bandwidth, medium)
 
 
-def _noise(rows: Sequence[Sample], algorithm: str | None, alpha: float, beta: float) -> tuple[Sample, ...]:
+def _noise(
+    rows: Sequence[Sample], algorithm: str | None, params: tuple[float, float, float], medium: str
+) -> tuple[Sample, ...]:
     """The samples far slower than the fit whose neighbours in size (same collective) are not: a loaded machine
     only ever adds time, to single calls; a whole range of sizes off the fit is the model's error, kept."""
     slow = {}
     for s in rows:
-        _, a, b = _terms(s, algorithm, alpha, beta)
-        slow[s] = math.log(s.seconds / max(a * alpha + b * beta, 1e-30))
+        _, a, b, c = _terms(s, algorithm, *params, medium)
+        slow[s] = math.log(s.seconds / max(a * params[0] + b * params[1] + c * params[2], 1e-30))
     median = float(np.median([abs(v) for v in slow.values()]))
     cut = max(math.log(OUTLIER), OUTLIER_SPREAD * median)
     out = []
@@ -194,16 +256,22 @@ def _noise(rows: Sequence[Sample], algorithm: str | None, alpha: float, beta: fl
     return tuple(out)
 
 
-def _fit_rows(rows: Sequence[Sample], algorithm: str | None) -> tuple[float, float]:
-    """(α, β) fitted to ``rows``, refitting until ``auto``'s choices at the fitted prices stop changing."""
+def _fit_rows(
+    rows: Sequence[Sample], algorithm: str | None, local: bool, medium: str
+) -> tuple[float, float, float]:
+    """(α, β, γ) fitted to ``rows`` (γ only where ``local``, else 0), refitting until ``auto``'s choices (and
+    the branches of the shared medium's closed forms) at the fitted prices stop changing."""
     t = np.array([s.seconds for s in rows])
-    alpha, beta = 50e-6, 1e-9  # a starting guess; the choices it implies are refitted below
-    choices: list[str] | None = None
+    params = (50e-6, 1e-9, 0.0)  # a starting guess; the choices it implies are refitted below
+    choices: list[tuple[str, float, float, float]] | None = None
     for _ in range(_MAX_ROUNDS):
-        terms = [_terms(s, algorithm, alpha, beta) for s in rows]
-        names = [name for name, _, _ in terms]
-        if names == choices:
+        terms = [_terms(s, algorithm, *params, medium) for s in rows]
+        if terms == choices:
             break
-        choices = names
-        alpha, beta = _solve(np.array([a for _, a, _ in terms]) / t, np.array([b for _, _, b in terms]) / t)
-    return alpha, beta
+        choices = terms
+        columns = [[a for _, a, _, _ in terms], [b for _, _, b, _ in terms]]
+        if local:
+            columns.append([c for _, _, _, c in terms])
+        x = _solve(np.array(columns).T / t[:, None])
+        params = (float(x[0]), float(x[1]), float(x[2]) if local else 0.0)
+    return params

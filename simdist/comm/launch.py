@@ -56,7 +56,7 @@ def launch(sim: RunContext, st: GroupState, inst: Instance) -> None:
 
     run = ScheduleRun(
         sim, plan.msgs, n, plan.src, plan.dst, plan.reduce_op, st.global_ranks, rank_done, streams, name, order,
-        selection.pace,
+        selection.pace, selection.reduce_cost, selection.local,
     )
     for c in calls:
         c.work.messages = run

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
+from simpy.core import NORMAL
+from simpy.events import Event
 
 from simdist.algorithms import Msg, format_schedule, reduce_ops
 from simdist.comm.ordering import GlooResult
@@ -30,7 +32,11 @@ class ScheduleRun:
     ``src_bufs[r]``/``dst_bufs[r]`` are flat 1-D tensors of group rank ``r``; ``global_ranks[r]`` its global
     rank for routing; ``streams[r]`` the trace stream rank ``r`` runs it on. ``on_rank_done(r)`` is called (in simulated time) once rank ``r`` has issued all its
     sends and received all its messages. ``order``, when given, is shown every element a reduce message reads; ``pace``, when given, times every message (see
-    :meth:`simdist.network.links.Network.send`).
+    :meth:`simdist.network.links.Network.send`). ``reduce_cost`` (seconds per byte) is what the receiver of a reduce
+    message spends adding it into its buffer before it goes on, one message after another on each rank (gloo
+    reduces on the rank's own thread); 0 makes a reduction free. ``local`` (seconds) is what each rank spends on its
+    own before its first message and after its last (the copies torch's ProcessGroupGloo makes around some
+    collectives).
     """
 
     def __init__(
@@ -47,8 +53,14 @@ class ScheduleRun:
         name: str,
         order: GlooResult | None = None,
         pace: tuple[float, float] | None = None,
+        reduce_cost: float = 0.0,
+        local: tuple[float, float] = (0.0, 0.0),
     ) -> None:
         self.sim = sim
+        self.reduce_cost = reduce_cost
+        self.local = local
+        #: when each rank's last reduction ends (``reduce_cost`` > 0 only)
+        self.reducing_until = [0.0] * n
         #: (latency s, seconds per byte) every message is sent at, or None for the links' own
         self.pace = pace
         self.order = order
@@ -89,9 +101,26 @@ class ScheduleRun:
         return format_schedule(self.msgs, self.n, done=done)
 
     def start(self) -> None:
-        """Begin at the current simulated time (every rank is ready)."""
+        """Begin at the current simulated time (every rank is ready), once each rank has made its own copies."""
+        before = self.local[0]
+        if before:
+            env = self.sim.env
+            self.reducing_until = [env.now + before] * self.n
+            env.timeout(before).callbacks.append(lambda _ev: self._start_ranks())
+        else:
+            self._start_ranks()
+
+    def _start_ranks(self) -> None:
         for r in range(self.n):
             self._advance(r)
+
+    def _finish(self, r: int) -> None:
+        """Rank ``r`` has sent and received everything: done once it has made its copies after."""
+        after = self.local[1]
+        if after:
+            self.sim.env.timeout(after).callbacks.append(lambda _ev: self.on_rank_done(r))
+        else:
+            self.on_rank_done(r)
 
     # The two methods below run once per message: they are written for speed (no closures, few calls).
     def _advance(self, r: int) -> None:
@@ -105,7 +134,7 @@ class ScheduleRun:
         self.next_step[r] = step
         if step >= nsteps and self.first_missing[r] >= nsteps and not self.done[r]:
             self.done[r] = True
-            self.on_rank_done(r)
+            self._finish(r)
 
     def _send(self, m: Msg) -> None:
         count = m.shi - m.slo
@@ -126,6 +155,9 @@ class ScheduleRun:
 
     def _arrive(self, ev: object) -> None:
         m, payload = ev.value  # type: ignore[attr-defined]
+        if self.reduce_cost and m.kind == "reduce" and not getattr(ev, "reduced", False):
+            self._reduce_later(ev, m)
+            return
         if payload is not None:
             dst = self.dst_bufs[m.dst][m.dlo : m.dhi]
             if m.kind == "reduce":
@@ -148,3 +180,19 @@ class ScheduleRun:
         if m.step == self.first_missing[d] and miss[m.step] == 0:
             self._skip_complete(d)
         self._advance(d)
+
+    def _reduce_later(self, ev: object, m: Msg) -> None:
+        """Deliver the reduce message ``ev`` once its receiver has added it in, after its earlier reductions."""
+        env = self.sim.env
+        done = max(env.now, self.reducing_until[m.dst]) + (m.shi - m.slo) * self.itemsize * self.reduce_cost
+        self.reducing_until[m.dst] = done
+        later = Event(env)
+        later._ok = True
+        later._value = ev.value  # type: ignore[attr-defined]
+        later.start = ev.start  # type: ignore[attr-defined]
+        later.reduced = True  # type: ignore[attr-defined]
+        for key in ("arrives_at", "owner_rank"):  # what a perturbed run orders ties by
+            if hasattr(ev, key):
+                setattr(later, key, getattr(ev, key))
+        later.callbacks.append(self._arrive)
+        env.schedule(later, NORMAL, done - env.now)

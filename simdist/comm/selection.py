@@ -11,12 +11,15 @@ data is the closest one simdist has (ring for NCCL's rings and NVLS, the binomia
 every message is paced so that the uncontended schedule takes the model's time (the tuner's prediction and
 the fill of an NVLS pipeline, :mod:`simdist.algorithms.nccl.runtime`). Under ``"gloo"``,
 ``auto`` is what torch's gloo backend runs (:data:`GLOO`), and a reduce-scatter is paced to take the time of
-the ring all-reduce of its whole input, which is what ProcessGroupGloo runs for it. The result is the
+the ring all-reduce of its whole input, which is what ProcessGroupGloo runs for it; at
+``Cluster.local_bandwidth`` (bytes/s) each rank adds a received reduce message in before it goes on, and makes
+the copies ProcessGroupGloo makes (:data:`GLOO_COPIES`), as gloo's ranks do on their own threads. The result is the
 algorithm that really runs (recursive halving/doubling falls back to ring off powers of two).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from simdist import algorithms
@@ -39,6 +42,14 @@ GLOO = {
     "reduce": "ring",
     "reduce_scatter": "ring",
 }
+#: bytes each rank copies on its own before and after the messages, per byte of the buffer the closed forms count
+#: (an all-gather's output, a reduce-scatter's input), as torch's ProcessGroupGloo runs them on one tensor: gloo's
+#: allgather copies the rank's input into the flat output (1/n) and torch copies the flat output into the
+#: caller's (1); reduce_scatter_tensor clones the whole input (1) and copies the rank's chunk out (1/n)
+GLOO_COPIES: dict[str, Callable[[int], tuple[float, float]]] = {
+    "all_gather": lambda n: (1.0 / n, 1.0),
+    "reduce_scatter": lambda n: (1.0, 1.0 / n),
+}
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,10 @@ class Selection:
     pace: tuple[float, float] | None = None
     #: NCCL's algorithm and protocol ("NVLS/Simple") when NCCL's model times the call
     nccl: str | None = None
+    #: seconds per byte the receiver of a reduce message spends adding it in (the gloo model); 0: free
+    reduce_cost: float = 0.0
+    #: seconds each rank spends copying on its own before its first message and after its last (the gloo model)
+    local: tuple[float, float] = (0.0, 0.0)
 
 
 class AlgorithmSelector:
@@ -88,7 +103,10 @@ class AlgorithmSelector:
         if gloo and collective in GLOO:
             name = GLOO[collective]
         if name != algorithms.AUTO:
-            chosen = Selection(algorithms.get(collective, name).effective(n))
+            cost = 1.0 / self.cluster.local_bandwidth if self.cluster.collective_model == "gloo" else 0.0
+            before, after = GLOO_COPIES[collective](n) if cost and collective in GLOO_COPIES else (0.0, 0.0)
+            local = (nbytes * cost * before, nbytes * cost * after)
+            chosen = Selection(algorithms.get(collective, name).effective(n), reduce_cost=cost, local=local)
             return (
                 self._gloo_reduce_scatter(group, ranks, chosen, nbytes)
                 if gloo and collective == "reduce_scatter"
@@ -127,7 +145,8 @@ class AlgorithmSelector:
         algo = chosen.algorithm
         hops, path_bytes = algo.estimate(n, nbytes, 1.0, 0.0), algo.estimate(n, nbytes, 0.0, 1.0)
         latency, moving = ring.estimate(n, nbytes, alpha, 0.0), ring.estimate(n, nbytes, 0.0, beta)
-        return Selection(algo, (latency / hops, moving / path_bytes if path_bytes > 0 else 0.0))
+        pace = (latency / hops, moving / path_bytes if path_bytes > 0 else 0.0)
+        return Selection(algo, pace, reduce_cost=chosen.reduce_cost, local=chosen.local)
 
     def _nccl(
         self, group: int, ranks: list[int], name: str, collective: str, nbytes: int, enabled: nccl.Enabled

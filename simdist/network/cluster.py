@@ -82,6 +82,9 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
         self.gpus_per_node: int | None = None
         #: corrections of NCCL's model fitted to this cluster's measurements (``collective_model="nccl"`` only)
         self.nccl_overrides: nccl.Overrides = nccl.NO_OVERRIDES
+        #: bytes/s at which a rank works through its own memory under ``collective_model="gloo"``: adding a
+        #: received message into its buffer, the copies torch's ProcessGroupGloo makes (inf: they take no time)
+        self.local_bandwidth: float = math.inf
         self._check_connected()
 
     def nccl_fabric(self, ranks: Sequence[int]) -> nccl.Fabric:
@@ -244,6 +247,11 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
                 ""
                 if self.collective_model == "alpha-beta"
                 else f"; timed by the {self.collective_model} model"
+            )
+            + (
+                f" (adds and copies at {format_bandwidth(self.local_bandwidth)})"
+                if self.local_bandwidth != math.inf
+                else ""
             ),
             "  link classes (count, bandwidth per direction, latency per link):",
         ]
@@ -278,6 +286,8 @@ class Cluster(ClusterBuilders, ClusterPresets, ClusterFiles):
             cluster["collective_model"] = self.collective_model
         if not self.nccl_overrides.is_default:
             cluster["nccl"] = self.nccl_overrides.to_config()
+        if self.local_bandwidth != math.inf:
+            cluster["gloo"] = {"local_bandwidth": self.local_bandwidth}
         if self.algorithms:
             cluster["algorithms"] = dict(self.algorithms)
         links = [

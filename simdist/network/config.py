@@ -9,7 +9,9 @@ A config file has a ``[cluster]`` table in one of three forms (JSON: the same ke
   ``duplex = true`` for a link in each direction). Links are numbered by source vertex (ranks, then
   switches), then in the order listed.
 
-Every form also takes ``device``, ``name`` and a ``[cluster.algorithms]`` table. In the first two forms
+Every form also takes ``device``, ``name`` and a ``[cluster.algorithms]`` table; a cluster timed by the gloo
+model (``collective_model = "gloo"``) a ``[cluster.gloo]`` table whose ``local_bandwidth`` (bytes/s) is the rate
+at which a rank works through its own memory (adding a received message in, ProcessGroupGloo's copies). In the first two forms
 ``world_size`` may replace the size argument (``n``, ``nodes`` or ``dims``) of a builder that has one.
 """
 
@@ -30,6 +32,7 @@ from simdist.network.builders import BUILDERS
 from simdist.network.graph import positive_int, suggest, world_size_within_limit
 from simdist.network.models import check_collective_model
 from simdist.network.presets import COMMON_KEYS, PRESETS, check_keys, lookup, preset_names
+from simdist.units import parse_bandwidth
 
 try:
     import tomllib
@@ -82,6 +85,24 @@ def _links_graph(links: Any, world_size: int, switches: Any) -> nx.DiGraph:
                 )
             graph.add_edge(u, v, bandwidth=link["bandwidth"], latency=link["latency"])
     return graph
+
+
+def _gloo_table(table: Any, model: str) -> float:
+    """The local bandwidth (bytes/s) of a ``[cluster.gloo]`` table, on a cluster timed by the gloo model."""
+    if model != "gloo":
+        raise ClusterSpecError(
+            f"[cluster.gloo] times gloo's adds and copies, and this cluster's collectives are timed by the {model} "
+            'model: add collective_model = "gloo" or remove [cluster.gloo]'
+        )
+    if not isinstance(table, Mapping):
+        raise ClusterSpecError(f"[cluster.gloo] must be a table (local_bandwidth = ...); found {table!r}")
+    check_keys(table, ["local_bandwidth"], "[cluster.gloo]")
+    if "local_bandwidth" not in table:
+        raise ClusterSpecError("[cluster.gloo] needs local_bandwidth (bytes/s, or a string such as '3GB/s')")
+    try:
+        return parse_bandwidth(table["local_bandwidth"])
+    except ClusterSpecError as exc:
+        raise ClusterSpecError(f"[cluster.gloo] local_bandwidth: {exc}") from None
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -271,7 +292,9 @@ class ClusterFiles:
                 'the [cluster] table needs exactly one of preset = "...", builder = "...", or a [[links]] list; '
                 f"found {', '.join(forms) if forms else 'none of them'}"
             )
-        params = {k: v for k, v in table.items() if k not in ("preset", "builder", "world_size", "nccl")}
+        params = {
+            k: v for k, v in table.items() if k not in ("preset", "builder", "world_size", "nccl", "gloo")
+        }
         if "device" in params:
             params["device"] = device_from_config(params["device"])
         overrides = nccl.Overrides.from_config(table["nccl"]) if "nccl" in table else None
@@ -283,6 +306,8 @@ class ClusterFiles:
                     f'{cluster.collective_model} model: add collective_model = "nccl" or remove [cluster.nccl]'
                 )
             cluster.nccl_overrides = overrides
+        if "gloo" in table:
+            cluster.local_bandwidth = _gloo_table(table["gloo"], cluster.collective_model)
         return cluster
 
     @classmethod

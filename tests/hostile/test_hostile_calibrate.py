@@ -36,6 +36,16 @@ def _cli(*argv: str) -> None:
     raise CalibrationError(out.getvalue())
 
 
+def _exact_all_to_all() -> list[Sample]:
+    alpha, beta = 7e-6, 1 / 25e9
+    out = []
+    for k in range(10):
+        m = 8 << (2 * k)
+        algo = algorithms.choose("all_to_all", 2, m, (alpha, beta), (alpha, beta))
+        out.append(Sample("all_to_all", m, 2, algo.estimate(2, m, alpha, beta), f"row {k}"))
+    return out
+
+
 def _exact(n: int) -> list[Sample]:
     alpha, beta = 7e-6, 1 / 25e9
     out = []
@@ -168,6 +178,19 @@ CASES: list[Case] = [
         "times made by the model itself, at 5 ranks (not a power of two)",
         lambda: calibrate.fit(_exact(5)),
         check=_recovered,
+    ),
+    Case(
+        "calibrate-gloo-all-to-all",
+        "an all-to-all sweep fitted under the gloo model (which has no all-to-all of its own)",
+        lambda: calibrate.fit(_exact_all_to_all(), collective_model="gloo"),
+        check=_recovered,
+    ),
+    Case(
+        "calibrate-shared-medium-4-ranks",
+        "a shared medium asked of four ranks' measurements",
+        lambda: calibrate.fit(_exact(4), collective_model="gloo", medium="shared"),
+        error=CalibrationError,
+        match="a shared medium is fitted on 2 ranks.*medium='switch'",
     ),
 ]
 
