@@ -499,22 +499,16 @@ def timing(verdicts: list[tuple[str, bool, str]], page: simdist.report.ScenarioR
 
 
 # ---------------------------------------------------------------------------------------------- real gloo
-def on_real(v: Variant, seed: int) -> simdist.EquivalenceReport:
-    """The variant on real gloo processes, one per rank, each emulating its GPU: its final state against the
-    reference's."""
-    from real.oracle import check_final_state
+def on_real(variants: list[Variant], seed: int) -> list[simdist.EquivalenceReport]:
+    """The variants on one launch of real gloo processes, one per rank, each emulating its GPU and running them in
+    turn: each one's final state against the reference's."""
+    from real.oracle import FinalStateCheck, check_final_states
 
+    checks = [
+        FinalStateCheck(train, reference, seed, (v.layout, seed), loss=loss_mode(v.layout)) for v in variants
+    ]
     with importable_by_rank_processes(Path(__file__).parent):
-        return check_final_state(
-            train,
-            reference,
-            WORLD,
-            backend="nccl",
-            emulate_cuda=True,
-            seed=seed,
-            args=(v.layout, seed),
-            loss=loss_mode(v.layout),
-        )
+        return check_final_states(checks, WORLD, backend="nccl", emulate_cuda=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -539,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
     outcome = simulated(args.seed, verdicts, page)
     timing(verdicts, page)
     if args.real:
-        on_real_gloo(CASES, lambda v: on_real(v, args.seed), outcome, verdicts, page=page)
+        on_real_gloo(CASES, lambda vs: on_real(vs, args.seed), outcome, verdicts, page=page)
     return finish(page, verdicts, args.out, "fsdp_hazards")
 
 

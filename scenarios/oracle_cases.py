@@ -188,7 +188,7 @@ SIMULATED_DIAGNOSES = ("CollectiveMismatchError", "DeadlockError")
 
 def on_real_gloo(
     cases: list[Case],
-    check: Callable[[Variant], simdist.EquivalenceReport],
+    check: Callable[[list[Variant]], list[simdist.EquivalenceReport]],
     simulated_ok: Mapping[tuple[str, str], bool],
     verdicts: list,
     keys: str | None = None,
@@ -196,38 +196,48 @@ def on_real_gloo(
 ) -> None:
     """Every variant (of the cases ``keys``) on real gloo processes: errors as errors, the rest by final state.
 
-    ``check(variant)`` runs it (``real.oracle.check_final_state``); ``simulated_ok`` says which variants equalled
-    one process under simdist. The verdict is whether every launched variant agrees with the simulation.
+    ``check(variants)`` runs them (``real.oracle.check_final_states``: as few launches as their world sizes
+    allow), a report per variant; ``simulated_ok`` says which variants equalled one process under simdist. The
+    verdict is whether every launched variant agrees with the simulation.
     """
     print("Real gloo: every variant on real processes (one per rank)")
+    chosen = [(case, v) for case in cases if keys is None or case.key in keys for v in case.variants]
+    # A variant that raises fails its launch, so each runs alone; the others share launches (starting the
+    # processes costs more than a variant's training).
+    launched = [v for _, v in chosen if v.expect != "raises"]
+    try:
+        shared: dict[int, simdist.EquivalenceReport | RealRunError] = (
+            dict(zip(map(id, launched), check(launched))) if launched else {}
+        )
+    except RealRunError as e:
+        shared = {id(v): e for v in launched}
     agree = total = 0
     rows: list[list[str]] = []
-    for case in cases:
-        if keys is not None and case.key not in keys:
+    for case, v in chosen:
+        if v.expect == "raises" and v.kind in SIMULATED_DIAGNOSES:
+            print(f"({case.key}) {v.label:40s} not launched: it would fail inside gloo or hang until the "
+                  f"launcher's timeout (the simulation reports a {v.kind})")
+            rows.append([f"({case.key})", v.label, f"raises {v.kind}", "not launched", "-"])
             continue
-        for v in case.variants:
-            if v.expect == "raises" and v.kind in SIMULATED_DIAGNOSES:
-                print(f"({case.key}) {v.label:40s} not launched: it would fail inside gloo or hang until the "
-                      f"launcher's timeout (the simulation reports a {v.kind})")
-                rows.append([f"({case.key})", v.label, f"raises {v.kind}", "not launched", "-"])
-                continue
-            total += 1
-            try:
-                rep = check(v)
-            except RealRunError as e:
-                raised = v.expect == "raises" and v.kind in str(e)
-                agree += raised
-                print(f"({case.key}) {v.label:40s} {'raised ' + v.kind if raised else 'failed: ' + str(e).splitlines()[0]}")
-                rows.append([f"({case.key})", v.label, f"raises {v.kind}" if v.expect == "raises" else "runs",
-                             "raised " + v.kind if raised else "failed: " + str(e).splitlines()[0],
-                             ("yes", "pass") if raised else ("no", "fail")])
-                continue
-            same = v.expect != "raises" and rep.ok == simulated_ok[(case.key, v.label)]
-            agree += same
-            print(f"({case.key}) {v.label:40s} {'equals one process' if rep.ok else rep.first}")
-            rows.append([f"({case.key})", v.label,
-                         "equals one process" if simulated_ok[(case.key, v.label)] else "diverges",
-                         "equals one process" if rep.ok else str(rep.first), ("yes", "pass") if same else ("no", "fail")])
+        total += 1
+        try:
+            rep = shared[id(v)] if v.expect != "raises" else check([v])[0]
+            if isinstance(rep, RealRunError):
+                raise rep
+        except RealRunError as e:
+            raised = v.expect == "raises" and v.kind in str(e)
+            agree += raised
+            print(f"({case.key}) {v.label:40s} {'raised ' + v.kind if raised else 'failed: ' + str(e).splitlines()[0]}")
+            rows.append([f"({case.key})", v.label, f"raises {v.kind}" if v.expect == "raises" else "runs",
+                         "raised " + v.kind if raised else "failed: " + str(e).splitlines()[0],
+                         ("yes", "pass") if raised else ("no", "fail")])
+            continue
+        same = v.expect != "raises" and rep.ok == simulated_ok[(case.key, v.label)]
+        agree += same
+        print(f"({case.key}) {v.label:40s} {'equals one process' if rep.ok else rep.first}")
+        rows.append([f"({case.key})", v.label,
+                     "equals one process" if simulated_ok[(case.key, v.label)] else "diverges",
+                     "equals one process" if rep.ok else str(rep.first), ("yes", "pass") if same else ("no", "fail")])
     print()
     if page is not None:
         page.table("Simulated vs real gloo", ["case", "variant", "simulated", "on real processes", "agree"], rows,

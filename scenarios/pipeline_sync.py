@@ -564,23 +564,28 @@ def schedules(seed: int, page: simdist.report.ScenarioReport) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- real gloo
-def on_real(v: Variant, seed: int) -> simdist.EquivalenceReport:
-    """The variant on real gloo processes, one per rank: its final state against the reference's."""
-    from real.oracle import check_final_state
+def on_real(variants: list[Variant], seed: int) -> list[simdist.EquivalenceReport]:
+    """The variants on real gloo processes, one per rank, a launch per world size running its variants in turn:
+    each one's final state against the reference's."""
+    from real.oracle import FinalStateCheck, check_final_states
 
-    layout = replace(v.layout, timeout_ms=REAL_TIMEOUT_MS)
-    with importable_by_rank_processes(Path(__file__).parent):
-        return check_final_state(
-            train,
-            reference,
-            layout.world,
-            backend="nccl",
-            emulate_cuda=True,
-            seed=seed,
-            args=(layout, seed),
-            loss="accumulated",
-            names=NAMES if v.layout.kind == "tied" else None,
-        )
+    reports: dict[int, simdist.EquivalenceReport] = {}
+    for world in sorted({v.layout.world for v in variants}):
+        chosen = [k for k, v in enumerate(variants) if v.layout.world == world]
+        checks = [
+            FinalStateCheck(
+                train,
+                reference,
+                seed,
+                (replace(variants[k].layout, timeout_ms=REAL_TIMEOUT_MS), seed),
+                loss="accumulated",
+                names=NAMES if variants[k].layout.kind == "tied" else None,
+            )
+            for k in chosen
+        ]
+        with importable_by_rank_processes(Path(__file__).parent):
+            reports.update(zip(chosen, check_final_states(checks, world, backend="nccl", emulate_cuda=True)))
+    return [reports[k] for k in range(len(variants))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -605,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
     outcome = simulated(args.seed, verdicts, page)
     schedules(args.seed, page)
     if args.real:
-        on_real_gloo(CASES, lambda v: on_real(v, args.seed), outcome, verdicts, page=page)
+        on_real_gloo(CASES, lambda vs: on_real(vs, args.seed), outcome, verdicts, page=page)
     return finish(page, verdicts, args.out, "pipeline_sync")
 
 

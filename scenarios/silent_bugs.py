@@ -1029,7 +1029,7 @@ def on_real_gloo(
     """Every program (of the cases ``keys``, default all) on real gloo processes, one per rank: its final state
     against the reference's (``real.oracle.check_final_state``), and whether that agrees with the simulated
     verdicts ``simulated``."""
-    from real.oracle import check_final_state
+    from real.oracle import FinalStateCheck, check_final_states
 
     cases = [c for c in CASES if keys is None or c.key in keys]
 
@@ -1042,22 +1042,21 @@ def on_real_gloo(
     for case in cases:
         found: list[simdist.EquivalenceReport] = []
         equal: list[simdist.EquivalenceReport] = []
+        # one launch per repeat runs the buggy program, then the corrected one: starting its processes costs more
+        # than either program
         for _ in range(repeats):
-            for bug, into in ((True, found), (False, equal)):
-                with importable_by_rank_processes(Path(__file__).parent):
-                    into.append(
-                        check_final_state(
-                            case.program,
-                            case.reference,
-                            case.world,
-                            backend="nccl",
-                            emulate_cuda=True,
-                            seed=seed,
-                            args=(seed, bug),
-                            reference_args=(seed,),
-                            **case.options,
-                        )
-                    )
+            checks = [
+                FinalStateCheck(
+                    case.program, case.reference, seed, (seed, bug), reference_args=(seed,), **case.options
+                )
+                for bug in (True, False)
+            ]
+            with importable_by_rank_processes(Path(__file__).parent):
+                bug_report, fix_report = check_final_states(
+                    checks, case.world, backend="nccl", emulate_cuda=True
+                )
+            found.append(bug_report)
+            equal.append(fix_report)
         bug_text = "; ".join(", ".join(final_state_differs(r)) or "none" for r in found)
         fix_text = (
             "equal"

@@ -389,7 +389,7 @@ def test_fsdp_hazards_on_real_gloo_agree_with_the_simulation(capsys):
     verdicts: list = []
     simulated = {(c.key, v.label): v.expect == "equal" for c in fsdp_hazards.CASES for v in c.variants}
     page = ScenarioReport("real", command="")
-    fsdp_hazards.on_real_gloo(fsdp_hazards.CASES, lambda v: fsdp_hazards.on_real(v, 0), simulated, verdicts,
+    fsdp_hazards.on_real_gloo(fsdp_hazards.CASES, lambda vs: fsdp_hazards.on_real(vs, 0), simulated, verdicts,
                               keys="c", page=page)
     out = capsys.readouterr().out
     assert verdicts and all(ok for _, ok, _ in verdicts), out + str(verdicts)
@@ -405,7 +405,7 @@ def test_pipeline_sync_on_real_gloo_agrees_with_the_simulation(capsys):
     pipeline_sync = scenario_module("pipeline_sync")
     verdicts: list = []
     simulated = {(c.key, v.label): v.expect == "equal" for c in pipeline_sync.CASES for v in c.variants}
-    pipeline_sync.on_real_gloo(pipeline_sync.CASES, lambda v: pipeline_sync.on_real(v, 0), simulated, verdicts,
+    pipeline_sync.on_real_gloo(pipeline_sync.CASES, lambda vs: pipeline_sync.on_real(vs, 0), simulated, verdicts,
                                keys="ag")
     out = capsys.readouterr().out
     assert verdicts and all(ok for _, ok, _ in verdicts), out + str(verdicts)

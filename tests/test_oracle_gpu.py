@@ -127,16 +127,20 @@ def test_an_all_reduce_on_gpu_tensors_is_localised_as_on_the_cpu(bug: str) -> No
 
 @pytest.mark.real
 def test_a_gpu_program_on_real_processes_emulating_cuda_is_compared_with_its_reference() -> None:
-    from real.oracle import check_final_state
+    from real.oracle import FinalStateCheck, check_final_states
 
-    # the program creates its own NCCL group, which real creates for it (over gloo) when emulating CUDA
-    clean = check_final_state(
-        on_gpus, reference, 2, backend="nccl", emulate_cuda=True, args=(None,), reference_args=(2,)
+    # the program creates its own NCCL group, which real creates for it (over gloo) when emulating CUDA; both
+    # programs share one launch (the faulty one first: its state must not leak into the clean one)
+    faulty, clean = check_final_states(
+        [
+            FinalStateCheck(on_gpus, reference, args=(1,), reference_args=(2,)),
+            FinalStateCheck(on_gpus, reference, args=(None,), reference_args=(2,)),
+        ],
+        2,
+        backend="nccl",
+        emulate_cuda=True,
     )
     assert clean.ok, str(clean)
     assert clean.steps == STEPS
-    faulty = check_final_state(
-        on_gpus, reference, 2, backend="nccl", emulate_cuda=True, args=(1,), reference_args=(2,)
-    )
     assert not faulty.ok
     assert any(d.kind == "replica" and d.name == "0.weight" for d in faulty.divergences), str(faulty)

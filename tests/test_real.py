@@ -28,7 +28,7 @@ from real import RealConfigError, RealRunError
 from real.__main__ import main as cli_main
 from real.backend import resolve_backend
 from real.main_script import MP_MAIN, MainScript
-from real.oracle import check_final_state
+from real.oracle import FinalStateCheck, check_final_state, check_final_states
 from real.rank_process import _to_cpu
 from real.report import failure_error
 from real.status import StatusDir
@@ -538,5 +538,18 @@ def test_the_final_state_of_real_processes_is_checked_against_the_reference() ->
     clean = Setup()
     assert check_final_state(parallel, reference, 2, args=(clean, "bucketed"), reference_args=(clean,)).ok
     bad = Setup(perturb=(2, 0, 0, 1), delta=0.5)
-    rep = check_final_state(parallel, reference, 2, args=(bad, "torch_ddp"), reference_args=(bad,))
+    # several programs on one launch, each rank process running them in turn: the divergent one first, so a
+    # program's state leaking into the next would show in the clean ones after it
+    reports = check_final_states(
+        [
+            FinalStateCheck(parallel, reference, args=(bad, "torch_ddp"), reference_args=(bad,)),
+            FinalStateCheck(parallel, reference, args=(clean, "bucketed"), reference_args=(clean,)),
+            FinalStateCheck(parallel, reference, args=(clean, "torch_ddp"), reference_args=(clean,)),
+        ],
+        2,
+    )
+    rep = reports[0]
     assert rep.first.step == 2 and rep.first.kind == "grad" and rep.first.ranks == (1,)
+    assert [r.ok for r in reports] == [False, True, True], [str(r) for r in reports]
+    with pytest.raises(TypeError, match="FinalStateCheck"):
+        check_final_states([(parallel, reference)], 2)  # type: ignore[list-item]
