@@ -192,7 +192,7 @@ def test_a_program_read_from_standard_input_is_refused_workers_before_any_starts
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # multiprocessing starts each worker by running __main__'s file again; python - < prog.py has none
-    monkeypatch.setattr(sys.modules["__main__"], "__file__", "<stdin>")
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", "<stdin>", raising=False)  # none under xdist
     with pytest.raises(simdist.ExplorationError, match=r"__main__ is '<stdin>', not a file.*workers=1"):
         simdist.explore(fns.arrival_order, CPU4, runs=2, workers=2)
 
