@@ -384,7 +384,7 @@ def _first_access(case: Case) -> str:
 
 
 # --------------------------------------------------------------------------------------------- timing
-LAYERS, WIDTH, TOKENS = 24, 512, 32
+LAYERS, WIDTH, TOKENS = 12, 512, 32
 TIMING_WORLD = 16
 
 
