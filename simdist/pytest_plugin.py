@@ -7,7 +7,9 @@
         simdist_explore(step, cluster, check=lambda res: ...)
 
 The fixture runs :func:`simdist.explore` with the marker's keywords (those of the call win) and fails the test
-when a run fails, with the summary and, for each kind of failure, the first failing run's replay token.
+when a run fails, with the summary and, for each kind of failure, the first failing run shrunk to its fewest
+decisions off the unperturbed order (:func:`simdist.shrink`; ``shrink=False`` leaves it as found) and its replay
+token.
 ``--simdist-runs N`` and ``--simdist-seed S`` override every exploration's runs and seed (more runs in a nightly
 job, another seed each day). Installed as the ``simdist`` plugin (``-p no:simdist`` turns it off).
 """
@@ -21,6 +23,8 @@ import pytest
 
 from simdist.explore.api import explore
 from simdist.explore.exploration import Exploration
+from simdist.explore.shrink import shrink_kinds
+from simdist.explore.target import Target
 
 #: the marker's name, and what it holds
 MARKER = "simdist_explore"
@@ -73,9 +77,13 @@ def simdist_explore(request: pytest.FixtureRequest) -> Callable[..., Exploration
         if value is not None
     }
 
-    def run(fn: Callable[..., Any], cluster: Any, **keywords: Any) -> Exploration:
-        ex = explore(fn, cluster, **{**defaults, **keywords, **overrides})
+    def run(fn: Callable[..., Any], cluster: Any = None, **keywords: Any) -> Exploration:
+        options = {**defaults, **keywords, **overrides}
+        shrink = options.pop("shrink", True)
+        ex = explore(fn, cluster, **options)
         if ex.failures:
+            if shrink and not isinstance(fn, Target):  # a target reports no decisions to shrink
+                shrink_kinds(ex, fn, cluster, check=options.get("check"))
             pytest.fail(failure_report(fn, ex), pytrace=False)
         return ex
 
@@ -88,10 +96,10 @@ def failure_report(fn: Callable[..., Any], ex: Exploration) -> str:
     lines = [f"simdist.explore({name}) found {len(ex.failures)} failing runs of {ex.runs}:", ex.summary(), ""]
     for kind, found in ex.by_kind().items():
         first = found[0]
-        lines += [
-            f"first {kind}: {first}",
-            f"replay it with simdist.replay({name}, cluster, token), token:",
-            first.replay,
-            "",
-        ]
+        lines.append(f"first {kind}: {first}")
+        if first.shrunk is not None:
+            lines.append("  " + str(first.shrunk).replace("\n", "\n  "))
+        replay = getattr(first.shrunk, "replay", None) or first.replay
+        which = " (the shrunk run)" if replay is not first.replay else ""
+        lines += [f"replay it{which} with simdist.replay({name}, cluster, token), token:", replay, ""]
     return "\n".join(lines)

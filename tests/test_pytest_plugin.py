@@ -68,6 +68,11 @@ def test_collect(simdist_explore):
     simdist_explore(collect, CLUSTER)
 
 
+@pytest.mark.simdist_explore(runs=10, strategy="pct", seed=0, shrink=False)
+def test_collect_unshrunk(simdist_explore):
+    simdist_explore(collect, CLUSTER)
+
+
 @pytest.mark.simdist_explore(runs=10, strategy="pct", seed=0)
 def test_by_rank(simdist_explore):
     ex = simdist_explore(by_rank, CLUSTER, runs=5)
@@ -80,25 +85,31 @@ def test_the_fixture_fails_a_test_with_a_replay_token_and_passes_a_correct_one(
 ) -> None:
     pytester.makepyfile(test_user=USER_TESTS)
     result = pytester.runpytest_inprocess("-p", "simdist.pytest_plugin", "-s", "-q")
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=1, failed=2)
     out = result.stdout.str()
     assert "simdist.explore(collect) found" in out and "first RankError (AssertionError)" in out
     assert "RUNS=5" in out  # the call's keywords win over the marker's
-    token = next(line for line in result.stdout.lines if '"kind": "simdist-replay"' in line)
-    data = json.loads(token)
-    assert data["strategy"] == "pct" and data["program"]["name"] == "collect"
-    # the token replays the run that failed: the same failure, the same trace as when explored
+    shrunk, found = [json.loads(line) for line in result.stdout.lines if '"kind": "simdist-replay"' in line]
+    assert found["strategy"] == "pct" and found["program"]["name"] == "collect"
+    # by default the message shows the first failure shrunk, and its token is the shrunk run's
+    assert "shrunk to 1 decision off the unperturbed order" in out and "replay it (the shrunk run) with" in out
+    assert shrunk["perturbation"]["ties"] == "choices"
     sys.path.insert(0, str(pytester.path))
     try:
         user = importlib.import_module("test_user")
     finally:
         sys.path.remove(str(pytester.path))
     explored = simdist.explore(user.collect, user.CLUSTER, runs=10, strategy="pct", seed=0)
-    failure = next(f for f in explored.failures if f.run == data["run"])
-    assert failure.replay == token
+    failure = next(f for f in explored.failures if f.run == found["run"])
+    # shrink=False: the failure as found; its token replays the run that failed, with the same trace
+    assert json.loads(failure.replay) == found
     with pytest.raises(simdist.RankError) as err:
-        simdist.replay(user.collect, user.CLUSTER, token)
+        simdist.replay(user.collect, user.CLUSTER, failure.replay)
     assert err.value.trace_hash == failure.trace_hash
+    # the shrunk token is simdist.shrink's, and fails the same way
+    assert json.loads(simdist.shrink(user.collect, user.CLUSTER, failure).replay) == shrunk
+    with pytest.raises(simdist.RankError, match="arrival order"):
+        simdist.replay(user.collect, user.CLUSTER, json.dumps(shrunk))
 
 
 def test_the_command_line_overrides_runs_and_seed(pytester: pytest.Pytester) -> None:
