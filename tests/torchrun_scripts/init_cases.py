@@ -3,7 +3,7 @@ happened to ``OUT/rank<RANK>.json``: ``python -m torch.distributed.run --nproc-p
 (real gloo processes) or ``simdist run init_cases.py --world-size 2 -- OUT``.
 
 Each case either initialises (then all-reduces and destroys the group) or raises; waits that would hang are
-bounded by a 3-second timeout. Every process runs the cases in the same order, so the group names stay in step.
+bounded by a 3-second timeout (60 seconds for the cases that initialise). Every process runs the cases in the same order, so the group names stay in step.
 A ``file://`` store in a directory that does not exist is left out: real processes wait for it whatever the
 timeout (measured by hand), which simdist refuses at once.
 """
@@ -19,6 +19,7 @@ import torch.distributed as dist
 out = sys.argv[1]
 rank = int(os.environ["RANK"])
 short = datetime.timedelta(seconds=3)
+patient = datetime.timedelta(seconds=60)
 
 CASES = {
     "world-size-too-large": {"world_size": 3},
@@ -41,8 +42,15 @@ CASES = {
         "rank": rank,
     },
     "timeout-not-a-timedelta": {"timeout": 5},
-    "env-explicit": {"init_method": "env://", "world_size": 2, "rank": rank},
-    "file-store": {"init_method": f"file://{os.path.join(out, 'file-store')}", "world_size": 2, "rank": rank},
+    # the cases that initialise wait longer: rank 1 comes to them about 3 s before rank 0 (it was refused at once
+    # where rank 0 waited out rank-claimed-twice), so 3 s would leave them to the machine's load
+    "env-explicit": {"init_method": "env://", "world_size": 2, "rank": rank, "timeout": patient},
+    "file-store": {
+        "init_method": f"file://{os.path.join(out, 'file-store')}",
+        "world_size": 2,
+        "rank": rank,
+        "timeout": patient,
+    },
 }
 
 results = {}
