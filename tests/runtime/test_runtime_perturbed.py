@@ -6,28 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from runtime_mlp import train
 
-import simdist.autograd as ag
 from simdist.clock.perturbation import Perturbation
 from simdist.errors import RankError
 from simdist.runtime import BufferingWorker, LinkSpec, StreamTimes, simulate
-
-
-def train(steps: int = 3, width: int = 4):
-    """A small MLP trained with SGD on the current executor: its weights and losses."""
-    rng = np.random.default_rng(0)
-    w1 = ag.tensor(rng.standard_normal((4, width)), requires_grad=True)
-    w2 = ag.tensor(rng.standard_normal((width, 1)), requires_grad=True)
-    x, y = ag.tensor(rng.standard_normal((6, 4))), ag.tensor(rng.standard_normal((6, 1)))
-    losses = []
-    for _ in range(steps):
-        loss = (((x @ w1).tanh() @ w2 - y) ** 2).mean()
-        loss.backward()
-        losses.append(loss.item())
-        with ag.no_grad():
-            w1 = (w1 - 0.1 * w1.grad).detach().requires_grad_()
-            w2 = (w2 - 0.1 * w2.grad).detach().requires_grad_()
-    return w1.numpy(), w2.numpy(), losses
 
 
 def test_a_fifo_perturbation_without_jitter_is_the_plain_session() -> None:

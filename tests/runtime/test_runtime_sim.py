@@ -8,28 +8,12 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from runtime_mlp import train
 
 import simdist.autograd as ag
 from simdist.errors import RankError, SimdistError
 from simdist.runtime import LinkSpec, RemoteError, RuntimeConfigError, Worker, simulate
 from simdist.runtime.commands import Op
-
-
-def train(steps: int, width: int, seed: int):
-    """A two-layer MLP trained with SGD on the current executor; final weights and losses."""
-    rng = np.random.default_rng(seed)
-    w1 = ag.tensor(rng.standard_normal((4, width)), requires_grad=True)
-    w2 = ag.tensor(rng.standard_normal((width, 1)), requires_grad=True)
-    x, y = ag.tensor(rng.standard_normal((8, 4))), ag.tensor(rng.standard_normal((8, 1)))
-    losses = []
-    for _ in range(steps):
-        loss = (((x @ w1).tanh() @ w2 - y) ** 2).mean()
-        loss.backward()
-        losses.append(loss.item())
-        with ag.no_grad():
-            w1 = (w1 - 0.1 * w1.grad).detach().requires_grad_()
-            w2 = (w2 - 0.1 * w2.grad).detach().requires_grad_()
-    return w1.numpy(), w2.numpy(), losses
 
 
 @given(
