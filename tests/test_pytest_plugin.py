@@ -84,7 +84,8 @@ def test_the_fixture_fails_a_test_with_a_replay_token_and_passes_a_correct_one(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile(test_user=USER_TESTS)
-    result = pytester.runpytest_inprocess("-p", "simdist.pytest_plugin", "-s", "-q")
+    # -rN: no short summary, whose lines would repeat the tokens where pytest does not truncate them (CI=1)
+    result = pytester.runpytest_inprocess("-p", "simdist.pytest_plugin", "-s", "-q", "-rN")
     result.assert_outcomes(passed=1, failed=2)
     out = result.stdout.str()
     assert "simdist.explore(collect) found" in out and "first RankError (AssertionError)" in out
