@@ -24,7 +24,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from real import rank_process
+from real import rank_process, warm
 from real.backend import emulated_backend, resolve_backend
 from real.emulated_cuda import EmulatedCuda
 from real.errors import RealConfigError
@@ -205,13 +205,19 @@ def launch(
         # A port found free can be taken before the launcher binds it; then try another one.
         for _attempt in range(_PORT_ATTEMPTS if rdzv.needs_port and options.master_port is None else 1):
             endpoint = rdzv.endpoint_with(options.master_port or free_port())
-            config = _launch_config(options, endpoint, root)
-            start = time.perf_counter()
-            watch = ExitWatch(nproc)
-            values, error, timed_out = _supervise(
-                config, (list(sys.path), root, main, blob), options.timeout, status, watch
-            )
-            wall_time = time.perf_counter() - start
+            with warm.start_method() as method:
+                config = _launch_config(options, endpoint, root, method)
+                # forked from the fork server, a rank process is handed this process's environment, and its
+                # stdout and stderr unless elastic redirects them to its files (prefixed output)
+                inherited = (
+                    warm.Inherited(stdio=not options.console.prefix) if method == "forkserver" else None
+                )
+                start = time.perf_counter()
+                watch = ExitWatch(nproc)
+                values, error, timed_out = _supervise(
+                    config, (list(sys.path), root, main, blob, inherited), options.timeout, status, watch
+                )
+                wall_time = time.perf_counter() - start
             if not _port_taken(error):
                 break
         if error is not None or timed_out or values is None:
@@ -362,8 +368,9 @@ def _port_taken(error: BaseException | None) -> bool:
     return error is not None and not isinstance(error, ChildFailedError) and "EADDRINUSE" in str(error)
 
 
-def _launch_config(options: LaunchOptions, endpoint: str, root: str) -> LaunchConfig:
-    """The elastic launch of this node's ``nproc`` spawned rank processes, meeting the others at ``endpoint``."""
+def _launch_config(options: LaunchOptions, endpoint: str, root: str, start_method: str) -> LaunchConfig:
+    """The elastic launch of this node's ``nproc`` rank processes, started by ``start_method`` ("spawn" or
+    "forkserver": real.warm), meeting the others at ``endpoint``."""
     console = options.console
     meeting = options.rendezvous.settings(endpoint, options.timeout)
     return LaunchConfig(
@@ -371,7 +378,7 @@ def _launch_config(options: LaunchOptions, endpoint: str, root: str) -> LaunchCo
         role="default",  # torchrun's: rank processes see it as ROLE_NAME
         max_restarts=0,
         monitor_interval=0.05,
-        start_method="spawn",
+        start_method=start_method,
         # Elastic's per-run log and error files go under our temporary directory, removed afterwards; with a
         # prefix, each rank's output is written there and copied to this terminal line by line.
         logs_specs=DefaultLogsSpecs(

@@ -46,10 +46,14 @@ _STDERR_BYTES = 8192
 # Elastic's own wrapper applies `record` too; applying it here keeps the error file written for any
 # wrapper, so the agent's failure report carries the traceback.
 @record
-def entry(sys_path: list[str], status_root: str, main: MainScript | None, job_blob: bytes) -> Any:
-    """Run one rank of a job: the launcher's elastic agent calls this in each spawned process.
+def entry(
+    sys_path: list[str], status_root: str, main: MainScript | None, job_blob: bytes, inherited: None = None
+) -> Any:
+    """Run one rank of a job: the launcher's elastic agent calls this in each rank process.
 
     ``main`` is the calling script when the job refers to functions or classes of ``__main__``.
+    ``inherited`` is what is left of a :class:`real.warm.Inherited` once unpickling has put the launcher's
+    environment, stdout and stderr in place.
     """
     # The job is unpickled only after the parent's sys.path is in place, so functions from test
     # directories and other path-only locations resolve exactly as they did in the parent.

@@ -7,9 +7,11 @@ Also a script in the shared convention, with ``main()`` as its entry:
 from __future__ import annotations
 
 import os
+import random
 import time
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as P
@@ -86,3 +88,30 @@ def powersgd_grads(steps: int = 3) -> list:
     # ("Resource deadlock avoided"): gloo's barrier waits for every operation issued before it
     dist.barrier()
     return out
+
+
+def leave_traces() -> dict[str, Any]:
+    """Change what a later launch would see if its processes descended from this one (they must not)."""
+    seen = seen_at_start()
+    torch._real_warm_trace = "left by an earlier launch"  # type: ignore[attr-defined]
+    os.environ["REAL_WARM_LEFT"] = "1"
+    torch.manual_seed(1234)
+    return seen
+
+
+def seen_at_start() -> dict[str, Any]:
+    """What a rank process finds when its rank code starts: its parent, the probe variable, earlier traces."""
+    return {
+        "ppid": os.getppid(),
+        "probe": os.environ.get("REAL_WARM_PROBE"),
+        "trace": getattr(torch, "_real_warm_trace", None),
+        "left": os.environ.get("REAL_WARM_LEFT"),
+        "rand": torch.rand(3),
+        "seeds": (torch.initial_seed(), int(np.random.get_state()[1][1]), random.random()),
+    }
+
+
+def say_hello(word: str) -> None:
+    """Print ``word`` and this rank on standard output and error."""
+    print(f"{word} from rank {dist.get_rank()} on stdout", flush=True)
+    print(f"{word} from rank {dist.get_rank()} on stderr", file=__import__("sys").stderr, flush=True)
