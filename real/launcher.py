@@ -342,27 +342,6 @@ def _script_backend(status: StatusDir, ranks: list[int]) -> str:
     return ", ".join(found) if found else NO_GROUP
 
 
-@contextlib.contextmanager
-def _unloadable_main_hidden() -> Iterator[None]:
-    """Keep the spawn start method from re-running a ``__main__`` that has no source file (a program fed on stdin).
-
-    A spawned process re-runs its parent's main script from ``__main__.__file__``; ``python - < prog.py`` leaves
-    "<stdin>" there, which each rank process then fails to open before it reaches the rank code. Such a
-    ``__main__`` holds nothing the ranks need (``dump_job`` refuses a rank function defined in it), so while
-    the processes start it is left without a file name, as under ``python -c``.
-    """
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    if main is None or path is None or os.path.isfile(path):
-        yield
-        return
-    del main.__file__
-    try:
-        yield
-    finally:
-        main.__file__ = path
-
-
 def _port_taken(error: BaseException | None) -> bool:
     """Whether the launcher failed because the rendezvous port was in use."""
     return error is not None and not isinstance(error, ChildFailedError) and "EADDRINUSE" in str(error)
@@ -429,7 +408,7 @@ def _supervise(
     # handling stays as it was; the rank processes are the only new children of this process.
     before = watch.before
     thread = threading.Thread(target=agent, name="real-elastic-agent", daemon=True)
-    with _quiet_launcher_logs(), _env_restored("TORCHELASTIC_SIGNALS_TO_HANDLE"), _unloadable_main_hidden():
+    with _quiet_launcher_logs(), _env_restored("TORCHELASTIC_SIGNALS_TO_HANDLE"), warm.unloadable_main_hidden():
         thread.start()
         deadline = time.monotonic() + timeout
         try:

@@ -17,6 +17,7 @@ from multiprocessing.connection import Client as Connect
 from multiprocessing.connection import Connection, Listener
 from typing import Any
 
+from real import warm
 from real.errors import RealError
 from simdist.autograd.executor import use_executor
 from simdist.errors import SimdistError
@@ -47,8 +48,13 @@ class RealRuntimeResult:
     failure_kinds: list[str]
 
 
-def _serve(port_queue: Any, authkey: bytes, policy: str | BufferPolicy | None) -> None:
+def _serve(
+    port_queue: Any, authkey: bytes, policy: str | BufferPolicy | None, inherited: None = None
+) -> None:
     """The worker process: accept one client, run its commands in order, answer fetches, report at close.
+
+    ``inherited`` is what is left of a :class:`real.warm.Inherited` once unpickling has put this process's
+    environment and output in place.
 
     With a buffer ``policy`` the worker is a :class:`BufferingWorker` whose compile stream runs on its own
     thread (``ThreadDriver``); the main thread holds the driver's lock except while it waits for a command.
@@ -82,10 +88,20 @@ def run_remote(
     the worker buffer hot paths with that policy, its compile stream on a thread of its own; None runs every
     op eagerly. A worker failure is raised in the client as ``RemoteError`` at its next fetch.
     """
-    ctx = multiprocessing.get_context("spawn")
+    # the worker process starts as real's rank processes do: forked from the warm fork server where there is
+    # one for this environment (real.warm), held for the session, whose exit status the server reports
+    with warm.start_method() as method, warm.unloadable_main_hidden():
+        return _session(multiprocessing.get_context(method), fn, args, policy, timeout)
+
+
+def _session(
+    ctx: Any, fn: Any, args: tuple[Any, ...], policy: str | BufferPolicy | None, timeout: float
+) -> RealRuntimeResult:
+    """One session of ``run_remote`` against a worker process started by the context ``ctx``."""
     ports = ctx.Queue()
     authkey = os.urandom(16)
-    proc = ctx.Process(target=_serve, args=(ports, authkey, policy), daemon=True)
+    inherited = warm.Inherited(stdio=True) if ctx.get_start_method() == "forkserver" else None
+    proc = ctx.Process(target=_serve, args=(ports, authkey, policy, inherited), daemon=True)
     proc.start()
     try:
         try:

@@ -27,6 +27,7 @@ import contextlib
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from multiprocessing import reduction
@@ -43,12 +44,37 @@ START_METHODS = ("forkserver", "spawn")
 #: what the server imports before forking: everything a rank process imports on its way to the rank code,
 #: and DTensor, which torch imports at the first backward through a tensor subclass (emulated CUDA tensors)
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor", "real.rank_process")
+#: imported too where the launching process has imported simdist (so its environment has what simdist needs;
+#: the launcher itself never imports the simulator): the runtime's worker, and with it the simdist modules
+#: that rank code of simdist's users often imports
+PRELOAD_WITH_SIMDIST = ("real.runtime",)
 
 _lock = threading.Lock()
 #: the server this module started: its pid and the environment it was started with
 _server: tuple[int, dict[str, str]] | None = None
 #: launches now forking from the server (it is never replaced under them)
 _in_use = 0
+
+
+@contextlib.contextmanager
+def unloadable_main_hidden() -> Iterator[None]:
+    """Keep the spawn start method from re-running a ``__main__`` that has no source file (a program fed on stdin).
+
+    A spawned process re-runs its parent's main script from ``__main__.__file__``; ``python - < prog.py`` leaves
+    "<stdin>" there, which each rank process then fails to open before it reaches the rank code. Such a
+    ``__main__`` holds nothing the ranks need (``dump_job`` refuses a rank function defined in it), so while
+    the processes start it is left without a file name, as under ``python -c``.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or path is None or os.path.isfile(path):
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
 
 
 def requested_method() -> str:
@@ -100,7 +126,8 @@ def _ensure_server() -> bool:
         running, _server = None, None
     if running is None:
         saved = server._preload_modules
-        server.set_forkserver_preload(list(PRELOAD))
+        with_simdist = PRELOAD_WITH_SIMDIST if "simdist" in sys.modules else ()
+        server.set_forkserver_preload([*PRELOAD, *with_simdist])
         try:
             server.ensure_running()
         finally:
