@@ -160,11 +160,35 @@ def test_bench_cli_prints_the_nccl_tests_table(capsys, algorithm):
     assert avg == pytest.approx(sum(float(r[7]) for r in rows) / len(rows), rel=1e-3, abs=0.005)
 
 
-def run_scenario(name: str, out_dir: Path) -> subprocess.CompletedProcess[str]:
-    """Run ``scenarios/<name>.py --out out_dir`` in a fresh interpreter on this checkout's simdist."""
+def cpu_capabilities() -> list[str | None]:
+    """The SIMD kernel sets the scenarios' expected outputs must hold under: None (the one torch picks on this CPU,
+    its best, or the one ``ATEN_CPU_CAPABILITY`` pins) and, unless that variable pins one, every lesser one the CPU
+    offers: default and avx2 below avx512, default below avx2 or another architecture's vector kernels."""
+    if os.environ.get("ATEN_CPU_CAPABILITY"):
+        return [None]
+    import torch
+
+    order = ["default", "avx2", "avx512"]
+    best = torch.backends.cpu.get_cpu_capability().lower()
+    return [None, *(order[: order.index(best)] if best in order else ["default"])]
+
+
+#: the expected outputs whose numbers torch's CPU kernels compute are checked under each of these (a user's CPU
+#: picks other kernels than this one; docs/testing.md#expected-outputs-on-any-cpu)
+CAPABILITIES = cpu_capabilities()
+on_every_capability = pytest.mark.parametrize(
+    "capability", CAPABILITIES, ids=[c or "own" for c in CAPABILITIES]
+)
+
+
+def run_scenario(name: str, out_dir: Path, capability: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``scenarios/<name>.py --out out_dir`` in a fresh interpreter on this checkout's simdist, under
+    ``ATEN_CPU_CAPABILITY=capability`` where one is given."""
     # The scenario's own directory comes first on its sys.path, not the checkout: without PYTHONPATH an
     # installed simdist (another checkout's, say) would be the one under test.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    if capability is not None:
+        env["ATEN_CPU_CAPABILITY"] = capability
     cmd = [sys.executable, str(ROOT / "scenarios" / f"{name}.py"), "--out", str(out_dir)]
     return subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
 
@@ -238,18 +262,26 @@ def test_expected_outputs_hold_no_float_round_off():
     assert sorted(EXPECTED.glob("*.txt")) and not found, "\n".join(found)
 
 
-def test_ci_reruns_every_cpu_kernels_test_under_the_lesser_capabilities(request):
-    # .ci/run's capability passes collect only the files its grep names: a cpu_kernels test elsewhere would
-    # silently never run under another capability
-    line = next(l for l in (ROOT / ".ci" / "run").read_text().splitlines() if l.startswith("kernel_files=$("))
-    command = line.removeprefix("kernel_files=$(").removesuffix(")")
-    found = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, check=True)
-    rerun = {ROOT / name for name in found.stdout.split()}
-    marked = {Path(item.path) for item in request.session.items if item.get_closest_marker("cpu_kernels")}
-    assert marked <= rerun, (
-        f"cpu_kernels tests in files .ci/run leaves out: {sorted(map(str, marked - rerun))}"
-    )
-    assert (ROOT / "tests" / "test_cli_and_scenarios.py") in rerun
+def test_every_cpu_kernels_test_runs_under_each_capability(request):
+    # a test marked cpu_kernels that is not parametrized over CAPABILITIES would check its expected output under
+    # this CPU's own kernels only
+    seen: dict[str, set] = {}
+    for item in request.session.items:
+        if item.get_closest_marker("cpu_kernels"):
+            params = getattr(item, "callspec", None)
+            seen.setdefault(item.originalname, set()).add(params.params.get("capability", "?") if params else "?")
+    assert seen and all(got == set(CAPABILITIES) for got in seen.values()), seen
+
+
+def test_the_capabilities_are_the_cpus_own_and_each_lesser_one(monkeypatch):
+    import torch
+
+    best = torch.backends.cpu.get_cpu_capability().lower()
+    got = cpu_capabilities()
+    assert got[0] is None and len(set(got)) == len(got) and best not in got[1:]
+    assert "default" in got or best == "default"
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")  # pinned by hand: that one only
+    assert cpu_capabilities() == [None]
 
 
 def test_round_off_is_printed_as_a_bound():
@@ -261,8 +293,9 @@ def test_round_off_is_printed_as_a_bound():
 
 
 @pytest.mark.cpu_kernels
-def test_demo_scenario_passes_and_reports_each_finding(tmp_path, update_golden):
-    out = run_scenario("demo", tmp_path)
+@on_every_capability
+def test_demo_scenario_passes_and_reports_each_finding(tmp_path, update_golden, capability):
+    out = run_scenario("demo", tmp_path, capability)
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout
     for line in ("both variants equal the single-process model", "overlap shortens the step", "hang reported as a deadlock", "mismatch reported", "same seed, same trace hash"):
@@ -270,7 +303,7 @@ def test_demo_scenario_passes_and_reports_each_finding(tmp_path, update_golden):
     assert "never issued by rank 11;" in text
     assert json.loads((tmp_path / "demo_step.json").read_text())["traceEvents"]
     check_report("demo", out, tmp_path)
-    check_golden("demo", out, tmp_path, update_golden)
+    check_golden("demo", out, tmp_path, update_golden and capability is None)
 
 
 def ddp_tied_weights_steps() -> int:
@@ -278,8 +311,9 @@ def ddp_tied_weights_steps() -> int:
 
 
 @pytest.mark.cpu_kernels
-def test_ddp_tied_weights_scenario_passes_and_names_the_tie(tmp_path, update_golden):
-    out = run_scenario("ddp_tied_weights", tmp_path)
+@on_every_capability
+def test_ddp_tied_weights_scenario_passes_and_names_the_tie(tmp_path, update_golden, capability):
+    out = run_scenario("ddp_tied_weights", tmp_path, capability)
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout
     lines = text.splitlines()
@@ -304,7 +338,7 @@ def test_ddp_tied_weights_scenario_passes_and_names_the_tie(tmp_path, update_gol
     # the drift plot: a line per case (a, b, c, d) with a point per step, from the oracle's history
     plot = page.split('id="parameter-drift-per-step-plot"')[1].split("</svg>")[0]
     assert plot.count('<g class="series">') == 4 and plot.count("<circle") == 4 * ddp_tied_weights_steps()
-    check_golden("ddp_tied_weights", out, tmp_path, update_golden)
+    check_golden("ddp_tied_weights", out, tmp_path, update_golden and capability is None)
 
 
 @pytest.mark.real
@@ -321,8 +355,9 @@ def test_ddp_tied_weights_scenario_on_real_gloo(capsys):
 
 
 @pytest.mark.cpu_kernels
-def test_silent_bugs_scenario_finds_each_bug_where_it_is_and_passes_each_correction(tmp_path, update_golden):
-    out = run_scenario("silent_bugs", tmp_path)
+@on_every_capability
+def test_silent_bugs_scenario_finds_each_bug_where_it_is_and_passes_each_correction(tmp_path, update_golden, capability):
+    out = run_scenario("silent_bugs", tmp_path, capability)
     assert out.returncode == 0, out.stdout + out.stderr
     silent_bugs = scenario_module("silent_bugs")
     lines = out.stdout.splitlines()
@@ -337,12 +372,13 @@ def test_silent_bugs_scenario_finds_each_bug_where_it_is_and_passes_each_correct
     page = check_report("silent_bugs", out, tmp_path)
     plot = page.split('id="parameter-drift-per-step-buggy-programs-plot"')[1].split("</svg>")[0]
     assert plot.count('<g class="series">') == len(silent_bugs.CASES)
-    check_golden("silent_bugs", out, tmp_path, update_golden)
+    check_golden("silent_bugs", out, tmp_path, update_golden and capability is None)
 
 
 @pytest.mark.cpu_kernels
-def test_pipeline_sync_scenario_shows_which_synchronisation_fits_which_layout(tmp_path, update_golden):
-    out = run_scenario("pipeline_sync", tmp_path)
+@on_every_capability
+def test_pipeline_sync_scenario_shows_which_synchronisation_fits_which_layout(tmp_path, update_golden, capability):
+    out = run_scenario("pipeline_sync", tmp_path, capability)
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
     verdicts = lines[next(i for i, l in enumerate(lines) if l.startswith("expectation")) + 1 :]
@@ -360,12 +396,13 @@ def test_pipeline_sync_scenario_shows_which_synchronisation_fits_which_layout(tm
     assert len(shares) == 4 and all(0 < float(v) < 100 for _, v in shares)
     page = check_report("pipeline_sync", out, tmp_path)
     assert page.count("<title>GPipe, stage ") == 2 and page.count("<title>1F1B, stage ") == 2
-    check_golden("pipeline_sync", out, tmp_path, update_golden)
+    check_golden("pipeline_sync", out, tmp_path, update_golden and capability is None)
 
 
 @pytest.mark.cpu_kernels
-def test_fsdp_hazards_scenario_shows_each_hazard_and_its_fix(tmp_path, update_golden):
-    out = run_scenario("fsdp_hazards", tmp_path)
+@on_every_capability
+def test_fsdp_hazards_scenario_shows_each_hazard_and_its_fix(tmp_path, update_golden, capability):
+    out = run_scenario("fsdp_hazards", tmp_path, capability)
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
     verdicts = lines[next(i for i, l in enumerate(lines) if l.startswith("expectation")) + 1 :]
@@ -380,7 +417,7 @@ def test_fsdp_hazards_scenario_shows_each_hazard_and_its_fix(tmp_path, update_go
     assert "does not match across ranks" in text and "gradients 4 x the reference's" in text
     assert "while reduce_scatter_tensor #" in text and "access at: torch/optim/sgd.py" in text
     check_report("fsdp_hazards", out, tmp_path)
-    check_golden("fsdp_hazards", out, tmp_path, update_golden)
+    check_golden("fsdp_hazards", out, tmp_path, update_golden and capability is None)
 
 
 @pytest.mark.real
