@@ -127,7 +127,11 @@ def _run(
     if backend == "nccl":
         # One GPU per local rank, selected before the group exists so NCCL binds to it.
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group(backend)
+    # With torch's init barrier (on the store), no rank starts its code before every rank's group is connected:
+    # otherwise a rank whose code has no collective can return, and its process end, while a peer is still
+    # connecting to it, which fails that peer's init_process_group ("Connection closed by peer").
+    with _env_set("TORCH_DIST_INIT_BARRIER", "1"):
+        dist.init_process_group(backend)
     keep = init_guard.keeper(dist.group.WORLD, backend, rank, int(os.environ["WORLD_SIZE"]))
     with init_guard.intercepted(keep), recording:
         result = _call(lambda: fn(*args, **kwargs), status, rank)
@@ -135,6 +139,20 @@ def _run(
     if dist.is_initialized():
         dist.destroy_process_group()
     return result
+
+
+@contextlib.contextmanager
+def _env_set(name: str, value: str) -> Any:
+    """The environment variable ``name`` set to ``value`` for the block, then as it was."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
 
 
 def _run_main(

@@ -24,18 +24,29 @@ def _seen(fn=real_fns.seen_at_start) -> list[dict]:
 
 
 @pytest.mark.real
-def test_launches_fork_from_one_warm_server_and_nothing_of_a_launch_reaches_the_next(
+def test_launches_fork_from_a_warm_server_and_see_what_a_spawned_process_sees(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv(START_METHOD_VARIABLE, raising=False)
+    monkeypatch.setenv("REAL_WARM_PROBE", "one")
     first = _seen(real_fns.leave_traces)
-    second, third = _seen(), _seen()
-    parents = {r["ppid"] for r in first + second + third}
+    second = _seen()
+    parents = {r["ppid"] for r in first + second}
     assert len(parents) == 1 and os.getpid() not in parents  # the one fork server, not this process
-    for rank in second + third:
+    for rank in second:
         assert rank["trace"] is None and rank["left"] is None  # no module state, no environment of launch 1
+    assert [r["probe"] for r in first + second] == ["one"] * 4
+    # a changed environment gets a new server (torch reads some variables when imported)
+    monkeypatch.setenv("REAL_WARM_PROBE", "two")
+    changed = _seen()
+    assert [r["probe"] for r in changed] == ["two", "two"]
+    assert {r["ppid"] for r in changed}.isdisjoint(parents)
+    # a variable removed from the launcher is gone in its ranks too
+    monkeypatch.delenv("REAL_WARM_PROBE")
+    removed = _seen()
+    assert [r["probe"] for r in removed] == [None, None]
     # torch, NumPy and random seeded from entropy in every process, as a fresh interpreter seeds them
-    everyone = first + second + third
+    everyone = first + second + changed + removed
     for generator in range(3):
         assert len({r["seeds"][generator] for r in everyone}) == len(everyone)
     assert len({tuple(r["rand"].tolist()) for r in everyone}) == len(everyone)
@@ -43,26 +54,10 @@ def test_launches_fork_from_one_warm_server_and_nothing_of_a_launch_reaches_the_
     monkeypatch.setenv(START_METHOD_VARIABLE, "spawn")
     spawned = _seen()
     assert {r["ppid"] for r in spawned} == {os.getpid()}
-    for mine, theirs in zip(second, spawned):
+    for mine, theirs in zip(removed, spawned):
         assert {k: v for k, v in mine.items() if k not in ("ppid", "rand", "seeds")} == {
             k: v for k, v in theirs.items() if k not in ("ppid", "rand", "seeds")
         }
-
-
-@pytest.mark.real
-def test_the_ranks_see_the_launchers_environment_as_it_is_now(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(START_METHOD_VARIABLE, raising=False)
-    monkeypatch.setenv("REAL_WARM_PROBE", "one")
-    before = _seen()
-    assert [r["probe"] for r in before] == ["one", "one"]
-    # a changed environment gets a new server (torch reads some variables when imported)
-    monkeypatch.setenv("REAL_WARM_PROBE", "two")
-    after = _seen()
-    assert [r["probe"] for r in after] == ["two", "two"]
-    assert {r["ppid"] for r in after}.isdisjoint({r["ppid"] for r in before})
-    # a variable removed from the launcher is gone in its ranks too
-    monkeypatch.delenv("REAL_WARM_PROBE")
-    assert [r["probe"] for r in _seen()] == [None, None]
 
 
 @pytest.mark.real
