@@ -149,6 +149,27 @@ def test_large_matmul_is_compute_bound() -> None:
     assert total == charges[0][1]
 
 
+def test_op_table_never_prices_an_op_as_another_that_had_its_id() -> None:
+    # The per-op table is keyed by id(): an overload made after another was freed may get its id, and must then be
+    # priced as itself. A view's entry left under the matmul's id stands in for the freed overload's.
+    from simdist.compute import cost
+
+    key = id(torch.ops.aten.mm.default)
+    kept = cost._INFO.get(key)
+    cost._INFO[key] = cost._OpInfo(torch.ops.aten.view.default)
+    try:
+        a, b = torch.randn(512, 1024), torch.randn(1024, 768)
+        _, charges = estimate(torch.mm, a, b, device=H100)
+    finally:
+        if kept is None:
+            cost._INFO.pop(key, None)
+        else:
+            cost._INFO[key] = kept
+    flops = 2 * 512 * 1024 * 768
+    expected = flops / H100.flops_for(torch.float32) + H100.launch_overhead
+    assert charges == [("aten::mm", pytest.approx(expected, rel=1e-12))]
+
+
 def test_elementwise_on_big_tensor_is_memory_bound() -> None:
     x, y = torch.randn(1 << 20), torch.randn(1 << 20)
     _, charges = estimate(torch.add, x, y, device=A100)

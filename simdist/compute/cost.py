@@ -308,9 +308,28 @@ _NO_COMPUTE_NAMESPACES: frozenset[str] = frozenset(
 class _OpInfo:
     """What op_cost needs to know about one OpOverload, computed once per overload."""
 
-    __slots__ = ("attention", "flops", "free", "gathers", "gemm", "name", "out_args", "pointwise", "tf32")
+    __slots__ = (
+        "attention",
+        "flops",
+        "free",
+        "func",
+        "gathers",
+        "gemm",
+        "name",
+        "out_args",
+        "pinned",
+        "pointwise",
+        "tf32",
+        "uninitialised",
+    )
 
     def __init__(self, func: torch._ops.OpOverload) -> None:
+        #: the overload itself: the table is keyed by its id, which is this overload's only while it lives
+        self.func = func
+        #: whether it leaves memory uninitialised (filled by simdist.uninitialised after it runs)
+        self.uninitialised: bool = func in uninitialised.OPS
+        #: whether it asks about or pins host memory (answered from a simulated GPU's pinned memory)
+        self.pinned: bool = func in PINNED_OPS
         schema = func._schema
         self.name: str = schema.name
         namespace = self.name.split("::", 1)[0]
@@ -326,14 +345,16 @@ class _OpInfo:
         self.out_args: frozenset[str] = frozenset(a.name for a in schema.arguments if a.is_out)
 
 
-# Shared by all rank threads; a racing first insert stores an identical value, so no lock is needed.
-_INFO: dict[Any, _OpInfo] = {}
+# Shared by all rank threads; a racing first insert stores an identical value, so no lock is needed. Keyed by
+# id(): an OpOverload hashes in Python (about a microsecond), and this is looked up once per op of every rank.
+_INFO: dict[int, _OpInfo] = {}
 
 
 def _op_info(func: Any) -> _OpInfo:
-    info = _INFO.get(func)
-    if info is None:
-        info = _INFO[func] = _OpInfo(func)
+    info = _INFO.get(id(func))
+    # a new overload, or one made after another overload with its id was freed
+    if info is None or info.func is not func:
+        info = _INFO[id(func)] = _OpInfo(func)
     return info
 
 
@@ -484,17 +505,18 @@ class ComputeCostMode(TorchDispatchMode):
     def __torch_dispatch__(
         self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
-        if func not in uninitialised.OPS:
-            return self._dispatch(func, args, kwargs)
+        info = _op_info(func)
+        if not info.uninitialised:
+            return self._dispatch(func, info, args, kwargs)
         before = uninitialised.stored_bytes(func, args)
-        out = self._dispatch(func, args, kwargs)
+        out = self._dispatch(func, info, args, kwargs)
         uninitialised.fill(func, out, before)
         return out
 
-    def _dispatch(self, func: Any, args: Sequence[Any], kwargs: dict[str, Any] | None) -> Any:
-        """One op run, checked, accounted and charged (see :meth:`__torch_dispatch__`)."""
+    def _dispatch(self, func: Any, info: _OpInfo, args: Sequence[Any], kwargs: dict[str, Any] | None) -> Any:
+        """One op run, checked, accounted and charged (see :meth:`__torch_dispatch__`); ``info`` is ``func``'s."""
         if self._cuda is not None:
-            if func in PINNED_OPS or (kwargs and kwargs.get("pin_memory") and kwargs.get("device") in _HOST):
+            if info.pinned or (kwargs and kwargs.get("pin_memory") and kwargs.get("device") in _HOST):
                 return self._pinned(func, args, kwargs or {})
             call = unwrap(func, args, kwargs or {})
             if call is not None:
@@ -510,20 +532,19 @@ class ComputeCostMode(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if self._after is not None:
             self._after(func, args, kwargs, out)
-        if not self._zero_cost and not _without_data(out, self._price_meta):
-            info = _op_info(func)
-            if not info.free:
-                if self._region is not None:
-                    if info.pointwise:
-                        self._region.pointwise(info.name, args, kwargs, out)
-                        return out
-                    self._region.other(args, kwargs)
-                seconds = _info_cost(info, args, kwargs, out, self.device)
-                if self._provider is not None:
-                    seconds = self._provider(info.name, args, kwargs, seconds)
-                # symbolic shapes (torch.export tracing) give a symbolic cost: no kernel runs, nothing is charged
-                if type(seconds) in (int, float) and seconds > 0:
-                    self._kernel(seconds, info.name)
+        # a view or an op without a kernel is free whatever its output: decided before looking at the output
+        if not self._zero_cost and not info.free and not _without_data(out, self._price_meta):
+            if self._region is not None:
+                if info.pointwise:
+                    self._region.pointwise(info.name, args, kwargs, out)
+                    return out
+                self._region.other(args, kwargs)
+            seconds = _info_cost(info, args, kwargs, out, self.device)
+            if self._provider is not None:
+                seconds = self._provider(info.name, args, kwargs, seconds)
+            # symbolic shapes (torch.export tracing) give a symbolic cost: no kernel runs, nothing is charged
+            if type(seconds) in (int, float) and seconds > 0:
+                self._kernel(seconds, info.name)
         return out
 
     def _kernel(self, seconds: float, name: str) -> None:
