@@ -77,6 +77,11 @@ class CollectiveMismatchError(SimdistError):
     """Ranks of one group issued different collectives (op, shape, dtype or order) at the same position."""
 
 
+class SymmetryError(SimdistError):
+    """A run asked for ``symmetric=True`` is not symmetric: its simulated ranks ran differently, or it uses what a
+    symmetric run cannot reduce (a fault, a perturbation, a send to a rank it does not simulate)."""
+
+
 class DeadlockError(SimdistError):
     """Every unfinished rank is blocked and nothing is scheduled: the program can never make progress."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from simdist.algorithms import reduce_op
+from simdist.comm import symmetric_data
 from simdist.comm.group import Call, GroupState, Instance
 from simdist.comm.messages import ScheduleRun
 from simdist.comm.ordering import GlooResult, backend_for, order_matters, reduces_as_gloo
@@ -20,6 +21,9 @@ if TYPE_CHECKING:  # annotations only: the run's context imports the machinery, 
 
 def launch(sim: RunContext, st: GroupState, inst: Instance) -> None:
     """Run instance ``inst`` of group ``st`` on ``sim`` (a :class:`~simdist.comm.context.RunContext`)."""
+    if sim.simulated is not None:
+        _launch_symmetric(sim, st, inst)
+        return
     n = st.size
     calls = [inst.calls[r] for r in range(n)]
     specs = [c.spec for c in calls]
@@ -64,6 +68,38 @@ def launch(sim: RunContext, st: GroupState, inst: Instance) -> None:
         sim.env.timeout(start_time - sim.env.now).callbacks.append(lambda _ev: run.start())
     else:
         run.start()
+
+
+def _launch_symmetric(sim: RunContext, st: GroupState, inst: Instance) -> None:
+    """Instance ``inst`` in a symmetric run: it starts once every simulated member's stream reaches it (every
+    member, by symmetry) and each member's part ends at the closed-form time of the whole group's schedule (its
+    uncontended last rank's end), when its results are written as if every rank not simulated held what the
+    first simulated member holds (:mod:`simdist.comm.symmetric_data`)."""
+    calls = [inst.calls[r] for r in st.members]
+    first = calls[0].spec
+    write = symmetric_data.writer(first, calls[0].site)
+    by_nccl = backend_for(st.backend_name, first.device_type()) != "gloo"
+    nbytes = first.sizes().nbytes
+    selection = sim.selector.select(
+        st.index, st.global_ranks, st.algorithms, first.collective, nbytes, st.nccl_enabled, by_nccl
+    )
+    seconds = sim.selector.seconds(st.index, st.global_ranks, selection, nbytes)
+    name = f"{sim.progress}:{first.name}"
+    start_time = max(sim.env.now, *(c.ready_at for c in calls))
+
+    def finish(_ev: object) -> None:
+        write([c.spec for c in calls], st.members, st.size)
+        for r, c in zip(st.members, calls):
+            sim.trace.add(
+                Span(
+                    st.global_ranks[r], st.stream_of(inst, r), name, start_time, sim.env.now,
+                    _span_args(c, st, inst, selection.algorithm.name, selection.nccl),
+                )
+            )
+            c.work.complete()
+            st.rank_done(inst, r)
+
+    sim.env.timeout(start_time + seconds - sim.env.now).callbacks.append(finish)
 
 
 def _gloo_result(plan: Plan, st: GroupState, device_type: str) -> GlooResult | None:
