@@ -129,7 +129,7 @@ class P2P:
         if simulated is not None and peer not in simulated:
             raise SymmetryError(
                 f"rank {rank} tries to {what} rank {peer} at {site}, but this run was made with symmetric=True and "
-                f"simulates only ranks {format_ranks(sorted(simulated))}: a symmetric run reduces collectives, not "
+                f"simulates only {format_ranks(sorted(simulated))}: a symmetric run reduces collectives, not "
                 "point-to-point traffic between particular ranks; run it without symmetric=True"
             )
 
