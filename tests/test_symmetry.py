@@ -246,3 +246,31 @@ def test_subgroups_of_one_shape_run_alike_and_carry_their_first_simulated_member
             for g in group
         ]
         assert reduced.returns[r] == sum(h + 1 for h in holder)
+
+
+SCRIPT = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.Linear(32, 32)
+model(torch.randn(4, 32)).sum().backward()
+dist.all_reduce(model.weight.grad)
+"""
+
+
+def test_a_script_that_initialises_its_own_group_runs_symmetric_from_the_command_line(
+    tmp_path, capsys
+) -> None:
+    from simdist.cli import main
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    cluster = simdist.Cluster.switch(8, algorithms={"all_reduce": "ring"})
+    full = simdist.run_script(str(script), cluster, races="off")
+    reduced = simdist.run_script(str(script), cluster, races="off", symmetric=True)
+    assert reduced.simulated_ranks == [0, 1, 4, 7]
+    assert_same_timelines(full, reduced)
+    assert main(["run", str(script), "--cluster", "switch", "--world-size", "8", "--symmetric"]) == 0
+    out = capsys.readouterr()
+    assert "symmetric run: simulated ranks 0-1, 4, 7; the others ran as rank 0" in out.out
+    assert "communicated" not in out.err
