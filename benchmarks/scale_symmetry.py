@@ -6,16 +6,20 @@ The step is the data-parallel step of docs/performance.md's scale table: each ra
 256 x 256, batch 32) forward and backward under the H100 cost model, then all-reduces its gradients as four
 async all-reduces (buckets of its flattened gradients) on a ring cluster (100 GB/s, 5 us per hop). With
 ``symmetric=True`` simdist simulates 4 of the ranks and prices each all-reduce for the whole ring
-(docs/symmetry.md). The first figure checks the reduction against the full run at a size the full run
-manages; the others time the reduced run alone. "build" is the wall time of making the cluster (a networkx
-graph of every rank and link), "run" that of ``simdist.run``; "total" is both.
+(docs/symmetry.md). The same step written as GPU code (``.to("cuda")``) runs on the ``dgx-h100`` preset, its
+collectives timed by NCCL's model (6 ranks simulated: both ends of the first node and of the ring). The first
+figure checks the reduction against the full run at a size the full run manages; the others time the reduced
+run alone. "build" is the wall time of making the cluster (a networkx graph of every rank and link), "run" that
+of ``simdist.run``; "total" is both.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -44,8 +48,32 @@ def dp_step() -> float:
     return simdist.now()
 
 
+def gpu_dp_step() -> float:
+    """:func:`dp_step` as GPU code: the model and batch on the rank's GPU."""
+    dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    torch.cuda.set_device(dev)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)]).to(dev)
+    torch.manual_seed(dist.get_rank())
+    model(torch.randn(BATCH, WIDTH, device=dev)).square().mean().backward()
+    flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    works = [dist.all_reduce(chunk, async_op=True) for chunk in flat.chunk(BUCKETS)]
+    for w in works:
+        w.wait()
+    torch.cuda.synchronize()
+    return simdist.now()
+
+
+#: the clusters the step runs on and the program each runs: a ring of H100s (alpha-beta messages), DGX H100
+#: nodes (NCCL's model)
+SETUPS: dict[str, tuple[Callable[[], float], Callable[[int], simdist.Cluster]]] = {
+    "ring": (dp_step, lambda n: simdist.Cluster.ring(n, bandwidth="100GB/s", latency="5us", device="H100")),
+    "dgx-h100": (gpu_dp_step, lambda n: simdist.Cluster.preset("dgx-h100", world_size=n)),
+}
+
+
 def _cluster(n: int) -> simdist.Cluster:
-    return simdist.Cluster.ring(n, bandwidth="100GB/s", latency="5us", device="H100")
+    return SETUPS["ring"][1](n)
 
 
 def _timed(fn: Any) -> tuple[Any, float]:
@@ -71,13 +99,14 @@ def check(n: int = CHECK_RANKS) -> dict[str, float]:
     }
 
 
-def scale(n: int) -> dict[str, float]:
-    """The reduced run of the step on ``n`` ranks: wall seconds to build the cluster and to run, simulated step time."""
-    cluster, build = _timed(lambda: _cluster(n))
-    result, run = _timed(
-        lambda: simdist.run(dp_step, cluster, races="off", trace="collectives", symmetric=True)
-    )
+def scale(n: int, setup: str = "ring") -> dict[str, Any]:
+    """The reduced run of the step on ``n`` ranks of ``setup`` (a key of :data:`SETUPS`): wall seconds to build
+    the cluster and to run, simulated step time."""
+    fn, make = SETUPS[setup]
+    cluster, build = _timed(lambda: make(n))
+    result, run = _timed(lambda: simdist.run(fn, cluster, races="off", trace="collectives", symmetric=True))
     return {
+        "cluster": setup,
         "ranks": n,
         "simulated_ranks": len(result.simulated_ranks or ()),
         "build_wall_s": build,
@@ -89,11 +118,12 @@ def scale(n: int) -> dict[str, float]:
 
 def figures(ranks: tuple[int, ...] = (16_384, 100_000), check_ranks: int = CHECK_RANKS) -> dict[str, Any]:
     """Every figure this benchmark prints: the check against the full run, then one row per world size."""
-    simdist.run(dp_step, _cluster(2), races="off")  # the first run imports what rank code needs: not timed
+    for fn, make in SETUPS.values():  # the first runs import what rank code needs: not timed
+        simdist.run(fn, make(8), races="off")
     return {
-        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, torch {torch.__version__}",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
         "check": check(check_ranks),
-        "scale": [scale(n) for n in ranks],
+        "scale": [scale(n, setup) for setup in SETUPS for n in ranks],
     }
 
 
@@ -112,10 +142,13 @@ def main() -> None:
         f"symmetric {c['reduced_sim_s'] * 1e3:.6f} ms in {c['reduced_wall_s']:.2f} s "
         f"(relative difference {c['relative_difference']:.1e})"
     )
-    print(f"{'ranks':>8} {'simulated':>9} {'build s':>8} {'run s':>7} {'total s':>8} {'step (sim) ms':>14}")
+    print(
+        f"{'cluster':>9} {'ranks':>8} {'simulated':>9} {'build s':>8} {'run s':>7} {'total s':>8} "
+        f"{'step (sim) ms':>14}"
+    )
     for row in out["scale"]:
         print(
-            f"{row['ranks']:>8} {row['simulated_ranks']:>9} {row['build_wall_s']:>8.2f} {row['run_wall_s']:>7.2f} "
+            f"{row['cluster']:>9} {row['ranks']:>8} {row['simulated_ranks']:>9} {row['build_wall_s']:>8.2f} {row['run_wall_s']:>7.2f} "
             f"{row['total_wall_s']:>8.2f} {row['sim_step_s'] * 1e3:>14.3f}"
         )
 
