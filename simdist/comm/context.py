@@ -199,6 +199,8 @@ class RunContext:
         for s in self.baton.ranks:
             prefix = f"rank {s.rank} "
             what = ("crashed" if s.crashed else "finished") if s.finished else (s.waiting_on or "blocked")
+            if self.simulated is not None and s.rank not in self.simulated:
+                what = "not simulated (a symmetric run: they stand as copies of the simulated ranks)"
             # which step of torch's own loop (a schedule's action) the rank is blocked in
             scope = "" if s.finished or s.thread is None else torch_scope(frames.get(s.thread.ident))
             states.append((s.rank, what.removeprefix(prefix) + (f"; blocked in torch's {scope}" if scope else "")))

@@ -38,6 +38,12 @@ def _all_to_all() -> None:
     dist.all_to_all_single(torch.empty(8), torch.ones(8))
 
 
+def _rank_0_reduces_once_more() -> None:
+    dist.all_reduce(torch.ones(4))
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(4))
+
+
 def _symmetric(fn, cluster=SWITCH8, **kw):
     return lambda: simdist.run(fn, cluster, races="off", symmetric=True, **kw)
 
@@ -62,6 +68,14 @@ CASES = [
         _symmetric(_middle_rank_reduces_another_shape),
         error=simdist.CollectiveMismatchError,
         match=r"rank 4: all_reduce\(shape=\(3,\)",
+    ),
+    Case(
+        "rank-0-reduces-once-more",
+        "rank 0 issues one all-reduce more than the others",
+        _symmetric(_rank_0_reduces_once_more),
+        error=simdist.DeadlockError,
+        match=r"all_reduce #1: never issued by ranks 1, 4, 7; issued by rank 0(.|\n)*ranks 1, 4, 7: finished\n"
+        r"  ranks 2-3, 5-6: not simulated \(a symmetric run",
     ),
     Case(
         "send-to-unsimulated-rank",
