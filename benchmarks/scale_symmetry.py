@@ -4,9 +4,9 @@ Prints figures; it is not a test. Usage: ``python benchmarks/scale_symmetry.py [
 
 The step is the data-parallel step of docs/performance.md's scale table: each rank runs an MLP (4 layers of
 256 x 256, batch 32) forward and backward under the H100 cost model, then all-reduces its gradients as four
-async all-reduces (buckets of its flattened gradients) on a ring cluster (100 GB/s, 5 us per hop). With
-``symmetric=True`` simdist simulates 4 of the ranks and prices each all-reduce for the whole ring
-(docs/symmetry.md). The same step written as GPU code (``.to("cuda")``) runs on the ``dgx-h100`` preset, its
+async all-reduces (buckets of its flattened gradients) with the ring algorithm on a ring cluster (100 GB/s,
+5 us per hop). With ``symmetric=True`` simdist simulates 4 of the ranks and prices each all-reduce for the
+whole ring (docs/symmetry.md). The same step written as GPU code (``.to("cuda")``) runs on the ``dgx-h100`` preset, its
 collectives timed by NCCL's model (6 ranks simulated: both ends of the first node and of the ring). The first
 figure checks the reduction against the full run at a size the full run manages; the others time the reduced
 run alone. "build" is the wall time of making the cluster (a networkx graph of every rank and link), "run" that
@@ -67,7 +67,12 @@ def gpu_dp_step() -> float:
 #: the clusters the step runs on and the program each runs: a ring of H100s (alpha-beta messages), DGX H100
 #: nodes (NCCL's model)
 SETUPS: dict[str, tuple[Callable[[], float], Callable[[int], simdist.Cluster]]] = {
-    "ring": (dp_step, lambda n: simdist.Cluster.ring(n, bandwidth="100GB/s", latency="5us", device="H100")),
+    "ring": (
+        dp_step,
+        lambda n: simdist.Cluster.ring(
+            n, bandwidth="100GB/s", latency="5us", device="H100", algorithms={"all_reduce": "ring"}
+        ),
+    ),
     "dgx-h100": (gpu_dp_step, lambda n: simdist.Cluster.preset("dgx-h100", world_size=n)),
 }
 

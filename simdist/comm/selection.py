@@ -83,6 +83,8 @@ class AlgorithmSelector:
         self._hops: dict[int, dict[int, tuple[float, float]]] = {}
         #: (group, collective, bytes) -> auto's choice: pricing round by round costs O(n log n)
         self._auto: dict[tuple[int, str, int], Selection] = {}
+        #: (group, selection, bytes) -> its closed-form seconds, for the same reason
+        self._seconds: dict[tuple[int, Selection, int], float] = {}
         if cluster.collective_model == "nccl" and cluster.world_size > 1:
             cluster.nccl_fabric([0, 1])  # a cluster without nodes is refused before any rank runs
 
@@ -164,6 +166,14 @@ class AlgorithmSelector:
     def seconds(self, group: int, ranks: list[int], selection: Selection, nbytes: int) -> float:
         """The closed-form seconds of ``selection`` moving ``nbytes`` per rank on group number ``group``: what its
         uncontended schedule takes from start to its last rank's end (a symmetric run's collective time)."""
+        key = (group, selection, nbytes)
+        known = self._seconds.get(key)
+        if known is None:
+            known = self._seconds[key] = self._closed_form(group, ranks, selection, nbytes)
+        return known
+
+    def _closed_form(self, group: int, ranks: list[int], selection: Selection, nbytes: int) -> float:
+        """:meth:`seconds`, computed."""
         n = len(ranks)
         algo = selection.algorithm
         if selection.pace is not None:  # every message paced: the schedule's closed form at that pace
