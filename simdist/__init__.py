@@ -32,6 +32,7 @@ from simdist.errors import (
     SimdistError,
     SimTimeoutError,
     SymmetryError,
+    SymmetryWarning,
     WatchdogError,
 )
 from simdist.explore import (
@@ -104,6 +105,7 @@ __all__ = [
     "SimdistError",
     "StepDifference",
     "SymmetryError",
+    "SymmetryWarning",
     "Tolerance",
     "Trace",
     "WatchdogError",

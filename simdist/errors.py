@@ -161,6 +161,11 @@ class RaceError(SimdistError):
     """Rank code or a second operation touched a buffer that an operation still in flight owns."""
 
 
+class SymmetryWarning(UserWarning):
+    """A ``symmetric=True`` run's times are approximate: collectives that share ranks overlapped in time, and the
+    full run would have shared links between them, which a symmetric run's closed forms do not see."""
+
+
 class RaceWarning(UserWarning):
     """The warning-mode form of :class:`RaceError` (``simdist.run(..., races="warn")``)."""
 

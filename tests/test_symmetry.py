@@ -10,6 +10,7 @@ import math
 import os
 
 import numpy as np
+import pytest
 import torch
 import torch.distributed as dist
 from hypothesis import given, settings
@@ -17,6 +18,9 @@ from hypothesis import strategies as st
 
 import simdist
 from simdist.comm.symmetry import sampled_ranks
+
+#: every test here but the one that expects it fails if a run warns that its collectives overlapped
+pytestmark = pytest.mark.filterwarnings("error::simdist.SymmetryWarning")
 
 
 def mlp_step(width: int = 16, layers: int = 2, buckets: int = 2) -> tuple[int, int]:
@@ -274,3 +278,15 @@ def test_a_script_that_initialises_its_own_group_runs_symmetric_from_the_command
     out = capsys.readouterr()
     assert "symmetric run: simulated ranks 0-1, 4, 7; the others ran as rank 0" in out.out
     assert "communicated" not in out.err
+
+
+def test_collectives_that_overlap_on_shared_ranks_are_warned_about() -> None:
+    # gloo's two threads run two buckets at once: the full run shares the links between them, and is slower
+    cluster = simdist.Cluster.switch(8, algorithms={"all_reduce": "ring"})
+    kw = {"width": 64, "buckets": 4}
+    full = simdist.run(mlp_step, cluster, kwargs=kw, races="off", progress="gloo")
+    with pytest.warns(
+        simdist.SymmetryWarning, match=r"all_reduce on group 0 ran from .* while a collective of group 0"
+    ):
+        reduced = simdist.run(mlp_step, cluster, kwargs=kw, races="off", progress="gloo", symmetric=True)
+    assert reduced.sim_time < full.sim_time

@@ -48,6 +48,10 @@ class RunContext:
         progress = options.progress
         #: the global ranks whose threads run in a symmetric run (the others stand as their copies); None: every rank
         self.simulated = simulated
+        #: a symmetric run's collectives not yet over: (start, end, group), to find the ones that overlap
+        self.symmetric_running: list[tuple[float, float, GroupState]] = []
+        #: the first overlap of two collectives that share ranks in a symmetric run (None: none), warned after it
+        self.symmetric_overlap: str | None = None
         #: the run's options (its defaults resolved by the runner)
         self.options = options
         self.env = env

@@ -153,6 +153,15 @@ class GroupState:
         lines.append("reduce op and root, in the same order.")
         raise CollectiveMismatchError("\n".join(lines))
 
+    def shares_ranks(self, other: GroupState) -> bool:
+        """Whether this group and ``other`` have a global rank in common."""
+        if other is self:
+            return True
+        mine = self.__dict__.get("_rank_set")
+        if mine is None:
+            mine = self._rank_set = frozenset(self.global_ranks)
+        return not mine.isdisjoint(other.global_ranks)
+
     def group_rank(self, global_rank: int) -> int:
         """The group rank of a member's global rank."""
         ranks = self.__dict__.get("_rank_of")

@@ -86,6 +86,7 @@ def _launch_symmetric(sim: RunContext, st: GroupState, inst: Instance) -> None:
     seconds = sim.selector.seconds(st.index, st.global_ranks, selection, nbytes)
     name = f"{sim.progress}:{first.name}"
     start_time = max(sim.env.now, *(c.ready_at for c in calls))
+    _note_overlap(sim, st, name, start_time, start_time + seconds)
 
     def finish(_ev: object) -> None:
         write([c.spec for c in calls], st.members, st.size)
@@ -100,6 +101,24 @@ def _launch_symmetric(sim: RunContext, st: GroupState, inst: Instance) -> None:
             st.rank_done(inst, r)
 
     sim.env.timeout(start_time + seconds - sim.env.now).callbacks.append(finish)
+
+
+def _note_overlap(sim: RunContext, st: GroupState, name: str, start: float, end: float) -> None:
+    """Record a symmetric run's collective from ``start`` to ``end`` (seconds), and the first time it overlaps one
+    of a group that shares ranks with ``st``: the full run would share links between them (gloo's threads, two
+    groups' streams), which the closed form of each does not see."""
+    running = [r for r in sim.symmetric_running if r[1] > start]
+    if sim.symmetric_overlap is None:
+        for other_start, other_end, other in running:
+            if other_start < end and other.shares_ranks(st):
+                sim.symmetric_overlap = (
+                    f"{name.split(':', 1)[-1]} on group {st.name or 'default'} ran from {start:.9g} s to {end:.9g} s "
+                    f"while a collective of group {other.name or 'default'}, which shares ranks with it, ran from "
+                    f"{other_start:.9g} s to {other_end:.9g} s"
+                )
+                break
+    running.append((start, end, st))
+    sim.symmetric_running = running
 
 
 def _gloo_result(plan: Plan, st: GroupState, device_type: str) -> GlooResult | None:

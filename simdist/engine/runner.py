@@ -43,6 +43,7 @@ from simdist.errors import (
     RankError,
     RunArgumentError,
     SimdistError,
+    SymmetryWarning,
     safe_str,
 )
 from simdist.faults.plan import check_world, counted_crashes, straggling, timed_crashes
@@ -208,9 +209,10 @@ def run(
     and failed links, delayed messages, lost nodes); a rank that crashed makes the run raise
     :class:`RankCrashError`. ``symmetric=True`` declares that every rank runs the same program on same-shaped
     data: a few sampled ranks run (``RunResult.simulated_ranks``), each seeing the whole world, and every
-    collective takes the closed-form time of the whole group's schedule and moves no data; the other ranks'
-    timelines are theirs (see ``docs/symmetry.md`` for when that is sound; :class:`SymmetryError` when the
-    sampled ranks ran differently). Runs from several Python threads execute one after another.
+    collective takes the closed-form time of the whole group's schedule, its results written as if each rank
+    not simulated held what the group's first simulated member holds; the other ranks' timelines are theirs
+    (see ``docs/symmetry.md`` for when that is sound; :class:`SymmetryError` when the sampled ranks ran
+    differently). Runs from several Python threads execute one after another.
     Raises :class:`RankError` if a rank raised, or the diagnosis (mismatch, deadlock) that stopped the run.
     """
     state = current_rank_state()
@@ -477,6 +479,15 @@ def _run(
     for t in trackers.values():
         for time, totals in t.samples:
             tr.counter(t.rank, "memory", time, dict(zip(CATEGORIES, totals)))
+    if sim.symmetric_overlap is not None:
+        warnings.warn(
+            SymmetryWarning(
+                f"symmetric=True: {sim.symmetric_overlap}. In the full run they share links, which slows both; a "
+                "symmetric run times each as if alone, so its times are a lower bound (docs/symmetry.md); run one "
+                "collective at a time (progress='nccl' on one group) for exact times"
+            ),
+            stacklevel=3,
+        )
     unused = sim.races.unused_waivers()
     for text in unused:
         warnings.warn(
