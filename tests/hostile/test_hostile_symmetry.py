@@ -120,6 +120,13 @@ CASES = [
         match="does not support collective_model='gloo'",
     ),
     Case(
+        "equivalence-oracle",
+        "check_equivalence(..., symmetric=True)",
+        lambda: simdist.check_equivalence(_step, _step, SWITCH8, symmetric=True),
+        error=simdist.SymmetryError,
+        match="check_equivalence compares every rank's state .* without symmetric=True",
+    ),
+    Case(
         "symmetric-not-bool",
         'symmetric="yes"',
         lambda: simdist.run(_step, SWITCH8, symmetric="yes"),
