@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from simdist.algorithms import reduce_op
-from simdist.comm import symmetric_data
+from simdist.comm import symmetric_data, symmetry
 from simdist.comm.group import Call, GroupState, Instance
 from simdist.comm.messages import ScheduleRun
 from simdist.comm.ordering import GlooResult, backend_for, order_matters, reduces_as_gloo
@@ -83,6 +83,12 @@ def _launch_symmetric(sim: RunContext, st: GroupState, inst: Instance) -> None:
     selection = sim.selector.select(
         st.index, st.global_ranks, st.algorithms, first.collective, nbytes, st.nccl_enabled, by_nccl
     )
+    if selection.nccl is None and sim.cluster.collective_model == "nccl":
+        symmetry.check_hops(
+            sim.cluster,
+            f"where a collective is timed by its messages, as {first.name} at {calls[0].site} is (NCCL's model "
+            "does not time it: its group presents gloo, or its algorithm is one NCCL does not run)",
+        )
     seconds = sim.selector.seconds(st.index, st.global_ranks, selection, nbytes)
     name = f"{sim.progress}:{first.name}"
     start_time = max(sim.env.now, *(c.ready_at for c in calls))

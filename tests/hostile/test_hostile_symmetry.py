@@ -44,6 +44,10 @@ def _rank_0_reduces_once_more() -> None:
         dist.all_reduce(torch.ones(4))
 
 
+def _gloo_group_on_gpus() -> None:
+    dist.all_reduce(torch.ones(1000), group=dist.new_group(backend="gloo"))
+
+
 def _symmetric(fn, cluster=SWITCH8, **kw):
     return lambda: simdist.run(fn, cluster, races="off", symmetric=True, **kw)
 
@@ -97,6 +101,13 @@ CASES = [
         _symmetric(_step, simdist.Cluster.two_level(2, 4)),
         error=simdist.SymmetryError,
         match=r"every hop of the ranks' ring to cost the same.*0 -> 1 .* 3 -> 4",
+    ),
+    Case(
+        "gloo-group-on-dgx-nodes",
+        "a gloo group's CPU all-reduce on DGX nodes, timed by its messages across unequal hops",
+        _symmetric(_gloo_group_on_gpus, simdist.Cluster.preset("dgx-h100", world_size=16)),
+        error=simdist.SymmetryError,
+        match=r"as all_reduce at .*test_hostile_symmetry.py:\d+ .* is \(NCCL's model does not time it.* 7 -> 8",
     ),
     Case(
         "with-a-straggler",
