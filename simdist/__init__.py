@@ -8,6 +8,7 @@
 
 from simdist import algorithms, calibrate, faults, report
 from simdist.calibrate import CalibrationError
+from simdist.comm.symmetry import NotSimulated
 from simdist.compute.memory import MemoryStats
 from simdist.compute.profile import Profile, ReplayStats, profile
 from simdist.engine.api import charge, now, set_algorithms, synchronize
@@ -30,6 +31,8 @@ from simdist.errors import (
     RunArgumentError,
     SimdistError,
     SimTimeoutError,
+    SymmetryError,
+    SymmetryWarning,
     WatchdogError,
 )
 from simdist.explore import (
@@ -80,6 +83,7 @@ __all__ = [
     "MemoryStats",
     "NcclEnvironmentError",
     "NondeterminismError",
+    "NotSimulated",
     "OutOfMemoryError",
     "Perturbation",
     "Profile",
@@ -100,6 +104,8 @@ __all__ = [
     "SimTimeoutError",
     "SimdistError",
     "StepDifference",
+    "SymmetryError",
+    "SymmetryWarning",
     "Tolerance",
     "Trace",
     "WatchdogError",

@@ -40,6 +40,7 @@ from simdist.bench import (
     too_many_ranks,
 )
 from simdist.calibrate.command import add_parser as add_calibrate_parser
+from simdist.comm.symmetry import NotSimulated
 from simdist.compute.profile import Profile
 from simdist.engine.runner import RunResult
 from simdist.engine.torchrun import ScriptProgram, run_script
@@ -234,7 +235,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 gloo_threads=args.gloo_threads, races=args.races, race_waivers=args.waive_race, watchdog=args.watchdog,
                 backend_name=args.backend_name, memory=args.memory,
                 compute=args.profile if args.profile is not None else True,
-                faults=args.fault, max_restarts=args.max_restarts, nnodes=args.nnodes,
+                faults=args.fault, max_restarts=args.max_restarts, nnodes=args.nnodes, symmetric=args.symmetric,
             )
         except SimdistError as e:
             # a diagnosed run is what a report is most often shared for: write it, then report as usual
@@ -246,12 +247,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise
     wall = time.perf_counter() - t0
     for rank, value in enumerate(res.returns):
+        if isinstance(value, NotSimulated):
+            continue  # a symmetric run's copies: the line below says which ranks ran
         if args.entry and (value is not None or args.show_none):
             print(f"rank {rank}: {value!r}")
     print(
         f"simulated time {res.sim_time * 1e6:.3f} us on {cluster.name} ({cluster.world_size} ranks); "
         f"{res.messages} messages; wall {wall:.2f} s; trace hash {res.trace_hash[:16]}"
     )
+    if res.simulated_ranks is not None:
+        print(f"symmetric run: simulated {format_ranks(res.simulated_ranks)}; the others ran as rank {res.simulated_ranks[0]}")
     for attempt, failure in enumerate(res.failures):
         print(f"attempt {attempt} failed and the job restarted (--max-restarts): {failure.splitlines()[0]}")
     if args.trace:
@@ -276,7 +281,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     hint = None if args.entry else ScriptProgram.load(args.script).entry_hint()
     if hint:
         print(f"simdist: note: {hint}", file=sys.stderr)
-    elif not args.entry and res.messages == 0 and res.world_size > 1:
+    elif not args.entry and res.messages == 0 and res.world_size > 1 and not _symmetric_collectives(res):
         # a script that stops before training (a GPU check, a missing dataset) still ends with status 0
         print(
             f"simdist: note: no rank of {res.world_size} communicated (0 messages): if the script was to train, it "
@@ -323,6 +328,11 @@ def cmd_check(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(rep.to_dict(), indent=1) + "\n")
         print(f"report written to {args.json}")
     return 0 if rep.ok else 3
+
+
+def _symmetric_collectives(res: RunResult) -> bool:
+    """Whether ``res`` is a symmetric run whose ranks met in collectives (timed whole, so without messages)."""
+    return res.simulated_ranks is not None and bool(res.trace.collectives())
 
 
 def _memory_summary(res: RunResult) -> str:
@@ -555,6 +565,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--memory", action="store_true",
                    help="account each rank's live tensor bytes: print the peaks; a rank over its device's memory fails "
                         "with a simulated out-of-memory error")
+    r.add_argument("--symmetric", action="store_true",
+                   help="every rank runs the same program on same-shaped data: simulate a few ranks and time each "
+                        "collective for the whole group (docs/symmetry.md)")
     r.add_argument("--profile", type=_profile, default=None, metavar="TRACE",
                    help="time ops by the durations this torch profiler trace (Kineto JSON) of the program measured; "
                         "the model prices the ops it does not hold, and their count is printed")

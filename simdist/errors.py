@@ -77,6 +77,11 @@ class CollectiveMismatchError(SimdistError):
     """Ranks of one group issued different collectives (op, shape, dtype or order) at the same position."""
 
 
+class SymmetryError(SimdistError):
+    """A run asked for ``symmetric=True`` is not symmetric: its simulated ranks ran differently, or it uses what a
+    symmetric run cannot reduce (a fault, a perturbation, a send to a rank it does not simulate)."""
+
+
 class DeadlockError(SimdistError):
     """Every unfinished rank is blocked and nothing is scheduled: the program can never make progress."""
 
@@ -154,6 +159,11 @@ def _rebuild_oom(message: str, fields: dict) -> OutOfMemoryError:
 
 class RaceError(SimdistError):
     """Rank code or a second operation touched a buffer that an operation still in flight owns."""
+
+
+class SymmetryWarning(UserWarning):
+    """A ``symmetric=True`` run's times are approximate: collectives that share ranks overlapped in time, and the
+    full run would have shared links between them, which a symmetric run's closed forms do not see."""
 
 
 class RaceWarning(UserWarning):

@@ -97,6 +97,9 @@ class RunOptions:
     local_ranks_filter: tuple[int, ...] | None = None
     #: the faults the run meets (``simdist.faults``); empty: none, exactly the run without the option
     faults: tuple[Fault, ...] = ()
+    #: every rank runs the same program on same-shaped data: simulate a few ranks and price collectives for the
+    #: whole world (``simdist.comm.symmetry``; docs/symmetry.md states when that is sound)
+    symmetric: bool = False
 
     def __post_init__(self) -> None:
         if not _is_int(self.seed) or self.seed not in SEEDS:
@@ -129,6 +132,7 @@ class RunOptions:
         if self.local_ranks_filter is not None:
             object.__setattr__(self, "local_ranks_filter", _local_ranks(self.local_ranks_filter))
         object.__setattr__(self, "faults", as_faults(self.faults))
+        _flag("symmetric", self.symmetric)
 
     @classmethod
     def from_keywords(

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -152,12 +152,20 @@ class Baton:
         initial_rng_state: Callable[[int], torch.Tensor],
         stack_size: int = 0,
         watchdog: float = float("inf"),
+        simulated: Sequence[int] | None = None,
     ) -> None:
         self.env = env
         self.target = target
         self.ranks = [RankState(r) for r in range(world_size)]
+        #: the ranks whose threads run (ascending; a symmetric run's few): the others never start and count as
+        #: finished from the outset
+        self.simulated: tuple[int, ...] = tuple(range(world_size)) if simulated is None else tuple(simulated)
+        if simulated is not None:
+            running = set(self.simulated)
+            for state in self.ranks:
+                state.finished = state.rank not in running
         #: ranks whose function has not returned yet
-        self._unfinished = world_size
+        self._unfinished = len(self.simulated)
         #: threads the ranks started (see :meth:`spawn`), in start order
         self.children: list[RankState] = []
         self._main_sem = _signal()
@@ -461,8 +469,8 @@ class Baton:
         return where
 
     def start_all(self) -> None:
-        """Start every rank at simulated time 0, in rank order."""
-        for state in self.ranks:
+        """Start every simulated rank at simulated time 0, in rank order."""
+        for state in (self.ranks[r] for r in self.simulated):
             ev = self.env.event()
             ev.owner_rank = state.rank  # type: ignore[attr-defined]  # see spawn
             ev.callbacks.append(lambda _ev, s=state: self._resume(s))

@@ -43,8 +43,15 @@ class RunContext:
         trace: Trace,
         options: RunOptions,
         host_runs_ahead: bool = False,
+        simulated: frozenset[int] | None = None,
     ) -> None:
         progress = options.progress
+        #: the global ranks whose threads run in a symmetric run (the others stand as their copies); None: every rank
+        self.simulated = simulated
+        #: a symmetric run's collectives not yet over: (start, end, group), to find the ones that overlap
+        self.symmetric_running: list[tuple[float, float, GroupState]] = []
+        #: the first overlap of two collectives that share ranks in a symmetric run (None: none), warned after it
+        self.symmetric_overlap: str | None = None
         #: the run's options (its defaults resolved by the runner)
         self.options = options
         self.env = env
@@ -65,7 +72,7 @@ class RunContext:
         self.races.waive(parse_waivers(options.race_waivers))
         self.network = Network(env, cluster)
         self.p2p = P2P(self)
-        self.selector = AlgorithmSelector(cluster)
+        self.selector = AlgorithmSelector(cluster, symmetric=simulated is not None)
         self.groups: dict[object, GroupState] = {}
         #: the default timeout (simulated seconds) of groups created without one; None: no timeout
         self.default_timeout: float | None = None
@@ -90,7 +97,12 @@ class RunContext:
         """The shared state of a group, created by the first member rank that builds it."""
         st = self.groups.get(key)
         if st is None:
-            st = self.groups[key] = GroupState(name, global_ranks, len(self.groups), self.slots)
+            members = (
+                None
+                if self.simulated is None
+                else [i for i, g in enumerate(global_ranks) if g in self.simulated]
+            )
+            st = self.groups[key] = GroupState(name, global_ranks, len(self.groups), self.slots, members)
             st.timeout = timeout
         return st
 
@@ -165,7 +177,7 @@ class RunContext:
         running = getattr(work, "messages", None)
         crashed = ""
         if self.crashes is not None and self.crashes.dead:
-            crashed = " " + self.crashes.note([st.global_ranks[r] for r in range(st.size)])
+            crashed = " " + self.crashes.note([st.global_ranks[r] for r in st.members])
         if running is None:
             return "Every rank issued it." + crashed
         return f"Every rank issued it; it was still running.{crashed} Its schedule:\n" + running.progress()
@@ -179,7 +191,7 @@ class RunContext:
         lines = [f"deadlock at simulated time {self.env.now:.9g} s: every unfinished rank is blocked and nothing is scheduled."]
         for st in self.groups.values():
             for seq, inst in sorted(st.instances.items()):
-                if len(inst.calls) < st.size:
+                if len(inst.calls) < st.expected:
                     joined = [st.global_ranks[r] for r in inst.calls]
                     c = next(iter(inst.calls.values()))
                     lines.append(
@@ -191,6 +203,8 @@ class RunContext:
         for s in self.baton.ranks:
             prefix = f"rank {s.rank} "
             what = ("crashed" if s.crashed else "finished") if s.finished else (s.waiting_on or "blocked")
+            if self.simulated is not None and s.rank not in self.simulated:
+                what = "not simulated (a symmetric run: they stand as copies of the simulated ranks)"
             # which step of torch's own loop (a schedule's action) the rank is blocked in
             scope = "" if s.finished or s.thread is None else torch_scope(frames.get(s.thread.ident))
             states.append((s.rank, what.removeprefix(prefix) + (f"; blocked in torch's {scope}" if scope else "")))

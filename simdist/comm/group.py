@@ -67,10 +67,16 @@ class Instance:
 class GroupState:
     """Shared by the ``SimProcessGroup`` objects of one group on every member rank."""
 
-    def __init__(self, name: str, global_ranks: list[int], index: int, slots: int = 1) -> None:
+    def __init__(
+        self, name: str, global_ranks: list[int], index: int, slots: int = 1, members: list[int] | None = None
+    ) -> None:
         self.name = name
         self.global_ranks = global_ranks
         self.size = len(global_ranks)
+        #: the group ranks whose threads run, ascending: every rank, or a symmetric run's simulated ones (an
+        #: instance starts once they have joined, and runs for the whole group)
+        self.members = list(range(self.size)) if members is None else members
+        self.expected = len(self.members)
         self.index = index
         self.stream = f"comm:{name}" if name else "comm"
         #: the backend name the group presents (``"simdist"``, ``"gloo"``, ``"nccl"``, ``"cpu:gloo,cuda:nccl"``):
@@ -104,7 +110,7 @@ class GroupState:
         if inst is None:
             inst = self.instances[seq] = Instance(seq)
         inst.calls[r] = call
-        if len(inst.calls) == self.size:
+        if len(inst.calls) == self.expected:
             self._check(inst)
         self._queue[r].append((inst, start))
         self._dispatch(r)
@@ -118,14 +124,14 @@ class GroupState:
 
     def _mark_ready(self, inst: Instance, r: int, start: Callable[[Instance], None]) -> None:
         inst.ready.add(r)
-        if len(inst.ready) == self.size and len(inst.calls) == self.size and not inst.started:
+        if len(inst.ready) == self.expected and len(inst.calls) == self.expected and not inst.started:
             inst.started = True
             start(inst)
 
     def rank_done(self, inst: Instance, r: int) -> None:
         """Rank ``r``'s part of ``inst`` finished: release its slot."""
         inst.done_ranks.add(r)
-        if len(inst.done_ranks) == self.size:
+        if len(inst.done_ranks) == self.expected:
             self.instances.pop(inst.seq, None)
         bisect.insort(self._free[r], inst.slot[r])
         self._dispatch(r)
@@ -135,7 +141,7 @@ class GroupState:
         return self.stream if self.slots == 1 else f"{self.stream}:thread{inst.slot[r]}"
 
     def _check(self, inst: Instance) -> None:
-        calls = [inst.calls[r] for r in range(self.size)]
+        calls = [inst.calls[r] for r in self.members]
         first = calls[0]
         if all(c.op == first.op and c.signature == first.signature for c in calls):
             return
@@ -146,6 +152,15 @@ class GroupState:
         lines.append("Every rank of a group must issue the same collectives, with the same shapes, dtypes,")
         lines.append("reduce op and root, in the same order.")
         raise CollectiveMismatchError("\n".join(lines))
+
+    def shares_ranks(self, other: GroupState) -> bool:
+        """Whether this group and ``other`` have a global rank in common."""
+        if other is self:
+            return True
+        mine = self.__dict__.get("_rank_set")
+        if mine is None:
+            mine = self._rank_set = frozenset(self.global_ranks)
+        return not mine.isdisjoint(other.global_ranks)
 
     def group_rank(self, global_rank: int) -> int:
         """The group rank of a member's global rank."""
@@ -158,4 +173,4 @@ class GroupState:
         """Global ranks that have not yet issued call ``seq``."""
         inst = self.instances.get(seq)
         joined = set(inst.calls) if inst else set()
-        return [self.global_ranks[r] for r in range(self.size) if r not in joined]
+        return [self.global_ranks[r] for r in self.members if r not in joined]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from simdist.algorithms import reduce_op
+from simdist.comm import symmetric_data, symmetry
 from simdist.comm.group import Call, GroupState, Instance
 from simdist.comm.messages import ScheduleRun
 from simdist.comm.ordering import GlooResult, backend_for, order_matters, reduces_as_gloo
@@ -20,6 +21,9 @@ if TYPE_CHECKING:  # annotations only: the run's context imports the machinery, 
 
 def launch(sim: RunContext, st: GroupState, inst: Instance) -> None:
     """Run instance ``inst`` of group ``st`` on ``sim`` (a :class:`~simdist.comm.context.RunContext`)."""
+    if sim.simulated is not None:
+        _launch_symmetric(sim, st, inst)
+        return
     n = st.size
     calls = [inst.calls[r] for r in range(n)]
     specs = [c.spec for c in calls]
@@ -64,6 +68,63 @@ def launch(sim: RunContext, st: GroupState, inst: Instance) -> None:
         sim.env.timeout(start_time - sim.env.now).callbacks.append(lambda _ev: run.start())
     else:
         run.start()
+
+
+def _launch_symmetric(sim: RunContext, st: GroupState, inst: Instance) -> None:
+    """Instance ``inst`` in a symmetric run: it starts once every simulated member's stream reaches it (every
+    member, by symmetry) and each member's part ends at the closed-form time of the whole group's schedule (its
+    uncontended last rank's end), when its results are written as if every rank not simulated held what the
+    first simulated member holds (:mod:`simdist.comm.symmetric_data`)."""
+    calls = [inst.calls[r] for r in st.members]
+    first = calls[0].spec
+    write = symmetric_data.writer(first, calls[0].site)
+    by_nccl = backend_for(st.backend_name, first.device_type()) != "gloo"
+    nbytes = first.sizes().nbytes
+    selection = sim.selector.select(
+        st.index, st.global_ranks, st.algorithms, first.collective, nbytes, st.nccl_enabled, by_nccl
+    )
+    if selection.nccl is None and sim.cluster.collective_model == "nccl":
+        symmetry.check_hops(
+            sim.cluster,
+            f"where a collective is timed by its messages, as {first.name} at {calls[0].site} is (NCCL's model "
+            "does not time it: its group presents gloo, or its algorithm is one NCCL does not run)",
+        )
+    seconds = sim.selector.seconds(st.index, st.global_ranks, selection, nbytes)
+    name = f"{sim.progress}:{first.name}"
+    start_time = max(sim.env.now, *(c.ready_at for c in calls))
+    _note_overlap(sim, st, name, start_time, start_time + seconds)
+
+    def finish(_ev: object) -> None:
+        write([c.spec for c in calls], st.members, st.size)
+        for r, c in zip(st.members, calls):
+            sim.trace.add(
+                Span(
+                    st.global_ranks[r], st.stream_of(inst, r), name, start_time, sim.env.now,
+                    _span_args(c, st, inst, selection.algorithm.name, selection.nccl),
+                )
+            )
+            c.work.complete()
+            st.rank_done(inst, r)
+
+    sim.env.timeout(start_time + seconds - sim.env.now).callbacks.append(finish)
+
+
+def _note_overlap(sim: RunContext, st: GroupState, name: str, start: float, end: float) -> None:
+    """Record a symmetric run's collective from ``start`` to ``end`` (seconds), and the first time it overlaps one
+    of a group that shares ranks with ``st``: the full run would share links between them (gloo's threads, two
+    groups' streams), which the closed form of each does not see."""
+    running = [r for r in sim.symmetric_running if r[1] > start]
+    if sim.symmetric_overlap is None:
+        for other_start, other_end, other in running:
+            if other_start < end and other.shares_ranks(st):
+                sim.symmetric_overlap = (
+                    f"{name.split(':', 1)[-1]} on group {st.name or 'default'} ran from {start:.9g} s to {end:.9g} s "
+                    f"while a collective of group {other.name or 'default'}, which shares ranks with it, ran from "
+                    f"{other_start:.9g} s to {other_end:.9g} s"
+                )
+                break
+    running.append((start, end, st))
+    sim.symmetric_running = running
 
 
 def _gloo_result(plan: Plan, st: GroupState, device_type: str) -> GlooResult | None:

@@ -25,7 +25,8 @@ import torch
 
 from simdist.comm.plans import raw_flat
 from simdist.comm.work import SimWork
-from simdist.errors import CollectiveMismatchError
+from simdist.errors import CollectiveMismatchError, SymmetryError
+from simdist.ranks import format_ranks
 from simdist.trace.trace import Message, Span
 
 if TYPE_CHECKING:  # annotations only: the run's context imports the machinery, not the other way
@@ -74,6 +75,7 @@ class P2P:
         self, group: Any, src: int, dst: int, tag: int, tensor: torch.Tensor, work: SimWork, site: str, ready_at: float = 0.0
     ) -> None:
         """Post a send on ``group`` (a GroupState; ranks are global); starts the transfer if a receive waits."""
+        self._check_simulated("send to", dst, src, site)
         post = Post(group, src, dst, tag, tensor, work, site, self._next(), ready_at)
         key = (group.name, src, dst, tag)
         if self._eager(post):
@@ -100,6 +102,8 @@ class P2P:
         ready_at: float = 0.0,
     ) -> None:
         """Post a receive (``src=None``: from any source); starts the transfer if a matching send waits."""
+        if src is not None:
+            self._check_simulated("receive from", src, dst, site)
         post = Post(group, -1 if src is None else src, dst, tag, tensor, work, site, self._next(), ready_at)
         name = group.name
         if src is None:
@@ -118,6 +122,16 @@ class P2P:
             self._match(q.popleft(), post)
             return
         self.recvs.setdefault(key, deque()).append(post)
+
+    def _check_simulated(self, what: str, peer: int, rank: int, site: str) -> None:
+        """Refuse a transfer with a rank a symmetric run does not simulate: it would wait forever."""
+        simulated = self.sim.simulated
+        if simulated is not None and peer not in simulated:
+            raise SymmetryError(
+                f"rank {rank} tries to {what} rank {peer} at {site}, but this run was made with symmetric=True and "
+                f"simulates only {format_ranks(sorted(simulated))}: a symmetric run reduces collectives, not "
+                "point-to-point traffic between particular ranks; run it without symmetric=True"
+            )
 
     def _eager(self, send: Post) -> bool:
         """Whether ``send`` goes out without waiting for its receive (see the module's docstring)."""

@@ -68,15 +68,23 @@ class Selection:
 
 
 class AlgorithmSelector:
-    """Chooses algorithms for one run's groups on ``cluster``; remembers each group's alpha-beta and fabric."""
+    """Chooses algorithms for one run's groups on ``cluster``; remembers each group's alpha-beta and fabric.
 
-    def __init__(self, cluster: Cluster) -> None:
+    ``symmetric``: every hop of a group's ring costs what its first does, and every pair of members ``d`` apart
+    what its first member and member ``d`` cost (a symmetric run's condition), so a group is priced from its first
+    member's routes instead of every member's (O(1) routes rather than O(n) at 100,000 ranks).
+    """
+
+    def __init__(self, cluster: Cluster, symmetric: bool = False) -> None:
         self.cluster = cluster
+        self.symmetric = symmetric
         self._alpha_beta: dict[int, tuple[tuple[float, float], tuple[float, float]]] = {}
         self._fabrics: dict[int, nccl.Fabric] = {}
         self._hops: dict[int, dict[int, tuple[float, float]]] = {}
         #: (group, collective, bytes) -> auto's choice: pricing round by round costs O(n log n)
         self._auto: dict[tuple[int, str, int], Selection] = {}
+        #: (group, selection, bytes) -> its closed-form seconds, for the same reason
+        self._seconds: dict[tuple[int, Selection, int], float] = {}
         if cluster.collective_model == "nccl" and cluster.world_size > 1:
             cluster.nccl_fabric([0, 1])  # a cluster without nodes is refused before any rank runs
 
@@ -112,33 +120,74 @@ class AlgorithmSelector:
                 if gloo and collective == "reduce_scatter"
                 else chosen
             )
-        ab = self._alpha_beta.get(group)
-        if ab is None:
-            ab = self._alpha_beta[group] = self.cluster.alpha_beta(ranks)
+        ab = self._group_alpha_beta(group, ranks)
         near, far = ab
         key = (group, collective, nbytes)
         known = self._auto.get(key)
         if known is not None:
             return known
-        hops = self._hops.setdefault(group, {})
-
-        def hop(d: int) -> tuple[float, float]:
-            price = hops.get(d)
-            if price is None:
-                price = hops[d] = self.cluster.hop_alpha_beta(ranks, d)
-            return price
-
+        hop = self._hop_price(group, ranks)
         chosen = self._auto[key] = Selection(
             algorithms.choose(collective, n, nbytes, near, far, hop).effective(n)
         )
         return chosen
 
+    def _group_alpha_beta(self, group: int, ranks: list[int]) -> tuple[tuple[float, float], tuple[float, float]]:
+        """The (near, far) alpha-beta of group number ``group`` (see ``Cluster.alpha_beta``), remembered."""
+        ab = self._alpha_beta.get(group)
+        if ab is None:
+            if self.symmetric and len(ranks) > 1:
+                ab = (self._pair(ranks[0], ranks[1]), self._pair(ranks[0], ranks[len(ranks) // 2]))
+            else:
+                ab = self.cluster.alpha_beta(ranks)
+            self._alpha_beta[group] = ab
+        return ab
+
+    def _pair(self, a: int, b: int) -> tuple[float, float]:
+        """(latency s, seconds per byte) of the route from global rank ``a`` to ``b``."""
+        return self.cluster.path_latency(a, b), 1.0 / self.cluster.path_bandwidth(a, b)
+
+    def _hop_price(self, group: int, ranks: list[int]) -> Callable[[int], tuple[float, float]]:
+        """The price of one round between members ``d`` apart in group number ``group``, remembered per ``d``."""
+        hops = self._hops.setdefault(group, {})
+
+        def hop(d: int) -> tuple[float, float]:
+            price = hops.get(d)
+            if price is None:
+                if self.symmetric:
+                    price = self._pair(ranks[0], ranks[d]) if d < len(ranks) else (0.0, 0.0)
+                else:
+                    price = self.cluster.hop_alpha_beta(ranks, d)
+                hops[d] = price
+            return price
+
+        return hop
+
+    def seconds(self, group: int, ranks: list[int], selection: Selection, nbytes: int) -> float:
+        """The closed-form seconds of ``selection`` moving ``nbytes`` per rank on group number ``group``: what its
+        uncontended schedule takes from start to its last rank's end (a symmetric run's collective time)."""
+        key = (group, selection, nbytes)
+        known = self._seconds.get(key)
+        if known is None:
+            known = self._seconds[key] = self._closed_form(group, ranks, selection, nbytes)
+        return known
+
+    def _closed_form(self, group: int, ranks: list[int], selection: Selection, nbytes: int) -> float:
+        """:meth:`seconds`, computed."""
+        n = len(ranks)
+        algo = selection.algorithm
+        if selection.pace is not None:  # every message paced: the schedule's closed form at that pace
+            return algo.estimate(n, nbytes, *selection.pace)
+        near, far = self._group_alpha_beta(group, ranks)
+        rounds = algo.estimate_rounds(n, nbytes, self._hop_price(group, ranks))
+        if rounds is not None:
+            return rounds
+        return algo.estimate(n, nbytes, *(near if algo.reach == "neighbours" else far))
+
     def _gloo_reduce_scatter(self, group: int, ranks: list[int], chosen: Selection, nbytes: int) -> Selection:
         """``chosen``'s reduce-scatter schedule paced to take the closed-form time of the ring all-reduce of its
         whole input (``nbytes``), priced with the group's slowest pair's alpha-beta, as gloo runs it."""
-        ab = self._alpha_beta.get(group)
-        if ab is None:
-            ab = self._alpha_beta[group] = self.cluster.alpha_beta(ranks)
+        ab = self._group_alpha_beta(group, ranks)
         alpha, beta = ab[1]
         n = len(ranks)
         ring = algorithms.get("all_reduce", "ring")

@@ -21,7 +21,7 @@ from simdist.c10d import backend
 from simdist.clock.baton import Baton, RankState, current_rank_state
 from simdist.clock.perturbation import Perturbation
 from simdist.clock.schedule import PerturbedEnvironment, TieChooser
-from simdist.comm import thread_world
+from simdist.comm import symmetry, thread_world
 from simdist.comm.context import RunContext
 from simdist.comm.crashes import Crashes
 from simdist.comm.races import Race, RaceCheckMode
@@ -43,6 +43,7 @@ from simdist.errors import (
     RankError,
     RunArgumentError,
     SimdistError,
+    SymmetryWarning,
     safe_str,
 )
 from simdist.faults.plan import check_world, counted_crashes, straggling, timed_crashes
@@ -110,6 +111,9 @@ class RunResult:
     #: before this, its last attempt, and each failed attempt's error text, in order
     restarts: int = 0
     failures: list[str] = dataclasses.field(default_factory=list)
+    #: the ranks a ``symmetric=True`` run simulated (the others' returns are :class:`NotSimulated`, their finish
+    #: times and memory their representative's); None when every rank ran
+    simulated_ranks: list[int] | None = None
 
     def save_report(self, path: str | Path, *, real: Any = None) -> Path:
         """Write this run's self-contained HTML report (timeline, collectives, breakdown, memory, races) to ``path``.
@@ -166,6 +170,7 @@ def run(
     local_ranks_filter: Sequence[int] | None = None,
     perturbation: Perturbation | None = None,
     faults: Sequence[Any] | None = None,
+    symmetric: bool = False,
 ) -> RunResult:
     """Run ``fn(*args, **kwargs)`` on every rank of ``cluster`` in simulated time.
 
@@ -202,7 +207,12 @@ def run(
     ``docs/explore.md``); None runs exactly the unperturbed run.
     ``faults`` lists what goes wrong during the run (``simdist.faults``: crashed ranks, stragglers, slow, flapping
     and failed links, delayed messages, lost nodes); a rank that crashed makes the run raise
-    :class:`RankCrashError`. Runs from several Python threads execute one after another.
+    :class:`RankCrashError`. ``symmetric=True`` declares that every rank runs the same program on same-shaped
+    data: a few sampled ranks run (``RunResult.simulated_ranks``), each seeing the whole world, and every
+    collective takes the closed-form time of the whole group's schedule, its results written as if each rank
+    not simulated held what the group's first simulated member holds; the other ranks' timelines are theirs
+    (see ``docs/symmetry.md`` for when that is sound; :class:`SymmetryError` when the sampled ranks ran
+    differently). Runs from several Python threads execute one after another.
     Raises :class:`RankError` if a rank raised, or the diagnosis (mismatch, deadlock) that stopped the run.
     """
     state = current_rank_state()
@@ -226,6 +236,7 @@ def run(
         prefix_output=prefix_output,
         local_ranks_filter=local_ranks_filter,
         faults=faults,
+        symmetric=symmetric,
     ).resolved()
     if perturbation is not None and not isinstance(perturbation, Perturbation):
         raise RunArgumentError(
@@ -308,6 +319,11 @@ def _run(
             f"preset name or cluster file path; got {type(cluster).__name__}"
         )
     n = cluster.world_size
+    simulated: tuple[int, ...] | None = None
+    if options.symmetric:
+        symmetry.check_run(cluster, options, perturbation is not None)
+        simulated = symmetry.sampled_ranks(n, cluster.ranks_per_node)
+    running = range(n) if simulated is None else simulated
     device = cluster.device if isinstance(cluster.device, DeviceSpec) else get_device(cluster.device)
     replay: ProfileReplay | None = (
         options.compute.replay(device) if isinstance(options.compute, Profile) else None
@@ -327,42 +343,47 @@ def _run(
         initial_rng_state=generators.torch_state,
         stack_size=_STACK_BYTES,
         watchdog=options.watchdog,
+        simulated=simulated,
     )
     # GPU hosts run ahead of their devices under NCCL-like progress; CPU processes (a zero-cost device, or no
     # cost model) and gloo-like progress stay host-synchronous
-    sim = RunContext(env, baton, cluster, tr, options, host_runs_ahead=options.compute and not device.is_zero_cost)
+    sim = RunContext(
+        env,
+        baton,
+        cluster,
+        tr,
+        options,
+        host_runs_ahead=options.compute and not device.is_zero_cost,
+        simulated=None if simulated is None else frozenset(simulated),
+    )
     store = sim.store
     local_world = _local_world_size(cluster)
     collections = Collections()
     trackers = (
-        [
-            MemoryTracker(
+        {
+            r: MemoryTracker(
                 r, device.memory_capacity, sim.time.device_now, sim.call_site, device.name, collections=collections
             )
-            for r in range(n)
-        ]
+            for r in running
+        }
         if options.memory
-        else []
+        else {}
     )
 
     gpu = device.is_gpu
     sim.emulates_cuda = gpu
-    cuda = (
-        [
-            RankCuda(
-                r,
-                functools.partial(_device_seed, options.seed, r),
-                sim.synchronize_stream,
-                trackers[r].device_memory_only if options.memory else None,
-                device.host_link_bandwidth,
-                device.launch_overhead,
-                kernel_tracker(sim) if sim.races.enabled else None,
-            )
-            for r in range(n)
-        ]
-        if gpu
-        else []
-    )
+    # a symmetric run makes the simulated GPUs of its running ranks only: at 100,000 ranks the rest would cost seconds
+    cuda: list[RankCuda | None] = [None] * n if gpu else []
+    for r in running if gpu else ():
+        cuda[r] = RankCuda(
+            r,
+            functools.partial(_device_seed, options.seed, r),
+            sim.synchronize_stream,
+            trackers[r].device_memory_only if options.memory else None,
+            device.host_link_bandwidth,
+            device.launch_overhead,
+            kernel_tracker(sim) if sim.races.enabled else None,
+        )
 
     # each rank counts its own occurrences of each op, as each process of a job would run the profiled step
     providers = [replay.provider() if replay is not None else None for _ in range(n)]
@@ -444,7 +465,7 @@ def _run(
         tracking_hooks() if options.memory else contextlib.nullcontext()
     ), collections.running() if options.memory else contextlib.nullcontext(), emulated(sim, device, local_world, cuda) if gpu else refused(sim):
         baton.run()
-    stats = [t.close() for t in trackers]
+    closed = {r: t.close() for r, t in trackers.items()}
     if observed is not None and isinstance(env, PerturbedEnvironment):
         observed.decisions = env.decisions
         observed.agents = len(env.agents)
@@ -455,9 +476,18 @@ def _run(
             raise crashes.error(failure.__cause__ if isinstance(failure, RankError) else failure) from failure
         raise crashes.error(None)
     _raise_failure(baton)
-    for t in trackers:
+    for t in trackers.values():
         for time, totals in t.samples:
             tr.counter(t.rank, "memory", time, dict(zip(CATEGORIES, totals)))
+    if sim.symmetric_overlap is not None:
+        warnings.warn(
+            SymmetryWarning(
+                f"symmetric=True: {sim.symmetric_overlap}. In the full run they share links, which slows both; a "
+                "symmetric run times each as if alone, so its times are a lower bound (docs/symmetry.md); run one "
+                "collective at a time (progress='nccl' on one group) for exact times"
+            ),
+            stacklevel=3,
+        )
     unused = sim.races.unused_waivers()
     for text in unused:
         warnings.warn(
@@ -468,16 +498,20 @@ def _run(
             stacklevel=3,
         )
     # a rank, like a process, ends when its last non-daemon thread does
-    finish = [max(s.finish_time for s in baton.process_threads(r)) for r in range(n)]
+    finish_of = {r: max(s.finish_time for s in baton.process_threads(r)) for r in running}
+    returns = {r: to_host(baton.ranks[r].result) if gpu else baton.ranks[r].result for r in running}
+    if simulated is not None:
+        symmetry.check_alike(tr, simulated)
+    first = running[0]
     return RunResult(
-        returns=[to_host(s.result) for s in baton.ranks] if gpu else [s.result for s in baton.ranks],
-        sim_time=max(finish, default=0.0),
-        finish_times=finish,
+        returns=[returns[r] if r in returns else symmetry.NotSimulated(r, first) for r in range(n)],
+        sim_time=max(finish_of.values(), default=0.0),
+        finish_times=[finish_of.get(r, finish_of[first]) for r in range(n)],
         trace=tr,
         messages=sim.network.messages,
         world_size=n,
         races=sim.races.races,
-        memory=stats,
+        memory=[closed.get(r, closed[first]) for r in range(n)] if closed else [],
         waived_races=sim.races.waived,
         unused_waivers=unused,
         cluster=cluster,
@@ -486,6 +520,7 @@ def _run(
         call_sites=sim.call_sites,
         p2p_sites=sim.p2p_sites,
         profile=replay.stats if replay is not None else None,
+        simulated_ranks=None if simulated is None else list(simulated),
     )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from simdist.engine.runner import run
+from simdist.errors import SymmetryError
 from simdist.network.cluster import Cluster, load_cluster
 from simdist.options import OracleOptions
 from simdist.oracle.assemble import AssemblyError, ShardSpec, assemble
@@ -79,6 +80,12 @@ def check_equivalence(
     )
     if isinstance(cluster, str):
         cluster = load_cluster(cluster)
+    if run_options.get("symmetric"):
+        raise SymmetryError(
+            "check_equivalence compares every rank's state with the single-process reference, and a symmetric run "
+            "(symmetric=True) has the state of its few simulated ranks only; check equivalence on a world small "
+            "enough to run whole, without symmetric=True"
+        )
     name_map = NameMap(opts.names, opts.ignore)
     par_capture, ref_capture = Capture(opts.steps), Capture(opts.steps)
     # each capture sees its own run's ranks alone: checks and plain runs in other threads stay out of it
