@@ -3,6 +3,8 @@ message a simpy event: the same data bit for bit, simulated times, message count
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -126,6 +128,11 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
+def _race_text(race: object) -> str:
+    """A race as reported, less the buffer's address (another allocation in each run)."""
+    return re.sub(r"0x[0-9a-f]+", "0x?", str(race))
+
+
 def assert_same_run(fn: object, cluster: simdist.Cluster, **kwargs: object) -> simdist.RunResult:
     """Run ``fn`` through simpy's messages and on lanes; everything observable must match."""
     ref = _run(False, fn, cluster, **kwargs)
@@ -135,6 +142,7 @@ def assert_same_run(fn: object, cluster: simdist.Cluster, **kwargs: object) -> s
     for r, (want, have) in enumerate(zip(ref.returns, got.returns)):
         assert all(_same_bits(w, h) for w, h in zip(want, have)), f"rank {r}'s results differ"
     assert got.memory == ref.memory  # buffers freed when they were (none kept alive by the lanes)
+    assert [_race_text(r) for r in got.races] == [_race_text(r) for r in ref.races]
     assert got.trace.hash() == ref.trace.hash()
     return got
 
@@ -229,3 +237,13 @@ def test_lanes_refused_under_perturbation_and_faults(monkeypatch: pytest.MonkeyP
     assert not made
     plain = _run(True, _program, cluster, args=args)
     assert slow.sim_time > plain.sim_time and perturbed.trace.hash() != plain.trace.hash()
+
+
+def test_race_detector_sees_the_same_races() -> None:
+    """The detector watches rank code, which never runs inside a lane's burst: the races it reports, and the
+    values the racing access leaves, are those of the simpy messages."""
+    cluster = simdist.Cluster.ring(6, device="cpu", algorithms={"all_reduce": "ring"})
+    args = ("all_reduce", 30, torch.float32, "sum", 1, True, True)
+    with pytest.warns(UserWarning):
+        got = assert_same_run(_program, cluster, args=args, races="warn")
+    assert got.races

@@ -242,5 +242,7 @@ class DeferredData:
         snaps = what == SNAP
         size = np.zeros(len(payloads), dtype=np.int64)
         size[slot[snaps]] = count[snaps]
-        for s in np.setdiff1d(slot[snaps], slot[(what == REDUCE) | (what == COPY)]).tolist():
+        landed = np.zeros(len(payloads), dtype=bool)
+        landed[slot[(what == REDUCE) | (what == COPY)]] = True
+        for s in slot[snaps][~landed[slot[snaps]]].tolist():
             payloads[s][0] = carried[slot_start[s] : slot_start[s] + int(size[s])]

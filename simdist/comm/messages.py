@@ -23,7 +23,7 @@ from simpy.core import NORMAL
 from simpy.events import Event
 
 from simdist.algorithms import Msg, format_schedule, reduce_ops
-from simdist.comm.deferred import COPY, REDUCE, DeferredData
+from simdist.comm.deferred import COPY, REDUCE, SNAP, DeferredData
 from simdist.comm.lane import Lane, lane_allowed
 from simdist.comm.ordering import GlooResult
 from simdist.errors import LinkFailureError
@@ -190,7 +190,7 @@ class ScheduleRun:
             box = None
             if count:
                 box = deferred.box()
-                deferred.snap(self._src_at[m.src], m.slo, m.shi, box[1])
+                deferred.ops += (SNAP, self._src_at[m.src], m.slo, m.shi, box[1])  # DeferredData.snap, inlined
             self._send_on_lane(m, count * self.itemsize, box)
             return
         buf = self.src_bufs[m.src]
@@ -262,8 +262,8 @@ class ScheduleRun:
                 reducing = m.kind == "reduce"
                 if reducing and self.order is not None:
                     deferred.take(m.dst, self._dst_at[m.dst], m.dlo, m.dhi)
-                slot = deferred.slot(payload)  # type: ignore[arg-type]
-                deferred.land(REDUCE if reducing else COPY, self._dst_at[m.dst], m.dlo, m.dhi, slot)
+                slot = payload[1] if payload[0] is None else deferred.slot(payload)  # type: ignore[index]
+                deferred.ops += (REDUCE if reducing else COPY, self._dst_at[m.dst], m.dlo, m.dhi, slot)
         elif payload is not None:
             dst = self.dst_bufs[m.dst][m.dlo : m.dhi]
             if m.kind == "reduce":
