@@ -247,3 +247,23 @@ def test_race_detector_sees_the_same_races() -> None:
     with pytest.warns(UserWarning):
         got = assert_same_run(_program, cluster, args=args, races="warn")
     assert got.races
+
+
+def _polling(numel: int) -> list[torch.Tensor]:
+    """Rank 0 computes a while, then polls its all-reduce: each poll moves it on to the next time something is
+    due, a lane's messages included."""
+    rank = dist.get_rank()
+    x = _data(rank, numel, torch.float32, 3)
+    if rank == 0:
+        torch.mm(torch.ones(64, 64), torch.ones(64, 64))
+    work = dist.all_reduce(x, async_op=True)
+    polls = 0
+    while not work.is_completed():
+        polls += 1
+    return [x, torch.tensor([polls])]
+
+
+def test_polling_sees_the_lanes_messages() -> None:
+    cluster = simdist.Cluster.ring(5, device="H100", latency="40us", algorithms={"all_reduce": "ring"})
+    got = assert_same_run(_polling, cluster, args=(20,))
+    assert int(got.returns[0][1]) > 1  # the poller stepped through the messages' times
