@@ -267,3 +267,13 @@ def test_polling_sees_the_lanes_messages() -> None:
     cluster = simdist.Cluster.ring(5, device="H100", latency="40us", algorithms={"all_reduce": "ring"})
     got = assert_same_run(_polling, cluster, args=(20,))
     assert int(got.returns[0][1]) > 1  # the poller stepped through the messages' times
+
+
+@pytest.mark.parametrize("coll", ["all_reduce", "reduce_scatter", "all_gather"])
+def test_gloo_model_reductions_on_lanes(coll: str) -> None:
+    """Under gloo's model each reduce message waits for its receiver's earlier additions, and each rank copies
+    before and after: those waits queue on the lane too, in simpy's order."""
+    cluster = simdist.Cluster.two_level(2, 3, device="cpu", collective_model="gloo")
+    cluster.local_bandwidth = 2e9
+    got = assert_same_run(_program, cluster, args=(coll, 33, torch.float32, "sum", 2, True, False))
+    assert got.sim_time > 0
