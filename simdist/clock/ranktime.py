@@ -168,6 +168,8 @@ class RankTime:
         """
         now = self.env.now
         later = min((item[0] for item in self.env._queue if item[0] > now), default=float("inf"))
+        for lane in getattr(self.env, "lanes", ()):  # events queued apart from simpy's (simdist.comm.lane)
+            later = min(later, lane.next_after(now))
         if later == float("inf"):
             self.baton.block(event, description)
         else:

@@ -1,0 +1,88 @@
+"""Scale: how fast the simulator runs large collectives, as figures measured in one run.
+
+Prints figures; it is not a test. Usage: ``python benchmarks/scale_bench.py [--ranks 64,1024]``.
+
+``messages``: simulated messages per wall second of a ring all-reduce on a ring cluster (ring algorithm, 2(n-1)
+messages per rank), each collective's messages queued on lanes (``simdist.comm.lane``) against the same run
+with every message a simpy event, in the same process; the two runs must agree on the simulated time and the
+trace hash, which the table shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import torch
+import torch.distributed as dist
+
+import simdist
+from simdist.comm import lane
+
+
+def _all_reduce(numel: int, iters: int) -> None:
+    t = torch.ones(numel)
+    for _ in range(iters):
+        dist.all_reduce(t)
+
+
+def _timed(n: int, numel: int, iters: int, lanes: bool) -> tuple[float, float, simdist.RunResult]:
+    """(wall seconds, CPU seconds of this process, result) of the ring all-reduce run on ``n`` ranks."""
+    cluster = simdist.Cluster.ring(n, device="cpu", algorithms={"all_reduce": "ring"})
+    old = lane.ENABLED
+    lane.ENABLED = lanes
+    try:
+        wall, cpu = time.perf_counter(), time.process_time()
+        res = simdist.run(_all_reduce, cluster, args=(numel, iters), trace="collectives")
+        return time.perf_counter() - wall, time.process_time() - cpu, res
+    finally:
+        lane.ENABLED = old
+
+
+def message_rate(ranks: tuple[int, ...] = (64, 1024), numel: int = 4096, iters: int = 1) -> dict[int, dict]:
+    """Messages per wall second of ``iters`` ring all-reduces of ``numel`` float32 elements on each of ``ranks``,
+    through simpy ("events") and on lanes ("lanes"); prints a table and returns its figures per rank count."""
+    figures: dict[int, dict] = {}
+    print(f"ring all-reduce on a ring cluster, {numel} float32 elements, {iters} per run")
+    print(
+        f"{'ranks':>6} {'messages':>10} {'events msg/s':>13} {'lanes msg/s':>12} {'ratio':>6} {'cpu ratio':>9} same"
+    )
+    for n in ranks:
+        wall0, cpu0, ref = _timed(n, numel, iters, lanes=False)
+        wall1, cpu1, got = _timed(n, numel, iters, lanes=True)
+        same = (
+            got.sim_time == ref.sim_time
+            and got.trace.hash() == ref.trace.hash()
+            and got.messages == ref.messages
+        )
+        row = {
+            "messages": got.messages,
+            "events_per_s": ref.messages / wall0,
+            "lanes_per_s": got.messages / wall1,
+            "ratio": wall0 / wall1,
+            "cpu_ratio": cpu0 / cpu1,
+            "same": same,
+        }
+        figures[n] = row
+        print(
+            f"{n:>6} {row['messages']:>10,} {row['events_per_s']:>13,.0f} {row['lanes_per_s']:>12,.0f}"
+            f" {row['ratio']:>6.2f} {row['cpu_ratio']:>9.2f} {'yes' if same else 'NO'}"
+        )
+    return figures
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--ranks", default="64,1024")
+    args = ap.parse_args()
+    print(
+        f"# machine: {platform.machine()}, {platform.processor() or 'cpu'}; python {platform.python_version()};"
+        f" torch {torch.__version__}"
+    )
+    simdist.run(_all_reduce, simdist.Cluster.ring(2, device="cpu"), args=(8, 1))  # one-time warm-up
+    message_rate(tuple(int(x) for x in args.ranks.split(",")))
+
+
+if __name__ == "__main__":
+    main()
