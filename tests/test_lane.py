@@ -277,3 +277,20 @@ def test_gloo_model_reductions_on_lanes(coll: str) -> None:
     cluster.local_bandwidth = 2e9
     got = assert_same_run(_program, cluster, args=(coll, 33, torch.float32, "sum", 2, True, False))
     assert got.sim_time > 0
+
+
+def test_bursts_of_large_slices_are_copied_slice_by_slice() -> None:
+    """Levels gather and scatter element by element: a burst whose operations move hundreds of elements each is
+    replayed one slice at a time instead (same data), which is the cheaper of the two there."""
+    cluster = simdist.Cluster.ring(48, device="H100", algorithms={"all_reduce": "ring"})
+    calls = []
+    real = deferred.DeferredData._apply
+    deferred.DeferredData._apply = lambda self, *a: (calls.append(len(a[0])), real(self, *a))[1]  # type: ignore[method-assign]
+    try:
+        n = 48 * 4 * deferred.BATCH_MAX_MEAN_ELEMENTS  # four times the threshold per ring chunk
+        got = assert_same_run(_ring_all_reduce, cluster, args=(n, "cpu"), backend_name="gloo")
+    finally:
+        deferred.DeferredData._apply = real  # type: ignore[method-assign]
+    assert calls == []
+    ref = sum(_data(r, n, torch.float32, 5).double() for r in range(48))
+    assert torch.allclose(got.returns[0][0].double(), ref, rtol=1e-5, atol=1e-3)

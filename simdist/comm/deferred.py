@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 BATCH_MIN_OPS = 64
 #: touched buffers of more bytes than this in all are replayed one by one (levels copy them end to end once)
 BATCH_MAX_BYTES = 256 * 1024 * 1024
+#: operations of more elements than this on average are replayed one by one: levels gather and scatter element
+#: by element through index arrays, which costs more than a slice's copy once a slice is a few hundred elements
+BATCH_MAX_MEAN_ELEMENTS = 128
 
 # a recorded operation: (what, buffer, lo, hi, slot or rank): SNAP takes buffer[lo:hi] into payload ``slot``,
 # TAKE copies it into the gloo result's row of rank ``slot``, REDUCE / COPY land payload ``slot`` there
@@ -120,7 +123,12 @@ class DeferredData:
             self.payloads = []
             return
         self.ops, self.payloads = [], []
-        if len(ops) >= 5 * BATCH_MIN_OPS and self.levels_allowed and self._in_levels(ops, payloads):
+        if (
+            len(ops) >= 5 * BATCH_MIN_OPS
+            and self.levels_allowed
+            and sum(ops[3::5]) - sum(ops[2::5]) <= BATCH_MAX_MEAN_ELEMENTS * (len(ops) // 5)
+            and self._in_levels(ops, payloads)
+        ):
             return
         self._one_by_one(ops, payloads)
 
