@@ -1,17 +1,28 @@
-"""Scale: how fast the simulator runs large collectives, as figures measured in one run.
+"""Scale: every figure of simdist's scale targets, measured in one run, beside the scales others publish.
 
-Prints figures; it is not a test. Usage: ``python benchmarks/scale_bench.py [--ranks 64,1024]``.
+Prints figures; it is not a test. Usage:
+``python benchmarks/scale_bench.py [--sections messages,ranks,symmetry,fake] [--ranks 64,1024]``.
 
-``messages``: simulated messages per wall second of a ring all-reduce on a ring cluster (ring algorithm, 2(n-1)
-messages per rank), each collective's messages queued on lanes (``simdist.comm.lane``) against the same run
-with every message a simpy event, in the same process; the two runs must agree on the simulated time and the
-trace hash, which the table shows.
+- ``messages``: simulated messages per wall second of a ring all-reduce on a ring cluster (ring algorithm,
+  2(n-1) messages per rank), each collective's messages queued on lanes (``simdist.comm.lane``) against the same
+  run with every message a simpy event, in the same process; the two runs must agree on the simulated time and
+  the trace hash, which the table shows.
+- ``ranks``: one data-parallel step of 1,024-8,192 ranks against each rank's plain torch step run once in the
+  same process (``benchmarks/scale_ranks.py``).
+- ``symmetry``: ``symmetric=True`` steps of 16,384 and 100,000 ranks, and the check of a reduced run against the
+  full one (``benchmarks/scale_symmetry.py``).
+- ``fake``: a Llama-style 7B step under ``tensors="fake"`` (``benchmarks/llama_step.py``).
+
+The anchors, as their authors publish them: ASTRA-sim and SimAI simulate 10k+ GPUs for timing only; Maya
+reaches 1k-12k GPUs by deduplicating identical ranks; Multiverse 54k GPUs.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
+import sys
 import time
 
 import torch
@@ -19,6 +30,11 @@ import torch.distributed as dist
 
 import simdist
 from simdist.comm import lane
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import llama_step  # noqa: E402 - the benchmarks beside this one
+import scale_ranks  # noqa: E402
+import scale_symmetry  # noqa: E402
 
 
 def _all_reduce(numel: int, iters: int) -> None:
@@ -72,16 +88,43 @@ def message_rate(ranks: tuple[int, ...] = (64, 1024), numel: int = 4096, iters: 
     return figures
 
 
+#: what the scale simulators others publish reach, for the table beside this run's figures
+ANCHORS = (
+    ("ASTRA-sim", "10k+ GPUs", "timing only"),
+    ("SimAI", "10k+ GPUs", "timing only"),
+    ("Maya", "1k-12k GPUs", "identical ranks deduplicated"),
+    ("Multiverse", "54k GPUs", "timing only"),
+)
+SECTIONS = ("messages", "ranks", "symmetry", "fake")
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--ranks", default="64,1024")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated, of: " + ", ".join(SECTIONS))
+    ap.add_argument("--ranks", default="64,1024", help="the messages section's world sizes")
     args = ap.parse_args()
+    sections = args.sections.split(",")
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        ap.error(f"unknown section(s) {', '.join(unknown)}: choose from {', '.join(SECTIONS)}")
     print(
         f"# machine: {platform.machine()}, {platform.processor() or 'cpu'}; python {platform.python_version()};"
         f" torch {torch.__version__}"
     )
-    simdist.run(_all_reduce, simdist.Cluster.ring(2, device="cpu"), args=(8, 1))  # one-time warm-up
-    message_rate(tuple(int(x) for x in args.ranks.split(",")))
+    print("anchors: " + "; ".join(f"{name} {scale} ({how})" for name, scale, how in ANCHORS))
+    if "messages" in sections:
+        print("\n## messages")
+        simdist.run(_all_reduce, simdist.Cluster.ring(2, device="cpu"), args=(8, 1))  # one-time warm-up
+        message_rate(tuple(int(x) for x in args.ranks.split(",")))
+    if "ranks" in sections:
+        print("\n## ranks")
+        scale_ranks.rank_scaling()
+    if "symmetry" in sections:
+        print("\n## symmetry")
+        scale_symmetry.show(scale_symmetry.figures())
+    if "fake" in sections:
+        print("\n## fake")
+        llama_step.main([])
 
 
 if __name__ == "__main__":

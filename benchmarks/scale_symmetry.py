@@ -139,7 +139,11 @@ def main() -> None:
         "--check-ranks", type=int, default=CHECK_RANKS, help="world size of the full-run check"
     )
     args = parser.parse_args()
-    out = figures(tuple(int(x) for x in args.ranks.split(",")), args.check_ranks)
+    show(figures(tuple(int(x) for x in args.ranks.split(",")), args.check_ranks))
+
+
+def show(out: dict[str, Any]) -> None:
+    """Print what :func:`figures` returned."""
     print(f"symmetric runs ({out['machine']})")
     c = out["check"]
     print(
