@@ -166,6 +166,7 @@ def run(
     local_ranks_filter: Sequence[int] | None = None,
     perturbation: Perturbation | None = None,
     faults: Sequence[Any] | None = None,
+    tensors: str = "real",
 ) -> RunResult:
     """Run ``fn(*args, **kwargs)`` on every rank of ``cluster`` in simulated time.
 
@@ -202,7 +203,10 @@ def run(
     ``docs/explore.md``); None runs exactly the unperturbed run.
     ``faults`` lists what goes wrong during the run (``simdist.faults``: crashed ranks, stragglers, slow, flapping
     and failed links, delayed messages, lost nodes); a rank that crashed makes the run raise
-    :class:`RankCrashError`. Runs from several Python threads execute one after another.
+    :class:`RankCrashError`. ``tensors="fake"`` makes the run timing-only (GPU clusters): tensors on the simulated
+    GPUs hold shapes and dtypes but no values, collectives are timed without moving data, ``memory=True`` accounts
+    them by size, the race detector is off, and reading a value raises :class:`NoValuesError` (``docs/fake.md``).
+    Runs from several Python threads execute one after another.
     Raises :class:`RankError` if a rank raised, or the diagnosis (mismatch, deadlock) that stopped the run.
     """
     state = current_rank_state()
@@ -226,6 +230,7 @@ def run(
         prefix_output=prefix_output,
         local_ranks_filter=local_ranks_filter,
         faults=faults,
+        tensors=tensors,
     ).resolved()
     if perturbation is not None and not isinstance(perturbation, Perturbation):
         raise RunArgumentError(
@@ -309,6 +314,12 @@ def _run(
         )
     n = cluster.world_size
     device = cluster.device if isinstance(cluster.device, DeviceSpec) else get_device(cluster.device)
+    if options.tensors == "fake" and not device.is_gpu:
+        raise RunArgumentError(
+            f'tensors="fake" times programs written for GPUs, and cluster {cluster.name!r} has no GPU model (its '
+            f"device is {device.name!r}): run on a GPU cluster (e.g. simdist.Cluster.preset('dgx-h100', "
+            "world_size=64)) with the program's tensors on \"cuda\""
+        )
     replay: ProfileReplay | None = (
         options.compute.replay(device) if isinstance(options.compute, Profile) else None
     )
@@ -363,6 +374,8 @@ def _run(
         if gpu
         else []
     )
+    for c in cuda:
+        c.fake = options.tensors == "fake"
 
     # each rank counts its own occurrences of each op, as each process of a job would run the profiled step
     providers = [replay.provider() if replay is not None else None for _ in range(n)]
