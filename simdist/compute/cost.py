@@ -18,8 +18,8 @@ from simdist.compute.fusion import FusedRegion, is_pointwise
 from simdist.compute.sdpa import MetaAttention, attention_seconds
 from simdist.cuda.pinned import ASKS as PINNED_OPS
 from simdist.cuda.rank import RankCuda
+from simdist.cuda.tensor import COPY, META, TO_COPY, SimCudaTensor, rewrap, unwrap, without_values
 from simdist.cuda.tensor import CPU as HOST_DEVICE
-from simdist.cuda.tensor import META, SimCudaTensor, rewrap, unwrap, without_values
 from simdist.cuda.transfers import planned_bytes, transfer
 from simdist.errors import NoValuesError
 from simdist.untraced import never_compiled
@@ -643,9 +643,9 @@ def _reads_values(call: Any) -> bool:
     """Whether ``call`` hands values a simulated GPU does not have to the host: a Python number, or a copy into host
     memory, from a tensor without values."""
     func = call.func
-    if func in _VALUE_READS or func is aten._to_copy.default and call.out_device is None:
+    if func in _VALUE_READS or func is TO_COPY and call.out_device is None:
         return any(t.is_meta for t in call.args if isinstance(t, torch.Tensor))
-    if func is aten.copy_.default and type(call.orig_args[0]) is not SimCudaTensor:
+    if func is COPY and type(call.orig_args[0]) is not SimCudaTensor:
         return call.args[1].is_meta
     return False
 

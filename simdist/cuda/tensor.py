@@ -451,6 +451,9 @@ def _mismatch(func: Any, first: torch.device, second: torch.device) -> DeviceMis
 #: ``Tensor.to``'s overloads: composite ops that reach a dispatch mode undecomposed where autograd is skipped
 #: (DTensor's random-number tracker moves a generator state to the device so)
 _TO = frozenset({aten.to.device, aten.to.dtype, aten.to.dtype_layout, aten.to.other})
+#: the copies a timing-only run keeps host values through (:func:`without_values`); looked up once, not per op
+TO_COPY = aten._to_copy.default
+COPY = aten.copy_.default
 
 
 def _as_to_copy(func: Any, args: Any, kwargs: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
@@ -683,10 +686,10 @@ def without_values(call: Call) -> None:
     and a copy into a tensor on the device gives it the host's values.
     """
     func, orig = call.func, call.orig_args
-    if func is aten._to_copy.default and call.out_device is not None and _plain(type(orig[0])):
+    if func is TO_COPY and call.out_device is not None and _plain(type(orig[0])):
         call.kwargs = {**call.kwargs, "device": CPU}
         return
-    if func is aten.copy_.default and type(orig[0]) is SimCudaTensor and _plain(type(orig[1])):
+    if func is COPY and type(orig[0]) is SimCudaTensor and _plain(type(orig[1])):
         dst = call.args[0]
         if dst.is_meta and orig[1].device.type == "cpu":
             # the destination takes the host's values (rewrap gives the caller's tensor this CPU tensor)
