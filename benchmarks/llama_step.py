@@ -143,7 +143,13 @@ def train_step(strategy: str, c: Config, steps: int = 1) -> None:
 
 
 def measure(
-    strategy: str, c: Config, world: int, tensors: str, steps: int = 1, cluster: str = "dgx-h100"
+    strategy: str,
+    c: Config,
+    world: int,
+    tensors: str,
+    steps: int = 1,
+    cluster: str = "dgx-h100",
+    device: str | None = None,
 ) -> dict:
     """One simulated run: its simulated time (s), the largest per-rank peak memory (bytes), its wall time (s)."""
     import simdist
@@ -151,7 +157,7 @@ def measure(
     t0 = time.perf_counter()
     res = simdist.run(
         train_step,
-        simdist.Cluster.preset(cluster, world_size=world),
+        simdist.Cluster.preset(cluster, world_size=world, **({"device": device} if device else {})),
         args=(strategy, c, steps),
         memory=True,
         trace="collectives",
@@ -179,6 +185,8 @@ def main() -> None:
         metavar="STRATEGY:RANKS",
         help="e.g. fsdp2:64 (repeatable; default: fsdp2:64 and ddp:512)",
     )
+    p.add_argument("--cluster", default="dgx-h100", help="the cluster preset (default dgx-h100)")
+    p.add_argument("--device", default=None, help="the preset's GPU model instead of its own (e.g. H200)")
     p.add_argument("--real", action="store_true", help="also run with real data (small sizes only)")
     p.add_argument(
         "--nccl-algo",
@@ -195,12 +203,13 @@ def main() -> None:
         c = dataclasses.replace(c, layers=args.layers)
     algo = f"; NCCL_ALGO={args.nccl_algo}" if args.nccl_algo else ""
     print(
-        f"model: {parameters(c) / 1e9:.2f}e9 parameters ({c}); cluster dgx-h100{algo}; torch {torch.__version__}"
+        f"model: {parameters(c) / 1e9:.2f}e9 parameters ({c}); cluster {args.cluster} of {args.device or 'its own'} GPUs"
+        f"{algo}; torch {torch.__version__}"
     )
     for item in args.run or ["fsdp2:64", "ddp:512"]:
         strategy, ranks = item.split(":")
         for tensors in ("fake", "real") if args.real else ("fake",):
-            m = measure(strategy, c, int(ranks), tensors)
+            m = measure(strategy, c, int(ranks), tensors, cluster=args.cluster, device=args.device)
             print(
                 f"{strategy:6} {int(ranks):4} ranks {tensors:4}: step {m['sim_time'] * 1e3:9.2f} ms simulated, peak "
                 f"{m['peak'] / 2**30:7.2f} GiB per rank, {m['messages']} messages, {m['wall']:7.1f} s wall",
