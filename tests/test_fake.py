@@ -137,3 +137,10 @@ def test_the_command_line_runs_a_script_timing_only(
         == 2
     )
     assert "races='warn' with tensors=\"fake\"" in capsys.readouterr().err
+
+
+def test_a_fake_run_is_reproducible() -> None:
+    runs = [
+        simdist.run(_collectives, _gpus(3), args=([300, 7], torch.float32), tensors="fake") for _ in range(2)
+    ]
+    assert runs[0].trace_hash == runs[1].trace_hash
