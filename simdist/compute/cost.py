@@ -570,10 +570,10 @@ class ComputeCostMode(TorchDispatchMode):
             without_values(call)
         if cuda.fake and _reads_values(call):
             raise NoValuesError(
-                f"rank {cuda.rank}: {func._schema.name} reads the values of a tensor on {call.device}, and this run "
-                'is timing-only (tensors="fake"): its tensors hold shapes and dtypes but no values. Leave value reads '
-                "(.item(), .cpu(), .tolist(), printing a tensor, comparisons on the host) out of the timed code, or "
-                'run with tensors="real" at a size that fits'
+                f"rank {cuda.rank}: {func._schema.name} reads the values of a tensor on {call.device} (to the host, or "
+                'for the shape of its result), and this run is timing-only (tensors="fake"): its tensors hold shapes '
+                "and dtypes but no values. Leave value reads (.item(), .cpu(), .tolist(), comparisons on the host, "
+                'nonzero, masked_select, unique) out of the timed code, or run with tensors="real" at a size that fits'
             )
         if self._before is not None:
             self._before(func, call.args, call.kwargs)
@@ -591,10 +591,9 @@ class ComputeCostMode(TorchDispatchMode):
         if failure is not None:
             # raised outside the handler: torch's C++ caller keeps the meta kernel's error otherwise, and loses this one
             raise NoValuesError(
-                f"rank {cuda.rank}: {func._schema.name} on {call.device} has no kernel that works from shapes alone (the "
-                "shape of its result depends on values, as masked_select's, nonzero's and unique's do, or torch has "
-                'no meta kernel for it), and this run is timing-only (tensors="fake"); leave it out of the timed '
-                f'code, or run with tensors="real" at a size that fits. torch: {failure}'
+                f"rank {cuda.rank}: {func._schema.name} on {call.device} has no kernel that works from shapes alone "
+                '(torch has no meta kernel for it), and this run is timing-only (tensors="fake"); leave it out of the '
+                f'timed code, or run with tensors="real" at a size that fits. torch: {failure}'
             )
         result = rewrap(call, out)
         if self._after is not None:
@@ -633,17 +632,20 @@ class ComputeCostMode(TorchDispatchMode):
         return result
 
 
-#: ops that hand a tensor's values to the host as Python numbers
-_VALUE_READS = frozenset(
-    {aten._local_scalar_dense.default, aten.equal.default, aten.is_nonzero.default, aten.allclose.default}
-)
+#: ops that hand a tensor's values to the host as Python numbers (torch tags most: ``data_dependent_output``)
+_VALUE_READS = frozenset({aten._local_scalar_dense.default, aten.is_nonzero.default})
 
 
 def _reads_values(call: Any) -> bool:
-    """Whether ``call`` hands values a simulated GPU does not have to the host: a Python number, or a copy into host
-    memory, from a tensor without values."""
+    """Whether ``call`` needs values a simulated GPU does not have: it hands them to the host (a Python number, a copy
+    into host memory), or the shape of its result depends on them (``nonzero``, ``masked_select``, ``unique``)."""
     func = call.func
-    if func in _VALUE_READS or func is TO_COPY and call.out_device is None:
+    if (
+        func in _VALUE_READS
+        or (func is TO_COPY and call.out_device is None)
+        or torch.Tag.data_dependent_output in func.tags
+        or torch.Tag.dynamic_output_shape in func.tags
+    ):
         return any(t.is_meta for t in call.args if isinstance(t, torch.Tensor))
     if func is COPY and type(call.orig_args[0]) is not SimCudaTensor:
         return call.args[1].is_meta

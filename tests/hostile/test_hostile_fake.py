@@ -33,6 +33,8 @@ def _read(how: str) -> None:
         torch.equal(x, x)
     elif how == "masked_select":
         x.unsqueeze(0).masked_select(x.unsqueeze(0) > 0)
+    elif how == "argwhere":
+        torch.argwhere(torch.ones(4, device="cuda"))
 
 
 def _fake(fn: Callable[..., Any], *args: object) -> simdist.RunResult:
@@ -112,7 +114,9 @@ CASES: list[Case] = [
          error=simdist.RankError, match=r"NoValuesError: .*aten::equal reads the values"),
     Case("fake-masked-select", "masked_select (a shape from values) in a timing-only run",
          lambda: _fake(_read, "masked_select"), error=simdist.RankError,
-         match=r"NoValuesError: .*masked_select on cuda:0 has no kernel that works from shapes alone"),
+         match=r"NoValuesError: .*masked_select reads the values of a tensor on cuda:0 \(to the host, or for the shape"),
+    Case("fake-argwhere", "argwhere (a shape from values) in a timing-only run", lambda: _fake(_read, "argwhere"),
+         error=simdist.RankError, match=r"NoValuesError: .*aten::nonzero reads the values"),
     Case("fake-repr", "print(t) of a fake tensor", lambda: _fake(_shown).returns, check=lambda r: (
         r == ["tensor(..., device='cuda:0', size=(2, 3), dtype=torch.bfloat16, no values)"]) or pytest.fail(str(r))),
     Case("fake-host-values", "host tensors and copies of them on the device in a timing-only run",
