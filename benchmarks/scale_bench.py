@@ -32,9 +32,9 @@ import simdist
 from simdist.comm import lane
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import llama_step  # noqa: E402 - the benchmarks beside this one
-import scale_ranks  # noqa: E402
-import scale_symmetry  # noqa: E402
+import llama_step  # the benchmarks beside this one
+import scale_ranks
+import scale_symmetry
 
 
 def _all_reduce(numel: int, iters: int) -> None:

@@ -232,8 +232,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             res = run_script(
                 args.script, cluster, argv=args.script_args, entry=args.entry, prefix_output=not args.no_prefix,
                 local_ranks_filter=args.local_ranks_filter, seed=args.seed, progress=args.progress,
-                gloo_threads=args.gloo_threads, races=args.races, race_waivers=args.waive_race, watchdog=args.watchdog,
-                backend_name=args.backend_name, memory=args.memory,
+                gloo_threads=args.gloo_threads, races=args.races or ("off" if args.fake else "warn"),
+                race_waivers=args.waive_race, watchdog=args.watchdog, backend_name=args.backend_name, memory=args.memory,
+                tensors="fake" if args.fake else "real",
                 compute=args.profile if args.profile is not None else True,
                 faults=args.fault, max_restarts=args.max_restarts, nnodes=args.nnodes, symmetric=args.symmetric,
             )
@@ -552,8 +553,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--progress", default="nccl", choices=PROGRESS_MODES,
                    help="backend progress semantics: nccl (one stream per group) or gloo (a pool of threads per group; default: nccl)")
     r.add_argument("--gloo-threads", type=positive, default=2, help="threads per group with --progress gloo (default: 2)")
-    r.add_argument("--races", default="warn", choices=RACE_MODES,
-                   help="race detector: error (stop at the first race), warn (report every race; exit status 3), off")
+    r.add_argument("--races", default=None, choices=RACE_MODES,
+                   help="race detector: error (stop at the first race), warn (report every race; exit status 3), off "
+                        "(default: warn; off with --fake)")
     r.add_argument("--waive-race", action="append", default=None, metavar="PATTERN",
                    help="a known race to waive, by call site: PATH[:LINE][:FUNCTION], e.g. "
                         "torch/distributed/pipelining/schedules.py:_warmup_p2p (repeatable)")
@@ -568,6 +570,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--symmetric", action="store_true",
                    help="every rank runs the same program on same-shaped data: simulate a few ranks and time each "
                         "collective for the whole group (docs/symmetry.md)")
+    r.add_argument("--fake", action="store_true",
+                   help="time and size the program without data (tensors=\"fake\"; GPU clusters): tensors on the "
+                        "simulated GPUs hold shapes and dtypes only, collectives carry nothing, reading a value is an "
+                        "error, the race detector is off")
     r.add_argument("--profile", type=_profile, default=None, metavar="TRACE",
                    help="time ops by the durations this torch profiler trace (Kineto JSON) of the program measured; "
                         "the model prices the ops it does not hold, and their count is printed")

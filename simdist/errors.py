@@ -214,6 +214,12 @@ class HostConversionError(SimdistError, TypeError):
     raises for a CUDA tensor."""
 
 
+class NoValuesError(SimdistError, RuntimeError):
+    """Rank code read the values of a tensor (``.item()``, a copy to the host, a comparison) in a timing-only run
+    (``tensors="fake"``), whose tensors on the simulated GPUs hold shapes and dtypes but no values. Also a
+    ``RuntimeError``, what torch raises for a meta tensor's values."""
+
+
 class UnsupportedCudaOpError(SimdistError, NotImplementedError):
     """Rank code called, on a simulated GPU, an op that only CUDA implements and that has no CPU stand-in; the
     message names the op and the user's line. Also a ``NotImplementedError``, what torch raises for an op a backend
@@ -232,6 +238,7 @@ RAISED_AS_TORCH: tuple[type[SimdistError], ...] = (
     DeviceMismatchError,
     CudaError,
     HostConversionError,
+    NoValuesError,
     NoCudaError,
     UnsupportedCudaOpError,
 )

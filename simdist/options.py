@@ -36,6 +36,9 @@ RACE_MODES = ("error", "warn", "off")
 BACKEND_NAMES = ("simdist", "gloo", "nccl")
 #: ``"messages"`` records every message; ``"collectives"`` only compute spans and collectives
 TRACE_LEVELS = ("messages", "collectives")
+#: what tensors on the simulated GPUs hold: "real" values, or "fake" (shapes and dtypes only: a timing-only run,
+#: collectives timed but carrying nothing, memory accounted by size, no check that reads values)
+TENSOR_MODES = ("real", "fake")
 #: how the backward roots of all ranks combine into a step's loss in the equivalence oracle (None: not compared)
 LOSS_MODES = ("mean", "sum", "accumulated", None)
 
@@ -100,6 +103,8 @@ class RunOptions:
     #: every rank runs the same program on same-shaped data: simulate a few ranks and price collectives for the
     #: whole world (``simdist.comm.symmetry``; docs/symmetry.md states when that is sound)
     symmetric: bool = False
+    #: what tensors on the simulated GPUs hold (``TENSOR_MODES``)
+    tensors: str = "real"
 
     def __post_init__(self) -> None:
         if not _is_int(self.seed) or self.seed not in SEEDS:
@@ -133,6 +138,12 @@ class RunOptions:
             object.__setattr__(self, "local_ranks_filter", _local_ranks(self.local_ranks_filter))
         object.__setattr__(self, "faults", as_faults(self.faults))
         _flag("symmetric", self.symmetric)
+        _one_of("tensors", self.tensors, TENSOR_MODES)
+        if self.tensors == "fake" and self.races not in (None, "off"):
+            raise RunArgumentError(
+                f'races={self.races!r} with tensors="fake": the race detector watches the memory of buffers in flight, '
+                'and a timing-only run\'s tensors have none; leave races unset (it is off in this mode) or pass "off"'
+            )
 
     @classmethod
     def from_keywords(
@@ -147,9 +158,8 @@ class RunOptions:
 
     def resolved(self) -> RunOptions:
         """These options with the environment's defaults filled in (``races``, ``watchdog``)."""
-        return dataclasses.replace(
-            self, races=self.races or default_race_mode(), watchdog=watchdog_limit(self.watchdog)
-        )
+        races = self.races or ("off" if self.tensors == "fake" else default_race_mode())
+        return dataclasses.replace(self, races=races, watchdog=watchdog_limit(self.watchdog))
 
     def keywords(self) -> dict[str, Any]:
         """The ``simdist.run`` keywords that give these options."""

@@ -13,7 +13,15 @@ from hypothesis import strategies as st
 
 import real.oracle
 import simdist
-from simdist.options import BACKEND_NAMES, PROGRESS_MODES, RACE_MODES, TRACE_LEVELS, OracleOptions, RunOptions
+from simdist.options import (
+    BACKEND_NAMES,
+    PROGRESS_MODES,
+    RACE_MODES,
+    TENSOR_MODES,
+    TRACE_LEVELS,
+    OracleOptions,
+    RunOptions,
+)
 
 RING2 = simdist.Cluster.ring(2)
 
@@ -65,8 +73,11 @@ def _accepted(name: str, value: object) -> bool:
             return False
     if name == "backend_name":
         return isinstance(value, str) and value in BACKEND_NAMES
-    if name == "faults":  # a list of simdist.faults records or their JSON mappings: none of ODD's values is one
-        return value is None or isinstance(value, list) and not value
+    if name == "tensors":
+        return isinstance(value, str) and value in TENSOR_MODES
+    if name == "faults":
+        # a list of simdist.faults records (or their JSON mappings), None for none; no value drawn here is a record
+        return value is None or isinstance(value, (list, tuple)) and not value
     raise AssertionError(name)
 
 
@@ -92,7 +103,7 @@ def test_each_option_is_refused_unless_its_documentation_admits_the_value(name: 
     if _accepted(name, value):
         RunOptions.from_keywords(**{name: value})
     else:
-        # a malformed fault is refused as faults.md documents it, with the faults' own error
+        # a fault's own checks raise FaultSpecError, as simdist.faults' records do where they are made
         error = simdist.FaultSpecError if name == "faults" else simdist.RunArgumentError
         with pytest.raises(error, match=name):
             RunOptions.from_keywords(**{name: value})
@@ -116,6 +127,8 @@ def test_each_option_is_refused_unless_its_documentation_admits_the_value(name: 
         ({"prefix_output": 1}, r"prefix_output must be True or False"),
         ({"local_ranks_filter": [0, -1]}, r"local_ranks_filter must name local ranks, each a whole number >= 0"),
         ({"local_ranks_filter": "0,1"}, r"local_ranks_filter must be a list of local ranks"),
+        ({"tensors": "meta"}, r"tensors must be one of \('real', 'fake'\), got 'meta'"),
+        ({"tensors": "fake", "races": "error"}, r"races='error' with tensors=\"fake\""),
     ],
 )
 def test_simdist_run_refuses_a_wrong_option_before_any_rank_runs(kwargs: dict, match: str) -> None:

@@ -200,7 +200,7 @@ class SimProcessGroup(dist.ProcessGroup):
         flat_outs = [o for outs in output_lists for o in outs]
         with internal():
             flat_in = torch.cat([t.reshape(-1) for t in input_list])
-            flat_out = torch.empty(n * flat_in.numel(), dtype=dtype)
+            flat_out = torch.empty(n * flat_in.numel(), dtype=dtype, device=flat_in.device)
         shapes = tuple(tuple(t.shape) for t in input_list)
         spec = ops.AllGatherCoalesced(flat_in, flat_out, shapes)
         work = self._issue(spec, flat_outs, reads=list(input_list), writes=flat_outs)
@@ -241,7 +241,7 @@ class SimProcessGroup(dist.ProcessGroup):
         n = self.state.size
         with internal():
             flat_in = torch.cat([t.reshape(-1) for t in inputs])
-            flat_out = torch.empty(n * flat_in.numel(), dtype=flat_in.dtype)
+            flat_out = torch.empty(n * flat_in.numel(), dtype=flat_in.dtype, device=flat_in.device)
         spec = ops.AllGatherIntoTensorCoalesced(flat_in, flat_out, tuple(tuple(t.shape) for t in inputs))
         work = self._issue(spec, list(outputs), reads=list(inputs), writes=list(outputs))
         work.on_complete = functools.partial(_unpack_gathered, flat_out, list(outputs), n)
@@ -261,7 +261,7 @@ class SimProcessGroup(dist.ProcessGroup):
             # rank r's chunk of every input, one after another, for r = 0..n-1: the layout a flat
             # reduce-scatter hands out
             flat_in = torch.cat([t.reshape(n, -1) for t in inputs], dim=1).reshape(-1)
-            flat_out = torch.empty(flat_in.numel() // n, dtype=flat_in.dtype)
+            flat_out = torch.empty(flat_in.numel() // n, dtype=flat_in.dtype, device=flat_in.device)
         spec = ops.ReduceScatterTensorCoalesced(flat_in, flat_out, tuple(tuple(o.shape) for o in outputs), red.name)
         work = self._issue(spec, list(outputs), reads=list(inputs), writes=list(outputs))
         _scatter_back_on_completion(work, flat_out, list(outputs))
@@ -306,7 +306,7 @@ class SimProcessGroup(dist.ProcessGroup):
         dtype = input_tensors[0].dtype
         with internal():
             flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
-            flat_out = torch.empty(sum(t.numel() for t in output_tensors), dtype=dtype)
+            flat_out = torch.empty(sum(t.numel() for t in output_tensors), dtype=dtype, device=flat_in.device)
         spec = ops.AllToAll(
             flat_in, flat_out, tuple(t.numel() for t in input_tensors), tuple(t.numel() for t in output_tensors)
         )

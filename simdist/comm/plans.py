@@ -191,7 +191,7 @@ def plan_all_gather(
             ws = raw_flat(out)
             fin = _finisher(ws)
         else:
-            ws = torch.empty(n * m, dtype=inp.dtype)
+            ws = torch.empty(n * m, dtype=inp.dtype, device=inp.device)
             fin = _copy_out_chunks(ws, out)
         ws[r * m : (r + 1) * m].copy_(inp.reshape(-1))  # gloo copies list-API inputs as shown
         bufs.append(ws)
@@ -231,7 +231,7 @@ def plan_reduce_scatter(
         if isinstance(inp, torch.Tensor):
             ws = raw_flat(inp).clone()
         else:
-            ws = torch.cat([t.reshape(-1) for t in inp]) if inp else torch.empty(0, dtype=out.dtype)
+            ws = torch.cat([t.reshape(-1) for t in inp]) if inp else torch.empty(0, dtype=out.dtype, device=out.device)
         bufs.append(ws)
         fins.append(_chunk_to(ws, r * m, m, out, op, n))
     msgs = algo.schedule(Problem(n, n * m, outputs[0].element_size()))
@@ -279,7 +279,7 @@ def plan_gather(inputs: list[torch.Tensor], root_outputs: list[torch.Tensor], ro
     bufs, fins = [None] * n, [None] * n
     for r, inp in enumerate(inputs):
         v = (r - root) % n
-        ws = torch.empty(n * m, dtype=inp.dtype)
+        ws = torch.empty(n * m, dtype=inp.dtype, device=inp.device)
         ws[v * m : (v + 1) * m].copy_(inp.reshape(-1))
         bufs[v] = ws
         if r == root:
@@ -302,7 +302,7 @@ def plan_scatter(root_inputs: list[torch.Tensor], outputs: list[torch.Tensor], r
         if r == root:
             ws = torch.cat([raw_flat(root_inputs[(v2 + root) % n]) for v2 in range(n)])
         else:
-            ws = torch.empty(n * m, dtype=out.dtype)
+            ws = torch.empty(n * m, dtype=out.dtype, device=out.device)
         bufs.append(ws)
         fins.append(_chunk_to(ws, v * m, m, raw_flat(out)))  # gloo writes the output's raw memory
     msgs = algo.schedule(Problem(n, n * m, outputs[0].element_size(), root))

@@ -18,8 +18,10 @@ from simdist.compute.fusion import FusedRegion, is_pointwise
 from simdist.compute.sdpa import MetaAttention, attention_seconds
 from simdist.cuda.pinned import ASKS as PINNED_OPS
 from simdist.cuda.rank import RankCuda
-from simdist.cuda.tensor import rewrap, unwrap
+from simdist.cuda.tensor import COPY, META, TO_COPY, SimCudaTensor, rewrap, unwrap, without_values
+from simdist.cuda.tensor import CPU as HOST_DEVICE
 from simdist.cuda.transfers import planned_bytes, transfer
+from simdist.errors import NoValuesError
 from simdist.untraced import never_compiled
 
 aten = torch.ops.aten
@@ -500,6 +502,8 @@ class ComputeCostMode(TorchDispatchMode):
         #: and how deep
         self._region: FusedRegion | None = None
         self._depth = 0
+        #: where the simulated GPU's tensors keep their data (no values in a timing-only run)
+        self._target = META if cuda is not None and cuda.fake else HOST_DEVICE
 
     @never_compiled
     def __torch_dispatch__(
@@ -518,7 +522,7 @@ class ComputeCostMode(TorchDispatchMode):
         if self._cuda is not None:
             if info.pinned or (kwargs and kwargs.get("pin_memory") and kwargs.get("device") in _HOST):
                 return self._pinned(func, args, kwargs or {})
-            call = unwrap(func, args, kwargs or {})
+            call = unwrap(func, args, kwargs or {}, self._target)
             if call is not None:
                 return NotImplemented if call is NotImplemented else self._on_gpu(call)
             if self._cuda.in_use:
@@ -583,17 +587,39 @@ class ComputeCostMode(TorchDispatchMode):
         cuda = self._cuda
         cuda.use()
         func = call.func
+        if cuda.fake:
+            without_values(call)
+        if cuda.fake and _reads_values(call):
+            raise NoValuesError(
+                f"rank {cuda.rank}: {func._schema.name} reads the values of a tensor on {call.device} (to the host, or "
+                'for the shape of its result), and this run is timing-only (tensors="fake"): its tensors hold shapes '
+                "and dtypes but no values. Leave value reads (.item(), .cpu(), .tolist(), comparisons on the host, "
+                'nonzero, masked_select, unique) out of the timed code, or run with tensors="real" at a size that fits'
+            )
         if self._before is not None:
             self._before(func, call.args, call.kwargs)
         if self._reserve is not None:
             planned = planned_bytes(call)
             if planned:
                 self._reserve(planned, func)
-        out = call.run(cuda.generator)
+        failure = None
+        try:
+            out = call.run(cuda.generator)
+        except NotImplementedError as e:
+            if not cuda.fake:
+                raise
+            failure = str(e).splitlines()[0]
+        if failure is not None:
+            # raised outside the handler: torch's C++ caller keeps the meta kernel's error otherwise, and loses this one
+            raise NoValuesError(
+                f"rank {cuda.rank}: {func._schema.name} on {call.device} has no kernel that works from shapes alone "
+                '(torch has no meta kernel for it), and this run is timing-only (tensors="fake"); leave it out of the '
+                f'timed code, or run with tensors="real" at a size that fits. torch: {failure}'
+            )
         result = rewrap(call, out)
         if self._after is not None:
             self._after(func, call.inputs(), None, result)
-        if self._zero_cost or _without_data(out, self._price_meta):
+        if self._zero_cost or _without_data(out, self._price_meta or cuda.fake):
             return result
         copy = transfer(call, out)
         if copy is not None and self._region is not None:
@@ -625,6 +651,26 @@ class ComputeCostMode(TorchDispatchMode):
                 if cuda.on_kernel is not None:
                     cuda.on_kernel(call, out)
         return result
+
+
+#: ops that hand a tensor's values to the host as Python numbers (torch tags most: ``data_dependent_output``)
+_VALUE_READS = frozenset({aten._local_scalar_dense.default, aten.is_nonzero.default})
+
+
+def _reads_values(call: Any) -> bool:
+    """Whether ``call`` needs values a simulated GPU does not have: it hands them to the host (a Python number, a copy
+    into host memory), or the shape of its result depends on them (``nonzero``, ``masked_select``, ``unique``)."""
+    func = call.func
+    if (
+        func in _VALUE_READS
+        or (func is TO_COPY and call.out_device is None)
+        or torch.Tag.data_dependent_output in func.tags
+        or torch.Tag.dynamic_output_shape in func.tags
+    ):
+        return any(t.is_meta for t in call.args if isinstance(t, torch.Tensor))
+    if func is COPY and type(call.orig_args[0]) is not SimCudaTensor:
+        return call.args[1].is_meta
+    return False
 
 
 def _without_data(out: Any, price_meta: bool) -> bool:

@@ -13,6 +13,7 @@ from torch.overrides import TorchFunctionMode
 
 from simdist.compute.attention import AttentionCall, sdpa_backend
 from simdist.compute.devices import DeviceSpec
+from simdist.cuda.attention import choice_operand
 
 
 def attention_seconds(
@@ -85,15 +86,6 @@ def _bind(
 _FLASH = int(SDPBackend.FLASH_ATTENTION.value)
 
 
-def _stand_in(t: torch.Tensor) -> torch.Tensor:
-    """A CPU tensor of ``t``'s shape and dtype that allocates one row (what torch's choice of kernel reads)."""
-    return (
-        torch.empty(t.shape[-1:], dtype=t.dtype).expand(t.shape)
-        if t.dim()
-        else torch.empty((), dtype=t.dtype)
-    )
-
-
 class MetaAttention(TorchFunctionMode):
     """Sends ``F.scaled_dot_product_attention`` on meta tensors to the CPU's fused kernel where the CPU takes it for
     tensors of those shapes and dtypes (torch picks by the tensors' device, and on meta takes the unfused math path),
@@ -105,8 +97,8 @@ class MetaAttention(TorchFunctionMode):
             q, k, v, mask, dropout_p, is_causal, scale, enable_gqa = _bind(*args, **kwargs)
             operands = [t for t in (q, k, v, mask) if t is not None]
             if all(isinstance(t, torch.Tensor) and t.is_meta for t in operands) and not enable_gqa:
-                stand_ins = [_stand_in(t) for t in (q, k, v)]
-                mask_in = None if mask is None else _stand_in(mask)
+                stand_ins = [choice_operand(t) for t in (q, k, v)]
+                mask_in = None if mask is None else choice_operand(mask)
                 choice = torch._fused_sdp_choice(*stand_ins, mask_in, dropout_p, is_causal, scale=scale)
                 if choice == _FLASH:
                     if mask is not None and mask.dtype == torch.bool:

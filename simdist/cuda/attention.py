@@ -26,6 +26,18 @@ SDPA = torch._C._nn.scaled_dot_product_attention
 _FLASH = int(SDPBackend.FLASH_ATTENTION.value)
 
 
+def choice_operand(t: torch.Tensor) -> torch.Tensor:
+    """What torch's choice of attention kernel reads for ``t``: ``t``, or for a meta tensor (no values, and a device
+    torch takes the math path on) a CPU tensor of its shape and dtype that allocates one row."""
+    if not t.is_meta:
+        return t
+    return (
+        torch.empty(t.shape[-1:], dtype=t.dtype).expand(t.shape)
+        if t.dim()
+        else torch.empty((), dtype=t.dtype)
+    )
+
+
 def _bind(
     query: Any,
     key: Any,
@@ -64,9 +76,10 @@ def _fused(args: Any, kwargs: dict[str, Any]) -> Any:
         return NotImplemented
     if mask is not None and not (mask.dtype.is_floating_point or mask.dtype == torch.bool):
         return NotImplemented  # torch's own function refuses it, with its message
-    elems = [t._elem for t in (query, key, value)]
+    elems = [choice_operand(t._elem) for t in (query, key, value)]
+    mask_elem = None if mask is None else choice_operand(mask._elem)
     choice = torch._fused_sdp_choice(
-        *elems, None if mask is None else mask._elem, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+        *elems, mask_elem, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
     )
     if choice != _FLASH:
         return NotImplemented
@@ -97,7 +110,7 @@ def _fused_dtensor(
         return NotImplemented
     if not all(type(t) is cls and type(t._local_tensor) is SimCudaTensor for t in (query, key, value)):
         return NotImplemented
-    elems = [t._local_tensor._elem for t in (query, key, value)]
+    elems = [choice_operand(t._local_tensor._elem) for t in (query, key, value)]
     if torch._fused_sdp_choice(*elems, None, dropout_p, is_causal, scale=scale) != _FLASH:
         return NotImplemented
     return torch.ops.aten._scaled_dot_product_flash_attention(

@@ -61,6 +61,8 @@ class RankCuda:
         self.streams_made = 0
         #: DTensor's random-number tracker of the rank (torch keeps one per process)
         self.dtensor_rng_tracker: Any = None
+        #: a timing-only run (``tensors="fake"``): the devices' tensors hold shapes and dtypes, no values
+        self.fake = False
 
     def use(self, initialize: bool = True) -> None:
         """Record that the rank's code uses CUDA (the first call switches its host tensors to host memory);

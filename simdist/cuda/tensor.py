@@ -33,6 +33,8 @@ from simdist.errors import DeviceMismatchError, HostConversionError
 from simdist.untraced import never_compiled
 
 CPU = torch.device("cpu")
+#: what a simulated GPU's tensors hold in a timing-only run (``tensors="fake"``): shapes, dtypes, no values
+META = torch.device("meta")
 aten = torch.ops.aten
 #: torch's own ``Tensor.data`` descriptor (C++ metadata only)
 _TENSOR_DATA = torch.Tensor.data
@@ -74,6 +76,10 @@ class SimCudaTensor(torch.Tensor):
         return out
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
+        if self._elem.is_meta:  # a timing-only run's tensor: shape and dtype, as torch shows a meta tensor
+            return (
+                f"tensor(..., device='{self._dev}', size={tuple(self.shape)}, dtype={self.dtype}, no values)"
+            )
         text = torch._tensor_str._str(self, tensor_contents=tensor_contents)
         return "tensor" + text[len(type(self).__name__) :] if text.startswith(type(self).__name__) else text
 
@@ -312,7 +318,17 @@ def _schema(func: Any) -> _Schema:
 class Call:
     """One op with its simulated-GPU operands unwrapped: run it on their CPU tensors, then :func:`rewrap`."""
 
-    __slots__ = ("args", "device", "func", "host_operand", "kwargs", "orig_args", "orig_kwargs", "out_device")
+    __slots__ = (
+        "args",
+        "device",
+        "elem_device",
+        "func",
+        "host_operand",
+        "kwargs",
+        "orig_args",
+        "orig_kwargs",
+        "out_device",
+    )
 
     def __init__(
         self, func: Any, args: Any, kwargs: dict[str, Any], orig_args: Any, orig_kwargs: dict[str, Any]
@@ -328,6 +344,8 @@ class Call:
         self.out_device: torch.device | None = None
         #: a host tensor of at least one dimension is an operand (a copy from or to the host)
         self.host_operand = False
+        #: where the simulated GPU's tensors keep their data: the CPU, or the meta device in a timing-only run
+        self.elem_device = CPU
 
     def run(self, generator: Callable[[int], DeviceGenerator | None] | None = None) -> Any:
         """Run the op on the CPU tensors; a random op draws from the device's generator (``generator(index)``):
@@ -433,6 +451,9 @@ def _mismatch(func: Any, first: torch.device, second: torch.device) -> DeviceMis
 #: ``Tensor.to``'s overloads: composite ops that reach a dispatch mode undecomposed where autograd is skipped
 #: (DTensor's random-number tracker moves a generator state to the device so)
 _TO = frozenset({aten.to.device, aten.to.dtype, aten.to.dtype_layout, aten.to.other})
+#: the copies a timing-only run keeps host values through (:func:`without_values`); looked up once, not per op
+TO_COPY = aten._to_copy.default
+COPY = aten.copy_.default
 
 
 def _as_to_copy(func: Any, args: Any, kwargs: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
@@ -473,8 +494,11 @@ def _plain(kind: type) -> bool:
 _NO_DISPATCH = torch.Tensor.__torch_dispatch__
 
 
-def unwrap(func: Any, args: Any, kwargs: dict[str, Any]) -> Call | None | Any:
+def unwrap(func: Any, args: Any, kwargs: dict[str, Any], target: torch.device = CPU) -> Call | None | Any:
     """``func``'s call with simulated-GPU operands replaced by their CPU tensors.
+
+    ``target`` is where the simulated GPU's tensors keep their data: the CPU, or ``META`` in a timing-only run (a
+    ``device="cuda"`` argument becomes ``target``, so that new tensors hold no values either).
 
     Returns None when the op involves no simulated GPU (a host op: run it as it is), ``NotImplemented`` when
     another tensor subclass must unwrap first, or the :class:`Call`. Raises :class:`DeviceMismatchError` where
@@ -535,7 +559,7 @@ def unwrap(func: Any, args: Any, kwargs: dict[str, Any]) -> Call | None | Any:
             dev = device.resolve(a.index)
             if new_args is None:
                 new_args = list(args)
-            new_args[i] = CPU
+            new_args[i] = target
     out_dev = dev
     new_kwargs = kwargs
     if kwargs:
@@ -553,7 +577,7 @@ def unwrap(func: Any, args: Any, kwargs: dict[str, Any]) -> Call | None | Any:
                     out_dev = device.resolve(v.index)
                     if dev is None:
                         dev = out_dev
-                    new_kwargs[k] = CPU
+                    new_kwargs[k] = target
                 elif k == "device":
                     out_dev = None  # .to("cpu"), empty(device="cpu"): the result is on the host
             elif kind is list or kind is tuple:
@@ -576,6 +600,7 @@ def unwrap(func: Any, args: Any, kwargs: dict[str, Any]) -> Call | None | Any:
     call.device = dev
     call.out_device = out_dev
     call.host_operand = host
+    call.elem_device = target
     return call
 
 
@@ -599,8 +624,10 @@ def rewrap(call: Call, out: Any) -> Any:
         if mine is not None:
             if type(mine) is SimCudaTensor and (mine.shape != out.shape or mine.stride() != out.stride()):
                 _resync(mine, out)
+            elif type(mine) is SimCudaTensor and mine._elem.device != out.device:
+                mine._elem = out  # a timing-only run's copy from the host (see without_values)
             return mine
-        if dev is None or out.device.type != "cpu":
+        if dev is None or (out.device.type != "cpu" and out.device != call.elem_device):
             return out
         if type(out) is not torch.Tensor:
             return _rewrap_subclass(out, dev)
@@ -647,3 +674,48 @@ def _rewrap_subclass(out: torch.Tensor, dev: torch.device) -> torch.Tensor:
             out, lambda name, t: SimCudaTensor(t, dev) if type(t) is torch.Tensor else t
         )
     return out
+
+
+def without_values(call: Call) -> None:
+    """``call`` in a timing-only run, made to run on the meta device where any of its simulated-GPU operands has no
+    values: its operands that have values (copied from the host, made from host data) take part without them.
+
+    A timing-only run's tensors made on a simulated GPU hold no values (their data is a meta tensor); a tensor
+    copied there from the host keeps its values, as the host had them, so what torch computes from host data and
+    reads back (DDP's checks of parameter shapes and bucket order) still has them. A copy from the host keeps them,
+    and a copy into a tensor on the device gives it the host's values.
+    """
+    func, orig = call.func, call.orig_args
+    if func is TO_COPY and call.out_device is not None and _plain(type(orig[0])):
+        call.kwargs = {**call.kwargs, "device": CPU}
+        return
+    if func is COPY and type(orig[0]) is SimCudaTensor and _plain(type(orig[1])):
+        dst = call.args[0]
+        if dst.is_meta and orig[1].device.type == "cpu":
+            # the destination takes the host's values (rewrap gives the caller's tensor this CPU tensor)
+            call.args = (torch.empty_strided(dst.size(), dst.stride(), dtype=dst.dtype), *call.args[1:])
+        return
+    if not _any_meta(call.args) and not _any_meta(list(call.kwargs.values())):
+        return
+    call.args = _to_meta(call.args)
+    call.kwargs = {k: _to_meta(v) for k, v in call.kwargs.items()}
+
+
+def _any_meta(values: Any) -> bool:
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.is_meta:
+            return True
+        if isinstance(v, (list, tuple)) and _any_meta(v):
+            return True
+    return False
+
+
+def _to_meta(value: Any) -> Any:
+    """``value`` with its plain tensors on the meta device (shape, strides and dtype kept)."""
+    if isinstance(value, torch.Tensor) and type(value) is torch.Tensor and value.device.type == "cpu":
+        return torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=META)
+    if isinstance(value, list):
+        return [_to_meta(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_to_meta(v) for v in value)
+    return value

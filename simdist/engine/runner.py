@@ -171,6 +171,7 @@ def run(
     perturbation: Perturbation | None = None,
     faults: Sequence[Any] | None = None,
     symmetric: bool = False,
+    tensors: str = "real",
 ) -> RunResult:
     """Run ``fn(*args, **kwargs)`` on every rank of ``cluster`` in simulated time.
 
@@ -212,7 +213,11 @@ def run(
     collective takes the closed-form time of the whole group's schedule, its results written as if each rank
     not simulated held what the group's first simulated member holds; the other ranks' timelines are theirs
     (see ``docs/symmetry.md`` for when that is sound; :class:`SymmetryError` when the sampled ranks ran
-    differently). Runs from several Python threads execute one after another.
+    differently).
+    ``tensors="fake"`` makes the run timing-only (GPU clusters): tensors on the simulated
+    GPUs hold shapes and dtypes but no values, collectives are timed without moving data, ``memory=True`` accounts
+    them by size, the race detector is off, and reading a value raises :class:`NoValuesError` (``docs/fake.md``).
+    Runs from several Python threads execute one after another.
     Raises :class:`RankError` if a rank raised, or the diagnosis (mismatch, deadlock) that stopped the run.
     """
     state = current_rank_state()
@@ -237,6 +242,7 @@ def run(
         local_ranks_filter=local_ranks_filter,
         faults=faults,
         symmetric=symmetric,
+        tensors=tensors,
     ).resolved()
     if perturbation is not None and not isinstance(perturbation, Perturbation):
         raise RunArgumentError(
@@ -325,6 +331,12 @@ def _run(
         simulated = symmetry.sampled_ranks(n, cluster.ranks_per_node)
     running = range(n) if simulated is None else simulated
     device = cluster.device if isinstance(cluster.device, DeviceSpec) else get_device(cluster.device)
+    if options.tensors == "fake" and not device.is_gpu:
+        raise RunArgumentError(
+            f'tensors="fake" times programs written for GPUs, and cluster {cluster.name!r} has no GPU model (its '
+            f"device is {device.name!r}): run on a GPU cluster (e.g. simdist.Cluster.preset('dgx-h100', "
+            "world_size=64)) with the program's tensors on \"cuda\""
+        )
     replay: ProfileReplay | None = (
         options.compute.replay(device) if isinstance(options.compute, Profile) else None
     )
@@ -384,6 +396,7 @@ def _run(
             device.launch_overhead,
             kernel_tracker(sim) if sim.races.enabled else None,
         )
+        cuda[r].fake = options.tensors == "fake"
 
     # each rank counts its own occurrences of each op, as each process of a job would run the profiled step
     providers = [replay.provider() if replay is not None else None for _ in range(n)]

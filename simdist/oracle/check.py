@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from simdist.engine.runner import run
-from simdist.errors import SymmetryError
+from simdist.errors import RunArgumentError, SymmetryError
 from simdist.network.cluster import Cluster, load_cluster
 from simdist.options import OracleOptions
 from simdist.oracle.assemble import AssemblyError, ShardSpec, assemble
@@ -74,6 +74,12 @@ def check_equivalence(
     divergent step recorded on every rank, and the report names the first op whose output diverges while its
     inputs matched (:mod:`simdist.oracle.localize`).
     """
+    if run_options.get("tensors", "real") == "fake":
+        raise RunArgumentError(
+            'check_equivalence(..., tensors="fake"): the oracle compares values (losses, gradients, parameters) with '
+            "its reference's, and a timing-only run computes none; check equivalence with tensors=\"real\" at a size "
+            'that fits, and time the full size with simdist.run(..., tensors="fake")'
+        )
     opts = OracleOptions(
         steps=steps, exact=exact, tolerances=tolerances, names=names, ignore=ignore, shards=shards, loss=loss,
         localize=localize,

@@ -1,0 +1,146 @@
+"""Timing-only runs (``tensors="fake"``): the same simulated time and memory as the run with data, collectives
+timed without data, the race detector off. (Refusals: tests/hostile/test_hostile_fake.py.)
+
+The oracle is the run with real data of the same program on the same cluster: a fake run may differ from it only
+where torch's own DDP reads values at wrap time (simdist.engine.fake), so the step times agree within 1% and the
+memory peaks exactly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import simdist
+from simdist.cli import main
+
+_SPEC = importlib.util.spec_from_file_location(
+    "llama_step", Path(__file__).resolve().parent.parent / "benchmarks" / "llama_step.py"
+)
+llama_step = importlib.util.module_from_spec(_SPEC)
+sys.modules["llama_step"] = llama_step  # dataclasses resolve the module by name
+_SPEC.loader.exec_module(llama_step)
+
+TINY = llama_step.PRESETS["tiny"]
+
+
+def _gpus(n: int) -> simdist.Cluster:
+    return simdist.Cluster.preset("dgx-h100", world_size=n)
+
+
+def _step(strategy: str, tensors: str, steps: int = 2) -> simdist.RunResult:
+    return simdist.run(
+        llama_step.train_step,
+        _gpus(2),
+        args=(strategy, TINY, steps),
+        memory=True,
+        tensors=tensors,
+        races="off",
+        watchdog=math.inf,
+    )
+
+
+@pytest.mark.parametrize("strategy", ["fsdp2", "ddp"])
+def test_a_fake_step_takes_the_simulated_time_and_memory_of_the_step_with_data(strategy: str) -> None:
+    # The first run of a strategy in a process does work once (torch's lazy imports and caches): Python objects the
+    # later runs do not make, which move a cycle holding the unsharded parameters into an older generation of the
+    # garbage collector, so that it outlives the peak. The comparison is of two runs after it.
+    _step(strategy, "fake", steps=1)
+    real, fake = _step(strategy, "real"), _step(strategy, "fake")
+    assert fake.sim_time == pytest.approx(real.sim_time, rel=0.01)
+    assert [m.peak_bytes for m in fake.memory] == [m.peak_bytes for m in real.memory]
+    assert [m.breakdown for m in fake.memory] == [m.breakdown for m in real.memory]
+    assert [m.current_bytes for m in fake.memory] == [m.current_bytes for m in real.memory]
+
+    # the same collectives, at the same sizes, in the same order
+    def calls(res: simdist.RunResult) -> list[tuple]:
+        return [(s.rank, s.name, s.args["In msg nelems"], s.args["dtype"]) for s in res.trace.collectives()]
+
+    assert calls(fake) == calls(real)
+
+
+def _collectives(sizes: list[int], dtype: torch.dtype) -> float:
+    dev = torch.device("cuda", int(dist.get_rank()) % 8)
+    torch.cuda.set_device(dev)
+    n = dist.get_world_size()
+    for size in sizes:
+        x = torch.ones(size * n, dtype=dtype, device=dev)
+        dist.all_reduce(x)
+        out = torch.empty(size * n * n, dtype=dtype, device=dev)
+        dist.all_gather_into_tensor(out, x)
+        dist.reduce_scatter_tensor(x, out)
+        dist.broadcast(x, src=0)
+        parts = [torch.empty_like(x) for _ in range(n)]
+        dist.all_gather(parts, x)
+    torch.cuda.synchronize()
+    return simdist.now()
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 5000), min_size=1, max_size=3),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.int64]),
+    n=st.sampled_from([2, 3, 4]),
+)
+def test_collectives_on_fake_tensors_take_the_time_of_collectives_on_data(
+    sizes: list[int], dtype: torch.dtype, n: int
+) -> None:
+    real = simdist.run(_collectives, _gpus(n), args=(sizes, dtype), races="off")
+    fake = simdist.run(_collectives, _gpus(n), args=(sizes, dtype), tensors="fake")
+    assert fake.returns == real.returns
+    assert fake.messages == real.messages
+
+
+def test_the_race_detector_is_off_by_default_in_a_fake_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SIMDIST_RACES", "error")
+    res = simdist.run(lambda: None, _gpus(1), tensors="fake")
+    assert res.races == []
+
+
+SCRIPT = """
+import torch, torch.distributed as dist
+dist.init_process_group("nccl")
+torch.cuda.set_device(dist.get_rank())
+x = torch.empty(1 << 20, device="cuda")
+dist.all_reduce(x)
+"""
+
+
+def test_the_command_line_runs_a_script_timing_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "step.py"
+    script.write_text(SCRIPT)
+    out = {}
+    for flags in ([], ["--fake"]):
+        assert (
+            main(["run", str(script), "--cluster", "dgx-h100", "--world-size", "2", "--memory", *flags]) == 0
+        )
+        out[tuple(flags)] = capsys.readouterr().out
+
+    def figures(text: str) -> list[str]:
+        return [
+            line.split(";")[0] for line in text.splitlines() if "simulated time" in line or "rank" in line
+        ]
+
+    assert figures(out[("--fake",)]) == figures(out[()])
+    assert (
+        main(["run", str(script), "--cluster", "dgx-h100", "--world-size", "2", "--fake", "--races", "warn"])
+        == 2
+    )
+    assert "races='warn' with tensors=\"fake\"" in capsys.readouterr().err
+
+
+def test_a_fake_run_is_reproducible() -> None:
+    runs = [
+        simdist.run(_collectives, _gpus(3), args=([300, 7], torch.float32), tensors="fake") for _ in range(2)
+    ]
+    assert runs[0].trace_hash == runs[1].trace_hash
