@@ -173,8 +173,8 @@ def measure(
     }
 
 
-def main() -> None:
-    """Time and size the step of each (strategy, world size) asked for."""
+def main(argv: list[str] | None = None) -> None:
+    """Time and size the step of each (strategy, world size) asked for (``argv``: the command line's arguments)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", choices=sorted(PRESETS), default="7b")
     p.add_argument("--layers", type=int, default=None, help="override the preset's number of blocks")
@@ -195,7 +195,7 @@ def main() -> None:
         help="NCCL_ALGO for the runs (e.g. Tree: a 512-rank ring all-reduce is 2 x 511 x 512 simulated "
         "messages, a tree's about 1,000)",
     )
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.nccl_algo:
         os.environ["NCCL_ALGO"] = args.nccl_algo  # each rank reads the process's environment, as NCCL does
     c = PRESETS[args.preset]

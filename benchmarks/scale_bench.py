@@ -11,7 +11,8 @@ Prints figures; it is not a test. Usage:
   same process (``benchmarks/scale_ranks.py``).
 - ``symmetry``: ``symmetric=True`` steps of 16,384 and 100,000 ranks, and the check of a reduced run against the
   full one (``benchmarks/scale_symmetry.py``).
-- ``fake``: a Llama-style 7B step under ``tensors="fake"`` (``benchmarks/llama_step.py``).
+- ``fake``: a Llama-style 7B DDP step on 64 ranks under ``tensors="fake"`` (``benchmarks/llama_step.py``, which
+  also runs FSDP2 and 512 ranks).
 
 The anchors, as their authors publish them: ASTRA-sim and SimAI simulate 10k+ GPUs for timing only; Maya
 reaches 1k-12k GPUs by deduplicating identical ranks; Multiverse 54k GPUs.
@@ -124,7 +125,9 @@ def main() -> None:
         scale_symmetry.show(scale_symmetry.figures())
     if "fake" in sections:
         print("\n## fake")
-        llama_step.main([])
+        # the 64-rank DDP step (bf16, on H200s, whose 141 GiB hold its 75 GiB per rank); the 512-rank one and FSDP2
+        # take tens of minutes: benchmarks/llama_step.py runs them
+        llama_step.main(["--run", "ddp:64", "--device", "H200"])
 
 
 if __name__ == "__main__":
