@@ -141,7 +141,8 @@ def test_a_cpu_step_fitted_predicts_another_program_on_this_cpu(tmp_path: Path) 
         fit = calibrate.fit_device(tmp_path / "step.json")
         big = mlp_step(512, 64)
         # measured and predicted: the fitted CPU must order the two programs as they run, and bound the larger one
-        measured = {"small": fastest(mlp_step(128, 32), 5), "big": fastest(big, 5)}
+        # the fastest of 25 calls: on a loaded machine (the suite's other worker) a run of 5 had none undisturbed
+        measured = {"small": fastest(mlp_step(128, 32), 25), "big": fastest(big, 25)}
         predicted = {k: estimate(mlp_step(*shape), device=fit.device)[0] for k, shape in
                      (("small", (128, 32)), ("big", (512, 64)))}  # fmt: skip
     finally:
