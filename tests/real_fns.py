@@ -104,6 +104,7 @@ def seen_at_start() -> dict[str, Any]:
     return {
         "ppid": os.getppid(),
         "probe": os.environ.get("REAL_WARM_PROBE"),
+        "gone": os.environ.get("REAL_WARM_GONE"),
         "trace": getattr(torch, "_real_warm_trace", None),
         "left": os.environ.get("REAL_WARM_LEFT"),
         "rand": torch.rand(3),
