@@ -91,8 +91,9 @@ def test_replaying_in_changed_conditions_warns_naming_the_change(
     failure: simdist.Failure, field: str, value, match: str
 ) -> None:
     edited = json.dumps({**json.loads(failure.replay), field: value})
-    with pytest.warns(simdist.ReplayWarning, match=match), pytest.raises(simdist.RankError):
+    with pytest.warns(simdist.ReplayWarning, match=match) as caught, pytest.raises(simdist.RankError):
         simdist.replay(fns.any_source_order, CPU4, edited)
+    assert caught[0].filename == __file__  # the warning points at the replay call
 
 
 def test_replaying_unchanged_does_not_warn(failure: simdist.Failure) -> None:

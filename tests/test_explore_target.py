@@ -48,8 +48,9 @@ def test_a_targets_failure_replays_from_its_token_alone() -> None:
     # a passing run's token is made the same way: its perturbation replays the same session
     ran = DEADLINE.run(passed.perturbation)
     assert ran.trace_hash == passed.trace_hash
-    with pytest.warns(simdist.ReplayWarning, match="target's fields differ"), pytest.raises(TimeoutError):
+    with pytest.warns(simdist.ReplayWarning, match="target's fields differ") as caught, pytest.raises(TimeoutError):
         simdist.replay(targets.Deadline(limit=1e-9), failure.replay)
+    assert caught[0].filename == __file__  # the warning points at the replay call
 
 
 def test_a_check_judges_what_the_target_returned() -> None:

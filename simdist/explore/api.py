@@ -359,15 +359,7 @@ def _replay(
         raise ExplorationError(
             f"replay needs a simdist.Cluster, a preset name or a cluster file; got {type(cluster).__name__}"
         )
-    changed = token.changes(data, code, cluster)
-    if changed:
-        warnings.warn(
-            ReplayWarning(
-                "replaying a token recorded in other conditions; the run may take other paths: "
-                + "; ".join(changed)
-            ),
-            stacklevel=3,
-        )
+    _warn_changed(token.changes(data, code, cluster))
     options = token_options(data, run_options)
     observed = Observed()
     try:
@@ -401,14 +393,7 @@ def _replay_target(target: Target, replay_token: Any, run_options: dict[str, Any
     recorded = data["program"].get("fields")
     if recorded != fields_json(target):
         changed.append(f"the target's fields differ from the ones recorded ({recorded!r:.80})")
-    if changed:
-        warnings.warn(
-            ReplayWarning(
-                "replaying a token recorded in other conditions; the run may take other paths: "
-                + "; ".join(changed)
-            ),
-            stacklevel=3,
-        )
+    _warn_changed(changed)
     return target.run(data["perturbation"])
 
 
@@ -424,3 +409,14 @@ def _faults_module() -> Any:
 def default_workers() -> int:
     """All the cores this process may use."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _warn_changed(changed: list[str]) -> None:
+    """Warn the caller of replay (two frames up) that its token was recorded in the ``changed`` conditions."""
+    if changed:
+        warnings.warn(
+            ReplayWarning(
+                "replaying a token recorded in other conditions; the run may take other paths: " + "; ".join(changed)
+            ),
+            stacklevel=4,
+        )
