@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import simdist
 from simdist import Perturbation
-from simdist.comm import deferred, lane
+from simdist.comm import batched, deferred, lane
 from simdist.faults import SlowLink
 
 COLLECTIVES = [
@@ -115,13 +115,17 @@ def _program(
     return [o.cpu() for o in outs] + [peer.cpu()]
 
 
-def _run(enabled: bool, fn: object, cluster: simdist.Cluster, **kwargs: object) -> simdist.RunResult:
-    old = lane.ENABLED
-    lane.ENABLED = enabled
+def _run(
+    enabled: bool, fn: object, cluster: simdist.Cluster, arrays: bool = False, **kwargs: object
+) -> simdist.RunResult:
+    """``fn`` run with lanes ``enabled`` or not, and schedules in arrays (simdist.comm.batched) where they fit
+    when ``arrays`` (test_batched.py); every message traced."""
+    old = lane.ENABLED, batched.ENABLED
+    lane.ENABLED, batched.ENABLED = enabled, arrays
     try:
         return simdist.run(fn, cluster, trace="messages", **kwargs)
     finally:
-        lane.ENABLED = old
+        lane.ENABLED, batched.ENABLED = old
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -133,10 +137,13 @@ def _race_text(race: object) -> str:
     return re.sub(r"0x[0-9a-f]+", "0x?", str(race))
 
 
-def assert_same_run(fn: object, cluster: simdist.Cluster, **kwargs: object) -> simdist.RunResult:
-    """Run ``fn`` through simpy's messages and on lanes; everything observable must match."""
+def assert_same_run(
+    fn: object, cluster: simdist.Cluster, arrays: bool = False, **kwargs: object
+) -> simdist.RunResult:
+    """Run ``fn`` through simpy's messages and on lanes (with schedules in arrays where they fit when
+    ``arrays``); everything observable must match."""
     ref = _run(False, fn, cluster, **kwargs)
-    got = _run(True, fn, cluster, **kwargs)
+    got = _run(True, fn, cluster, arrays, **kwargs)
     assert got.sim_time == ref.sim_time
     assert got.messages == ref.messages
     for r, (want, have) in enumerate(zip(ref.returns, got.returns)):

@@ -2,33 +2,42 @@
 
 from __future__ import annotations
 
-from simdist.algorithms.schedule import Msg, msg, pipeline_chunks, split_offsets
+import numpy as np
+
+from simdist.algorithms.schedule import Msg, MsgTable, msg, pipeline_chunks, split_offsets
 
 
-def reduce_scatter(n: int, off: list[int], step0: int = 0) -> list[Msg]:
+def _around(n: int, off: list[int], step0: int, shift: int, red: bool) -> tuple[np.ndarray, ...]:
+    """n-1 steps in which every rank r sends chunk ``(r - k - shift) % n`` to r+1 at its step k, as (n, n-1)
+    arrays (rank by rank, as a run looks its sends up)."""
+    r = np.arange(n, dtype=np.int64)[:, None].repeat(n - 1, axis=1)
+    k = np.arange(n - 1, dtype=np.int64)[None, :].repeat(n, axis=0)
+    c = (r - k - shift) % n
+    bounds = np.asarray(off, dtype=np.int64)
+    lo, hi = bounds[c], bounds[c + 1]
+    return r, (r + 1) % n, k + step0, lo, hi, np.full(r.shape, red)
+
+
+def _table(*parts: tuple[np.ndarray, ...]) -> MsgTable:
+    """Parts of (n, steps) arrays joined step after step, rank by rank, as one schedule."""
+    src, dst, step, lo, hi, red = (np.concatenate(cols, axis=1).ravel() for cols in zip(*parts))
+    return MsgTable(src, dst, step, lo, hi, lo, hi, red)
+
+
+def reduce_scatter(n: int, off: list[int], step0: int = 0) -> MsgTable:
     """After n-1 steps rank r holds the reduced chunk r (chunk boundaries ``off``)."""
-    msgs = []
-    for k in range(n - 1):
-        for r in range(n):
-            c = (r - k - 1) % n
-            msgs.append(msg(r, (r + 1) % n, step0 + k, off[c], off[c + 1], "reduce"))
-    return msgs
+    return _table(_around(n, off, step0, 1, True))
 
 
-def all_gather(n: int, off: list[int], step0: int = 0) -> list[Msg]:
+def all_gather(n: int, off: list[int], step0: int = 0) -> MsgTable:
     """Rank r starts with chunk r; after n-1 steps every rank has every chunk."""
-    msgs = []
-    for k in range(n - 1):
-        for r in range(n):
-            c = (r - k) % n
-            msgs.append(msg(r, (r + 1) % n, step0 + k, off[c], off[c + 1], "copy"))
-    return msgs
+    return _table(_around(n, off, step0, 0, False))
 
 
-def all_reduce(n: int, numel: int) -> list[Msg]:
+def all_reduce(n: int, numel: int) -> MsgTable:
     """Reduce-scatter then all-gather around the ring: 2(n-1) steps of m/n elements."""
     off = split_offsets(numel, n)
-    return reduce_scatter(n, off) + all_gather(n, off, n - 1)
+    return _table(_around(n, off, 0, 1, True), _around(n, off, n - 1, 0, False))
 
 
 def broadcast(n: int, numel: int, nbytes: int, root: int) -> list[Msg]:

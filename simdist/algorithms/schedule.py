@@ -13,6 +13,8 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
+
 #: pipelined ring broadcast/reduce split a buffer into at most this many pieces; NCCL pipelines in slices of
 #: a few hundred KiB, and more pieces than this only add simulated events, not insight
 MAX_PIPELINE_CHUNKS = 32
@@ -65,12 +67,63 @@ def pipeline_chunks(nbytes: int, numel: int) -> int:
     return max(1, min(MAX_PIPELINE_CHUNKS, want, numel))
 
 
+class MsgTable(Sequence[Msg]):
+    """A schedule built as arrays: one column per :class:`Msg` field (``red``: whether each reduces), read as
+    :class:`Msg` one by one where a consumer wants them. Large ring schedules are millions of messages; as
+    columns they cost a few array operations to build, and a batched run (``simdist.comm.batched``) reads them
+    as they are."""
+
+    def __init__(self, *columns: np.ndarray) -> None:
+        self._cols = tuple(np.asarray(c) for c in columns)
+        self._list: list[Msg] | None = None
+
+    def columns(self) -> tuple[np.ndarray, ...]:
+        """(src, dst, step, slo, shi, dlo, dhi, red) as arrays."""
+        return self._cols
+
+    def _msgs(self) -> list[Msg]:
+        if self._list is None:
+            src, dst, step, slo, shi, dlo, dhi, red = (c.tolist() for c in self._cols)
+            kinds = ["reduce" if r else "copy" for r in red]
+            self._list = list(map(Msg, src, dst, step, slo, shi, dlo, dhi, kinds))
+        return self._list
+
+    def __len__(self) -> int:
+        return len(self._cols[0])
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def,override]
+        return self._msgs()[i]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._msgs())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __add__(self, other: Sequence[Msg]) -> MsgTable | list[Msg]:
+        if isinstance(other, MsgTable):
+            return MsgTable(*(np.concatenate([a, b]) for a, b in zip(self._cols, other._cols)))
+        return [*self, *other]
+
+    def __radd__(self, other: Sequence[Msg]) -> list[Msg]:
+        return [*other, *self]
+
+    def __repr__(self) -> str:
+        return f"MsgTable({len(self)} messages)"
+
+
 def steps(msgs: Sequence[Msg]) -> int:
     """The number of steps of a schedule (one more than its largest step)."""
+    if isinstance(msgs, MsgTable):
+        return 1 + int(msgs.columns()[2].max()) if len(msgs) else 0
     return 1 + max((m.step for m in msgs), default=-1)
 
 
-def format_schedule(msgs: Sequence[Msg], n: int, *, done: Sequence[int] | None = None, max_ranks: int = 8) -> str:
+def format_schedule(
+    msgs: Sequence[Msg], n: int, *, done: Sequence[int] | None = None, max_ranks: int = 8
+) -> str:
     """The schedule as a table: one row per step, one column per rank, what each rank sends in that step.
 
     A cell lists the rank's messages as ``->dst +[lo:hi]`` (the receiver reduces ``[lo:hi]`` into its buffer)

@@ -15,7 +15,7 @@ data and trace, at a fraction of the cost (see docs/performance.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,6 +23,9 @@ from simpy.core import NORMAL
 from simpy.events import Event
 
 from simdist.algorithms import Msg, format_schedule, reduce_ops
+from simdist.algorithms.schedule import steps
+from simdist.comm import batched
+from simdist.comm.batched import BatchedRun
 from simdist.comm.deferred import COPY, REDUCE, SNAP, DeferredData
 from simdist.comm.lane import Lane, lane_allowed
 from simdist.comm.ordering import GlooResult
@@ -82,9 +85,30 @@ class ScheduleRun:
         dtype = next((b.dtype for b in dst_bufs if b is not None), torch.float32)
         self.itemsize = torch.empty((), dtype=dtype).element_size()
         self.reduce = reduce_ops.reduce_op(reduce_op).combiner(dtype)
-        nsteps = 1 + max((m.step for m in msgs), default=-1)
-        self.nsteps = nsteps
+        self.nsteps = steps(msgs)
         self.msgs = msgs
+        self.done = [False] * n
+        self.ranks_done = 0
+        network = sim.network
+        #: the schedule's own queue of messages in flight, or None where they go through the network and simpy
+        self.lane: Lane | None = None
+        #: the data a lane's burst moves, applied when it ends (None: moved as each message goes)
+        self.deferred: DeferredData | None = None
+        #: the schedule run in arrays, a group of simultaneous messages at a time (None: one at a time)
+        self.batched: BatchedRun | None = None
+        if lane_allowed(sim.env, network):
+            self._free_at = network._free_at
+            self._routes = network._routes
+            self.lane = Lane(sim.env, self._deliver, self._settle)
+            self.batched = batched.make(self, msgs)
+            if self.batched is None:
+                self.deferred = self._deferred(order)
+        if self.batched is None:
+            self._tables(msgs)
+
+    def _tables(self, msgs: Sequence[Msg]) -> None:
+        """Each rank's sends by step and the messages it still awaits, for the one-message path."""
+        n, nsteps = self.n, self.nsteps
         self.sends: list[list[list[Msg]]] = [[[] for _ in range(nsteps)] for _ in range(n)]
         self.missing: list[list[int]] = [[0] * (nsteps + 1) for _ in range(n)]
         for m in msgs:
@@ -92,20 +116,8 @@ class ScheduleRun:
             self.missing[m.dst][m.step] += 1
         self.next_step = [0] * n
         self.first_missing = [0] * n
-        self.done = [False] * n
-        self.ranks_done = 0
         for r in range(n):
             self._skip_complete(r)
-        network = sim.network
-        #: the schedule's own queue of messages in flight, or None where they go through the network and simpy
-        self.lane: Lane | None = None
-        #: the data a lane's burst moves, applied when it ends (None: moved as each message goes)
-        self.deferred: DeferredData | None = None
-        if lane_allowed(sim.env, network):
-            self._free_at = network._free_at
-            self._routes = network._routes
-            self.lane = Lane(sim.env, self._deliver, self._settle)
-            self.deferred = self._deferred(order)
 
     def _deferred(self, order: GlooResult | None) -> DeferredData | None:
         """The record of a lane's data movement over this schedule's buffers, where every rank has both."""
@@ -137,7 +149,10 @@ class ScheduleRun:
 
     def progress(self) -> str:
         """The schedule with the steps each rank has not finished yet marked (for timeout messages)."""
-        done = [min(self.next_step[r], self.first_missing[r]) for r in range(self.n)]
+        next_step, first_missing = (
+            self.batched.progress() if self.batched is not None else (self.next_step, self.first_missing)
+        )
+        done = [min(next_step[r], first_missing[r]) for r in range(self.n)]
         return format_schedule(self.msgs, self.n, done=done)
 
     def start(self) -> None:
@@ -151,6 +166,9 @@ class ScheduleRun:
             self._start_ranks()
 
     def _start_ranks(self) -> None:
+        if self.batched is not None:
+            self.batched.start()
+            return
         for r in range(self.n):
             self._advance(r)
 
@@ -190,7 +208,13 @@ class ScheduleRun:
             box = None
             if count:
                 box = deferred.box()
-                deferred.ops += (SNAP, self._src_at[m.src], m.slo, m.shi, box[1])  # DeferredData.snap, inlined
+                deferred.ops += (
+                    SNAP,
+                    self._src_at[m.src],
+                    m.slo,
+                    m.shi,
+                    box[1],
+                )  # DeferredData.snap, inlined
             self._send_on_lane(m, count * self.itemsize, box)
             return
         buf = self.src_bufs[m.src]
@@ -203,7 +227,11 @@ class ScheduleRun:
             return
         try:
             self.sim.network.send(
-                self.global_ranks[m.src], self.global_ranks[m.dst], count * self.itemsize, self._arrive, (m, payload),
+                self.global_ranks[m.src],
+                self.global_ranks[m.dst],
+                count * self.itemsize,
+                self._arrive,
+                (m, payload),
                 self.pace,
             )
         except LinkFailureError as e:
@@ -241,7 +269,9 @@ class ScheduleRun:
         m, payload, start, reduced = item
         if self.reduce_cost and m.kind == "reduce" and not reduced:
             env = self.sim.env
-            done = max(env.now, self.reducing_until[m.dst]) + (m.shi - m.slo) * self.itemsize * self.reduce_cost
+            done = (
+                max(env.now, self.reducing_until[m.dst]) + (m.shi - m.slo) * self.itemsize * self.reduce_cost
+            )
             self.reducing_until[m.dst] = done
             self.lane.push(done - env.now, (m, payload, start, True))  # type: ignore[union-attr]
             return
@@ -276,8 +306,14 @@ class ScheduleRun:
         if trace.record_messages:
             trace.message(
                 Message(
-                    self.global_ranks[m.src], self.global_ranks[m.dst], self.streams[m.src], self.streams[m.dst],
-                    start, self.sim.env.now, (m.shi - m.slo) * self.itemsize, self.name,
+                    self.global_ranks[m.src],
+                    self.global_ranks[m.dst],
+                    self.streams[m.src],
+                    self.streams[m.dst],
+                    start,
+                    self.sim.env.now,
+                    (m.shi - m.slo) * self.itemsize,
+                    self.name,
                 )
             )
         d = m.dst

@@ -1,4 +1,5 @@
-"""Minimum-latency routes between ranks, memoised: one single-source search per source, at most.
+"""Minimum-latency routes between ranks, memoised: one single-source search per source, at most, each stopped
+once it has reached the destinations asked for so far.
 
 Vertices are indices (ranks 0..world_size-1 first, then switches); links are ids. A route minimises the
 summed latency, then the hop count, then the id of its last link, so ties depend only on link numbering,
@@ -9,7 +10,6 @@ latency tie exactly whatever order their links are added in, and the hop-count t
 from __future__ import annotations
 
 import heapq
-from array import array
 from collections.abc import Sequence
 
 #: latencies are compared as integers in this unit (picoseconds per second)
@@ -21,7 +21,11 @@ class Router:
     in ``down`` keep their numbers but carry nothing (a failed link)."""
 
     def __init__(
-        self, vertices: int, world_size: int, links: Sequence[tuple[int, int, float]], down: frozenset[int] = frozenset()
+        self,
+        vertices: int,
+        world_size: int,
+        links: Sequence[tuple[int, int, float]],
+        down: frozenset[int] = frozenset(),
     ) -> None:
         self.world_size = world_size
         #: per vertex: (neighbour index, link id, latency in ps)
@@ -31,8 +35,8 @@ class Router:
             if link_id not in down:
                 self._out[src].append((dst, link_id, round(latency * PS_PER_S)))
             self._link_src.append(src)
-        self._trees: dict[int, array] = {}
-        self._keys: dict[int, list[tuple[int, int, int] | None]] = {}
+        #: per source vertex: its search so far (best keys, which are final, the heap)
+        self._searches: dict[int, tuple[list[tuple[int, int, int] | None], list[bool], list]] = {}
 
     def reachable(self, start: int, reverse: bool = False) -> list[bool]:
         """Which vertex indices ``start`` reaches (or, with ``reverse``, which reach ``start``)."""
@@ -55,21 +59,27 @@ class Router:
 
     def route(self, s: int, d: int) -> tuple[int, ...]:
         """The link ids of the best route from vertex ``s`` to vertex ``d`` (``()`` if equal)."""
-        if s != d and s not in self._trees and all(v >= self.world_size for v, _, _ in self._out[s]):
+        if s != d and s not in self._searches and all(v >= self.world_size for v, _, _ in self._out[s]):
             return self._route_via_switches(s, d)
-        tree = self._trees.get(s)
-        if tree is None:
-            tree = self._tree(s)
-        return self._walk(tree, s, d)
+        return self._walk(self._settle(s, d), s, d)
 
-    def _tree(self, src: int) -> array:
-        """For every vertex index, the last link of the best route from ``src`` (-1: none)."""
-        best: list[tuple[int, int, int] | None] = [None] * len(self._out)
-        best[src] = (0, 0, -1)
-        done = [False] * len(self._out)
-        heap = [(0, 0, src)]
+    def _settle(self, src: int, target: int) -> list[tuple[int, int, int] | None]:
+        """Search from ``src`` until ``target``'s best route is final: per vertex index, the key (latency, hops,
+        last link) of the best route found so far (final for every vertex settled).
+
+        The search stops there and resumes from where it stopped for a later target, so a route to a near
+        vertex (a ring's neighbour) costs a few steps instead of a search of the whole graph. A vertex leaves
+        the heap only after every vertex of a smaller (latency, hops) has, so its key, last link included, is
+        final then: stopping early gives the routes a whole search gives.
+        """
+        search = self._searches.get(src)
+        if search is None:
+            best: list[tuple[int, int, int] | None] = [None] * len(self._out)
+            best[src] = (0, 0, -1)
+            search = self._searches[src] = (best, [False] * len(self._out), [(0, 0, src)])
+        best, done, heap = search
         out = self._out
-        while heap:
+        while heap and not done[target]:
             dist, hops, u = heapq.heappop(heap)
             if done[u]:
                 continue
@@ -83,10 +93,7 @@ class Router:
                     best[v] = candidate
                     if current is None or candidate[:2] < current[:2]:
                         heapq.heappush(heap, (candidate[0], candidate[1], v))
-        tree = array("l", (-1 if key is None else key[2] for key in best))
-        self._trees[src] = tree
-        self._keys[src] = best
-        return tree
+        return best
 
     def _route_via_switches(self, s: int, d: int) -> tuple[int, ...]:
         """Best route from a rank whose links all lead to switches: first link + the switch's own best route.
@@ -96,23 +103,21 @@ class Router:
         """
         best: tuple[int, int, int, int] | None = None
         for v, link_id, latency in self._out[s]:
-            if v not in self._trees:
-                self._tree(v)
-            key = self._keys[v][d]
+            key = self._settle(v, d)[d]
             if key is None:
                 continue
             candidate = (latency + key[0], 1 + key[1], link_id, v)
             if best is None or candidate < best:
                 best = candidate
         assert best is not None, "clusters are checked to be connected"
-        return (best[2],) + self._walk(self._trees[best[3]], best[3], d)
+        return (best[2],) + self._walk(self._searches[best[3]][0], best[3], d)
 
-    def _walk(self, tree: array, s: int, d: int) -> tuple[int, ...]:
-        """Links from vertex index ``s`` to ``d`` read back from ``s``'s last-link tree."""
+    def _walk(self, best: list[tuple[int, int, int] | None], s: int, d: int) -> tuple[int, ...]:
+        """Links from vertex index ``s`` to ``d`` read back from the last links of ``s``'s search."""
         path: list[int] = []
         vertex = d
         while vertex != s:
-            link_id = tree[vertex]
+            link_id = best[vertex][2]  # type: ignore[index]
             path.append(link_id)
             vertex = self._link_src[link_id]
         path.reverse()
@@ -121,4 +126,4 @@ class Router:
     @property
     def sources_searched(self) -> tuple[int, ...]:
         """The vertex indices a single-source search has run from so far."""
-        return tuple(self._trees)
+        return tuple(self._searches)

@@ -1,0 +1,742 @@
+"""A collective's messages run in arrays, a group of simultaneous messages at a time: the same run, bit for bit.
+
+One message at a time (:mod:`simdist.comm.messages` on a :class:`~simdist.comm.lane.Lane`) costs some ten Python
+calls a message. A large ring all-reduce is millions of messages, most of them due in groups: every rank's
+step-``k`` message arrives at the same simulated time. :class:`BatchedRun` keeps a schedule's messages in NumPy
+arrays and handles such a group in a few dozen array operations, with the outcome of handling its messages one
+after another in simpy's order:
+
+- **Order.** Messages in flight wait in entries keyed as simpy would key them (arrival time, then the id of the
+  event simpy would have scheduled, taken from simpy's own counter in send order). A group is every message due
+  at the earliest time, before simpy's next event, taken in id order. What a message's arrival sends arrives
+  later than now or, at the same time, under a larger id: after the whole group, where simpy would put it too.
+- **Independence.** A group is handled at once only as far as its receivers are distinct ranks and none of them
+  finishes its part; the rest goes one message at a time (a finishing rank completes its work, which schedules
+  simpy events and may run callbacks). Distinct receivers write distinct ranks' buffers, and each sends only
+  from its own, so landing every message before taking any snapshot reads and writes what the interleaved
+  order does. Sends of a group whose routes share a link reserve it one after another: they are split where a
+  link repeats, and each part reserves disjoint links, which is order-free.
+- **Arithmetic.** Times are computed with the same float operations in the same order as
+  :meth:`simdist.network.links.Network.send` (``start + bytes * inv_bw``, ``now + ((leave + lat) - now)``);
+  data moves through the same reduction on the same values (torch's own, on gathered elements).
+
+Where data moves, the buffers are addressed together as one NumPy view of the process's memory spanning them
+(plain contiguous CPU buffers of one element type, each rank's memory apart from every other rank's); meta
+buffers (timing-only runs) move nothing. A schedule that does not fit these conditions, or a run that may be
+perturbed or faulty, keeps the one-message path (see :func:`batched_allowed`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+from collections.abc import Sequence
+from heapq import heappop, heappush
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from simpy.core import NORMAL
+from simpy.events import Event
+
+from simdist.trace.trace import Message
+
+if TYPE_CHECKING:
+    from simdist.comm.messages import ScheduleRun
+
+#: whether schedules may run batched at all (False: one message at a time, as a reference to compare)
+ENABLED = True
+#: schedules of fewer messages than this keep the one-message path (setting up arrays costs more)
+MIN_MESSAGES = 4096
+#: the dense tables of a batched schedule (ranks x steps counters) hold at most this many entries
+MAX_TABLE = 1 << 26
+
+_RAW = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def _expand(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The indices of ranges ``[starts[i], starts[i] + counts[i])``, one after another."""
+    k = len(counts)
+    if k == 0:
+        return np.zeros(0, dtype=np.int64)
+    c = int(counts[0])
+    if k == 1 or (counts == c).all():  # equal ranges (a ring's chunks): a broadcast sum
+        return (starts[:, None] + np.arange(c, dtype=np.int64)).ravel()
+    ends = counts.cumsum()
+    return (starts - (ends - counts)).repeat(counts) + np.arange(int(ends[-1]), dtype=np.int64)
+
+
+def _strided_runs(links: np.ndarray, most: int = 4) -> list[tuple[int, int, slice]] | None:
+    """``links`` as at most ``most`` runs of evenly increasing values over disjoint ranges: (from, to, the slice
+    of link ids), or None (a ring's links come as one or two such runs, rotated by the step)."""
+    k = len(links)
+    if k < 8:
+        return None
+    gaps = np.diff(links)
+    cuts = np.flatnonzero(gaps[1:] != gaps[:-1]) + 1  # where the gap changes
+    if len(cuts) > 2 * most:
+        return None
+    runs, a = [], 0
+    while a < k:
+        if len(runs) == most:
+            return None
+        b = a + 1
+        if b < k:
+            gap = int(gaps[a])
+            if gap <= 0:
+                return None
+            nxt = cuts[cuts > a]
+            b = int(nxt[0]) + 1 if len(nxt) else k
+        else:
+            gap = 1
+        first = int(links[a])
+        runs.append((a, b, slice(first, first + (b - a) * gap, gap)))
+        a = b
+    spans = sorted((r[2].start, r[2].stop - r[2].step) for r in runs)  # each run's first and last link
+    if any(spans[i][1] >= spans[i + 1][0] for i in range(len(spans) - 1)):
+        return None  # runs that interleave might share a link
+    return runs
+
+
+def _first_repeat(values: np.ndarray) -> int:
+    """The position of the first value that occurred before it (``len(values)``: none does)."""
+    order = values.argsort(kind="stable")
+    ordered = values[order]
+    repeat = ordered[1:] == ordered[:-1]
+    if not repeat.any():
+        return len(values)
+    return int(order[1:][repeat].min())
+
+
+class Columns:
+    """A schedule's messages as columns (group ranks, steps, element ranges, whether each reduces)."""
+
+    def __init__(self, msgs: Sequence[Any]) -> None:
+        table = getattr(msgs, "columns", None)
+        if table is not None:  # a schedule built as arrays (simdist.algorithms.schedule.MsgTable)
+            self.src, self.dst, self.step, self.slo, self.shi, self.dlo, self.dhi, self.red = table()
+            return
+        cols = list(zip(*msgs)) if len(msgs) else [()] * 8
+        self.src, self.dst, self.step, self.slo, self.shi, self.dlo, self.dhi = (
+            np.array(c, dtype=np.int64) for c in cols[:7]
+        )
+        self.red = np.array([k == "reduce" for k in cols[7]], dtype=bool)
+
+
+def _raw_view(t: torch.Tensor) -> np.ndarray:
+    """The elements of contiguous CPU tensor ``t`` as a flat NumPy array of integers of their size (the same
+    memory; not ``Tensor.numpy``, which rank code's patches count as a read by the host)."""
+    size = t.element_size()
+    raw = (ctypes.c_byte * max(t.numel() * size, size)).from_address(t.data_ptr())
+    return np.frombuffer(raw, dtype=_RAW[size])[: t.numel()]
+
+
+class _Memory:
+    """Every rank's buffers as element offsets into one NumPy view of the memory spanning them."""
+
+    def __init__(self, src: list[torch.Tensor], dst: list[torch.Tensor]) -> None:
+        t0 = dst[0]
+        self.dtype = t0.dtype
+        size = t0.element_size()
+        ptrs = [b.data_ptr() for b in (*src, *dst)]
+        base = min(ptrs)
+        end = max(p + b.numel() * size for p, b in zip(ptrs, (*src, *dst)))
+        raw = (ctypes.c_byte * max(end - base, size)).from_address(base)
+        self.mem = np.frombuffer(raw, dtype=_RAW[size])
+        self.src = np.array([(b.data_ptr() - base) // size for b in src], dtype=np.int64)
+        self.dst = np.array([(b.data_ptr() - base) // size for b in dst], dtype=np.int64)
+        #: the tensors, kept alive while the view is used
+        self.keep = (src, dst)
+
+    def tensor(self, raw: np.ndarray) -> torch.Tensor:
+        """Raw elements as a tensor of the buffers' type (the same memory)."""
+        return torch.from_numpy(raw).view(self.dtype)
+
+
+def _memory_for(src: list[torch.Tensor | None], dst: list[torch.Tensor | None]) -> _Memory | None | str:
+    """How the data of buffers ``src``/``dst`` moves in arrays: a :class:`_Memory`, None (meta buffers: no
+    data), or the reason it cannot."""
+    bufs = [*src, *dst]
+    if any(b is None for b in bufs):
+        return "a rank without a buffer"
+    if all(b.is_meta for b in bufs):  # type: ignore[union-attr]
+        return None
+    dtype = bufs[0].dtype  # type: ignore[union-attr]
+    size = bufs[0].element_size()  # type: ignore[union-attr]
+    if size not in _RAW:
+        return f"elements of {size} bytes"
+    extents = []
+    for r, b in enumerate([*src, *dst]):
+        if type(b) is not torch.Tensor or b.device.type != "cpu" or b.dtype != dtype:
+            return "buffers that are not plain CPU tensors of one type"
+        if b.dim() != 1 or not b.is_contiguous() or b.data_ptr() % size:
+            return "buffers that are not flat and aligned"
+        start = b.data_ptr()
+        extents.append((start, start + b.numel() * size, r % len(src)))
+    extents.sort()
+    end, owner = -1, -1  # the memory extents seen so far that overlap one another: where they end, whose
+    for start, stop, r in extents:
+        if start < end:
+            if r != owner:
+                return "two ranks' buffers sharing memory"
+            end = max(end, stop)
+        else:
+            end, owner = stop, r
+    return _Memory(src, dst)  # type: ignore[arg-type]
+
+
+def batched_allowed(run: ScheduleRun, cols: Columns) -> str | None:
+    """Why ``run`` cannot run batched (None: it can)."""
+    if not ENABLED:
+        return "disabled"
+    if run.lane is None:
+        return "no lane (a perturbed or faulty run)"
+    if len(cols.src) < MIN_MESSAGES:
+        return "a small schedule"
+    if run.reduce_cost or run.local != (0.0, 0.0):
+        return "gloo's model (reductions and copies on the rank's thread)"
+    if run.order is not None and run.order.scale != 1:
+        return "complex elements in gloo's order"
+    if (cols.src == cols.dst).any():
+        return "a rank sending to itself"
+    n = run.n
+    if n * (run.nsteps + 1) > MAX_TABLE:
+        return "a schedule too large for its tables"
+    return None
+
+
+class BatchedRun:
+    """The arrays and the in-flight queue of one :class:`~simdist.comm.messages.ScheduleRun` run batched."""
+
+    def __init__(self, run: ScheduleRun, cols: Columns, memory: _Memory | None) -> None:
+        self.run = run
+        self.env = run.sim.env
+        self.network = run.sim.network
+        self.memory = memory
+        n, S = run.n, run.nsteps  # n ranks, S steps
+        self.n, self.S = n, S
+        key = cols.src * (S + 1) + cols.step
+        if not (key[1:] >= key[:-1]).all():  # by sender, then step, then the schedule's order
+            order = np.argsort(key, kind="stable")
+            key = key[order]
+            cols.src, cols.dst, cols.step, cols.slo, cols.shi, cols.dlo, cols.dhi, cols.red = (
+                c[order]
+                for c in (cols.src, cols.dst, cols.step, cols.slo, cols.shi, cols.dlo, cols.dhi, cols.red)
+            )
+        self.key = key
+        self.src, self.dst, self.step, self.slo, self.dlo, self.red = (
+            cols.src,
+            cols.dst,
+            cols.step,
+            cols.slo,
+            cols.dlo,
+            cols.red,
+        )
+        self.count = cols.shi - cols.slo
+        self.nbytes = (self.count * run.itemsize).astype(np.float64)
+        self.cursor = np.searchsorted(self.key, np.arange(n, dtype=np.int64) * (S + 1))
+        #: by (rank, step) flattened: how many messages come before the rank's messages of later steps
+        self.send_end = np.bincount(self.key, minlength=n * (S + 1)).cumsum()
+        self.missing = np.bincount(cols.dst * (S + 1) + cols.step, minlength=n * (S + 1)).astype(np.int32)
+        self.remaining = np.bincount(cols.dst, minlength=n).astype(np.int64)
+        first = np.argmax(self.missing.reshape(n, S + 1) > 0, axis=1)
+        self.first_missing = np.where(self.remaining > 0, first, S).astype(np.int64)
+        self.next_step = np.zeros(n, dtype=np.int64)
+        #: per message: where its receiver counts it (its rank's row of ``missing``, flattened)
+        self.mkey = cols.dst * (S + 1) + cols.step
+        self._routes(run)
+        if memory is not None:  # per message: where its payload is read, and where it lands
+            self.sat = memory.src[self.src] + self.slo
+            self.wat = memory.dst[self.dst] + self.dlo
+        self.order = run.order
+        if self.order is not None:
+            self._ranges(cols)
+            self.tat = memory.dst[self.src] + self.slo  # type: ignore[union-attr]  # what a reduction takes
+        #: in flight: heap of (arrival time, first event id, sequence, entry)
+        self.heap: list[tuple[float, int, int, _Entry]] = []
+        self._seq = itertools.count()
+        self._listed = False
+        self._proxy: Event | None = None
+        self._proxy_key: tuple[float, int] = (float("inf"), 0)
+        self._posted: dict[tuple[float, int], Event] = {}
+        self.delivering = False
+        self.record = run.sim.trace.record_messages
+        self.gsrc = np.asarray(run.global_ranks, dtype=np.int64)[self.src]
+        self.gdst = np.asarray(run.global_ranks, dtype=np.int64)[self.dst]
+
+    # ------------------------------------------------------------------ set-up
+    def _routes(self, run: ScheduleRun) -> None:
+        """Each message's route as a row of link indices (padded with its first link), its latency and s/byte."""
+        n = run.n
+        pair = self.src * n + self.dst
+        if n * n <= MAX_TABLE:
+            mark = np.zeros(n * n, dtype=bool)
+            mark[pair] = True
+            pairs = np.flatnonzero(mark)
+            ids = np.full(n * n, -1, dtype=np.int64)
+            ids[pairs] = np.arange(len(pairs))
+            self.pair = ids[pair]
+        else:
+            pairs, self.pair = np.unique(pair, return_inverse=True)
+        g = run.global_ranks
+        network = run.sim.network
+        routes = [network._route(g[p // n], g[p % n]) for p in pairs.tolist()]
+        width = max(len(r[0]) for r in routes)
+        links = np.array([r[0] + (r[0][0],) * (width - len(r[0])) for r in routes], dtype=np.int64)
+        self.plinks = links
+        self.pcount = np.array([len(r[0]) for r in routes], dtype=np.int64)
+        self.pvalid = np.arange(width)[None, :] < self.pcount[:, None]
+        if run.pace is not None:
+            lat, inv = run.pace
+            plat = np.full(len(routes), lat, dtype=np.float64)
+            pinv = np.full(len(routes), inv, dtype=np.float64)
+        else:
+            plat = np.array([r[2] for r in routes], dtype=np.float64)
+            pinv = np.array([r[1] for r in routes], dtype=np.float64)
+        #: per message: its latency, and how long it holds its links (bytes x seconds per byte, as Network.send)
+        self.lat = plat[self.pair]
+        self.hold = self.nbytes * pinv[self.pair]
+        #: per message: its one link, where every route is one link (a ring's neighbours); else None
+        self.link = links[self.pair, 0] if width == 1 else None
+
+    def _ranges(self, cols: Columns) -> None:
+        """Element ranges a reduction takes a rank's contribution in, numbered (gloo's order tracks them)."""
+        red = cols.red
+        if cols.dlo is cols.slo and cols.dhi is cols.shi:
+            los, his = cols.slo[red], cols.shi[red]
+        else:
+            los = np.concatenate([cols.slo[red], cols.dlo[red]])
+            his = np.concatenate([cols.shi[red], cols.dhi[red]])
+        u_lo, first = np.unique(los, return_index=True)
+        u_hi = his[first]
+        if (his != u_hi[np.searchsorted(u_lo, los)]).any() or (u_hi[:-1] > u_lo[1:]).any():
+            raise _NotBatched("element ranges that overlap partly")
+        self.range_lo, self.range_hi = u_lo, u_hi
+        self.covered = np.zeros((self.n, len(u_lo)), dtype=bool)
+        self.dirty: set[int] = set()
+        rows = self.order.rows  # type: ignore[union-attr]
+        self.rows = _raw_view(rows)
+        self.row_width = rows.shape[1]
+
+    # ------------------------------------------------------------------ the queue
+    def _push(
+        self, t: np.ndarray, eids: np.ndarray, mi: np.ndarray, start: np.ndarray, pay: Any, poff: Any
+    ) -> None:
+        """Queue messages ``mi`` (sent in this order, under ids ``eids``) to arrive at times ``t``."""
+        if (t == t[0]).all():
+            parts = [slice(None)]
+        else:
+            order = np.argsort(t, kind="stable")
+            ts = t[order]
+            cuts = np.flatnonzero(ts[1:] != ts[:-1]) + 1
+            parts = np.split(order, cuts)
+        for p in parts:
+            e = _Entry(eids[p], mi[p], start[p], pay, poff[p] if poff is not None else None)
+            tt = float(t[p][0]) if isinstance(p, slice) else float(t[p[0]])
+            heappush(self.heap, (tt, int(e.eids[0]), next(self._seq), e))
+        if not self._listed:
+            self.env.__dict__.setdefault("lanes", []).append(self)
+            self._listed = True
+        if not self.delivering and self.heap[0][:2] < self._proxy_key:
+            self._post(*self.heap[0][:2])
+
+    def next_after(self, now: float) -> float:
+        """The earliest time after ``now`` (seconds) at which a message is due (infinity: none)."""
+        return min((t for t, *_ in self.heap if t > now), default=float("inf"))
+
+    def _post(self, t: float, eid: int) -> None:
+        """Put an event standing for the message keyed ``(t, eid)`` into simpy's queue."""
+        key = (t, eid)
+        ev = self._posted.get(key)
+        if ev is None:
+            ev = self._posted[key] = Event(self.env)
+            ev._ok = True
+            ev._value = key
+            ev.callbacks.append(self._run)
+            heappush(self.env._queue, (t, NORMAL, eid, ev))
+        self._proxy, self._proxy_key = ev, key
+
+    def _take_due(self, t: float, below: int | None) -> _Entry | None:
+        """Remove and return the messages due at ``t`` with ids below ``below`` (None: all), in id order."""
+        heap = self.heap
+        got = []
+        while heap and heap[0][0] == t:
+            got.append(heappop(heap)[3])
+        e = got[0] if len(got) == 1 else _Entry.merge(got)
+        if below is not None:
+            cut = int(np.searchsorted(e.eids, below))
+            if cut < len(e.eids):
+                rest = e.part(slice(cut, None))
+                heappush(heap, (t, int(rest.eids[0]), next(self._seq), rest))
+                if cut == 0:
+                    return None
+                e = e.part(slice(0, cut))
+        return e
+
+    def _run(self, ev: Event) -> None:
+        """Deliver every message that comes before simpy's next event (the proxy ``ev`` has come up)."""
+        del self._posted[ev._value]
+        if ev is not self._proxy:
+            return  # stale: an earlier message took its place
+        self._proxy, self._proxy_key = None, (float("inf"), 0)
+        env = self.env
+        heap, queue = self.heap, env._queue
+        self.delivering = True
+        try:
+            while heap:
+                t = heap[0][0]
+                below = None
+                if queue:
+                    qt, qp, qid, _ = queue[0]
+                    if qt < t or (qt == t and qp < NORMAL):
+                        break
+                    if qt == t and qp == NORMAL:
+                        below = qid
+                e = self._take_due(t, below)
+                if e is None:
+                    break
+                env._now = t
+                if not self._deliver(e):
+                    break
+        finally:
+            self.delivering = False
+        if heap:
+            self._post(heap[0][0], heap[0][1])
+        elif self._listed:
+            env.lanes.remove(self)  # type: ignore[attr-defined]
+            self._listed = False
+
+    # ------------------------------------------------------------------ messages
+    def start(self) -> None:
+        """Every rank issues what it can before any message has arrived, in rank order; a rank that receives
+        nothing is then done, before the next rank issues anything (as one message at a time has it)."""
+        idle = np.flatnonzero(self.remaining == 0).tolist()
+        at = 0
+        for r in [*idle, self.n]:
+            if r > at:
+                self._send(self._advance(np.arange(at, r, dtype=np.int64)))
+            if r < self.n:
+                self._send(self._advance(np.array([r], dtype=np.int64)))
+                self._finish(r)
+            at = r + 1
+
+    def _deliver(self, e: _Entry) -> bool:
+        """Deliver the messages of ``e`` (due now, in id order); False if simpy's queue now has an event due
+        before the rest (which are queued again)."""
+        k = len(e.mi)
+        i = 0
+        while i < k:
+            j = self._independent(e.mi[i:]) + i if k - i > 1 else i
+            if j > i + 1:
+                self._land(e.part(slice(i, j)))
+                i = j
+                continue
+            self._land_one(e, i)  # the rank finishes: the work completes, simpy events follow
+            i += 1
+            if i < k:
+                queue = self.env._queue
+                if queue:
+                    qt, qp, qid, _ = queue[0]
+                    now = self.env._now
+                    if qt < now or (qt == now and (qp < NORMAL or (qp == NORMAL and qid < e.eids[i]))):
+                        rest = e.part(slice(i, None))
+                        heappush(self.heap, (self.env._now, int(rest.eids[0]), next(self._seq), rest))
+                        return False
+        return True
+
+    def _independent(self, mi: np.ndarray) -> int:
+        """How many of messages ``mi`` from the first may be delivered at once: distinct receivers, none of
+        which finishes its part."""
+        dst = self.dst[mi]
+        finishing = self.remaining[dst] == 1
+        stop = int(finishing.argmax()) if finishing.any() else len(mi)
+        if stop > 1:
+            stop = _first_repeat(dst[:stop])
+        return stop
+
+    def _land(self, e: _Entry) -> None:
+        """Messages ``e`` (distinct receivers, none finishing) arrive now: their data lands, their receivers go
+        on."""
+        mi = e.mi
+        dst = self.dst[mi]
+        if self.memory is not None and e.pay is not None:
+            self._land_data(mi, dst, e)
+        if self.record:
+            self._trace(mi, e.start)
+        key = self.mkey[mi]
+        miss = self.missing
+        miss[key] -= 1
+        self.remaining[dst] -= 1
+        fm = self.first_missing
+        step = self.step[mi]
+        moved = (step == fm[dst]) & (miss[key] == 0)
+        if moved.any():
+            ranks = dst[moved]
+            cand = fm[ranks] + 1
+            row = ranks * (self.S + 1)
+            while True:
+                live = cand < self.S
+                live[live] = miss[row[live] + cand[live]] == 0
+                if not live.any():
+                    break
+                cand[live] += 1
+            fm[ranks] = cand
+        self._send(self._advance(dst))
+
+    def _land_one(self, e: _Entry, i: int) -> None:
+        """Message ``i`` of ``e`` arrives now (:meth:`_land` for one message, without arrays)."""
+        m = int(e.mi[i])
+        d, step, c = int(self.dst[m]), int(self.step[m]), int(self.count[m])
+        memory = self.memory
+        if memory is not None and e.pay is not None and c:
+            lo = int(self.dlo[m])
+            at = int(memory.dst[d]) + lo
+            p0 = int(e.poff[i])
+            mem = memory.mem
+            if self.red[m]:
+                if self.order is not None:
+                    self._take(np.array([d]), np.array([lo]), np.array([at]), np.array([c]))
+                self.run.reduce(memory.tensor(mem[at : at + c]), memory.tensor(e.pay[p0 : p0 + c]))
+            else:
+                mem[at : at + c] = e.pay[p0 : p0 + c]
+        if self.record:
+            self._trace(e.mi[i : i + 1], e.start[i : i + 1])
+        miss = self.missing[d * (self.S + 1) : (d + 1) * (self.S + 1)]
+        miss[step] -= 1
+        self.remaining[d] -= 1
+        fm = self.first_missing
+        if step == fm[d] and miss[step] == 0:
+            k = step + 1
+            S = self.S
+            while k < S and miss[k] == 0:
+                k += 1
+            fm[d] = k
+        self._send(self._advance(np.array([d], dtype=np.int64)))
+        if self.remaining[d] == 0:
+            self._finish(d)
+
+    def _land_data(self, mi: np.ndarray, dst: np.ndarray, e: _Entry) -> None:
+        memory = self.memory
+        mem = memory.mem  # type: ignore[union-attr]
+        count = self.count[mi]
+        red = self.red[mi]
+        if self.order is not None and red.any():
+            sel = mi[red]
+            self._take(dst[red], self.dlo[sel], self.wat[sel], count[red])
+        widx = _expand(self.wat[mi], count)
+        pidx = _expand(e.poff, count)
+        if red.all():
+            acc = mem[widx]
+            self.run.reduce(memory.tensor(acc), memory.tensor(e.pay[pidx]))  # type: ignore[union-attr]
+            mem[widx] = acc
+        elif not red.any():
+            mem[widx] = e.pay[pidx]
+        else:
+            per = np.repeat(red, count)
+            rw = widx[per]
+            acc = mem[rw]
+            self.run.reduce(memory.tensor(acc), memory.tensor(e.pay[pidx[per]]))  # type: ignore[union-attr]
+            mem[rw] = acc
+            mem[widx[~per]] = e.pay[pidx[~per]]
+
+    def _take(self, ranks: np.ndarray, lo: np.ndarray, at: np.ndarray, count: np.ndarray) -> None:
+        """Gloo's order: ranks ``ranks``' elements ``[lo, lo + count)`` (at ``at`` in memory) enter a reduction;
+        keep those not taken before."""
+        rid = np.searchsorted(self.range_lo, lo)
+        fresh = ~self.covered[ranks, rid]
+        if not fresh.any():
+            return
+        ranks, rid, lo, at, count = ranks[fresh], rid[fresh], lo[fresh], at[fresh], count[fresh]
+        self.covered[ranks, rid] = True
+        self.dirty.update(ranks.tolist())
+        self.rows[_expand(ranks * self.row_width + lo, count)] = self.memory.mem[_expand(at, count)]  # type: ignore[union-attr]
+
+    def _sync_covered(self) -> None:
+        """Tell the gloo result which element ranges of each rank it has taken (it checks them when it writes)."""
+        for r in sorted(self.dirty):
+            sel = np.flatnonzero(self.covered[r])
+            lo, hi = self.range_lo[sel], self.range_hi[sel]
+            breaks = np.flatnonzero(lo[1:] > hi[:-1]) + 1
+            starts = np.concatenate([[0], breaks])
+            ends = np.concatenate([breaks, [len(lo)]]) - 1
+            cov = self.order.covered[r]  # type: ignore[union-attr]
+            cov.starts, cov.ends = lo[starts].tolist(), hi[ends].tolist()
+        self.dirty.clear()
+
+    def _trace(self, mi: np.ndarray, start: np.ndarray) -> None:
+        run, now = self.run, self.env._now
+        trace, streams, name, size = run.sim.trace, run.streams, run.name, run.itemsize
+        for s, d, r0, r1, st, c in zip(
+            self.gsrc[mi].tolist(),
+            self.gdst[mi].tolist(),
+            self.src[mi].tolist(),
+            self.dst[mi].tolist(),
+            start.tolist(),
+            self.count[mi].tolist(),
+        ):
+            trace.message(Message(s, d, streams[r0], streams[r1], st, now, c * size, name))
+
+    def _advance(self, ranks: np.ndarray) -> np.ndarray:
+        """Ranks ``ranks`` (distinct) issue every step they may: the messages they send, in order."""
+        S = self.S
+        limit = np.minimum(self.first_missing[ranks], S - 1)
+        end = self.send_end[ranks * (S + 1) + limit]
+        beg = self.cursor[ranks]
+        count = np.maximum(end - beg, 0)
+        self.cursor[ranks] = beg + count
+        self.next_step[ranks] = np.maximum(self.next_step[ranks], limit + 1)
+        return _expand(beg, count)
+
+    def _send(self, mi: np.ndarray) -> None:
+        """Messages ``mi`` leave now, in this order: their data is taken, their links reserved."""
+        k = len(mi)
+        if k == 0:
+            return
+        pay = poff = None
+        memory = self.memory
+        if memory is not None:
+            count = self.count[mi]
+            if self.order is not None:  # gloo's result reads the sender's result buffer
+                red = self.red[mi]
+                if red.any():
+                    sel = mi[red]
+                    self._take(self.src[sel], self.slo[sel], self.tat[sel], count[red])
+            pay = memory.mem[_expand(self.sat[mi], count)]
+            poff = count.cumsum() - count
+        now = self.env._now
+        start, t = self._reserve(now, mi)
+        if type(now) is not float:  # simpy's clock starts at the integer 0: a start not delayed is that 0
+            start = start.astype(object)
+            start[start == now] = now
+        eid0 = next(self.env._eid)
+        self.env._eid = itertools.count(eid0 + k)
+        self.network.messages += k
+        self._push(t, np.arange(eid0, eid0 + k, dtype=np.int64), mi, start, pay, poff)
+
+    def _reserve(self, now: float, mi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Reserve the links of messages ``mi`` in order; (when each starts to move, when it arrives)."""
+        free = self.network._free_at
+        hold = self.hold[mi]
+        k = len(mi)
+        if self.link is not None:
+            links = self.link[mi]
+            runs = _strided_runs(links)
+            if runs is not None:  # runs of evenly spaced links: distinct, read and written as list slices
+                start = np.empty(k)
+                for a, b, sl in runs:
+                    start[a:b] = free[sl]
+                start = np.maximum(start, now)
+                leave = start + hold
+                values = leave.tolist()
+                for a, b, sl in runs:
+                    free[sl] = values[a:b]
+                return start, now + ((leave + self.lat[mi]) - now)
+            if k == 1 or _first_repeat(links) == k:  # one link each, all distinct: order-free
+                ll = links.tolist()
+                start = np.maximum(np.fromiter(map(free.__getitem__, ll), np.float64, k), now)
+                leave = start + hold
+                for i, v in zip(ll, leave.tolist()):
+                    free[i] = v
+                return start, now + ((leave + self.lat[mi]) - now)
+        pair = self.pair[mi]
+        links, valid = self.plinks[pair], self.pvalid[pair]
+        start = np.empty(k)
+        i = 0
+        while i < k:
+            j = k if i == 0 and k == 1 else self._disjoint(links[i:], valid[i:]) + i
+            seg = links[i:j]
+            fv = np.fromiter(map(free.__getitem__, seg.ravel().tolist()), np.float64, seg.size).reshape(
+                seg.shape
+            )
+            s = np.maximum(fv.max(axis=1), now)
+            leave = s + hold[i:j]
+            v = valid[i:j]
+            for li, lv in zip(seg[v].tolist(), np.broadcast_to(leave[:, None], seg.shape)[v].tolist()):
+                free[li] = lv
+            start[i:j] = s
+            i = j
+        leave = start + hold
+        return start, now + ((leave + self.lat[mi]) - now)
+
+    @staticmethod
+    def _disjoint(links: np.ndarray, valid: np.ndarray) -> int:
+        """How many of the routes ``links`` from the first use pairwise distinct links (at least one)."""
+        if links.shape[1] == 1:
+            return max(1, _first_repeat(links[:, 0]))
+        flat = links[valid]
+        owner = np.broadcast_to(np.arange(len(links))[:, None], links.shape)[valid]
+        first = _first_repeat(flat)
+        return len(links) if first == len(flat) else max(1, int(owner[first]))
+
+    def _finish(self, r: int) -> None:
+        """Rank ``r`` has sent and received everything."""
+        run = self.run
+        run.done[r] = True
+        run.ranks_done += 1
+        if run.ranks_done == self.n:
+            run.lane.close()  # type: ignore[union-attr]
+        if self.order is not None:
+            self._sync_covered()
+        run.on_rank_done(r)
+        if run.ranks_done == self.n:  # nothing more moves: no cycle keeps the run's buffers alive
+            run.next_step, run.first_missing = self.progress()
+            run.batched = None
+            self.memory = self.rows = None
+
+    def progress(self) -> tuple[list[int], list[int]]:
+        """Each rank's next step to issue and first step still missing a message."""
+        return self.next_step.tolist(), self.first_missing.tolist()
+
+
+class _Entry:
+    """Messages in flight due at one time, in id order: their ids, indices, start times and payloads."""
+
+    __slots__ = ("eids", "mi", "pay", "poff", "start")
+
+    def __init__(self, eids: np.ndarray, mi: np.ndarray, start: np.ndarray, pay: Any, poff: Any) -> None:
+        self.eids, self.mi, self.start, self.pay, self.poff = eids, mi, start, pay, poff
+
+    def part(self, sel: slice) -> _Entry:
+        return _Entry(
+            self.eids[sel],
+            self.mi[sel],
+            self.start[sel],
+            self.pay,
+            None if self.poff is None else self.poff[sel],
+        )
+
+    @staticmethod
+    def merge(entries: list[_Entry]) -> _Entry:
+        """One entry of several, in id order (payloads laid end to end)."""
+        eids = np.concatenate([e.eids for e in entries])
+        order = np.argsort(eids, kind="stable")
+        mi = np.concatenate([e.mi for e in entries])[order]
+        start = np.concatenate([e.start for e in entries])[order]
+        if entries[0].pay is None:
+            return _Entry(eids[order], mi, start, None, None)
+        offs, pays, base = [], [], 0
+        for e in entries:
+            offs.append(e.poff + base)
+            pays.append(e.pay)
+            base += len(e.pay)
+        return _Entry(eids[order], mi, start, np.concatenate(pays), np.concatenate(offs)[order])
+
+
+class _NotBatched(Exception):
+    """A schedule found unfit for arrays while setting up (its reason in the message)."""
+
+
+def make(run: ScheduleRun, msgs: Sequence[Any]) -> BatchedRun | None:
+    """``run``'s batched form, or None where it keeps the one-message path."""
+    if not ENABLED or run.lane is None or len(msgs) < MIN_MESSAGES:
+        return None
+    cols = Columns(msgs)
+    if batched_allowed(run, cols) is not None:
+        return None
+    memory = _memory_for(run.src_bufs, run.dst_bufs)
+    if isinstance(memory, str):
+        return None
+    try:
+        return BatchedRun(run, cols, memory)
+    except _NotBatched:
+        return None

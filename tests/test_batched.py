@@ -1,0 +1,233 @@
+"""Schedules run in arrays (simdist.comm.batched) against the same runs with every message a simpy event: the same
+data bit for bit, simulated times, message counts, memory statistics and trace hash."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_lane import _cluster, _data, _program, _ring_all_reduce, assert_same_run, cases
+
+import simdist
+from simdist.algorithms import ring
+from simdist.algorithms.schedule import msg, split_offsets
+from simdist.comm import batched
+from simdist.network.routing import Router
+
+
+@pytest.fixture
+def every_schedule_batched(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Every schedule that can run batched does (not only large ones); for each that did, whether it moved data
+    (the runs themselves are not kept: they hold the buffers, which the memory statistics count)."""
+    made: list = []
+    real = batched.make
+
+    def counting(run: object, msgs: object) -> object:
+        got = real(run, msgs)  # type: ignore[arg-type]
+        if got is not None:
+            made.append(got.memory is not None)
+        return got
+
+    monkeypatch.setattr(batched, "MIN_MESSAGES", 1)
+    monkeypatch.setattr(batched, "make", counting)
+    return made
+
+
+@given(cases(), st.integers(0, 3))
+@settings(max_examples=25, deadline=None)
+def test_batched_runs_change_nothing(case: tuple, salt: int) -> None:
+    """Two collectives in flight (sharing links on overlapping groups), point-to-point traffic beside them and a
+    buffer written in flight: every algorithm, dtype, reduce op and cluster shape, in gloo's order or the
+    schedule's own."""
+    with pytest.MonkeyPatch.context() as mp:
+        made = every_schedule_batched.__wrapped__(mp)  # type: ignore[attr-defined]
+        coll, algo, n, shape, device, backend, dtype, op, numel, subgroups, race = case
+        cluster = _cluster(shape, n, device, coll, algo)
+        args = (coll, numel, dtype, op, salt, subgroups, race, "cuda" if backend == "nccl" else "cpu")
+        assert_same_run(_program, cluster, True, args=args, races="off", backend_name=backend, memory=True)
+        assert made, "no schedule of the run went batched"
+
+
+@pytest.mark.parametrize(("shape", "backend"), [("ring", "gloo"), ("ring", "nccl"), ("two_level", "gloo")])
+def test_large_ring_all_reduce_runs_batched(shape: str, backend: str) -> None:
+    """A 64-rank ring all-reduce (8,064 messages) runs batched by default, with the result of the messages one by
+    one and of NumPy's sum."""
+    made: list = []
+    real = batched.make
+
+    def noting(run: object, msgs: object) -> object:
+        got = real(run, msgs)  # type: ignore[arg-type]
+        made.append(got is not None)
+        return got
+
+    batched.make = noting  # type: ignore[assignment]
+    try:
+        cluster = (
+            simdist.Cluster.ring(64, device="H100", algorithms={"all_reduce": "ring"})
+            if shape == "ring"
+            else simdist.Cluster.two_level(16, 4, device="H100", algorithms={"all_reduce": "ring"})
+        )
+        dev = "cuda" if backend == "nccl" else "cpu"
+        got = assert_same_run(_ring_all_reduce, cluster, True, args=(1000, dev), backend_name=backend)
+    finally:
+        batched.make = real  # type: ignore[assignment]
+    assert any(made)
+    want = np.sum([_data(r, 1000, torch.float32, 5).double().numpy() for r in range(64)], axis=0)
+    assert np.allclose(got.returns[0][0].double().numpy(), want, rtol=1e-5, atol=1e-3)
+
+
+def _fake_step(numel: int) -> list:
+    x = torch.ones(numel, device="cuda")
+    dist.all_reduce(x)
+    y = torch.empty(numel * dist.get_world_size(), device="cuda")
+    dist.all_gather_into_tensor(y, x)
+    return []
+
+
+def test_timing_only_runs_batched(every_schedule_batched: list) -> None:
+    """Meta buffers move no data: a timing-only run's schedules run batched, at the times of the messages one by
+    one."""
+    cluster = simdist.Cluster.two_level(
+        4, 4, device="H100", algorithms={"all_reduce": "ring", "all_gather": "ring"}
+    )
+    got = assert_same_run(_fake_step, cluster, True, args=(4096,), backend_name="nccl", tensors="fake")
+    assert every_schedule_batched and not any(every_schedule_batched)  # batched, no data moved
+    assert got.sim_time > 0
+
+
+def test_lone_receivers_finish_at_the_start(every_schedule_batched: list) -> None:
+    """A broadcast's root receives nothing: it is done once it has sent, before the next rank sends (as one
+    message at a time has it)."""
+
+    def bcast(numel: int) -> list[torch.Tensor]:
+        x = _data(dist.get_rank(), numel, torch.float32, 1)
+        dist.broadcast(x, src=2)
+        y = _data(dist.get_rank(), numel, torch.float32, 2)
+        dist.reduce(y, dst=1)
+        return [x, y]
+
+    cluster = simdist.Cluster.switch(6, bandwidth="10GB/s", latency="3us", device="cpu")
+    for algo in ("ring", "tree", "direct"):
+        cluster.algorithms = {"broadcast": algo, "reduce": algo}
+        assert_same_run(bcast, cluster, True, args=(300,), races="off")
+    assert every_schedule_batched
+
+
+def test_schedules_not_fit_for_arrays_keep_one_message_at_a_time() -> None:
+    """A small schedule and gloo's model (reductions on the rank's thread) keep the one-message path, each with
+    its reason; a perturbed run (exploration decides ties itself) does not even queue messages on lanes."""
+    cluster = simdist.Cluster.ring(64, device="cpu", algorithms={"all_reduce": "ring"})
+    reasons: list = []
+    real = batched.make
+
+    def why(run: object, msgs: object) -> object:
+        reasons.append(batched.batched_allowed(run, batched.Columns(msgs)))  # type: ignore[arg-type]
+        return real(run, msgs)  # type: ignore[arg-type]
+
+    gloo = simdist.Cluster.two_level(
+        16, 4, device="cpu", collective_model="gloo", algorithms={"all_reduce": "ring"}
+    )
+    gloo.local_bandwidth = 2e9
+    runs = [
+        (cluster, {}),
+        (simdist.Cluster.ring(4, device="cpu"), {}),
+        (cluster, {"perturbation": simdist.Perturbation(ties="random")}),
+        (gloo, {}),
+    ]
+    batched.make = why  # type: ignore[assignment]
+    try:
+        seen = []
+        for c, kw in runs:
+            reasons.clear()
+            simdist.run(_ring_all_reduce, c, args=(100, "cpu"), **kw)
+            seen.append(list(reasons))
+    finally:
+        batched.make = real  # type: ignore[assignment]
+    assert seen[0] == [None]
+    assert seen[1] == ["a small schedule"]
+    assert seen[2] == []
+    assert len(seen[3]) == 1 and "gloo's model" in seen[3][0]
+
+
+# ----------------------------------------------------------------------------- the pieces
+
+
+def _ring_lists(n: int, off: list[int], step0: int) -> tuple[list, list]:
+    """The ring's reduce-scatter and all-gather messages, listed one by one."""
+    rs = [
+        msg(r, (r + 1) % n, step0 + k, off[(r - k - 1) % n], off[(r - k - 1) % n + 1], "reduce")
+        for r in range(n)
+        for k in range(n - 1)
+    ]
+    ag = [
+        msg(r, (r + 1) % n, step0 + k, off[(r - k) % n], off[(r - k) % n + 1], "copy")
+        for r in range(n)
+        for k in range(n - 1)
+    ]
+    return rs, ag
+
+
+@given(st.integers(2, 9), st.integers(0, 50), st.integers(0, 5))
+def test_ring_schedules_as_arrays_list_the_ring(n: int, numel: int, step0: int) -> None:
+    """The array-built ring schedules hold the ring's messages (rank by rank, step by step)."""
+    off = split_offsets(numel, n)
+    rs, ag = _ring_lists(n, off, step0)
+    assert list(ring.reduce_scatter(n, off, step0)) == rs
+    assert list(ring.all_gather(n, off, step0)) == ag
+    both = list(ring.all_reduce(n, numel))
+    assert sorted(both) == sorted(_ring_lists(n, off, 0)[0] + _ring_lists(n, off, n - 1)[1])
+    assert all(type(v) is int for m in both for v in m[:7])
+
+
+@given(st.lists(st.integers(0, 40), max_size=60))
+def test_strided_runs_are_the_links_in_order(links: list[int]) -> None:
+    """Runs of evenly spaced link ids stand for exactly the links, in order, none twice."""
+    arr = np.array(links, dtype=np.int64)
+    runs = batched._strided_runs(arr)
+    if runs is None:
+        return
+    got = []
+    for a, b, sl in runs:
+        part = list(range(sl.start, sl.stop, sl.step))
+        assert part == links[a:b]
+        got += part
+    assert got == links and len(set(got)) == len(got)
+
+
+@given(st.lists(st.integers(0, 9), max_size=30))
+def test_first_repeat(values: list[int]) -> None:
+    want = next((i for i, v in enumerate(values) if v in values[:i]), len(values))
+    assert batched._first_repeat(np.array(values, dtype=np.int64)) == want
+
+
+@st.composite
+def graphs(draw: st.DrawFn) -> tuple[int, list[tuple[int, int, float]], list[tuple[int, int]]]:
+    """A random directed graph (latencies from a few values, so routes tie) and queries in a random order."""
+    v = draw(st.integers(2, 9))
+    edges = draw(
+        st.lists(
+            st.tuples(st.integers(0, v - 1), st.integers(0, v - 1), st.sampled_from([1e-6, 2e-6, 3e-6])),
+            max_size=30,
+        )
+    )
+    links = [(a, b, lat) for a, b, lat in edges if a != b]
+    queries = draw(st.permutations([(s, d) for s in range(v) for d in range(v)]))
+    return v, links, queries
+
+
+@given(graphs(), st.booleans())
+def test_routes_do_not_depend_on_the_order_they_are_asked_in(graph: tuple, switches: bool) -> None:
+    """A search stopped at one destination and resumed for the next finds the routes a whole search finds (with
+    the upper half of the vertices as switches, ranks behind them route through their switches' searches)."""
+    v, links, queries = graph
+    ranks = max(1, v // 2) if switches else v
+    whole = Router(v + 1, ranks, links)  # vertex v is isolated: searching for it searches everything
+    for s in range(v):
+        whole._settle(s, v)
+    lazy = Router(v, ranks, links)
+    for s, d in queries:
+        if whole.reachable(s)[d]:
+            assert lazy.route(s, d) == whole._walk(whole._searches[s][0], s, d) == whole.route(s, d)
