@@ -150,6 +150,7 @@ def measure(
     steps: int = 1,
     cluster: str = "dgx-h100",
     device: str | None = None,
+    symmetric: bool = False,
 ) -> dict:
     """One simulated run: its simulated time (s), the largest per-rank peak memory (bytes), its wall time (s)."""
     import simdist
@@ -163,6 +164,7 @@ def measure(
         trace="collectives",
         tensors=tensors,
         watchdog=math.inf,
+        symmetric=symmetric,
     )
     wall = time.perf_counter() - t0
     return {
@@ -189,6 +191,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default=None, help="the preset's GPU model instead of its own (e.g. H200)")
     p.add_argument("--real", action="store_true", help="also run with real data (small sizes only)")
     p.add_argument(
+        "--symmetric",
+        action="store_true",
+        help="simulate a few sampled ranks op by op and time collectives in closed form (docs/symmetry.md)",
+    )
+    p.add_argument(
         "--nccl-algo",
         default=None,
         metavar="ALGO",
@@ -202,6 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.layers is not None:
         c = dataclasses.replace(c, layers=args.layers)
     algo = f"; NCCL_ALGO={args.nccl_algo}" if args.nccl_algo else ""
+    algo += "; symmetric" if args.symmetric else ""
     print(
         f"model: {parameters(c) / 1e9:.2f}e9 parameters ({c}); cluster {args.cluster} of {args.device or 'its own'} GPUs"
         f"{algo}; torch {torch.__version__}"
@@ -209,7 +217,9 @@ def main(argv: list[str] | None = None) -> None:
     for item in args.run or ["fsdp2:64", "ddp:512"]:
         strategy, ranks = item.split(":")
         for tensors in ("fake", "real") if args.real else ("fake",):
-            m = measure(strategy, c, int(ranks), tensors, cluster=args.cluster, device=args.device)
+            m = measure(
+                strategy, c, int(ranks), tensors, cluster=args.cluster, device=args.device, symmetric=args.symmetric
+            )
             print(
                 f"{strategy:6} {int(ranks):4} ranks {tensors:4}: step {m['sim_time'] * 1e3:9.2f} ms simulated, peak "
                 f"{m['peak'] / 2**30:7.2f} GiB per rank, {m['messages']} messages, {m['wall']:7.1f} s wall",

@@ -4,10 +4,12 @@ Prints figures; it is not a test. Usage:
 ``python benchmarks/scale_bench.py [--sections messages,ranks,symmetry,fake] [--ranks 64,1024]``.
 
 - ``messages``: simulated messages per wall second of a ring all-reduce on a ring cluster (ring algorithm,
-  2(n-1) messages per rank), each collective's messages queued on lanes (``simdist.comm.lane``) against the same
-  run with every message a simpy event, in the same process; the two runs must agree on the simulated time and
-  the trace hash, which the table shows.
-- ``ranks``: one data-parallel step of 1,024-8,192 ranks against each rank's plain torch step run once in the
+  2(n-1) messages per rank), the whole run timed: run in arrays a group of simultaneous messages at a time
+  (``simdist.comm.batched``, the default), one message at a time on lanes (``simdist.comm.lane``), and with every
+  message a simpy event, in the same process; the three runs must agree on the simulated time, the message count
+  and the trace hash, which the table shows.
+- ``ranks``: one data-parallel step of 1,024-8,192 ranks on a switch cluster, and of 1,024 ranks on a ring cluster
+  (four async ring all-reduces, some 8 million messages), against each rank's plain torch step run once in the
   same process (``benchmarks/scale_ranks.py``).
 - ``symmetry``: ``symmetric=True`` steps of 16,384 and 100,000 ranks, and the check of a reduced run against the
   full one (``benchmarks/scale_symmetry.py``).
@@ -30,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 import simdist
-from simdist.comm import lane
+from simdist.comm import batched, lane
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llama_step  # the benchmarks beside this one
@@ -44,47 +46,54 @@ def _all_reduce(numel: int, iters: int) -> None:
         dist.all_reduce(t)
 
 
-def _timed(n: int, numel: int, iters: int, lanes: bool) -> tuple[float, float, simdist.RunResult]:
-    """(wall seconds, CPU seconds of this process, result) of the ring all-reduce run on ``n`` ranks."""
+#: how a run's messages are handled: every message a simpy event; queued on lanes one at a time; in arrays
+MODES = ("events", "lanes", "arrays")
+
+
+def _timed(n: int, numel: int, iters: int, mode: str) -> tuple[float, float, simdist.RunResult]:
+    """(wall seconds, CPU seconds of this process, result) of the ring all-reduce run on ``n`` ranks, its
+    messages handled as ``mode`` says."""
     cluster = simdist.Cluster.ring(n, device="cpu", algorithms={"all_reduce": "ring"})
-    old = lane.ENABLED
-    lane.ENABLED = lanes
+    old = lane.ENABLED, batched.ENABLED
+    lane.ENABLED, batched.ENABLED = mode != "events", mode == "arrays"
     try:
         wall, cpu = time.perf_counter(), time.process_time()
         res = simdist.run(_all_reduce, cluster, args=(numel, iters), trace="collectives")
         return time.perf_counter() - wall, time.process_time() - cpu, res
     finally:
-        lane.ENABLED = old
+        lane.ENABLED, batched.ENABLED = old
 
 
 def message_rate(ranks: tuple[int, ...] = (64, 1024), numel: int = 4096, iters: int = 1) -> dict[int, dict]:
     """Messages per wall second of ``iters`` ring all-reduces of ``numel`` float32 elements on each of ``ranks``,
-    through simpy ("events") and on lanes ("lanes"); prints a table and returns its figures per rank count."""
+    each message a simpy event ("events"), one at a time on lanes ("lanes") and a group of simultaneous messages
+    at a time in arrays ("arrays", the default); prints a table and returns its figures per rank count."""
     figures: dict[int, dict] = {}
-    print(f"ring all-reduce on a ring cluster, {numel} float32 elements, {iters} per run")
+    print(f"ring all-reduce on a ring cluster, {numel} float32 elements, {iters} per run (whole runs timed)")
     print(
-        f"{'ranks':>6} {'messages':>10} {'events msg/s':>13} {'lanes msg/s':>12} {'ratio':>6} {'cpu ratio':>9} same"
+        f"{'ranks':>6} {'messages':>10} {'events msg/s':>13} {'lanes msg/s':>12} {'arrays msg/s':>13} "
+        f"{'x events':>8} {'x lanes':>7} {'cpu x events':>12} same"
     )
     for n in ranks:
-        wall0, cpu0, ref = _timed(n, numel, iters, lanes=False)
-        wall1, cpu1, got = _timed(n, numel, iters, lanes=True)
-        same = (
-            got.sim_time == ref.sim_time
-            and got.trace.hash() == ref.trace.hash()
-            and got.messages == ref.messages
+        timed = {mode: _timed(n, numel, iters, mode) for mode in MODES}
+        ref = timed["events"][2]
+        same = all(
+            got.sim_time == ref.sim_time and got.trace.hash() == ref.trace.hash() and got.messages == ref.messages
+            for _, _, got in timed.values()
         )
         row = {
-            "messages": got.messages,
-            "events_per_s": ref.messages / wall0,
-            "lanes_per_s": got.messages / wall1,
-            "ratio": wall0 / wall1,
-            "cpu_ratio": cpu0 / cpu1,
+            "messages": ref.messages,
+            **{f"{mode}_per_s": ref.messages / timed[mode][0] for mode in MODES},
+            "x_events": timed["events"][0] / timed["arrays"][0],
+            "x_lanes": timed["lanes"][0] / timed["arrays"][0],
+            "cpu_x_events": timed["events"][1] / timed["arrays"][1],
             "same": same,
         }
         figures[n] = row
         print(
             f"{n:>6} {row['messages']:>10,} {row['events_per_s']:>13,.0f} {row['lanes_per_s']:>12,.0f}"
-            f" {row['ratio']:>6.2f} {row['cpu_ratio']:>9.2f} {'yes' if same else 'NO'}"
+            f" {row['arrays_per_s']:>13,.0f} {row['x_events']:>8.1f} {row['x_lanes']:>7.1f}"
+            f" {row['cpu_x_events']:>12.1f} {'yes' if same else 'NO'}"
         )
     return figures
 
@@ -120,6 +129,7 @@ def main() -> None:
     if "ranks" in sections:
         print("\n## ranks")
         scale_ranks.rank_scaling()
+        scale_ranks.rank_scaling((1024,), "ring")
     if "symmetry" in sections:
         print("\n## symmetry")
         scale_symmetry.show(scale_symmetry.figures())

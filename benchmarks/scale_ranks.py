@@ -1,9 +1,12 @@
-"""Per-rank cost at scale: one data-parallel step on a switch cluster against plain torch doing each rank's work.
+"""Per-rank cost at scale: one data-parallel step against plain torch doing each rank's work.
 
-Prints figures; it is not a test. Usage: ``python benchmarks/scale_ranks.py [--ranks 1024,4096,8192]``.
+Prints figures; it is not a test. Usage:
+``python benchmarks/scale_ranks.py [--ranks 1024,4096,8192] [--cluster switch|ring]``.
 
-The step is engine_bench's: a 2-layer MLP (16 -> 16 -> 1, batch 8) forward and backward under the H100 cost
-model plus one all-reduce of its flattened gradients, on a single-switch cluster, with real data. "plain torch"
+On a switch cluster (the default) the step is engine_bench's: a 2-layer MLP (16 -> 16 -> 1, batch 8) forward
+and backward under the H100 cost model plus one all-reduce of its flattened gradients, with real data. On a ring
+cluster (``--cluster ring``, ring all-reduce) the same forward and backward is followed by four async all-reduces,
+one per gradient (256, 16, 16 and 1 elements): at 1,024 ranks some 8 million messages. "plain torch"
 is the same per-rank forward/backward run with plain torch in this thread, one rank after another, right after
 the simulated run: what the simulator cannot avoid doing. The ratio is wall over wall; the CPU columns (the
 process's CPU seconds, every thread included) give the same comparison without the time this process waited for
@@ -17,16 +20,36 @@ import platform
 import time
 
 import torch
+import torch.distributed as dist
 from engine_bench import mlp_local, mlp_step
 
 import simdist
 
 
-def _one(n: int) -> dict:
+def mlp_grads_step(width: int = 16) -> list[torch.Tensor]:
+    """The ring step: the MLP's forward and backward, then one async all-reduce per gradient."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
+    torch.manual_seed(dist.get_rank())
+    model(torch.randn(8, width)).pow(2).mean().backward()
+    grads = [p.grad for p in model.parameters()]
+    for w in [dist.all_reduce(g, async_op=True) for g in grads]:
+        w.wait()
+    return grads
+
+
+def _cluster(n: int, shape: str) -> simdist.Cluster:
+    if shape == "ring":
+        return simdist.Cluster.ring(n, device="H100", algorithms={"all_reduce": "ring"})
+    return simdist.Cluster.switch(n, bandwidth="50GB/s", latency="5us", device="H100")
+
+
+def _one(n: int, shape: str = "switch") -> dict:
     """One simulated step of ``n`` ranks and its plain-torch reference, timed."""
-    cluster = simdist.Cluster.switch(n, bandwidth="50GB/s", latency="5us", device="H100")
+    cluster = _cluster(n, shape)
+    step = mlp_grads_step if shape == "ring" else mlp_step
     wall, cpu = time.perf_counter(), time.process_time()
-    result = simdist.run(mlp_step, cluster, trace="collectives", races="off")
+    result = simdist.run(step, cluster, trace="collectives", races="off")
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     torch_wall, torch_cpu = time.perf_counter(), time.process_time()
     for r in range(n):
@@ -41,23 +64,26 @@ def _one(n: int) -> dict:
         "torch_cpu_s": torch_cpu,
         "cpu_ratio": cpu / torch_cpu,
         "sim_step_s": result.sim_time,
+        "messages": result.messages,
     }
 
 
-def rank_scaling(ranks: tuple[int, ...] = (1024, 4096, 8192)) -> list[dict]:
-    """Time one simulated data-parallel step per world size in ``ranks``; print a table and return its rows."""
+def rank_scaling(ranks: tuple[int, ...] = (1024, 4096, 8192), shape: str = "switch") -> list[dict]:
+    """Time one simulated data-parallel step per world size in ``ranks`` on a ``shape`` cluster; print a table
+    and return its rows."""
     # torch's one-time warm-up (dispatch modes)
-    simdist.run(mlp_step, simdist.Cluster.switch(2, device="H100"))
+    simdist.run(mlp_grads_step if shape == "ring" else mlp_step, _cluster(2, shape))
     mlp_local(0)
-    rows = [_one(n) for n in ranks]
+    rows = [_one(n, shape) for n in ranks]
+    print(f"{shape} cluster")
     print(
-        f"{'ranks':>6} {'wall s':>8} {'plain torch s':>14} {'ratio':>6} {'cpu s':>7} {'torch cpu s':>12} "
-        f"{'cpu ratio':>9} {'sim step us':>12}"
+        f"{'ranks':>6} {'messages':>10} {'wall s':>8} {'plain torch s':>14} {'ratio':>6} {'cpu s':>7} "
+        f"{'torch cpu s':>12} {'cpu ratio':>9} {'sim step us':>12}"
     )
     for r in rows:
         print(
-            f"{r['ranks']:>6} {r['wall_s']:>8.2f} {r['torch_s']:>14.2f} {r['ratio']:>6.2f} {r['cpu_s']:>7.2f} "
-            f"{r['torch_cpu_s']:>12.2f} {r['cpu_ratio']:>9.2f} {r['sim_step_s'] * 1e6:>12.2f}"
+            f"{r['ranks']:>6} {r['messages']:>10,} {r['wall_s']:>8.2f} {r['torch_s']:>14.2f} {r['ratio']:>6.2f} "
+            f"{r['cpu_s']:>7.2f} {r['torch_cpu_s']:>12.2f} {r['cpu_ratio']:>9.2f} {r['sim_step_s'] * 1e6:>12.2f}"
         )
     return rows
 
@@ -65,12 +91,13 @@ def rank_scaling(ranks: tuple[int, ...] = (1024, 4096, 8192)) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--ranks", default="1024,4096,8192")
+    ap.add_argument("--cluster", choices=("switch", "ring"), default="switch")
     args = ap.parse_args()
     print(
         f"# machine: {platform.machine()}, {platform.processor() or 'cpu'}; python {platform.python_version()}; "
         f"torch {torch.__version__}"
     )
-    rank_scaling(tuple(int(x) for x in args.ranks.split(",")))
+    rank_scaling(tuple(int(x) for x in args.ranks.split(",")), args.cluster)
 
 
 if __name__ == "__main__":

@@ -307,6 +307,8 @@ class BatchedRun:
         else:
             los = np.concatenate([cols.slo[red], cols.dlo[red]])
             his = np.concatenate([cols.shi[red], cols.dhi[red]])
+        some = his > los  # an empty range takes nothing (and marks nothing a result depends on)
+        los, his = los[some], his[some]
         u_lo, first = np.unique(los, return_index=True)
         u_hi = his[first]
         if (his != u_hi[np.searchsorted(u_lo, los)]).any() or (u_hi[:-1] > u_lo[1:]).any():
@@ -542,6 +544,9 @@ class BatchedRun:
     def _take(self, ranks: np.ndarray, lo: np.ndarray, at: np.ndarray, count: np.ndarray) -> None:
         """Gloo's order: ranks ``ranks``' elements ``[lo, lo + count)`` (at ``at`` in memory) enter a reduction;
         keep those not taken before."""
+        some = count > 0
+        if not some.all():
+            ranks, lo, at, count = ranks[some], lo[some], at[some], count[some]
         rid = np.searchsorted(self.range_lo, lo)
         fresh = ~self.covered[ranks, rid]
         if not fresh.any():
