@@ -218,7 +218,13 @@ def main(argv: list[str] | None = None) -> None:
         strategy, ranks = item.split(":")
         for tensors in ("fake", "real") if args.real else ("fake",):
             m = measure(
-                strategy, c, int(ranks), tensors, cluster=args.cluster, device=args.device, symmetric=args.symmetric
+                strategy,
+                c,
+                int(ranks),
+                tensors,
+                cluster=args.cluster,
+                device=args.device,
+                symmetric=args.symmetric,
             )
             print(
                 f"{strategy:6} {int(ranks):4} ranks {tensors:4}: step {m['sim_time'] * 1e3:9.2f} ms simulated, peak "

@@ -78,7 +78,9 @@ def message_rate(ranks: tuple[int, ...] = (64, 1024), numel: int = 4096, iters: 
         timed = {mode: _timed(n, numel, iters, mode) for mode in MODES}
         ref = timed["events"][2]
         same = all(
-            got.sim_time == ref.sim_time and got.trace.hash() == ref.trace.hash() and got.messages == ref.messages
+            got.sim_time == ref.sim_time
+            and got.trace.hash() == ref.trace.hash()
+            and got.messages == ref.messages
             for _, _, got in timed.values()
         )
         row = {
@@ -110,7 +112,9 @@ SECTIONS = ("messages", "ranks", "symmetry", "fake")
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated, of: " + ", ".join(SECTIONS))
+    ap.add_argument(
+        "--sections", default=",".join(SECTIONS), help="comma-separated, of: " + ", ".join(SECTIONS)
+    )
     ap.add_argument("--ranks", default="64,1024", help="the messages section's world sizes")
     args = ap.parse_args()
     sections = args.sections.split(",")
