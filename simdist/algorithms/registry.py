@@ -43,7 +43,7 @@ class Problem:
 
 
 #: a schedule builder: the messages of one call (group ranks, element offsets into each rank's flat buffers)
-Builder = Callable[[Problem], list[Msg]]
+Builder = Callable[[Problem], Sequence[Msg]]
 #: a closed form: seconds for (n ranks, m bytes, alpha seconds, beta seconds per byte, numel elements)
 ClosedForm = Callable[[int, float, float, float, int], float]
 #: the slowest (alpha seconds, beta seconds per byte) between the group's ranks r and r XOR d, for a distance d
@@ -97,7 +97,7 @@ class Algorithm:
         algo = self.effective(n)
         return algo.rounds_form(n, nbytes, price) if algo.rounds_form is not None else None
 
-    def schedule(self, problem: Problem) -> list[Msg]:
+    def schedule(self, problem: Problem) -> Sequence[Msg]:
         """The messages of ``problem`` (none on one rank)."""
         if problem.n == 1:
             return []
@@ -115,7 +115,7 @@ def _rotated(build: Callable[[int, list[int]], list[Msg]]) -> Builder:
     return run
 
 
-def _chunked(build: Callable[[int, list[int]], list[Msg]]) -> Builder:
+def _chunked(build: Callable[[int, list[int]], Sequence[Msg]]) -> Builder:
     """A builder over n equal chunks of the buffer."""
     return lambda p: build(p.n, split_offsets(p.numel, p.n))
 
@@ -408,6 +408,6 @@ def estimate(
     return get(collective, algorithm).estimate(n, nbytes, alpha, beta, numel)
 
 
-def build(collective: str, algorithm: str, problem: Problem) -> list[Msg]:
+def build(collective: str, algorithm: str, problem: Problem) -> Sequence[Msg]:
     """The schedule of ``algorithm`` running ``collective`` for ``problem``."""
     return get(collective, algorithm).schedule(problem)

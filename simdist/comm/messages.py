@@ -53,7 +53,7 @@ class ScheduleRun:
     def __init__(
         self,
         sim: RunContext,
-        msgs: list[Msg],
+        msgs: Sequence[Msg],
         n: int,
         src_bufs: list[torch.Tensor | None],
         dst_bufs: list[torch.Tensor | None],

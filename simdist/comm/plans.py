@@ -8,7 +8,7 @@ data lands in the user's memory at the simulated times of the messages.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -21,7 +21,7 @@ from simdist.algorithms.gloo_order import Span, all_reduce_block, reduce_block
 class Plan:
     """Buffers and schedule of one collective instance."""
 
-    msgs: list[Msg]
+    msgs: Sequence[Msg]
     src: list[torch.Tensor | None]
     dst: list[torch.Tensor | None]
     reduce_op: str = "sum"
