@@ -8,8 +8,10 @@ memory peaks exactly.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -137,6 +139,27 @@ def test_the_command_line_runs_a_script_timing_only(
         == 2
     )
     assert "races='warn' with tensors=\"fake\"" in capsys.readouterr().err
+
+
+_FIRST_RUN = """
+import torch, simdist
+def step():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)).cuda()
+    model(torch.randn(8, 64, device="cuda")).square().mean().backward()
+runs = [simdist.run(step, simdist.Cluster.preset("dgx-h100", world_size=2), memory=True, tensors="fake")
+        for _ in range(2)]
+print([[m.peak_bytes for m in r.memory] for r in runs], [r.trace_hash for r in runs])
+"""
+
+
+def test_the_first_fake_run_of_a_process_is_every_later_one() -> None:
+    """A fresh interpreter: the first fake run's first matmul imports what torch's meta kernels import on first use
+    (torch._dynamo), which once kept rank 0's tensors alive longer in that run only."""
+    out = subprocess.run(
+        [sys.executable, "-c", _FIRST_RUN], capture_output=True, text=True, timeout=300, check=True
+    )
+    peaks, hashes = ast.literal_eval(out.stdout.strip().splitlines()[-1].replace("] [", "], ["))
+    assert peaks[0] == peaks[1] and hashes[0] == hashes[1]
 
 
 def test_a_fake_run_is_reproducible() -> None:

@@ -122,6 +122,16 @@ def test_an_nccl_timed_step_on_gpus_times_as_the_full_run() -> None:
     assert_same_timelines(full, reduced)
 
 
+def test_a_timing_only_step_times_as_the_full_timing_only_run() -> None:
+    """tensors="fake" and symmetric=True together (a model too big for the machine, on many ranks): the same
+    timelines and peak memory as the full timing-only run."""
+    cluster = simdist.Cluster.preset("dgx-h100", world_size=16)
+    full = simdist.run(gpu_step, cluster, tensors="fake", memory=True)
+    reduced = simdist.run(gpu_step, cluster, tensors="fake", memory=True, symmetric=True)
+    assert_same_timelines(full, reduced)
+    assert [m.peak_bytes for m in reduced.memory] == [m.peak_bytes for m in full.memory]
+
+
 def ddp_step() -> None:
     """torch's own DDP: its constructor's broadcast and shape check, then a step's bucketed all-reduces."""
     from torch.nn.parallel import DistributedDataParallel

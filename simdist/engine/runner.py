@@ -6,6 +6,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import importlib
 import inspect
 import threading
 import warnings
@@ -337,6 +338,11 @@ def _run(
             f"device is {device.name!r}): run on a GPU cluster (e.g. simdist.Cluster.preset('dgx-h100', "
             "world_size=64)) with the program's tensors on \"cuda\""
         )
+    if options.tensors == "fake":
+        # some meta kernels (torch._decomp's addmm) import torch._dynamo on their first call: seconds of imports in
+        # the middle of a rank's op, after which that rank's tensors were freed later than in any later run (its
+        # peak memory and trace hash differed); imported before the run, every run is the same
+        importlib.import_module("torch._dynamo")
     replay: ProfileReplay | None = (
         options.compute.replay(device) if isinstance(options.compute, Profile) else None
     )
