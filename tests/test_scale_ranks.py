@@ -24,17 +24,29 @@ def _load(name: str) -> object:
     return module
 
 
-def test_rank_scaling_reports_the_step_a_separate_run_simulates(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("shape", ["switch", "ring"])
+def test_rank_scaling_reports_the_step_a_separate_run_simulates(
+    shape: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     engine_bench = _load("engine_bench")
     scale_ranks = _load("scale_ranks")
-    rows = scale_ranks.rank_scaling((2, 3))
+    rows = scale_ranks.rank_scaling((2, 3), shape)
     assert [r["ranks"] for r in rows] == [2, 3]
     for r in rows:
-        cluster = simdist.Cluster.switch(r["ranks"], bandwidth="50GB/s", latency="5us", device="H100")
-        expected = simdist.run(engine_bench.mlp_step, cluster, trace="collectives", races="off").sim_time
-        assert r["sim_step_s"] == expected > 0
+        if shape == "switch":
+            cluster = simdist.Cluster.switch(r["ranks"], bandwidth="50GB/s", latency="5us", device="H100")
+            step = engine_bench.mlp_step
+        else:
+            cluster = simdist.Cluster.ring(r["ranks"], device="H100", algorithms={"all_reduce": "ring"})
+            step = scale_ranks.mlp_grads_step
+        expected = simdist.run(step, cluster, trace="collectives", races="off")
+        assert r["sim_step_s"] == expected.sim_time > 0
+        assert r["messages"] == expected.messages
         assert r["ratio"] == r["wall_s"] / r["torch_s"]
         assert r["cpu_ratio"] == r["cpu_s"] / r["torch_cpu_s"]
+    if shape == "ring":  # four all-reduces of 2(n-1) messages per rank
+        assert [r["messages"] for r in rows] == [4 * 2 * 1 * 2, 4 * 2 * 2 * 3]
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split()[:2] == ["ranks", "wall"]
-    assert [line.split()[0] for line in table[1:]] == ["2", "3"]
+    assert table[0] == f"{shape} cluster"
+    assert table[1].split()[:3] == ["ranks", "messages", "wall"]
+    assert [line.split()[0] for line in table[2:]] == ["2", "3"]
