@@ -453,7 +453,9 @@ class BatchedRun:
         finishing = self.remaining[dst] == 1
         stop = int(finishing.argmax()) if finishing.any() else len(mi)
         if stop > 1:
-            stop = _first_repeat(dst[:stop])
+            head = dst[:stop]
+            if stop * 4 < self.n or np.bincount(head, minlength=self.n).max() > 1:  # else all distinct
+                stop = _first_repeat(head)
         return stop
 
     def _land(self, e: _Entry) -> None:
