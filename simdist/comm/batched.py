@@ -261,6 +261,7 @@ class BatchedRun:
         self._posted: dict[tuple[float, int], Event] = {}
         self.delivering = False
         self.record = run.sim.trace.record_messages
+        self.streams = np.array(run.streams, dtype=object)
         self.gsrc = np.asarray(run.global_ranks, dtype=np.int64)[self.src]
         self.gdst = np.asarray(run.global_ranks, dtype=np.int64)[self.dst]
 
@@ -571,17 +572,22 @@ class BatchedRun:
         self.dirty.clear()
 
     def _trace(self, mi: np.ndarray, start: np.ndarray) -> None:
-        run, now = self.run, self.env._now
-        trace, streams, name, size = run.sim.trace, run.streams, run.name, run.itemsize
-        for s, d, r0, r1, st, c in zip(
-            self.gsrc[mi].tolist(),
-            self.gdst[mi].tolist(),
-            self.src[mi].tolist(),
-            self.dst[mi].tolist(),
-            start.tolist(),
-            self.count[mi].tolist(),
-        ):
-            trace.message(Message(s, d, streams[r0], streams[r1], st, now, c * size, name))
+        """Record messages ``mi`` (started at ``start``), arrived now, in order."""
+        run, k = self.run, len(mi)
+        streams = self.streams
+        self.run.sim.trace.message_batch(
+            map(
+                Message,
+                self.gsrc[mi].tolist(),
+                self.gdst[mi].tolist(),
+                streams[self.src[mi]].tolist(),
+                streams[self.dst[mi]].tolist(),
+                start.tolist(),
+                itertools.repeat(self.env._now, k),
+                (self.count[mi] * run.itemsize).tolist(),
+                itertools.repeat(run.name, k),
+            )
+        )
 
     def _advance(self, ranks: np.ndarray) -> np.ndarray:
         """Ranks ``ranks`` (distinct) issue every step they may: the messages they send, in order."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,10 @@ class Trace:
     def message(self, msg: Message) -> None:
         """Record a transfer."""
         self.messages.append(msg)
+
+    def message_batch(self, msgs: Iterable[Message]) -> None:
+        """Record transfers, in order (a batched schedule's group of messages)."""
+        self.messages.extend(msgs)
 
     def counter(self, rank: int, name: str, time: float, values: dict[str, float]) -> None:
         """Record a counter sample: ``rank``'s track ``name`` reads ``values`` from ``time`` (seconds) on."""
