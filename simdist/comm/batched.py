@@ -237,13 +237,13 @@ class BatchedRun:
         self.cursor = np.searchsorted(self.key, np.arange(n, dtype=np.int64) * (S + 1))
         #: by (rank, step) flattened: how many messages come before the rank's messages of later steps
         self.send_end = np.bincount(self.key, minlength=n * (S + 1)).cumsum()
-        self.missing = np.bincount(cols.dst * (S + 1) + cols.step, minlength=n * (S + 1)).astype(np.int32)
+        #: per message: where its receiver counts it (its rank's row of ``missing``, flattened)
+        self.mkey = cols.dst * (S + 1) + cols.step
+        self.missing = np.bincount(self.mkey, minlength=n * (S + 1)).astype(np.int32)
         self.remaining = np.bincount(cols.dst, minlength=n).astype(np.int64)
         first = np.argmax(self.missing.reshape(n, S + 1) > 0, axis=1)
         self.first_missing = np.where(self.remaining > 0, first, S).astype(np.int64)
         self.next_step = np.zeros(n, dtype=np.int64)
-        #: per message: where its receiver counts it (its rank's row of ``missing``, flattened)
-        self.mkey = cols.dst * (S + 1) + cols.step
         self._routes(run)
         if memory is not None:  # per message: where its payload is read, and where it lands
             self.sat = memory.src[self.src] + self.slo
@@ -262,8 +262,8 @@ class BatchedRun:
         self.delivering = False
         self.record = run.sim.trace.record_messages
         self.streams = np.array(run.streams, dtype=object)
-        self.gsrc = np.asarray(run.global_ranks, dtype=np.int64)[self.src]
-        self.gdst = np.asarray(run.global_ranks, dtype=np.int64)[self.dst]
+        #: global ranks by group rank (messages are traced by global rank)
+        self.global_ranks = np.asarray(run.global_ranks, dtype=np.int64)
 
     # ------------------------------------------------------------------ set-up
     def _routes(self, run: ScheduleRun) -> None:
@@ -578,8 +578,8 @@ class BatchedRun:
         self.run.sim.trace.message_batch(
             map(
                 Message,
-                self.gsrc[mi].tolist(),
-                self.gdst[mi].tolist(),
+                self.global_ranks[self.src[mi]].tolist(),
+                self.global_ranks[self.dst[mi]].tolist(),
                 streams[self.src[mi]].tolist(),
                 streams[self.dst[mi]].tolist(),
                 start.tolist(),
