@@ -3,13 +3,15 @@ data bit for bit, simulated times, message counts, memory statistics and trace h
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_lane import _cluster, _data, _program, _ring_all_reduce, assert_same_run, cases
+from test_lane import _cluster, _data, _polling, _program, _ring_all_reduce, assert_same_run, cases
 
 import simdist
 from simdist.algorithms import ring
@@ -231,3 +233,50 @@ def test_routes_do_not_depend_on_the_order_they_are_asked_in(graph: tuple, switc
     for s, d in queries:
         if whole.reachable(s)[d]:
             assert lazy.route(s, d) == whole._walk(whole._searches[s][0], s, d) == whole.route(s, d)
+
+
+# ----------------------------------------------------------------------------- what watches a batched schedule
+
+
+def test_the_race_detector_sees_the_same_races(every_schedule_batched: list) -> None:
+    """A buffer written while its all-reduce is in flight: the same race reported, and the same values."""
+    cluster = simdist.Cluster.ring(6, device="cpu", algorithms={"all_reduce": "ring"})
+    args = ("all_reduce", 30, torch.float32, "sum", 1, True, True)
+    with pytest.warns(UserWarning):
+        got = assert_same_run(_program, cluster, True, args=args, races="warn")
+    assert got.races and every_schedule_batched
+
+
+def test_polling_steps_through_a_batched_schedules_messages(every_schedule_batched: list) -> None:
+    cluster = simdist.Cluster.ring(5, device="H100", latency="40us", algorithms={"all_reduce": "ring"})
+    got = assert_same_run(_polling, cluster, True, args=(20,))
+    assert int(got.returns[0][1]) > 1 and every_schedule_batched
+
+
+def _slow_all_reduce() -> str:
+    w = dist.all_reduce(torch.ones(1 << 16), async_op=True)
+    try:
+        w.wait(timeout=timedelta(microseconds=300))
+    except dist.DistBackendError as e:
+        return str(e)
+    return "no timeout"
+
+
+def test_a_timeout_shows_a_batched_schedules_progress(every_schedule_batched: list) -> None:
+    """The schedule a timed-out wait prints marks the steps each rank has not finished, as one message at a time
+    marks them."""
+    cluster = simdist.Cluster.ring(
+        4, bandwidth="1GB/s", latency="1us", device="cpu", algorithms={"all_reduce": "ring"}
+    )
+    texts = []
+    for arrays in (False, True):
+        batched.ENABLED = arrays
+        try:
+            texts.append(simdist.run(_slow_all_reduce, cluster).returns[0])
+        finally:
+            batched.ENABLED = True
+    assert every_schedule_batched == [True]
+    assert texts[0] == texts[1]
+    schedule = texts[1].split("Its schedule:\n", 1)[1].splitlines()
+    done = [line for line in schedule[1:7] if " *" not in line]
+    assert 0 < len(done) < 6  # 300 us into steps of about 100 us: some steps done everywhere, some not
