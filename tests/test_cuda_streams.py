@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import re
 import runpy
 import warnings
@@ -324,3 +325,27 @@ def test_a_collective_issued_before_its_stream_waited_for_the_side_stream_that_w
     for marker in ("SIDE_GRAD", "ALL_REDUCE"):
         line = first + next(i for i, code in enumerate(lines) if marker in code)
         assert f"test_cuda_streams.py:{line}" in text
+
+
+def _side_stream_in_a_backward_hook() -> None:
+    """A backward hook (FSDP2's pre-backward all-gather copy-in, in miniature) runs an op on a side stream of the
+    rank's own GPU."""
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    side = torch.cuda.Stream()
+    x = torch.randn(64, 64, device="cuda", requires_grad=True)
+
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        with torch.cuda.stream(side):
+            torch.mm(grad, grad)
+        return grad
+
+    x.register_hook(hook)
+    (x * 3).sum().backward()
+
+
+def test_an_op_in_a_backward_hook_runs_on_its_devices_current_stream_on_every_gpu_of_a_node() -> None:
+    """An op runs on the current stream of its tensors' device, on the first GPU of a node as on the others (the
+    hook once found device 0's stream current on every GPU but the first: its matmul went to the default stream)."""
+    res = simdist.run(_side_stream_in_a_backward_hook, simdist.Cluster.preset("dgx-h100", world_size=4))
+    mms = [[s.stream for s in res.trace.spans if s.rank == r and s.name == "aten::mm"] for r in range(4)]
+    assert mms == [["compute:stream1"]] * 4

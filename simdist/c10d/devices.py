@@ -75,6 +75,11 @@ def _tensors(values: Iterable[object]) -> Iterable[torch.Tensor]:
             yield from _tensors(v)
 
 
+def gpu_index(args: Iterable[object]) -> int | None:
+    """The simulated GPU a call's first tensor on one is on, as its caller holds it (None: no such tensor)."""
+    return next((t.device.index for t in _tensors(args) if type(t) is SimCudaTensor), None)
+
+
 def call_device(args: Iterable[object]) -> str | None:
     """The device type of a call's first tensor as its caller holds it (None for a call without tensors)."""
     return next((device_of(t) for t in _tensors(args)), None)

@@ -8,6 +8,7 @@ calls ``wait()`` for synchronous calls.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from collections.abc import Callable
@@ -20,7 +21,7 @@ import torch.distributed as dist
 from simdist.algorithms import Reduction, nccl, reduce_op_of
 from simdist.c10d import funcol
 from simdist.c10d.arguments import SUPPORTED_DTYPES, GlooArguments, check_tensor
-from simdist.c10d.devices import DevicePolicy, call_device
+from simdist.c10d.devices import DevicePolicy, call_device, gpu_index
 from simdist.comm import monitored, ops
 from simdist.comm.context import RunContext
 from simdist.comm.group import Call, GroupState, Instance
@@ -29,6 +30,7 @@ from simdist.comm.launch import launch
 from simdist.comm.ops import dtype_name
 from simdist.comm.work import SimWork
 from simdist.cuda.tensor import SimCudaTensor
+from simdist.cudart.state import device_work
 from simdist.errors import NcclEnvironmentError
 
 #: functions called as ``observe(group, op_name, written)`` when a rank issues a collective or a point-to-point
@@ -455,8 +457,11 @@ def _host_buffers(method: Callable[..., Any]) -> Callable[..., Any]:
             self.devices.check(method.__name__, args, self.args.reject)
         callers: dict[int, torch.Tensor] = {}
         self._call_device = call_device(args)
+        index = gpu_index(args)
         try:
-            work = method(self, *[_on_host(a, callers) for a in args], **kwargs)
+            # issued on the current stream of its tensors' GPU (NCCL's), whatever the thread's current device
+            with device_work(index) if index is not None else contextlib.nullcontext():
+                work = method(self, *[_on_host(a, callers) for a in args], **kwargs)
         finally:
             self._call_device = None
         if callers and isinstance(work, SimWork):

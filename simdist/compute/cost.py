@@ -16,6 +16,7 @@ from simdist.compute.attention import AttentionCall, attention_calls
 from simdist.compute.devices import DeviceSpec, get_device
 from simdist.compute.fusion import FusedRegion, is_pointwise
 from simdist.compute.sdpa import MetaAttention, attention_seconds
+from simdist.cuda import device as cuda_devices
 from simdist.cuda.pinned import ASKS as PINNED_OPS
 from simdist.cuda.rank import RankCuda
 from simdist.cuda.tensor import COPY, META, TO_COPY, SimCudaTensor, rewrap, unwrap, without_values
@@ -582,8 +583,17 @@ class ComputeCostMode(TorchDispatchMode):
         return self._cuda.pinned.dispatch(func, args, kwargs)
 
     def _on_gpu(self, call: Any) -> Any:
-        """One op with a simulated-GPU operand: run on the CPU tensors, charged on the device's stream; a copy
-        across the host link at its bandwidth, the host waiting for a blocking one."""
+        """One op with a simulated-GPU operand: run on the CPU tensors, charged on the current stream of its
+        tensors' device; a copy across the host link at its bandwidth, the host waiting for a blocking one."""
+        cuda = self._cuda
+        index = call.device.index if call.device is not None else None
+        if index is not None and cuda.on_device is not None and index != cuda_devices.current():
+            with cuda.on_device(index):
+                return self._on_this_gpu(call)
+        return self._on_this_gpu(call)
+
+    def _on_this_gpu(self, call: Any) -> Any:
+        """:meth:`_on_gpu` on the stream it charges."""
         cuda = self._cuda
         cuda.use()
         func = call.func

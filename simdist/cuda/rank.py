@@ -10,6 +10,7 @@ GPU's stream, not device memory), and copies between the two cross the host link
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from simdist.cuda.pinned import PinnedMemory
@@ -50,6 +51,10 @@ class RankCuda:
         #: called with each op on the device and its CPU result once it is queued (the race detector's view of
         #: side streams); None: nothing to tell
         self.on_kernel = on_kernel
+        #: ``on_device(index)``: a context in which the calling thread's device work goes to its current stream on
+        #: device ``index`` (an op on that device's tensors while the thread's current device is another); None:
+        #: the current device's stream serves
+        self.on_device: Callable[[int], AbstractContextManager[None]] | None = None
         #: the rank's pinned host memory
         self.pinned = PinnedMemory()
         self._generators: dict[int, DeviceGenerator] = {}

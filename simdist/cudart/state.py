@@ -7,6 +7,8 @@ code: every thread of it asks for its one rank.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +92,23 @@ def caller() -> tuple[int, int]:
     if state is not None:
         return state.rank, state.stream
     return 0, device.current_stream(device.current())
+
+
+@contextlib.contextmanager
+def device_work(index: int) -> Iterator[None]:
+    """The calling rank thread's device work goes to its current stream on device ``index`` meanwhile: an op on that
+    device's tensors runs there whatever the thread's current device (torch guards each op to its tensors' device;
+    an autograd hook may run while the current device is another)."""
+    state = current_rank_state()
+    if state is None or index == device.current():
+        yield
+        return
+    saved = state.stream
+    state.stream = device.current_stream(index)
+    try:
+        yield
+    finally:
+        state.stream = saved
 
 
 def follow() -> None:

@@ -35,6 +35,7 @@ from simdist.cuda.rank import RankCuda
 from simdist.cuda.returns import to_host
 from simdist.cudart.hazards import kernel_tracker
 from simdist.cudart.install import emulated, rank_thread, refused
+from simdist.cudart.state import device_work
 from simdist.engine.process import run_context
 from simdist.engine.rng import RankGenerators, derive_seed, per_rank_generators
 from simdist.engine.threads import rank_threads
@@ -403,6 +404,7 @@ def _run(
             kernel_tracker(sim) if sim.races.enabled else None,
         )
         cuda[r].fake = options.tensors == "fake"
+        cuda[r].on_device = device_work
 
     # each rank counts its own occurrences of each op, as each process of a job would run the profiled step
     providers = [replay.provider() if replay is not None else None for _ in range(n)]
