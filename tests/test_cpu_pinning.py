@@ -10,7 +10,9 @@ import simdist
 from simdist.engine import process
 
 ALLOWED = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-needs_two_cpus = pytest.mark.skipif(len(ALLOWED) < 2, reason="pinning needs an OS with affinity and two CPUs to choose from")
+needs_two_cpus = pytest.mark.skipif(
+    len(ALLOWED) < 2, reason="pinning needs an OS with affinity and two CPUs to choose from"
+)
 
 
 def _affinity() -> list[int]:
