@@ -48,6 +48,11 @@ PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor", "real.rank_
 #: the launcher itself never imports the simulator): the runtime's worker, and with it the simdist modules
 #: that rank code of simdist's users often imports
 PRELOAD_WITH_SIMDIST = ("real.runtime",)
+#: variables a server serves whatever their value: nothing it imports reads them, and they change while the
+#: launching process runs (pytest names the current test in PYTEST_CURRENT_TEST before each test: a server
+#: restarted for each would cost every test that launches a torch import). Rank processes still see the
+#: launcher's values at their start.
+IGNORED_VARIABLES = (START_METHOD_VARIABLE, "PYTEST_CURRENT_TEST")
 
 _lock = threading.Lock()
 #: the server this module started: its pid and the environment it was started with
@@ -138,8 +143,8 @@ def _ensure_server() -> bool:
 
 
 def _environment() -> dict[str, str]:
-    """The environment a server serves: the process's, less the variable that picks the start method."""
-    return {k: v for k, v in os.environ.items() if k != START_METHOD_VARIABLE}
+    """The environment a server serves: the process's, less the variables no import reads (IGNORED_VARIABLES)."""
+    return {k: v for k, v in os.environ.items() if k not in IGNORED_VARIABLES}
 
 
 def _alive(pid: int) -> bool:

@@ -234,7 +234,7 @@ HOOKS: Mapping[str, tuple[str, ...]] = {
 #: process settings a run changes and restores: what, (the modules that change it, why)
 SETTINGS: Mapping[str, tuple[str, str]] = {
     "torch.get_num_threads()": (_RUN, "1 during a run: rank threads run one at a time"),
-    "os.sched_getaffinity(0)": (_RUN, "pinned to one CPU where allowed: a baton hand-off is several times cheaper"),
+    "os.sched_getaffinity(0)": (_RUN, "pinned where allowed to the one CPU the run starts on: a baton hand-off is several times cheaper"),
     "gc.get_threshold(), gc.get_freeze_count()": (_RUN, "young objects collected less often among thousands of rank threads"),
     "gc.isenabled()": (
         "simdist.compute.memory",

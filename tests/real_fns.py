@@ -105,6 +105,7 @@ def seen_at_start() -> dict[str, Any]:
         "ppid": os.getppid(),
         "probe": os.environ.get("REAL_WARM_PROBE"),
         "gone": os.environ.get("REAL_WARM_GONE"),
+        "test": os.environ.get("PYTEST_CURRENT_TEST"),
         "trace": getattr(torch, "_real_warm_trace", None),
         "left": os.environ.get("REAL_WARM_LEFT"),
         "rand": torch.rand(3),

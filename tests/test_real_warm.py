@@ -60,6 +60,19 @@ def test_launches_fork_from_a_warm_server_and_see_what_a_spawned_process_sees(
 
 
 @pytest.mark.real
+def test_the_server_stays_while_pytest_names_another_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest sets PYTEST_CURRENT_TEST before each test, and nothing the server imports reads it: launches in
+    one test after another fork from one server, and each launch's ranks see the name at its start."""
+    monkeypatch.delenv(START_METHOD_VARIABLE, raising=False)
+    seen = {}
+    for name in ("tests/a.py::test_one (call)", "tests/b.py::test_two (call)"):
+        monkeypatch.setenv("PYTEST_CURRENT_TEST", name)
+        seen[name] = _seen()
+    assert len({r["ppid"] for ranks in seen.values() for r in ranks}) == 1
+    assert {name: [r["test"] for r in ranks] for name, ranks in seen.items()} == {n: [n, n] for n in seen}
+
+
+@pytest.mark.real
 def test_the_ranks_write_to_the_launchers_current_stdout_and_stderr(tmp_path: Path) -> None:
     """The server started while one pair of files held descriptors 1 and 2; a later launch's ranks write to
     the pair that holds them at its start, as a spawned process would."""

@@ -344,7 +344,28 @@ def _pin_to_one_cpu() -> set[int] | None:
         return None
     try:
         before = os.sched_getaffinity(0)
-        os.sched_setaffinity(0, {min(before)})
+        os.sched_setaffinity(0, {_cpu_to_pin(before)})
         return before
     except OSError:
+        return None
+
+
+def _cpu_to_pin(allowed: set[int]) -> int:
+    """The CPU the calling thread runs on now, where the OS says and allows it; else the lowest allowed.
+
+    The scheduler has placed the thread on a CPU that other busy processes leave it; a fixed choice (the
+    lowest) would stack every simulating process of the machine (test workers, scenario scripts, parallel
+    explorations) on one core while the others idle.
+    """
+    cpu = _current_cpu()
+    return cpu if cpu in allowed else min(allowed)
+
+
+def _current_cpu() -> int | None:
+    """The CPU the calling thread last ran on (Linux's ``/proc``), or None where the OS does not say."""
+    try:
+        with open("/proc/thread-self/stat", encoding="ascii") as stat:
+            # fields after the command name (which may hold spaces) start at the state, field 3; CPU is field 39
+            return int(stat.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, ValueError, IndexError):
         return None
