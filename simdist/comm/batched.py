@@ -39,6 +39,7 @@ import torch
 from simpy.core import NORMAL
 from simpy.events import Event
 
+from simdist.comm.lane import proxy
 from simdist.trace.trace import Message
 
 if TYPE_CHECKING:
@@ -350,14 +351,7 @@ class BatchedRun:
     def _post(self, t: float, eid: int) -> None:
         """Put an event standing for the message keyed ``(t, eid)`` into simpy's queue."""
         key = (t, eid)
-        ev = self._posted.get(key)
-        if ev is None:
-            ev = self._posted[key] = Event(self.env)
-            ev._ok = True
-            ev._value = key
-            ev.callbacks.append(self._run)
-            heappush(self.env._queue, (t, NORMAL, eid, ev))
-        self._proxy, self._proxy_key = ev, key
+        self._proxy, self._proxy_key = proxy(self.env, key, self._posted, self._run), key
 
     def _take_due(self, t: float, below: int | None) -> _Entry | None:
         """Remove and return the messages due at ``t`` with ids below ``below`` (None: all), in id order."""

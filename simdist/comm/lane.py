@@ -31,6 +31,25 @@ def lane_allowed(env: simpy.Environment, network: Any) -> bool:
     return ENABLED and type(env) is simpy.Environment and network.faults is None
 
 
+def proxy(
+    env: simpy.Environment,
+    key: tuple[float, int],
+    posted: dict[tuple[float, int], Event],
+    run: Callable[[Event], None],
+) -> Event:
+    """The event that stands in simpy's queue for a queue's item keyed ``key`` (time, event id), calling ``run`` when
+    it comes up: the one ``posted`` holds for that key, or a new one put there (an item's key may come back to a
+    queue's head while its old event still waits in simpy's queue; two entries of one key cannot be ordered)."""
+    ev = posted.get(key)
+    if ev is None:
+        ev = posted[key] = Event(env)
+        ev._ok = True
+        ev._value = key
+        ev.callbacks.append(run)
+        heappush(env._queue, (key[0], NORMAL, key[1], ev))
+    return ev
+
+
 def _closed(item: Any) -> None:
     raise AssertionError(f"an item delivered on a closed lane: {item!r:.200}")
 
@@ -86,14 +105,7 @@ class Lane:
     def _post(self, t: float, eid: int) -> None:
         """Put an event standing for the item keyed ``(t, eid)`` into simpy's queue (an earlier one goes stale)."""
         key = (t, eid)
-        ev = self._posted.get(key)
-        if ev is None:
-            ev = self._posted[key] = Event(self.env)
-            ev._ok = True
-            ev._value = key
-            ev.callbacks.append(self._run)
-            heappush(self.env._queue, (t, NORMAL, eid, ev))
-        self._proxy, self._proxy_key = ev, key
+        self._proxy, self._proxy_key = proxy(self.env, key, self._posted, self._run), key
 
     def _run(self, ev: Event) -> None:
         """Deliver every item that comes before simpy's next event (the proxy ``ev`` has come up)."""
