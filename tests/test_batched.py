@@ -22,6 +22,11 @@ from simdist.network.routing import Router
 
 @pytest.fixture
 def every_schedule_batched(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Every schedule that can run batched does (see :func:`_batch_every_schedule`)."""
+    return _batch_every_schedule(monkeypatch)
+
+
+def _batch_every_schedule(monkeypatch: pytest.MonkeyPatch) -> list:
     """Every schedule that can run batched does (not only large ones); for each that did, whether it moved data
     (the runs themselves are not kept: they hold the buffers, which the memory statistics count)."""
     made: list = []
@@ -45,7 +50,7 @@ def test_batched_runs_change_nothing(case: tuple, salt: int) -> None:
     buffer written in flight: every algorithm, dtype, reduce op and cluster shape, in gloo's order or the
     schedule's own."""
     with pytest.MonkeyPatch.context() as mp:
-        made = every_schedule_batched.__wrapped__(mp)  # type: ignore[attr-defined]
+        made = _batch_every_schedule(mp)
         coll, algo, n, shape, device, backend, dtype, op, numel, subgroups, race = case
         cluster = _cluster(shape, n, device, coll, algo)
         args = (coll, numel, dtype, op, salt, subgroups, race, "cuda" if backend == "nccl" else "cpu")
