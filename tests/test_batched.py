@@ -204,6 +204,17 @@ def test_strided_runs_are_the_links_in_order(links: list[int]) -> None:
     assert got == links and len(set(got)) == len(got)
 
 
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 3)), max_size=20), st.booleans())
+def test_expand_lists_the_ranges_in_order(ranges: list[tuple[int, int]], equal: bool) -> None:
+    """The indices of ranges [start, start + count), one range after another (equal counts too, one each too)."""
+    if equal and ranges:
+        ranges = [(s, ranges[0][1]) for s, _ in ranges]
+    starts = np.array([s for s, _ in ranges], dtype=np.int64)
+    counts = np.array([c for _, c in ranges], dtype=np.int64)
+    want = [i for s, c in ranges for i in range(s, s + c)]
+    assert batched._expand(starts, counts).tolist() == want
+
+
 @given(st.lists(st.integers(0, 9), max_size=30))
 def test_first_repeat(values: list[int]) -> None:
     want = next((i for i, v in enumerate(values) if v in values[:i]), len(values))

@@ -62,6 +62,8 @@ def _expand(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     c = int(counts[0])
     if k == 1 or (counts == c).all():  # equal ranges (a ring's chunks): a broadcast sum
+        if c == 1:
+            return starts  # one index each: the starts themselves (callers only read what this returns)
         return (starts[:, None] + np.arange(c, dtype=np.int64)).ravel()
     ends = counts.cumsum()
     return (starts - (ends - counts)).repeat(counts) + np.arange(int(ends[-1]), dtype=np.int64)
@@ -73,8 +75,8 @@ def _strided_runs(links: np.ndarray, most: int = 4) -> list[tuple[int, int, slic
     k = len(links)
     if k < 8:
         return None
-    gaps = np.diff(links)
-    cuts = np.flatnonzero(gaps[1:] != gaps[:-1]) + 1  # where the gap changes
+    gaps = links[1:] - links[:-1]
+    cuts = (gaps[1:] != gaps[:-1]).nonzero()[0] + 1  # where the gap changes
     if len(cuts) > 2 * most:
         return None
     runs, a = [], 0
@@ -311,13 +313,28 @@ class BatchedRun:
             his = np.concatenate([cols.shi[red], cols.dhi[red]])
         some = his > los  # an empty range takes nothing (and marks nothing a result depends on)
         los, his = los[some], his[some]
-        u_lo, first = np.unique(los, return_index=True)
-        u_hi = his[first]
-        if (his != u_hi[np.searchsorted(u_lo, los)]).any() or (u_hi[:-1] > u_lo[1:]).any():
+        top = int(his.max()) + 1 if len(his) else 0
+        #: by element offset: the number of the range starting there (where a table that size is cheap)
+        self.range_of: np.ndarray | None = None
+        # offsets within one buffer, as dense as the ranges themselves: mark them (cheaper than sorting millions)
+        if top <= max(1 << 16, 4 * len(los)):
+            hi_of = np.zeros(top, dtype=np.int64)
+            hi_of[los] = his  # any writer's: ranges that share a start but not an end are refused below
+            u_lo = np.flatnonzero(hi_of)
+            u_hi = hi_of[u_lo]
+            clash = (his != hi_of[los]).any()
+            self.range_of = np.zeros(top, dtype=np.int32)
+            self.range_of[u_lo] = np.arange(len(u_lo))
+        else:
+            u_lo, first = np.unique(los, return_index=True)
+            u_hi = his[first]
+            clash = (his != u_hi[np.searchsorted(u_lo, los)]).any()
+        if clash or (u_hi[:-1] > u_lo[1:]).any():
             raise _NotBatched("element ranges that overlap partly")
         self.range_lo, self.range_hi = u_lo, u_hi
         self.covered = np.zeros((self.n, len(u_lo)), dtype=bool)
-        self.dirty: set[int] = set()
+        #: per rank: whether its taken ranges changed since the gloo result last heard of them
+        self.dirty = np.zeros(self.n, dtype=bool)
         rows = self.order.rows  # type: ignore[union-attr]
         self.rows = _raw_view(rows)
         self.row_width = rows.shape[1]
@@ -544,18 +561,18 @@ class BatchedRun:
         some = count > 0
         if not some.all():
             ranks, lo, at, count = ranks[some], lo[some], at[some], count[some]
-        rid = np.searchsorted(self.range_lo, lo)
+        rid = self.range_of[lo] if self.range_of is not None else np.searchsorted(self.range_lo, lo)
         fresh = ~self.covered[ranks, rid]
         if not fresh.any():
             return
         ranks, rid, lo, at, count = ranks[fresh], rid[fresh], lo[fresh], at[fresh], count[fresh]
         self.covered[ranks, rid] = True
-        self.dirty.update(ranks.tolist())
+        self.dirty[ranks] = True
         self.rows[_expand(ranks * self.row_width + lo, count)] = self.memory.mem[_expand(at, count)]  # type: ignore[union-attr]
 
     def _sync_covered(self) -> None:
         """Tell the gloo result which element ranges of each rank it has taken (it checks them when it writes)."""
-        for r in sorted(self.dirty):
+        for r in np.flatnonzero(self.dirty).tolist():
             sel = np.flatnonzero(self.covered[r])
             lo, hi = self.range_lo[sel], self.range_hi[sel]
             breaks = np.flatnonzero(lo[1:] > hi[:-1]) + 1
@@ -563,7 +580,7 @@ class BatchedRun:
             ends = np.concatenate([breaks, [len(lo)]]) - 1
             cov = self.order.covered[r]  # type: ignore[union-attr]
             cov.starts, cov.ends = lo[starts].tolist(), hi[ends].tolist()
-        self.dirty.clear()
+        self.dirty[:] = False
 
     def _trace(self, mi: np.ndarray, start: np.ndarray) -> None:
         """Record messages ``mi`` (started at ``start``), arrived now, in order."""
