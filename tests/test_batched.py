@@ -86,6 +86,37 @@ def test_large_ring_all_reduce_runs_batched(shape: str, backend: str) -> None:
     assert np.allclose(got.returns[0][0].double().numpy(), want, rtol=1e-5, atol=1e-3)
 
 
+def _repeated(numels: list[int], dev: str) -> list:
+    out = []
+    for salt, numel in enumerate(numels):
+        t = _data(dist.get_rank(), numel, torch.float32, salt).to(dev)
+        dist.all_reduce(t)
+        out.append(t)
+    return out
+
+
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_a_repeated_schedule_shares_its_arrays(
+    every_schedule_batched: list, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """The same all-reduce again (a training loop's, every step) reuses the arrays its schedule built the first
+    time; another schedule of as many messages and steps (other chunks) builds its own: all of it the run of the
+    messages one by one."""
+    built: list = []
+    real = batched._Static.__init__
+
+    def counting(self: object, *args: object) -> None:
+        built.append(1)
+        real(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(batched._Static, "__init__", counting)
+    cluster = simdist.Cluster.ring(6, device="H100", algorithms={"all_reduce": "ring"})
+    dev = "cuda" if backend == "nccl" else "cpu"
+    # 30 and 36 elements: ring schedules of as many messages and steps, over other chunks
+    assert_same_run(_repeated, cluster, True, args=([30, 30, 36, 30, 30], dev), backend_name=backend)
+    assert len(built) == 3  # 30, 36, and 30 again (36 took its place)
+
+
 def _fake_step(numel: int) -> list:
     x = torch.ones(numel, device="cuda")
     dist.all_reduce(x)

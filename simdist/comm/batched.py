@@ -208,16 +208,13 @@ def batched_allowed(run: ScheduleRun, cols: Columns) -> str | None:
     return None
 
 
-class BatchedRun:
-    """The arrays and the in-flight queue of one :class:`~simdist.comm.messages.ScheduleRun` run batched."""
+class _Static:
+    """What a batched schedule's arrays hold that depends only on the schedule, its group and the network's routes
+    (not on the buffers, nor on how far it has run): shared by the runs of one schedule in a simulation, as a
+    training loop's all-reduce is the same every step. Read only."""
 
-    def __init__(self, run: ScheduleRun, cols: Columns, memory: _Memory | None) -> None:
-        self.run = run
-        self.env = run.sim.env
-        self.network = run.sim.network
-        self.memory = memory
+    def __init__(self, run: ScheduleRun, cols: Columns) -> None:
         n, S = run.n, run.nsteps  # n ranks, S steps
-        self.n, self.S = n, S
         key = cols.src * (S + 1) + cols.step
         if not (key[1:] >= key[:-1]).all():  # by sender, then step, then the schedule's order
             order = np.argsort(key, kind="stable")
@@ -246,29 +243,14 @@ class BatchedRun:
         self.remaining = np.bincount(cols.dst, minlength=n).astype(np.int64)
         first = np.argmax(self.missing.reshape(n, S + 1) > 0, axis=1)
         self.first_missing = np.where(self.remaining > 0, first, S).astype(np.int64)
-        self.next_step = np.zeros(n, dtype=np.int64)
         self._routes(run)
-        if memory is not None:  # per message: where its payload is read, and where it lands
-            self.sat = memory.src[self.src] + self.slo
-            self.wat = memory.dst[self.dst] + self.dlo
-        self.order = run.order
-        if self.order is not None:
+        self.range_lo = self.range_hi = self.range_of = None
+        if run.order is not None:
             self._ranges(cols)
-            self.tat = memory.dst[self.src] + self.slo  # type: ignore[union-attr]  # what a reduction takes
-        #: in flight: heap of (arrival time, first event id, sequence, entry)
-        self.heap: list[tuple[float, int, int, _Entry]] = []
-        self._seq = itertools.count()
-        self._listed = False
-        self._proxy: Event | None = None
-        self._proxy_key: tuple[float, int] = (float("inf"), 0)
-        self._posted: dict[tuple[float, int], Event] = {}
-        self.delivering = False
-        self.record = run.sim.trace.record_messages
-        self.streams = np.array(run.streams, dtype=object)
-        #: global ranks by group rank (messages are traced by global rank)
-        self.global_ranks = np.asarray(run.global_ranks, dtype=np.int64)
+        for value in self.__dict__.values():
+            if isinstance(value, np.ndarray):
+                value.flags.writeable = False
 
-    # ------------------------------------------------------------------ set-up
     def _routes(self, run: ScheduleRun) -> None:
         """Each message's route as a row of link indices (padded with its first link), its latency and s/byte."""
         n = run.n
@@ -332,12 +314,80 @@ class BatchedRun:
         if clash or (u_hi[:-1] > u_lo[1:]).any():
             raise _NotBatched("element ranges that overlap partly")
         self.range_lo, self.range_hi = u_lo, u_hi
-        self.covered = np.zeros((self.n, len(u_lo)), dtype=bool)
-        #: per rank: whether its taken ranges changed since the gloo result last heard of them
-        self.dirty = np.zeros(self.n, dtype=bool)
-        rows = self.order.rows  # type: ignore[union-attr]
-        self.rows = _raw_view(rows)
-        self.row_width = rows.shape[1]
+
+
+def _static_for(run: ScheduleRun, cols: Columns) -> _Static:
+    """The shared part of ``run``'s arrays: built, or found where this simulation ran the same schedule on the same
+    group before (compared column by column, exactly)."""
+    memo: dict = run.sim.network.__dict__.setdefault("_batched_static", {})
+    key = (
+        run.n,
+        run.nsteps,
+        len(cols.src),
+        run.itemsize,
+        run.pace,
+        tuple(run.global_ranks),
+        run.order is not None,
+    )
+    raw = (cols.src, cols.dst, cols.step, cols.slo, cols.shi, cols.dlo, cols.dhi, cols.red)
+    known = memo.get(key)
+    if known is not None and all(np.array_equal(a, b) for a, b in zip(known[0], raw)):
+        return known[1]
+    static = _Static(run, cols)
+    memo.pop(key, None)
+    while memo and sum(len(v[0][0]) for v in memo.values()) + len(cols.src) > MEMO_MESSAGES:
+        memo.pop(next(iter(memo)))  # the schedule run longest ago
+    memo[key] = (raw, static)
+    return static
+
+
+#: the messages of the schedules whose shared arrays a simulation keeps (the collectives a training step repeats;
+#: some 150 bytes a message)
+MEMO_MESSAGES = 1 << 23
+
+
+class BatchedRun:
+    """The arrays and the in-flight queue of one :class:`~simdist.comm.messages.ScheduleRun` run batched."""
+
+    def __init__(self, run: ScheduleRun, cols: Columns, memory: _Memory | None) -> None:
+        self.run = run
+        self.env = run.sim.env
+        self.network = run.sim.network
+        self.memory = memory
+        n, S = run.n, run.nsteps  # n ranks, S steps
+        self.n, self.S = n, S
+        static = _static_for(run, cols)
+        self.__dict__.update(static.__dict__)
+        # what a run changes, its own
+        self.cursor = static.cursor.copy()
+        self.missing = static.missing.copy()
+        self.remaining = static.remaining.copy()
+        self.first_missing = static.first_missing.copy()
+        self.next_step = np.zeros(n, dtype=np.int64)
+        if memory is not None:  # per message: where its payload is read, and where it lands
+            self.sat = memory.src[self.src] + self.slo
+            self.wat = memory.dst[self.dst] + self.dlo
+        self.order = run.order
+        if self.order is not None:
+            self.covered = np.zeros((self.n, len(self.range_lo)), dtype=bool)
+            #: per rank: whether its taken ranges changed since the gloo result last heard of them
+            self.dirty = np.zeros(self.n, dtype=bool)
+            rows = self.order.rows
+            self.rows = _raw_view(rows)
+            self.row_width = rows.shape[1]
+            self.tat = memory.dst[self.src] + self.slo  # type: ignore[union-attr]  # what a reduction takes
+        #: in flight: heap of (arrival time, first event id, sequence, entry)
+        self.heap: list[tuple[float, int, int, _Entry]] = []
+        self._seq = itertools.count()
+        self._listed = False
+        self._proxy: Event | None = None
+        self._proxy_key: tuple[float, int] = (float("inf"), 0)
+        self._posted: dict[tuple[float, int], Event] = {}
+        self.delivering = False
+        self.record = run.sim.trace.record_messages
+        self.streams = np.array(run.streams, dtype=object)
+        #: global ranks by group rank (messages are traced by global rank)
+        self.global_ranks = np.asarray(run.global_ranks, dtype=np.int64)
 
     # ------------------------------------------------------------------ the queue
     def _push(
