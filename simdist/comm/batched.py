@@ -215,6 +215,7 @@ class _Static:
 
     def __init__(self, run: ScheduleRun, cols: Columns) -> None:
         n, S = run.n, run.nsteps  # n ranks, S steps
+        self.n = n
         key = cols.src * (S + 1) + cols.step
         if not (key[1:] >= key[:-1]).all():  # by sender, then step, then the schedule's order
             order = np.argsort(key, kind="stable")
@@ -244,7 +245,7 @@ class _Static:
         first = np.argmax(self.missing.reshape(n, S + 1) > 0, axis=1)
         self.first_missing = np.where(self.remaining > 0, first, S).astype(np.int64)
         self._routes(run)
-        self.range_lo = self.range_hi = self.range_of = None
+        self.range_lo = self.range_hi = self.range_of = self.send_takes = None
         if run.order is not None:
             self._ranges(cols)
         for value in self.__dict__.values():
@@ -314,6 +315,25 @@ class _Static:
         if clash or (u_hi[:-1] > u_lo[1:]).any():
             raise _NotBatched("element ranges that overlap partly")
         self.range_lo, self.range_hi = u_lo, u_hi
+        self.send_takes = self._send_takes(cols, u_lo)
+
+    def _send_takes(self, cols: Columns, u_lo: np.ndarray) -> np.ndarray:
+        """Per message: whether its sender may take, as it sends, elements it has not taken before (its reduction
+        range, unless it took that range at an earlier step). A rank sends its step-k messages after it has sent
+        its earlier ones and received every message of the steps before k, so what those took is taken."""
+        n, R = self.n, len(u_lo)
+        may = self.red & (self.count > 0)
+        if n * R > MAX_TABLE:
+            return may
+        rid = np.searchsorted(u_lo, self.slo)
+        got = cols.red & (cols.dhi > cols.dlo)  # receivers take their own range as they reduce into it
+        earliest = np.full(n * R, np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(earliest, self.dst[got] * R + np.searchsorted(u_lo, cols.dlo[got]), self.step[got])
+        send_key = self.src[may] * R + rid[may]
+        np.minimum.at(earliest, send_key, self.step[may])
+        out = may.copy()
+        out[may] = ~(earliest[send_key] < self.step[may])
+        return out
 
 
 def _static_for(run: ScheduleRun, cols: Columns) -> _Static:
@@ -586,16 +606,21 @@ class BatchedRun:
         mem = memory.mem  # type: ignore[union-attr]
         count = self.count[mi]
         red = self.red[mi]
-        if self.order is not None and red.any():
-            sel = mi[red]
-            self._take(dst[red], self.dlo[sel], self.wat[sel], count[red])
-        widx = _expand(self.wat[mi], count)
+        reducing = int(np.count_nonzero(red))
+        wat = self.wat[mi]
+        if self.order is not None and reducing:
+            if reducing == len(mi):
+                self._take(dst, self.dlo[mi], wat, count)
+            else:
+                sel = mi[red]
+                self._take(dst[red], self.dlo[sel], wat[red], count[red])
+        widx = _expand(wat, count)
         pidx = _expand(e.poff, count)
-        if red.all():
+        if reducing == len(mi):
             acc = mem[widx]
             self.run.reduce(memory.tensor(acc), memory.tensor(e.pay[pidx]))  # type: ignore[union-attr]
             mem[widx] = acc
-        elif not red.any():
+        elif not reducing:
             mem[widx] = e.pay[pidx]
         else:
             per = np.repeat(red, count)
@@ -613,9 +638,11 @@ class BatchedRun:
             ranks, lo, at, count = ranks[some], lo[some], at[some], count[some]
         rid = self.range_of[lo] if self.range_of is not None else np.searchsorted(self.range_lo, lo)
         fresh = ~self.covered[ranks, rid]
-        if not fresh.any():
+        taken = int(np.count_nonzero(fresh))
+        if not taken:
             return
-        ranks, rid, lo, at, count = ranks[fresh], rid[fresh], lo[fresh], at[fresh], count[fresh]
+        if taken < len(fresh):
+            ranks, rid, lo, at, count = ranks[fresh], rid[fresh], lo[fresh], at[fresh], count[fresh]
         self.covered[ranks, rid] = True
         self.dirty[ranks] = True
         self.rows[_expand(ranks * self.row_width + lo, count)] = self.memory.mem[_expand(at, count)]  # type: ignore[union-attr]
@@ -671,10 +698,10 @@ class BatchedRun:
         if memory is not None:
             count = self.count[mi]
             if self.order is not None:  # gloo's result reads the sender's result buffer
-                red = self.red[mi]
-                if red.any():
-                    sel = mi[red]
-                    self._take(self.src[sel], self.slo[sel], self.tat[sel], count[red])
+                takes = self.send_takes[mi]
+                if takes.any():
+                    sel = mi[takes]
+                    self._take(self.src[sel], self.slo[sel], self.tat[sel], count[takes])
             pay = memory.mem[_expand(self.sat[mi], count)]
             poff = count.cumsum() - count
         now = self.env._now
