@@ -325,11 +325,13 @@ class _Static:
         may = self.red & (self.count > 0)
         if n * R > MAX_TABLE:
             return may
-        rid = np.searchsorted(u_lo, self.slo)
+        number = (
+            self.range_of.__getitem__ if self.range_of is not None else lambda lo: np.searchsorted(u_lo, lo)
+        )
         got = cols.red & (cols.dhi > cols.dlo)  # receivers take their own range as they reduce into it
         earliest = np.full(n * R, np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(earliest, self.dst[got] * R + np.searchsorted(u_lo, cols.dlo[got]), self.step[got])
-        send_key = self.src[may] * R + rid[may]
+        np.minimum.at(earliest, self.dst[got] * R + number(cols.dlo[got]), self.step[got])
+        send_key = self.src[may] * R + number(self.slo[may])
         np.minimum.at(earliest, send_key, self.step[may])
         out = may.copy()
         out[may] = ~(earliest[send_key] < self.step[may])
