@@ -385,7 +385,7 @@ class BatchedRun:
         self.missing = static.missing.copy()
         self.remaining = static.remaining.copy()
         self.first_missing = static.first_missing.copy()
-        self.next_step = np.zeros(n, dtype=np.int64)
+        self._started = False
         if memory is not None:  # per message: where its payload is read, and where it lands
             self.sat = memory.src[self.src] + self.slo
             self.wat = memory.dst[self.dst] + self.dlo
@@ -496,6 +496,7 @@ class BatchedRun:
     def start(self) -> None:
         """Every rank issues what it can before any message has arrived, in rank order; a rank that receives
         nothing is then done, before the next rank issues anything (as one message at a time has it)."""
+        self._started = True
         idle = np.flatnonzero(self.remaining == 0).tolist()
         at = 0
         for r in [*idle, self.n]:
@@ -512,9 +513,10 @@ class BatchedRun:
         k = len(e.mi)
         i = 0
         while i < k:
-            j = self._independent(e.mi[i:]) + i if k - i > 1 else i
+            dst = self.dst[e.mi[i:]] if k - i > 1 else None
+            j = self._independent(dst) + i if dst is not None else i
             if j > i + 1:
-                self._land(e.part(slice(i, j)))
+                self._land(e.part(slice(i, j)), dst[: j - i])  # type: ignore[index]
                 i = j
                 continue
             self._land_one(e, i)  # the rank finishes: the work completes, simpy events follow
@@ -530,23 +532,21 @@ class BatchedRun:
                         return False
         return True
 
-    def _independent(self, mi: np.ndarray) -> int:
-        """How many of messages ``mi`` from the first may be delivered at once: distinct receivers, none of
-        which finishes its part."""
-        dst = self.dst[mi]
+    def _independent(self, dst: np.ndarray) -> int:
+        """How many of the messages to receivers ``dst`` from the first may be delivered at once: distinct
+        receivers, none of which finishes its part."""
         finishing = self.remaining[dst] == 1
-        stop = int(finishing.argmax()) if finishing.any() else len(mi)
+        stop = int(finishing.argmax()) if finishing.any() else len(dst)
         if stop > 1:
             head = dst[:stop]
             if stop * 4 < self.n or np.bincount(head, minlength=self.n).max() > 1:  # else all distinct
                 stop = _first_repeat(head)
         return stop
 
-    def _land(self, e: _Entry) -> None:
-        """Messages ``e`` (distinct receivers, none finishing) arrive now: their data lands, their receivers go
-        on."""
+    def _land(self, e: _Entry, dst: np.ndarray) -> None:
+        """Messages ``e`` (to receivers ``dst``: distinct, none finishing) arrive now: their data lands, their
+        receivers go on."""
         mi = e.mi
-        dst = self.dst[mi]
         if self.memory is not None and e.pay is not None:
             self._land_data(mi, dst, e)
         if self.record:
@@ -687,7 +687,6 @@ class BatchedRun:
         beg = self.cursor[ranks]
         count = np.maximum(end - beg, 0)
         self.cursor[ranks] = beg + count
-        self.next_step[ranks] = np.maximum(self.next_step[ranks], limit + 1)
         return _expand(beg, count)
 
     def _send(self, mi: np.ndarray) -> None:
@@ -788,7 +787,10 @@ class BatchedRun:
 
     def progress(self) -> tuple[list[int], list[int]]:
         """Each rank's next step to issue and first step still missing a message."""
-        return self.next_step.tolist(), self.first_missing.tolist()
+        if not self._started:
+            return [0] * self.n, self.first_missing.tolist()
+        # every rank issued the steps up to its first missing one when that last moved (and at the start)
+        return (np.minimum(self.first_missing, self.S - 1) + 1).tolist(), self.first_missing.tolist()
 
 
 class _Entry:
