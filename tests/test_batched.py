@@ -235,6 +235,15 @@ def test_strided_runs_are_the_links_in_order(links: list[int]) -> None:
     assert got == links and len(set(got)) == len(got)
 
 
+@given(st.integers(8, 300), st.integers(0, 299), st.integers(1, 3), st.integers(0, 5))
+def test_a_rings_rotated_links_are_strided_runs(n: int, shift: int, stride: int, base: int) -> None:
+    """Every rank's link, listed from any rank on (a ring's step): one or two runs, read and written as slices."""
+    links = np.roll(base + stride * np.arange(n, dtype=np.int64), shift % n)
+    runs = batched._strided_runs(links)
+    assert runs is not None and len(runs) <= 2
+    assert [i for _, _, sl in runs for i in range(sl.start, sl.stop, sl.step)] == links.tolist()
+
+
 @given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 3)), max_size=20), st.booleans())
 def test_expand_lists_the_ranges_in_order(ranges: list[tuple[int, int]], equal: bool) -> None:
     """The indices of ranges [start, start + count), one range after another (equal counts too, one each too)."""

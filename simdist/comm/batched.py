@@ -76,22 +76,21 @@ def _strided_runs(links: np.ndarray, most: int = 4) -> list[tuple[int, int, slic
     if k < 8:
         return None
     gaps = links[1:] - links[:-1]
-    cuts = (gaps[1:] != gaps[:-1]).nonzero()[0] + 1  # where the gap changes
+    cuts = ((gaps[1:] != gaps[:-1]).nonzero()[0] + 1).tolist()  # where the gap changes
     if len(cuts) > 2 * most:
         return None
-    runs, a = [], 0
+    runs, a, c = [], 0, 0
     while a < k:
         if len(runs) == most:
             return None
         b = a + 1
-        if b < k:
-            gap = int(gaps[a])
-            if gap <= 0:
-                return None
-            nxt = cuts[cuts > a]
-            b = int(nxt[0]) + 1 if len(nxt) else k
+        gap = int(gaps[a]) if b < k else 1
+        if gap > 0 and b < k:
+            while c < len(cuts) and cuts[c] <= a:
+                c += 1
+            b = cuts[c] + 1 if c < len(cuts) else k
         else:
-            gap = 1
+            gap = 1  # one link alone (the last, or one before a step down)
         first = int(links[a])
         runs.append((a, b, slice(first, first + (b - a) * gap, gap)))
         a = b
