@@ -598,7 +598,12 @@ class BatchedRun:
             while k < S and miss[k] == 0:
                 k += 1
             fm[d] = k
-        self._send(self._advance(np.array([d], dtype=np.int64)))
+        S = self.S  # _advance for one rank, without arrays
+        end = int(self.send_end[d * (S + 1) + min(int(fm[d]), S - 1)])
+        beg = int(self.cursor[d])
+        if end > beg:
+            self.cursor[d] = end
+            self._send(np.arange(beg, end, dtype=np.int64))
         if self.remaining[d] == 0:
             self._finish(d)
 
