@@ -568,7 +568,8 @@ class BatchedRun:
                     break
                 cand[live] += 1
             fm[ranks] = cand
-        self._send(self._advance(dst))
+            # only these may issue more: another rank's first missing step, so what it may send, is as before
+            self._send(self._advance(ranks))
 
     def _land_one(self, e: _Entry, i: int) -> None:
         """Message ``i`` of ``e`` arrives now (:meth:`_land` for one message, without arrays)."""
