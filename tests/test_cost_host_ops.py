@@ -91,6 +91,28 @@ def test_a_simulated_gpu_anywhere_in_a_call_takes_the_full_path(args, kwargs):
     assert not on_host(args, kwargs)
 
 
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        ((torch.ones(2), torch.nn.Parameter(torch.ones(2)), 1.0), {}),
+        (
+            ([2, 3],),
+            {
+                "dtype": torch.float32,
+                "layout": torch.strided,
+                "device": torch.device("cpu"),
+                "pin_memory": False,
+            },
+        ),
+        (([torch.ones(2), torch.tensor(1.0)], 0), {}),
+        ((torch.ones(2),), {"rounding_mode": "floor", "out": torch.empty(2)}),
+    ],
+)
+def test_host_calls_take_the_fast_path(args, kwargs):
+    assert on_host(args, kwargs)
+    assert unwrap(aten.add.Tensor, args, kwargs) is None
+
+
 def _slow(monkeypatch: pytest.MonkeyPatch) -> None:
     """Switch the fast paths off: every call through ``unwrap``, every op through its OpOverload, launch and
     charge as two calls."""
