@@ -502,6 +502,7 @@ _HOST_KINDS = frozenset({torch.Tensor, torch.nn.Parameter, int, float, bool, str
 
 
 def _host_value(a: Any) -> bool:
+    """Whether ``a`` is of a host kind, a list or tuple of such, or a device other than CUDA's."""
     kind = type(a)
     if kind in _HOST_KINDS:
         return True
