@@ -11,6 +11,10 @@ is the same per-rank forward/backward run with plain torch in this thread, one r
 the simulated run: what the simulator cannot avoid doing. The ratio is wall over wall; the CPU columns (the
 process's CPU seconds, every thread included) give the same comparison without the time this process waited for
 a core, which on a shared machine can be most of the wall time.
+
+It then prints the per-op share on its own: the step's forward and backward run over and over by one rank of a
+switch cluster of H100s (a warm thread: no start-up, no all-reduce) against the same in plain torch, both as CPU
+time, best of several batches, divided by the ops the step dispatches.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ from __future__ import annotations
 import argparse
 import platform
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from engine_bench import mlp_local, mlp_step
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import simdist
 
@@ -88,6 +94,54 @@ def rank_scaling(ranks: tuple[int, ...] = (1024, 4096, 8192), shape: str = "swit
     return rows
 
 
+class _Counting(TorchDispatchMode):
+    """Counts the aten ops that reach a dispatch mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _best_batch(calls: int, batches: int) -> float:
+    """CPU seconds of the calling thread for ``calls`` of ``mlp_local``, best of ``batches``."""
+    best = float("inf")
+    for _ in range(batches):
+        start = time.thread_time()
+        for r in range(calls):
+            mlp_local(r)
+        best = min(best, time.thread_time() - start)
+    return best
+
+
+def per_op(calls: int = 300, batches: int = 7) -> dict:
+    """Microseconds the cost mode adds to each op of the step, in a warm rank thread of a GPU cluster; printed."""
+    with _Counting() as counting:
+        mlp_local(0)
+    simulated: list[float] = []
+
+    def rank() -> None:
+        _best_batch(30, 1)  # the thread's first use of torch
+        simulated.append(_best_batch(calls, batches))
+
+    simdist.run(rank, _cluster(1, "switch"), races="off")
+    plain = _best_batch(calls, batches)
+    row = {
+        "ops": counting.ops,
+        "step_us": simulated[0] / calls * 1e6,
+        "torch_step_us": plain / calls * 1e6,
+        "per_op_us": (simulated[0] - plain) / calls / counting.ops * 1e6,
+    }
+    print(
+        f"per op: {row['ops']} ops per step; {row['step_us']:.0f} us per step in a warm rank, "
+        f"{row['torch_step_us']:.0f} us in plain torch: {row['per_op_us']:.1f} us per op over plain torch"
+    )
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--ranks", default="1024,4096,8192")
@@ -98,6 +152,7 @@ def main() -> None:
         f"torch {torch.__version__}"
     )
     rank_scaling(tuple(int(x) for x in args.ranks.split(",")), args.cluster)
+    per_op()
 
 
 if __name__ == "__main__":

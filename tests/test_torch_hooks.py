@@ -53,3 +53,11 @@ def test_python_process_group_and_work_are_subclassable():
     assert issubclass(SimTimeoutError, dist.DistBackendError)
     assert dist.ProcessGroup.__init__ is not object.__init__
     assert dist.Work.__init__ is not object.__init__
+
+
+def test_an_op_overload_call_is_its_cpp_operator_call():
+    # the cost mode calls an OpOverload's ``_op`` directly (simdist.compute.cost), skipping __call__'s Python frame
+    body = inspect.getsource(torch._ops.OpOverload.__call__).strip().splitlines()
+    assert body[-1].strip() == "return self._op(*args, **kwargs)"
+    a, b = torch.randn(3), torch.randn(3)
+    assert torch.equal(torch.ops.aten.add.Tensor._op(a, b, alpha=2), torch.ops.aten.add.Tensor(a, b, alpha=2))

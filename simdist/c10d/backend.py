@@ -146,8 +146,11 @@ def _patched_new_process_group_helper(group_size: int, group_rank: int, global_r
         return _orig["new_process_group_helper"](group_size, group_rank, global_ranks, backend, *args, **kwargs)
     if kwargs.get("group_desc") == "default_pg":
         sim = _active["ctx"]
-        site = str(sim.call_site())
+        # the call site (a walk up the stack) is for what a program's own init_process_group checks; every rank's
+        # default group that simdist makes before the program starts needs none
+        site = None
         if not rendezvous.take_rendezvous():
+            site = str(sim.call_site())
             rendezvous.check_world(group_rank, group_size, state.rank, sim.world_size, site, "with a store")
             store = args[0] if args else kwargs.get("store")
             rendezvous.check_store(store, state.rank, site)
@@ -161,6 +164,8 @@ def _patched_new_process_group_helper(group_size: int, group_rank: int, global_r
         if not _active["pre_creating"]:
             timeout = kwargs.get("timeout")
             seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else None
+            if site is None:
+                site = str(sim.call_site())
             _active["arrivals"].join(str(args[1] if len(args) > 1 else kwargs.get("group_name")), state.rank,
                                      group_size, seconds, site)
         thread_world.register(state.rank)

@@ -41,11 +41,16 @@ class RankTime:
         #: None when no rank straggles
         self.slowdown: Callable[[int, float], float] | None = None
 
-    def charge(self, seconds: float) -> tuple[int, float, float, int] | None:
+    def charge(self, seconds: float, launch: float = 0.0) -> tuple[int, float, float, int] | None:
         """Queue ``seconds`` of compute on the calling thread's current stream: (rank, start, end, stream), or
-        None outside a rank."""
+        None outside a rank. ``launch``: host seconds spent launching it first (as :meth:`launch`; one call
+        instead of two for each op of a rank)."""
         state = current_rank_state()
-        if state is None or seconds <= 0:
+        if state is None:
+            return None
+        if launch > 0 and self.host_runs_ahead:
+            state.pending += launch
+        if seconds <= 0:
             return None
         if self.host_runs_ahead:
             owner = state.owner

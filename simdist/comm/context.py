@@ -107,9 +107,10 @@ class RunContext:
         return st
 
     # ------------------------------------------------------------------ rank time
-    def charge(self, seconds: float, name: str) -> None:
-        """Add ``seconds`` of compute to the calling rank's compute stream (settled at its next sync point)."""
-        span = self.time.charge(seconds)
+    def charge(self, seconds: float, name: str, launch: float = 0.0) -> None:
+        """Add ``seconds`` of compute to the calling rank's compute stream (settled at its next sync point), after
+        its host spent ``launch`` seconds launching it (see :meth:`launch`)."""
+        span = self.time.charge(seconds, launch)
         if span is not None:
             if span[3]:
                 self.trace.span(span[0], side_stream_name(span[3]), name, span[1], span[2])
@@ -118,11 +119,11 @@ class RunContext:
             if name in HOST_READS:
                 self.synchronize_stream()
 
-    def _charge_perturbed(self, seconds: float, name: str) -> None:
+    def _charge_perturbed(self, seconds: float, name: str, launch: float = 0.0) -> None:
         """:meth:`charge` in a perturbed run: ``seconds`` stretched by the run's compute jitter."""
         if seconds > 0 and current_rank_state() is not None:
             seconds *= 1.0 + self._jitter * self._rng.random()
-        RunContext.charge(self, seconds, name)
+        RunContext.charge(self, seconds, name, launch)
 
     def launch(self, seconds: float) -> None:
         """The calling rank's host spends ``seconds`` launching a kernel (see ``RankTime.launch``)."""

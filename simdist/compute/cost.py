@@ -19,7 +19,17 @@ from simdist.compute.sdpa import MetaAttention, attention_seconds
 from simdist.cuda import device as cuda_devices
 from simdist.cuda.pinned import ASKS as PINNED_OPS
 from simdist.cuda.rank import RankCuda
-from simdist.cuda.tensor import COPY, META, TO_COPY, SimCudaTensor, rewrap, unwrap, without_values
+from simdist.cuda.tensor import (
+    COPY,
+    META,
+    TO_COPY,
+    TO_OVERLOADS,
+    SimCudaTensor,
+    on_host,
+    rewrap,
+    unwrap,
+    without_values,
+)
 from simdist.cuda.tensor import CPU as HOST_DEVICE
 from simdist.cuda.transfers import planned_bytes, transfer
 from simdist.errors import NoValuesError
@@ -313,6 +323,8 @@ class _OpInfo:
 
     __slots__ = (
         "attention",
+        "call",
+        "converts",
         "flops",
         "free",
         "func",
@@ -329,6 +341,10 @@ class _OpInfo:
     def __init__(self, func: torch._ops.OpOverload) -> None:
         #: the overload itself: the table is keyed by its id, which is this overload's only while it lives
         self.func = func
+        #: what runs it: the C++ operator an OpOverload's __call__ calls, without that Python frame
+        self.call: Callable[..., Any] = func._op if type(func) is torch._ops.OpOverload else func
+        #: whether it is one of ``Tensor.to``'s overloads (whose device argument may be a string)
+        self.converts: bool = func in TO_OVERLOADS
         #: whether it leaves memory uninitialised (filled by simdist.uninitialised after it runs)
         self.uninitialised: bool = func in uninitialised.OPS
         #: whether it asks about or pins host memory (answered from a simulated GPU's pinned memory)
@@ -476,12 +492,15 @@ class ComputeCostMode(TorchDispatchMode):
         reserve: Callable[[int, Any], None] | None = None,
         launch: Callable[[float], None] | None = None,
         provider: Callable[[str, Sequence[Any], dict[str, Any] | None, float], float] | None = None,
+        launched: Callable[[float, str, float], None] | None = None,
     ) -> None:
         super().__init__()
         self.device = device
         #: called with the host's seconds to launch each kernel before it is charged (the device's
         #: ``host_overhead``; a run's host time), where the device has one
         self._launch = launch if device.host_overhead > 0 else None
+        #: ``launched(seconds, name, host seconds)``: ``launch`` then ``charge`` in one call (one of each per op)
+        self._launched = launched if self._launch is not None else None
         #: charge ops on meta tensors as if they ran (pricing shapes without data, as ``estimate`` does);
         #: otherwise meta tensors, like fake ones, are tracing or shape propagation, and cost nothing
         self._price_meta = price_meta
@@ -510,7 +529,9 @@ class ComputeCostMode(TorchDispatchMode):
     def __torch_dispatch__(
         self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
-        info = _op_info(func)
+        info = _INFO.get(id(func))  # _op_info's look-up, inline: this runs for every op of every rank
+        if info is None or info.func is not func:
+            info = _op_info(func)
         if not info.uninitialised:
             return self._dispatch(func, info, args, kwargs)
         before = uninitialised.stored_bytes(func, args)
@@ -523,18 +544,20 @@ class ComputeCostMode(TorchDispatchMode):
         if self._cuda is not None:
             if info.pinned or (kwargs and kwargs.get("pin_memory") and kwargs.get("device") in _HOST):
                 return self._pinned(func, args, kwargs or {})
-            call = unwrap(func, args, kwargs or {}, self._target)
-            if call is not None:
-                return NotImplemented if call is NotImplemented else self._on_gpu(call)
+            # most ops of a program written for the CPU hold host tensors only: told apart without unwrap's walk
+            if info.converts or not on_host(args, kwargs):
+                call = unwrap(func, args, kwargs or {}, self._target)
+                if call is not None:
+                    return NotImplemented if call is NotImplemented else self._on_gpu(call)
             if self._cuda.in_use:
                 # a host op of a rank that uses its GPU: host work (the host's CPU is not modelled), not on the
                 # GPU's stream, not device memory
                 if self._before is not None:
                     self._before(func, args, kwargs or {})
-                return func(*args, **(kwargs or {}))
+                return info.call(*args, **kwargs) if kwargs else info.call(*args)
         if self._before is not None:
             self._before(func, args, kwargs or {})
-        out = func(*args, **(kwargs or {}))
+        out = info.call(*args, **kwargs) if kwargs else info.call(*args)
         if self._after is not None:
             self._after(func, args, kwargs, out)
         # a view or an op without a kernel is free whatever its output: decided before looking at the output
@@ -554,6 +577,9 @@ class ComputeCostMode(TorchDispatchMode):
 
     def _kernel(self, seconds: float, name: str) -> None:
         """Charge one kernel of ``seconds`` on the device, after the host has launched it."""
+        if self._launched is not None:
+            self._launched(seconds, name, self.device.host_overhead)
+            return
         if self._launch is not None:
             self._launch(self.device.host_overhead)
         self._charge(seconds, name)
@@ -686,6 +712,8 @@ def _reads_values(call: Any) -> bool:
 def _without_data(out: Any, price_meta: bool) -> bool:
     """Whether ``out`` is a fake (or, unless ``price_meta``, meta) tensor: tracing or shape propagation, where no
     kernel runs, so no time is charged."""
+    if type(out) is torch.Tensor:  # most ops' result: neither fake nor a list
+        return out.is_meta and not price_meta
     if isinstance(out, (tuple, list)):
         out = next((o for o in out if isinstance(o, torch.Tensor)), None)
     if not isinstance(out, torch.Tensor):

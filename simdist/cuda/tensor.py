@@ -450,7 +450,7 @@ def _mismatch(func: Any, first: torch.device, second: torch.device) -> DeviceMis
 
 #: ``Tensor.to``'s overloads: composite ops that reach a dispatch mode undecomposed where autograd is skipped
 #: (DTensor's random-number tracker moves a generator state to the device so)
-_TO = frozenset({aten.to.device, aten.to.dtype, aten.to.dtype_layout, aten.to.other})
+TO_OVERLOADS = frozenset({aten.to.device, aten.to.dtype, aten.to.dtype_layout, aten.to.other})
 #: the copies a timing-only run keeps host values through (:func:`without_values`); looked up once, not per op
 TO_COPY = aten._to_copy.default
 COPY = aten.copy_.default
@@ -494,6 +494,41 @@ def _plain(kind: type) -> bool:
 _NO_DISPATCH = torch.Tensor.__torch_dispatch__
 
 
+#: argument types that neither are nor name a simulated GPU's memory: plain host tensors and what is not a tensor
+#: (``unwrap`` ignores the others; a ``torch.device`` matters only where it is CUDA's)
+_HOST_KINDS = frozenset({torch.Tensor, torch.nn.Parameter, int, float, bool, str, type(None)}) | frozenset(
+    {torch.dtype, torch.layout, torch.memory_format}
+)
+
+
+def _host_value(a: Any) -> bool:
+    """Whether ``a`` is of a host kind, a list or tuple of such, or a device other than CUDA's."""
+    kind = type(a)
+    if kind in _HOST_KINDS:
+        return True
+    if kind is list or kind is tuple:
+        for t in a:
+            if type(t) not in _HOST_KINDS:
+                return False
+        return True
+    return kind is torch.device and a.type != "cuda"
+
+
+def on_host(args: Any, kwargs: dict[str, Any] | None) -> bool:
+    """Whether a call's arguments hold only plain host tensors and values that name no CUDA device, so that
+    :func:`unwrap` returns None for it (``False`` says nothing: ask :func:`unwrap`). Not for ``Tensor.to``'s
+    overloads, whose device may be a string. Runs on every op of a GPU cluster's ranks, most of them host ops of
+    programs written for the CPU: a microsecond where :func:`unwrap`'s walk takes several."""
+    for a in args:
+        if type(a) not in _HOST_KINDS and not _host_value(a):
+            return False
+    if kwargs:
+        for a in kwargs.values():
+            if type(a) not in _HOST_KINDS and not _host_value(a):
+                return False
+    return True
+
+
 def unwrap(func: Any, args: Any, kwargs: dict[str, Any], target: torch.device = CPU) -> Call | None | Any:
     """``func``'s call with simulated-GPU operands replaced by their CPU tensors.
 
@@ -504,7 +539,7 @@ def unwrap(func: Any, args: Any, kwargs: dict[str, Any], target: torch.device = 
     another tensor subclass must unwrap first, or the :class:`Call`. Raises :class:`DeviceMismatchError` where
     CUDA would refuse the operands' devices.
     """
-    if func in _TO:
+    if func in TO_OVERLOADS:
         func, args, kwargs = _as_to_copy(func, args, kwargs)
     dev: torch.device | None = None
     host = False

@@ -63,7 +63,7 @@ class RankGenerators:
 
     def torch_state(self, rank: int) -> torch.Tensor:
         """The state ``rank``'s torch default generator starts from (``torch.initial_seed()`` reads its seed)."""
-        return torch.Generator().manual_seed(derive_seed(self.seed, rank, "torch")).get_state()
+        return _CPU_GENERATOR().manual_seed(derive_seed(self.seed, rank, "torch")).get_state()
 
     def python(self, rank: int) -> random.Random:
         """``rank``'s Python ``random`` generator."""
@@ -87,6 +87,9 @@ class RankGenerators:
 
 
 _ORIGINAL_RANDOM_CLASS = random.Random
+#: torch's own CPU generator class: ``torch.Generator`` is a Python stand-in while a run emulates CUDA (a generator
+#: made in a rank thread asks which rank and device it is for), and each rank's start needs a CPU one only
+_CPU_GENERATOR = torch._C.Generator
 _original_random_seed = random.Random.seed
 
 

@@ -420,6 +420,7 @@ def _run(
                 device if options.compute else CPU,
                 sim.charge,
                 launch=sim.launch,
+                launched=sim.charge,
                 before=races.check if races is not None else None,
                 after=tracker.after if tracker is not None else None,
                 cuda=cuda[rank],
@@ -434,6 +435,7 @@ def _run(
                 device if options.compute else CPU,
                 sim.charge,
                 launch=sim.launch,
+                launched=sim.charge,
                 before=races.check if races is not None else None,
                 after=trackers[rank].after,
                 provider=providers[rank],
@@ -445,6 +447,7 @@ def _run(
                 sim.charge,
                 before=races.check if races is not None else None,
                 launch=sim.launch,
+                launched=sim.charge,
                 provider=providers[rank],
             )
         return races if races is not None else FillMode()
