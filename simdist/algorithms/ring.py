@@ -7,37 +7,40 @@ import numpy as np
 from simdist.algorithms.schedule import Msg, MsgTable, msg, pipeline_chunks, split_offsets
 
 
-def _around(n: int, off: list[int], step0: int, shift: int, red: bool) -> tuple[np.ndarray, ...]:
-    """n-1 steps in which every rank r sends chunk ``(r - k - shift) % n`` to r+1 at its step k, as (n, n-1)
-    arrays (rank by rank, as a run looks its sends up)."""
-    r = np.arange(n, dtype=np.int64)[:, None].repeat(n - 1, axis=1)
-    k = np.arange(n - 1, dtype=np.int64)[None, :].repeat(n, axis=0)
-    c = (r - k - shift) % n
+def _rings(n: int, off: list[int], step0: int, blocks: list[tuple[int, bool]]) -> MsgTable:
+    """Rings of n-1 steps one after another, as one schedule listed rank by rank (as a run looks its sends up):
+    in block ``b`` (``shift``, whether it reduces) every rank r sends chunk ``(r - k - shift) % n`` (boundaries
+    ``off``) to r+1 at its step ``step0 + b(n-1) + k``."""
+    w = n - 1
+    width = w * len(blocks)
+    r = np.arange(n, dtype=np.int64)[:, None]
+    k = np.arange(w, dtype=np.int64)[None, :]
+    chunk = np.empty((n, width), dtype=np.int64)
+    red = np.empty((n, width), dtype=bool)
+    for b, (shift, reduces) in enumerate(blocks):
+        np.remainder(r - k - shift, n, out=chunk[:, b * w : (b + 1) * w])
+        red[:, b * w : (b + 1) * w] = reduces
     bounds = np.asarray(off, dtype=np.int64)
-    lo, hi = bounds[c], bounds[c + 1]
-    return r, (r + 1) % n, k + step0, lo, hi, np.full(r.shape, red)
-
-
-def _table(*parts: tuple[np.ndarray, ...]) -> MsgTable:
-    """Parts of (n, steps) arrays joined step after step, rank by rank, as one schedule."""
-    src, dst, step, lo, hi, red = (np.concatenate(cols, axis=1).ravel() for cols in zip(*parts))
-    return MsgTable(src, dst, step, lo, hi, lo, hi, red)
+    lo, hi = bounds[:-1][chunk].ravel(), bounds[1:][chunk].ravel()
+    ranks = np.arange(n, dtype=np.int64)
+    src, dst = ranks.repeat(width), ((ranks + 1) % n).repeat(width)
+    step = np.tile(np.arange(step0, step0 + width, dtype=np.int64), n)
+    return MsgTable(src, dst, step, lo, hi, lo, hi, red.ravel())
 
 
 def reduce_scatter(n: int, off: list[int], step0: int = 0) -> MsgTable:
     """After n-1 steps rank r holds the reduced chunk r (chunk boundaries ``off``)."""
-    return _table(_around(n, off, step0, 1, True))
+    return _rings(n, off, step0, [(1, True)])
 
 
 def all_gather(n: int, off: list[int], step0: int = 0) -> MsgTable:
     """Rank r starts with chunk r; after n-1 steps every rank has every chunk."""
-    return _table(_around(n, off, step0, 0, False))
+    return _rings(n, off, step0, [(0, False)])
 
 
 def all_reduce(n: int, numel: int) -> MsgTable:
     """Reduce-scatter then all-gather around the ring: 2(n-1) steps of m/n elements."""
-    off = split_offsets(numel, n)
-    return _table(_around(n, off, 0, 1, True), _around(n, off, n - 1, 0, False))
+    return _rings(n, split_offsets(numel, n), 0, [(1, True), (0, False)])
 
 
 def broadcast(n: int, numel: int, nbytes: int, root: int) -> list[Msg]:
