@@ -279,9 +279,10 @@ class _Static:
         else:
             plat = np.array([r[2] for r in routes], dtype=np.float64)
             pinv = np.array([r[1] for r in routes], dtype=np.float64)
-        #: per message: its latency, and how long it holds its links (bytes x seconds per byte, as Network.send)
-        self.lat = plat[self.pair]
-        self.hold = self.nbytes * pinv[self.pair]
+        #: per message: its latency (one number where every route has the same: a uniform ring or switch), and how
+        #: long it holds its links (bytes x seconds per byte, as Network.send)
+        self.lat = float(plat[0]) if (plat == plat[0]).all() else plat[self.pair]
+        self.hold = self.nbytes * (float(pinv[0]) if (pinv == pinv[0]).all() else pinv[self.pair])
         #: per message: its one link, where every route is one link (a ring's neighbours); else None
         self.link = links[self.pair, 0] if width == 1 else None
 
@@ -737,14 +738,14 @@ class BatchedRun:
                 values = leave.tolist()
                 for a, b, sl in runs:
                     free[sl] = values[a:b]
-                return start, now + ((leave + self.lat[mi]) - now)
+                return start, now + ((leave + self._lat(mi)) - now)
             if k == 1 or _first_repeat(links) == k:  # one link each, all distinct: order-free
                 ll = links.tolist()
                 start = np.maximum(np.fromiter(map(free.__getitem__, ll), np.float64, k), now)
                 leave = start + hold
                 for i, v in zip(ll, leave.tolist()):
                     free[i] = v
-                return start, now + ((leave + self.lat[mi]) - now)
+                return start, now + ((leave + self._lat(mi)) - now)
         pair = self.pair[mi]
         links, valid = self.plinks[pair], self.pvalid[pair]
         start = np.empty(k)
@@ -763,7 +764,12 @@ class BatchedRun:
             start[i:j] = s
             i = j
         leave = start + hold
-        return start, now + ((leave + self.lat[mi]) - now)
+        return start, now + ((leave + self._lat(mi)) - now)
+
+    def _lat(self, mi: np.ndarray) -> np.ndarray | float:
+        """The latencies of messages ``mi`` (one number where all routes have the same)."""
+        lat = self.lat
+        return lat if type(lat) is float else lat[mi]
 
     @staticmethod
     def _disjoint(links: np.ndarray, valid: np.ndarray) -> int:
