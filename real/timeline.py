@@ -85,6 +85,14 @@ class _Pending:
     completion: str = UNOBSERVED
     start_event: Any = None
     end_event: Any = None
+    #: the op's future, where it has one, and set once the callback that notes its end has run
+    future: Any = None
+    noted: threading.Event | None = None
+
+
+#: how long the records wait, at the end, for the end of an op whose future has completed to be noted (torch
+#: wakes a future's waiters before it runs its callbacks, on the thread that completed it)
+NOTE_TIMEOUT = 10.0
 
 
 class Recorder:
@@ -209,12 +217,22 @@ class Recorder:
         except RuntimeError:  # gloo's send and recv works have none
             self._by_work[id(work)] = (work, pending)
             return
+        self._on_future(pending, future, cuda)
+
+    def _on_future(self, pending: _Pending, future: Any, cuda: bool) -> None:
+        """Set ``pending``'s end when ``future`` completes."""
+        pending.future, pending.noted = future, threading.Event()
 
         def completed(_future: Any) -> None:
-            pending.end, pending.completion = time.monotonic(), BY_FUTURE
-            if cuda:  # on a stream that waits for the op's own events; without one, the host's times stand
-                with contextlib.suppress(RuntimeError):
-                    pending.end_event = self._event()
+            try:
+                pending.end, pending.completion = time.monotonic(), BY_FUTURE
+                if (
+                    cuda
+                ):  # on a stream that waits for the op's own events; without one, the host's times stand
+                    with contextlib.suppress(RuntimeError):
+                        pending.end_event = self._event()
+            finally:
+                pending.noted.set()  # type: ignore[union-attr]
 
         future.add_done_callback(completed)
 
@@ -256,7 +274,10 @@ class Recorder:
         if self._cuda_anchor is not None:
             torch.cuda.synchronize()
         out = []
+        deadline = time.monotonic() + NOTE_TIMEOUT
         for p in self._pending:
+            if p.noted is not None and p.future.done():  # completed: its end is noted now, or in a moment
+                p.noted.wait(max(0.0, deadline - time.monotonic()))
             fields = dict(p.record)
             end, completion = p.end, p.completion
             if self._cuda_anchor is not None and p.start_event is not None and p.end_event is not None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -222,3 +224,23 @@ def test_code_on_emulated_gpus_is_timed_on_the_host() -> None:
     for records in result.timeline.records.values():
         assert [r.op for r in records] == ["all_gather", "broadcast", "broadcast", "all_reduce", "all_reduce"]
         assert all(r.completion == BY_FUTURE and r.end >= r.start for r in records), records
+
+
+def test_an_ops_end_noted_after_its_waiter_woke_is_in_the_records(tmp_path) -> None:
+    """torch wakes a future's waiters before it runs the future's callbacks (on the thread that completed it): the
+    records taken right after the last wait returned still hold the end its callback notes."""
+    from real.timeline import _Pending
+
+    recorder = Recorder(0, tmp_path)
+    future: torch.futures.Future = torch.futures.Future()
+    slow = threading.Event()
+    future.add_done_callback(lambda _f: slow.wait(5))  # runs before the recorder's callback
+    fields = {"rank": 0, "index": 0, "op": "all_reduce", "group": "default", "group_ranks": (0, 1)}
+    pending = _Pending({**fields, "nbytes": 4, "dtype": "float32", "site": "here", "start": time.monotonic()})
+    recorder._pending.append(pending)
+    recorder._on_future(pending, future, cuda=False)
+    threading.Thread(target=future.set_result, args=(None,), daemon=True).start()
+    future.wait()  # the rank's wait returns; the callbacks may not have run yet
+    threading.Timer(0.2, slow.set).start()
+    (record,) = recorder._records()
+    assert record.end is not None and record.end >= record.start and record.completion == BY_FUTURE
