@@ -154,6 +154,86 @@ def test_lone_receivers_finish_at_the_start(every_schedule_batched: list) -> Non
     assert every_schedule_batched
 
 
+def test_a_senders_pieces_on_one_link_hold_it_in_turn(every_schedule_batched: list) -> None:
+    """A pipelined broadcast's root, and a pipelined reduce's first rank, send all their pieces at once down the
+    one link to their neighbour (a ring: every route one link, of one latency and speed): the pieces hold the
+    link one after another, as one message at a time has it."""
+
+    def chain(numel: int) -> list[torch.Tensor]:
+        x = _data(dist.get_rank(), numel, torch.float32, 1)
+        dist.broadcast(x, src=1)
+        y = _data(dist.get_rank(), numel, torch.float32, 2)
+        dist.reduce(y, dst=0)
+        return [x, y]
+
+    cluster = simdist.Cluster.ring(4, device="cpu", algorithms={"broadcast": "ring", "reduce": "ring"})
+    got = assert_same_run(chain, cluster, True, args=(600_000,), races="off")  # 2.4 MB: ten pieces
+    assert every_schedule_batched
+    assert got.messages == 2 * 3 * 10
+
+
+def _mixed_all_reduce(n: int, numel: int) -> list:
+    """An all-reduce schedule whose first group, due at one time, mixes reductions and copies of equal chunks."""
+    half = numel // 2
+    first = [
+        msg(r, (r + 1) % n, 0, *((0, half) if r % 2 else (half, 2 * half)), "reduce" if r < 2 else "copy")
+        for r in range(n)
+    ]
+    return first + [msg(r, (r + 1) % n, 1, 0, 1, "copy") for r in range(n)]
+
+
+def test_a_group_mixing_reductions_and_copies_runs_batched(
+    every_schedule_batched: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Messages due together, some reducing into their receivers' chunks and some copying over them: the same
+    run as one message at a time (the schedule's own order: it is no all-reduce gloo would check)."""
+    monkeypatch.setattr(ring, "all_reduce", _mixed_all_reduce)
+    cluster = simdist.Cluster.ring(4, device="H100", algorithms={"all_reduce": "ring"})
+    assert_same_run(_ring_all_reduce, cluster, True, args=(8, "cuda"), backend_name="nccl")
+    assert every_schedule_batched
+
+
+@st.composite
+def _entries(draw: st.DrawFn) -> list:
+    """Entries in flight due at one time: each with payloads of one length as rows, or flat."""
+    entries, eid = [], 0
+    for _ in range(draw(st.integers(1, 4))):
+        counts = draw(st.lists(st.integers(0, 4), min_size=1, max_size=5))
+        rows = draw(st.booleans()) and len(set(counts)) == 1 and counts[0] > 0
+        values = [np.arange(c, dtype=np.int32) + 100 * (eid + i) for i, c in enumerate(counts)]
+        k = len(counts)
+        ids = np.array(draw(st.permutations(range(eid, eid + k))), dtype=np.int64)
+        order = np.argsort(ids)
+        values = [values[i] for i in order]
+        if rows:
+            pay, poff, c = np.stack(values), np.arange(k), counts[0]
+        else:
+            lens = [len(v) for v in values]
+            pay = np.concatenate(values) if values else np.zeros(0, np.int32)
+            poff, c = np.cumsum([0, *lens[:-1]]), 0
+        entries.append(
+            (batched._Entry(ids[order], ids[order], ids[order].astype(float), pay, poff, c), values)
+        )
+        eid += k
+    return entries
+
+
+@given(_entries())
+def test_merged_entries_keep_each_messages_payload(entries: list) -> None:
+    """Entries due at one time merge into one, in id order, each message keeping its payload (rows of one length
+    stay rows; rows of different lengths and flat payloads all go flat)."""
+    merged = batched._Entry.merge([e for e, _ in entries])
+    want = dict(zip((int(i) for e, _ in entries for i in e.eids), (v for _, vs in entries for v in vs)))
+    assert merged.eids.tolist() == sorted(want)
+    for i, eid in enumerate(merged.eids.tolist()):
+        got = (
+            merged.pay[merged.poff[i]]
+            if merged.c
+            else merged.pay[merged.poff[i] : merged.poff[i] + len(want[eid])]
+        )
+        assert got.tolist() == want[eid].tolist()
+
+
 def test_schedules_not_fit_for_arrays_keep_one_message_at_a_time() -> None:
     """A small schedule and gloo's model (reductions on the rank's thread) keep the one-message path, each with
     its reason; a perturbed run (exploration decides ties itself) does not even queue messages on lanes."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from simdist.algorithms.schedule import Msg, MsgTable, msg, pipeline_chunks, split_offsets
 
@@ -13,19 +14,23 @@ def _rings(n: int, off: list[int], step0: int, blocks: list[tuple[int, bool]]) -
     ``off``) to r+1 at its step ``step0 + b(n-1) + k``."""
     w = n - 1
     width = w * len(blocks)
-    r = np.arange(n, dtype=np.int64)[:, None]
-    k = np.arange(w, dtype=np.int64)[None, :]
-    chunk = np.empty((n, width), dtype=np.int64)
-    red = np.empty((n, width), dtype=bool)
-    for b, (shift, reduces) in enumerate(blocks):
-        np.remainder(r - k - shift, n, out=chunk[:, b * w : (b + 1) * w])
-        red[:, b * w : (b + 1) * w] = reduces
     bounds = np.asarray(off, dtype=np.int64)
-    lo, hi = bounds[:-1][chunk].ravel(), bounds[1:][chunk].ravel()
-    ranks = np.arange(n, dtype=np.int64)
-    src, dst = ranks.repeat(width), ((ranks + 1) % n).repeat(width)
-    step = np.tile(np.arange(step0, step0 + width, dtype=np.int64), n)
-    return MsgTable(src, dst, step, lo, hi, lo, hi, red.ravel())
+    cols = [np.empty((n, width), dtype=np.int64) for _ in range(5)]
+    src, dst, step, lo, hi = cols
+    red = np.empty((n, width), dtype=bool)
+    src[...] = np.arange(n, dtype=np.int64)[:, None]
+    dst[...] = ((np.arange(n, dtype=np.int64) + 1) % n)[:, None]
+    step[...] = np.arange(step0, step0 + width, dtype=np.int64)
+    for edge, out in ((bounds[:-1], lo), (bounds[1:], hi)):
+        # chunk (r - k - shift) % n's edge is ``ext[2n - shift + r - k]`` of the edges repeated three times: read
+        # as a window of the reversed copy, row r of a block is a slice (copied, not gathered per element)
+        windows = sliding_window_view(np.tile(edge, 3)[::-1], w)  # windows[i, k] = ext[3n - 1 - i - k]
+        for b, (shift, _) in enumerate(blocks):
+            top = n - 1 + shift  # the window of rank 0 (3n - 1 - top = 2n - shift)
+            out[:, b * w : (b + 1) * w] = windows[top - n + 1 : top + 1][::-1]
+    for b, (_, reduces) in enumerate(blocks):
+        red[:, b * w : (b + 1) * w] = reduces
+    return MsgTable(*(c.ravel() for c in cols), lo.ravel(), hi.ravel(), red.ravel())
 
 
 def reduce_scatter(n: int, off: list[int], step0: int = 0) -> MsgTable:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from numpy.lib.stride_tricks import sliding_window_view
 from simpy.core import NORMAL
 from simpy.events import Event
 
@@ -215,7 +216,8 @@ class _Static:
     def __init__(self, run: ScheduleRun, cols: Columns) -> None:
         n, S = run.n, run.nsteps  # n ranks, S steps
         self.n = n
-        key = cols.src * (S + 1) + cols.step
+        key = cols.src * (S + 1)
+        key += cols.step
         if not (key[1:] >= key[:-1]).all():  # by sender, then step, then the schedule's order
             order = np.argsort(key, kind="stable")
             key = key[order]
@@ -233,12 +235,14 @@ class _Static:
             cols.red,
         )
         self.count = cols.shi - cols.slo
-        self.nbytes = (self.count * run.itemsize).astype(np.float64)
+        self.nbytes = np.multiply(self.count, run.itemsize, dtype=np.float64)  # exact: as int, then as float
         self.cursor = np.searchsorted(self.key, np.arange(n, dtype=np.int64) * (S + 1))
         #: by (rank, step) flattened: how many messages come before the rank's messages of later steps
-        self.send_end = np.bincount(self.key, minlength=n * (S + 1)).cumsum()
+        self.send_end = np.bincount(self.key, minlength=n * (S + 1))
+        np.cumsum(self.send_end, out=self.send_end)
         #: per message: where its receiver counts it (its rank's row of ``missing``, flattened)
-        self.mkey = cols.dst * (S + 1) + cols.step
+        self.mkey = cols.dst * (S + 1)
+        self.mkey += cols.step
         self.missing = np.bincount(self.mkey, minlength=n * (S + 1)).astype(np.int32)
         self.remaining = np.bincount(cols.dst, minlength=n).astype(np.int64)
         first = np.argmax(self.missing.reshape(n, S + 1) > 0, axis=1)
@@ -252,18 +256,28 @@ class _Static:
                 value.flags.writeable = False
 
     def _routes(self, run: ScheduleRun) -> None:
-        """Each message's route as a row of link indices (padded with its first link), its latency and s/byte."""
+        """Each message's route: its one link where every route is one link (a ring's neighbours), else the
+        number of its (sender, receiver) pair, whose row of link indices (padded with its first link) ``plinks``
+        holds; its latency and how long it holds its links (one number each where all routes have the same)."""
         n = run.n
-        pair = self.src * n + self.dst
+        pair = self.src * n
+        pair += self.dst
         if n * n <= MAX_TABLE:
             mark = np.zeros(n * n, dtype=bool)
             mark[pair] = True
             pairs = np.flatnonzero(mark)
-            ids = np.full(n * n, -1, dtype=np.int64)
-            ids[pairs] = np.arange(len(pairs))
-            self.pair = ids[pair]
+
+            def per_message(values: np.ndarray) -> np.ndarray:
+                table = np.empty(n * n, dtype=values.dtype)
+                table[pairs] = values
+                return table[pair]
+
         else:
-            pairs, self.pair = np.unique(pair, return_inverse=True)
+            pairs, inverse = np.unique(pair, return_inverse=True)
+
+            def per_message(values: np.ndarray) -> np.ndarray:
+                return values[inverse]
+
         g = run.global_ranks
         network = run.sim.network
         routes = [network._route(g[p // n], g[p % n]) for p in pairs.tolist()]
@@ -279,12 +293,15 @@ class _Static:
         else:
             plat = np.array([r[2] for r in routes], dtype=np.float64)
             pinv = np.array([r[1] for r in routes], dtype=np.float64)
+        one_lat, one_inv = bool((plat == plat[0]).all()), bool((pinv == pinv[0]).all())
+        #: per message: its one link, where every route is one link; else None
+        self.link = per_message(links[:, 0]) if width == 1 else None
+        #: per message: the number of its pair (None where its one link says all: one link, latency and speed)
+        self.pair = None if width == 1 and one_lat and one_inv else per_message(np.arange(len(pairs)))
         #: per message: its latency (one number where every route has the same: a uniform ring or switch), and how
         #: long it holds its links (bytes x seconds per byte, as Network.send)
-        self.lat = float(plat[0]) if (plat == plat[0]).all() else plat[self.pair]
-        self.hold = self.nbytes * (float(pinv[0]) if (pinv == pinv[0]).all() else pinv[self.pair])
-        #: per message: its one link, where every route is one link (a ring's neighbours); else None
-        self.link = links[self.pair, 0] if width == 1 else None
+        self.lat = float(plat[0]) if one_lat else plat[self.pair]
+        self.hold = self.nbytes * (float(pinv[0]) if one_inv else pinv[self.pair])
 
     def _ranges(self, cols: Columns) -> None:
         """Element ranges a reduction takes a rank's contribution in, numbered (gloo's order tracks them)."""
@@ -386,9 +403,13 @@ class BatchedRun:
         self.remaining = static.remaining.copy()
         self.first_missing = static.first_missing.copy()
         self._started = False
+        #: the memory as rows of equal chunks, by chunk length (see :meth:`_window`)
+        self._windows: dict[tuple[int, bool], np.ndarray] = {}
         if memory is not None:  # per message: where its payload is read, and where it lands
-            self.sat = memory.src[self.src] + self.slo
-            self.wat = memory.dst[self.dst] + self.dlo
+            self.sat = memory.src[self.src]
+            self.sat += self.slo
+            self.wat = memory.dst[self.dst]
+            self.wat += self.dlo
         self.order = run.order
         if self.order is not None:
             self.covered = np.zeros((self.n, len(self.range_lo)), dtype=bool)
@@ -397,7 +418,8 @@ class BatchedRun:
             rows = self.order.rows
             self.rows = _raw_view(rows)
             self.row_width = rows.shape[1]
-            self.tat = memory.dst[self.src] + self.slo  # type: ignore[union-attr]  # what a reduction takes
+            self.tat = memory.dst[self.src]  # type: ignore[union-attr]  # what a reduction takes
+            self.tat += self.slo
         #: in flight: heap of (arrival time, first event id, sequence, entry)
         self.heap: list[tuple[float, int, int, _Entry]] = []
         self._seq = itertools.count()
@@ -413,9 +435,10 @@ class BatchedRun:
 
     # ------------------------------------------------------------------ the queue
     def _push(
-        self, t: np.ndarray, eids: np.ndarray, mi: np.ndarray, start: np.ndarray, pay: Any, poff: Any
+        self, t: np.ndarray, eids: np.ndarray, mi: np.ndarray, start: np.ndarray, pay: Any, poff: Any, c: int
     ) -> None:
-        """Queue messages ``mi`` (sent in this order, under ids ``eids``) to arrive at times ``t``."""
+        """Queue messages ``mi`` (sent in this order, under ids ``eids``) to arrive at times ``t`` (payloads
+        as :class:`_Entry` has them)."""
         if (t == t[0]).all():
             parts = [slice(None)]
         else:
@@ -424,7 +447,7 @@ class BatchedRun:
             cuts = np.flatnonzero(ts[1:] != ts[:-1]) + 1
             parts = np.split(order, cuts)
         for p in parts:
-            e = _Entry(eids[p], mi[p], start[p], pay, poff[p] if poff is not None else None)
+            e = _Entry(eids[p], mi[p], start[p], pay, poff[p] if poff is not None else None, c)
             tt = float(t[p][0]) if isinstance(p, slice) else float(t[p[0]])
             heappush(self.heap, (tt, int(e.eids[0]), next(self._seq), e))
         if not self._listed:
@@ -581,13 +604,14 @@ class BatchedRun:
             lo = int(self.dlo[m])
             at = int(memory.dst[d]) + lo
             p0 = int(e.poff[i])
+            pay = e.pay[p0] if e.c else e.pay[p0 : p0 + c]
             mem = memory.mem
             if self.red[m]:
                 if self.order is not None:
                     self._take(np.array([d]), np.array([lo]), np.array([at]), np.array([c]))
-                self.run.reduce(memory.tensor(mem[at : at + c]), memory.tensor(e.pay[p0 : p0 + c]))
+                self.run.reduce(memory.tensor(mem[at : at + c]), memory.tensor(pay))
             else:
-                mem[at : at + c] = e.pay[p0 : p0 + c]
+                mem[at : at + c] = pay
         if self.record:
             self._trace(e.mi[i : i + 1], e.start[i : i + 1])
         miss = self.missing[d * (self.S + 1) : (d + 1) * (self.S + 1)]
@@ -622,6 +646,22 @@ class BatchedRun:
             else:
                 sel = mi[red]
                 self._take(dst[red], self.dlo[sel], wat[red], count[red])
+        if e.c:  # equal chunks: rows of the memory, read and written without element indices
+            win = self._window(e.c)
+            pay = e.pay[e.poff]
+            if reducing == len(mi):
+                acc = win[wat]
+                self.run.reduce(memory.tensor(acc), memory.tensor(pay))  # type: ignore[union-attr]
+                win[wat] = acc
+            elif not reducing:
+                win[wat] = pay
+            else:
+                rw = wat[red]
+                acc = win[rw]
+                self.run.reduce(memory.tensor(acc), memory.tensor(pay[red]))  # type: ignore[union-attr]
+                win[rw] = acc
+                win[wat[~red]] = pay[~red]
+            return
         widx = _expand(wat, count)
         pidx = _expand(e.poff, count)
         if reducing == len(mi):
@@ -638,6 +678,16 @@ class BatchedRun:
             mem[rw] = acc
             mem[widx[~per]] = e.pay[pidx[~per]]
 
+    def _window(self, c: int, rows: bool = False) -> np.ndarray:
+        """The memory (``rows``: gloo's result rows, flat) as overlapping rows of ``c`` elements, row ``i``
+        starting at element ``i``: a message's chunk is the row at its offset."""
+        key = (c, rows)
+        win = self._windows.get(key)
+        if win is None:
+            flat = self.rows if rows else self.memory.mem  # type: ignore[union-attr]
+            win = self._windows[key] = sliding_window_view(flat, c, writeable=True)
+        return win
+
     def _take(self, ranks: np.ndarray, lo: np.ndarray, at: np.ndarray, count: np.ndarray) -> None:
         """Gloo's order: ranks ``ranks``' elements ``[lo, lo + count)`` (at ``at`` in memory) enter a reduction;
         keep those not taken before."""
@@ -653,7 +703,11 @@ class BatchedRun:
             ranks, rid, lo, at, count = ranks[fresh], rid[fresh], lo[fresh], at[fresh], count[fresh]
         self.covered[ranks, rid] = True
         self.dirty[ranks] = True
-        self.rows[_expand(ranks * self.row_width + lo, count)] = self.memory.mem[_expand(at, count)]  # type: ignore[union-attr]
+        c = int(count[0])
+        if (count == c).all():  # equal chunks: rows
+            self._window(c, rows=True)[ranks * self.row_width + lo] = self._window(c)[at]
+        else:
+            self.rows[_expand(ranks * self.row_width + lo, count)] = self.memory.mem[_expand(at, count)]  # type: ignore[union-attr]
 
     def _sync_covered(self) -> None:
         """Tell the gloo result which element ranges of each rank it has taken (it checks them when it writes)."""
@@ -701,6 +755,7 @@ class BatchedRun:
         if k == 0:
             return
         pay = poff = None
+        c = 0
         memory = self.memory
         if memory is not None:
             count = self.count[mi]
@@ -709,8 +764,14 @@ class BatchedRun:
                 if takes.any():
                     sel = mi[takes]
                     self._take(self.src[sel], self.slo[sel], self.tat[sel], count[takes])
-            pay = memory.mem[_expand(self.sat[mi], count)]
-            poff = count.cumsum() - count
+            c = int(count[0])
+            if c and (count == c).all():  # equal chunks: one row each
+                pay = self._window(c)[self.sat[mi]]
+                poff = np.arange(k)
+            else:
+                c = 0
+                pay = memory.mem[_expand(self.sat[mi], count)]
+                poff = count.cumsum() - count
         now = self.env._now
         start, t = self._reserve(now, mi)
         if type(now) is not float:  # simpy's clock starts at the integer 0: a start not delayed is that 0
@@ -719,7 +780,7 @@ class BatchedRun:
         eid0 = next(self.env._eid)
         self.env._eid = itertools.count(eid0 + k)
         self.network.messages += k
-        self._push(t, np.arange(eid0, eid0 + k, dtype=np.int64), mi, start, pay, poff)
+        self._push(t, np.arange(eid0, eid0 + k, dtype=np.int64), mi, start, pay, poff, c)
 
     def _reserve(self, now: float, mi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Reserve the links of messages ``mi`` in order; (when each starts to move, when it arrives)."""
@@ -746,8 +807,11 @@ class BatchedRun:
                 for i, v in zip(ll, leave.tolist()):
                     free[i] = v
                 return start, now + ((leave + self._lat(mi)) - now)
-        pair = self.pair[mi]
-        links, valid = self.plinks[pair], self.pvalid[pair]
+        if self.pair is None:  # one link each
+            links, valid = self.link[mi][:, None], np.ones((k, 1), dtype=bool)
+        else:
+            pair = self.pair[mi]
+            links, valid = self.plinks[pair], self.pvalid[pair]
         start = np.empty(k)
         i = 0
         while i < k:
@@ -795,6 +859,7 @@ class BatchedRun:
             run.next_step, run.first_missing = self.progress()
             run.batched = None
             self.memory = self.rows = None
+            self._windows = {}
 
     def progress(self) -> tuple[list[int], list[int]]:
         """Each rank's next step to issue and first step still missing a message."""
@@ -805,12 +870,16 @@ class BatchedRun:
 
 
 class _Entry:
-    """Messages in flight due at one time, in id order: their ids, indices, start times and payloads."""
+    """Messages in flight due at one time, in id order: their ids, indices, start times and payloads. Payloads
+    of ``c`` elements each (``c`` > 0: a ring's equal chunks) are rows of ``pay`` (``poff``: each message's row);
+    else ``pay`` is flat and ``poff`` each message's first element."""
 
-    __slots__ = ("eids", "mi", "pay", "poff", "start")
+    __slots__ = ("c", "eids", "mi", "pay", "poff", "start")
 
-    def __init__(self, eids: np.ndarray, mi: np.ndarray, start: np.ndarray, pay: Any, poff: Any) -> None:
-        self.eids, self.mi, self.start, self.pay, self.poff = eids, mi, start, pay, poff
+    def __init__(
+        self, eids: np.ndarray, mi: np.ndarray, start: np.ndarray, pay: Any, poff: Any, c: int = 0
+    ) -> None:
+        self.eids, self.mi, self.start, self.pay, self.poff, self.c = eids, mi, start, pay, poff, c
 
     def part(self, sel: slice) -> _Entry:
         return _Entry(
@@ -819,7 +888,12 @@ class _Entry:
             self.start[sel],
             self.pay,
             None if self.poff is None else self.poff[sel],
+            self.c,
         )
+
+    def flat(self) -> tuple[Any, Any]:
+        """(payloads, offsets) laid out flat."""
+        return (self.pay.ravel(), self.poff * self.c) if self.c else (self.pay, self.poff)
 
     @staticmethod
     def merge(entries: list[_Entry]) -> _Entry:
@@ -830,12 +904,16 @@ class _Entry:
         start = np.concatenate([e.start for e in entries])[order]
         if entries[0].pay is None:
             return _Entry(eids[order], mi, start, None, None)
+        c = entries[0].c
+        if any(e.c != c for e in entries):
+            c = 0  # rows of different lengths: all flat
         offs, pays, base = [], [], 0
         for e in entries:
-            offs.append(e.poff + base)
-            pays.append(e.pay)
-            base += len(e.pay)
-        return _Entry(eids[order], mi, start, np.concatenate(pays), np.concatenate(offs)[order])
+            pay, poff = (e.pay, e.poff) if c else e.flat()
+            offs.append(poff + base)
+            pays.append(pay)
+            base += len(pay)  # rows, or elements
+        return _Entry(eids[order], mi, start, np.concatenate(pays), np.concatenate(offs)[order], c)
 
 
 class _NotBatched(Exception):
