@@ -235,7 +235,8 @@ class _Static:
             cols.red,
         )
         self.count = cols.shi - cols.slo
-        self.nbytes = np.multiply(self.count, run.itemsize, dtype=np.float64)  # exact: as int, then as float
+        #: per message: its bytes (as an integer, then as a float: exact), times its seconds per byte in _routes
+        self.hold = np.multiply(self.count, run.itemsize, dtype=np.float64)
         self.cursor = np.searchsorted(self.key, np.arange(n, dtype=np.int64) * (S + 1))
         #: by (rank, step) flattened: how many messages come before the rank's messages of later steps
         self.send_end = np.bincount(self.key, minlength=n * (S + 1))
@@ -301,7 +302,7 @@ class _Static:
         #: per message: its latency (one number where every route has the same: a uniform ring or switch), and how
         #: long it holds its links (bytes x seconds per byte, as Network.send)
         self.lat = float(plat[0]) if one_lat else plat[self.pair]
-        self.hold = self.nbytes * (float(pinv[0]) if one_inv else pinv[self.pair])
+        self.hold *= float(pinv[0]) if one_inv else pinv[self.pair]
 
     def _ranges(self, cols: Columns) -> None:
         """Element ranges a reduction takes a rank's contribution in, numbered (gloo's order tracks them)."""
