@@ -640,7 +640,7 @@ class ComputeCostMode(TorchDispatchMode):
                 self._reserve(planned, func)
         failure = None
         try:
-            out = call.run(cuda.generator)
+            out = call.run(cuda.generator, cuda.meta_outputs)
         except NotImplementedError as e:
             if not cuda.fake:
                 raise

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
+from simdist.cuda.meta_outputs import MetaOutputs
 from simdist.cuda.pinned import PinnedMemory
 from simdist.cuda.rngstate import DeviceGenerator
 
@@ -68,6 +69,8 @@ class RankCuda:
         self.dtensor_rng_tracker: Any = None
         #: a timing-only run (``tensors="fake"``): the devices' tensors hold shapes and dtypes, no values
         self.fake = False
+        #: a timing-only run's remembered meta results, shared by its ranks (see simdist.cuda.meta_outputs)
+        self.meta_outputs: MetaOutputs | None = None
 
     def use(self, initialize: bool = True) -> None:
         """Record that the rank's code uses CUDA (the first call switches its host tensors to host memory);

@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass, transfor
 from simdist import uninitialised
 from simdist.cuda import device, pending, philox
 from simdist.cuda.fallbacks import FALLBACKS, unsupported
+from simdist.cuda.meta_outputs import MetaOutputs
 from simdist.cuda.rngstate import DeviceGenerator
 from simdist.cuda.swap import swap_keeping_own
 from simdist.errors import DeviceMismatchError, HostConversionError
@@ -347,18 +348,27 @@ class Call:
         #: where the simulated GPU's tensors keep their data: the CPU, or the meta device in a timing-only run
         self.elem_device = CPU
 
-    def run(self, generator: Callable[[int], DeviceGenerator | None] | None = None) -> Any:
+    def run(
+        self,
+        generator: Callable[[int], DeviceGenerator | None] | None = None,
+        meta_outputs: MetaOutputs | None = None,
+    ) -> Any:
         """Run the op on the CPU tensors; a random op draws from the device's generator (``generator(index)``):
         from its CPU generator, or counter-based numbers at its Philox offset inside DTensor's RNG region.
-        Memory the op leaves uninitialised is filled as torch's deterministic mode fills it."""
+        Memory the op leaves uninitialised is filled as torch's deterministic mode fills it. On meta tensors (a
+        timing-only run), ``meta_outputs`` remakes results it has seen (see :mod:`simdist.cuda.meta_outputs`)."""
         if self.func not in uninitialised.OPS:
-            return self._run(generator)
+            return self._run(generator, meta_outputs)
         before = uninitialised.stored_bytes(self.func, self.args)
-        out = self._run(generator)
+        out = self._run(generator, meta_outputs)
         uninitialised.fill(self.func, out, before)
         return out
 
-    def _run(self, generator: Callable[[int], DeviceGenerator | None] | None) -> Any:
+    def _run(
+        self,
+        generator: Callable[[int], DeviceGenerator | None] | None,
+        meta_outputs: MetaOutputs | None = None,
+    ) -> Any:
         """The op on the CPU tensors (see :meth:`run`)."""
         func, args, kwargs = self.func, self.args, self.kwargs
         fallback = FALLBACKS.get(func)
@@ -378,6 +388,8 @@ class Call:
                         return philox.draw(func, args, kwargs, gen)
                     if kwargs.get("generator") is None:
                         return _advanced(gen, _with_generator(func, args, kwargs, gen))
+            if meta_outputs is not None and self.elem_device == META:
+                return meta_outputs.call(func, args, kwargs)
             return func(*args, **kwargs)
         except NotImplementedError as e:
             if self.device is None or _has_cpu_kernel(func):

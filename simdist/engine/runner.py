@@ -31,6 +31,7 @@ from simdist.compute.cost import ComputeCostMode
 from simdist.compute.devices import CPU, DeviceSpec, get_device
 from simdist.compute.memory import CATEGORIES, Collections, MemoryStats, MemoryTracker, tracking_hooks
 from simdist.compute.profile import Profile, ProfileReplay, ReplayStats
+from simdist.cuda.meta_outputs import for_run as meta_outputs_for
 from simdist.cuda.rank import RankCuda
 from simdist.cuda.returns import to_host
 from simdist.cudart.hazards import kernel_tracker
@@ -393,6 +394,8 @@ def _run(
     sim.emulates_cuda = gpu
     # a symmetric run makes the simulated GPUs of its running ranks only: at 100,000 ranks the rest would cost seconds
     cuda: list[RankCuda | None] = [None] * n if gpu else []
+    # what one rank's op on meta tensors returned, every rank's same op on the same shapes returns: one table
+    meta_outputs = meta_outputs_for(options.tensors == "fake")
     for r in running if gpu else ():
         cuda[r] = RankCuda(
             r,
@@ -404,6 +407,7 @@ def _run(
             kernel_tracker(sim) if sim.races.enabled else None,
         )
         cuda[r].fake = options.tensors == "fake"
+        cuda[r].meta_outputs = meta_outputs
         cuda[r].on_device = device_work
 
     # each rank counts its own occurrences of each op, as each process of a job would run the profiled step
