@@ -567,7 +567,7 @@ def _apply_faults(sim: RunContext, cluster: Cluster, options: RunOptions) -> Cra
 @contextlib.contextmanager
 def _entered(*contexts: Any) -> Any:
     """Enter ``contexts`` in order (a rank's memory tracker, then its dispatch mode)."""
-    if len(contexts) == 2:  # a GPU rank without memory accounting: every rank of a large run; an ExitStack costs more
+    if len(contexts) == 2:  # most ranks (a GPU rank, or memory accounting on the CPU): an ExitStack costs more
         with contexts[0], contexts[1]:
             yield
         return
