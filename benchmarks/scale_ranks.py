@@ -12,15 +12,20 @@ the simulated run: what the simulator cannot avoid doing. The ratio is wall over
 process's CPU seconds, every thread included) give the same comparison without the time this process waited for
 a core, which on a shared machine can be most of the wall time.
 
-It then prints the per-op share on its own: the step's forward and backward run over and over by one rank of a
+It then prints what a thread per rank costs before any simulation (the thread floor): the plain step run by as
+many live threads as the first world size has ranks, one thread at a time as a simulated run's ranks run (each
+thread started as the one before it waits, each keeping its result until the last has run), against the same
+steps in this thread, as CPU time. And the per-op share on its own: the step's forward and backward run over and over by one rank of a
 switch cluster of H100s (a warm thread: no start-up, no all-reduce) against the same in plain torch, both as CPU
 time, best of several batches, divided by the ops the step dispatches.
 """
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import platform
+import threading
 import time
 from typing import Any
 
@@ -142,6 +147,51 @@ def per_op(calls: int = 300, batches: int = 7) -> dict:
     return row
 
 
+#: the stack size of simdist's rank threads (simdist.engine.runner), which the thread floor's threads get too
+_STACK_BYTES = 16 * 1024 * 1024
+
+
+def thread_floor(n: int) -> dict:
+    """CPU seconds of the plain step in ``n`` live threads run one at a time, and of the same steps in this thread;
+    printed."""
+    results: list[torch.Tensor] = []
+    ran = _thread.allocate_lock()
+    ran.acquire()
+
+    def rank(r: int, go_on: Any) -> None:
+        results.append(mlp_local(r))
+        ran.release()
+        go_on.acquire()  # alive until the last rank has run, as every rank of the simulated step is
+
+    old = threading.stack_size(_STACK_BYTES)
+    threads, locks = [], []
+    cpu = time.process_time()
+    try:
+        for r in range(n):
+            go_on = _thread.allocate_lock()
+            go_on.acquire()
+            locks.append(go_on)
+            threads.append(threading.Thread(target=rank, args=(r, go_on), daemon=True))
+            threads[-1].start()
+            ran.acquire()
+        for go_on, t in zip(locks, threads):
+            go_on.release()
+            t.join()
+    finally:
+        threading.stack_size(old)
+    cpu = time.process_time() - cpu
+    plain = time.process_time()
+    for r in range(n):
+        mlp_local(r)
+    plain = time.process_time() - plain
+    row = {"ranks": n, "threads_cpu_s": cpu, "torch_cpu_s": plain, "ratio": cpu / plain}
+    print(
+        f"thread floor: {n} live threads running the plain step one at a time: {cpu:.2f} cpu s, "
+        f"{plain:.2f} in this thread ({row['ratio']:.2f}x)"
+    )
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--ranks", default="1024,4096,8192")
@@ -151,7 +201,9 @@ def main() -> None:
         f"# machine: {platform.machine()}, {platform.processor() or 'cpu'}; python {platform.python_version()}; "
         f"torch {torch.__version__}"
     )
-    rank_scaling(tuple(int(x) for x in args.ranks.split(",")), args.cluster)
+    ranks = tuple(int(x) for x in args.ranks.split(","))
+    rank_scaling(ranks, args.cluster)
+    thread_floor(ranks[0])
     per_op()
 
 

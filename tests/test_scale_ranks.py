@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,24 @@ def test_rank_scaling_reports_the_step_a_separate_run_simulates(
     assert table[0] == f"{shape} cluster"
     assert table[1].split()[:3] == ["ranks", "messages", "wall"]
     assert [line.split()[0] for line in table[2:]] == ["2", "3"]
+
+
+def test_thread_floor_runs_the_plain_step_in_as_many_threads(capsys: pytest.CaptureFixture[str]) -> None:
+    engine_bench = _load("engine_bench")
+    scale_ranks = _load("scale_ranks")
+    calls: list[tuple[int, int, int]] = []
+    step = engine_bench.mlp_local
+
+    def counted(rank: int) -> object:
+        calls.append((rank, threading.get_ident(), threading.active_count()))
+        return step(rank)
+
+    scale_ranks.mlp_local = counted
+    alive = threading.active_count()
+    row = scale_ranks.thread_floor(3)
+    # each rank's step in a thread of its own, the earlier ranks' threads still alive; then again in this thread
+    assert [c[0] for c in calls] == [0, 1, 2, 0, 1, 2]
+    assert len({c[1] for c in calls[:3]}) == 3 and threading.get_ident() not in {c[1] for c in calls[:3]}
+    assert [c[2] - alive for c in calls] == [1, 2, 3, 0, 0, 0]
+    assert row["ratio"] == row["threads_cpu_s"] / row["torch_cpu_s"]
+    assert capsys.readouterr().out.startswith("thread floor: 3 live threads")

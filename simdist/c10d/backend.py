@@ -75,27 +75,35 @@ def _presented(requested: Any) -> str | None:
 
 
 def _create_backend(opts: Any, backend_options: Any) -> dist.ProcessGroup:
+    timeout = opts.timeout.total_seconds() if isinstance(opts.timeout, timedelta) else None
+    return _sim_group(opts.group_id, opts.global_ranks_in_group, opts.group_size, opts.group_rank, timeout)
+
+
+def _sim_group(
+    group_id: str, global_ranks: Any, size: int, group_rank: int, timeout: float | None
+) -> SimProcessGroup:
+    """Rank ``group_rank``'s handle on the simulated group ``group_id`` of ``size`` ranks (``global_ranks``, or
+    every rank for none); ``timeout`` in seconds, torch's default standing for none."""
     sim = _active["ctx"]
     if sim is None:
         raise RuntimeError(
             "the 'simdist' backend only exists inside simdist.run(); use 'gloo' or 'nccl' for real processes"
         )
-    timeout = opts.timeout.total_seconds() if isinstance(opts.timeout, timedelta) else None
     if timeout is not None and abs(timeout - c10d.default_pg_timeout.total_seconds()) < 1e-9:
         timeout = sim.default_timeout  # torch's default: no simulated timeout unless the user set one
     # Group names are the same on every member rank (torch derives them from a per-world counter or a hash
     # of the ranks), so the name alone finds the shared state; building the rank list once per group, not
     # once per member, keeps the default group O(n) rather than O(n^2) at thousands of ranks.
-    state = sim.groups.get(opts.group_id)
+    state = sim.groups.get(group_id)
     if state is None:
-        ranks = list(opts.global_ranks_in_group) or list(range(opts.group_size))
-        state = sim.group_state(opts.group_id, str(opts.group_id), ranks, timeout)
-    elif state.size != opts.group_size:
+        ranks = list(global_ranks) or list(range(size))
+        state = sim.group_state(group_id, str(group_id), ranks, timeout)
+    elif state.size != size:
         raise RuntimeError(
-            f"process group {opts.group_id!r} was created with {state.size} ranks on one rank and "
-            f"{opts.group_size} on another: every rank must create groups in the same order"
+            f"process group {group_id!r} was created with {state.size} ranks on one rank and "
+            f"{size} on another: every rank must create groups in the same order"
         )
-    return SimProcessGroup(sim, state, opts.group_rank, str(_active["creating"] or _active["name"]))
+    return SimProcessGroup(sim, state, group_rank, str(_active["creating"] or _active["name"]))
 
 
 def _present(pg: dist.ProcessGroup, name: str) -> None:
@@ -292,22 +300,25 @@ def init_default_group(rank: int, world_size: int, store: Any) -> None:
     """
     backend = dist.Backend(BACKEND)
     timeout = c10d._get_default_timeout(backend)
-    group_name = c10d._process_group_name([], use_hashed_name=False)
-    rendezvous.mark_rendezvous()
-    _active["pre_creating"] = True  # every rank makes it before its program starts: nobody to wait for
-    try:
-        pg, _ = c10d._new_process_group_helper(
-            world_size,
-            rank,
-            [],
-            backend,
-            c10d.PrefixStore("default_pg", store),
-            group_name,
-            timeout=timeout,
-            group_desc="default_pg",
-        )
-    finally:
-        _active["pre_creating"] = False
+    if _BY_TORCH:
+        group_name = c10d._process_group_name([], use_hashed_name=False)
+        rendezvous.mark_rendezvous()
+        _active["pre_creating"] = True  # every rank makes it before its program starts: nobody to wait for
+        try:
+            pg, _ = c10d._new_process_group_helper(
+                world_size,
+                rank,
+                [],
+                backend,
+                c10d.PrefixStore("default_pg", store),
+                group_name,
+                timeout=timeout,
+                group_desc="default_pg",
+            )
+        finally:
+            _active["pre_creating"] = False
+    else:
+        pg = _made_default_group(rank, world_size, backend, store, timeout)
     c10d._update_default_pg(pg)
     identity = _active["identity"]
     if identity is None or len(identity) != world_size:
@@ -315,6 +326,44 @@ def init_default_group(rank: int, world_size: int, store: Any) -> None:
     world = thread_world.current()
     world.pg_group_ranks[pg] = identity
     world.premade = True
+
+
+#: make each rank's default group through torch's ``_new_process_group_helper`` (as a program's own
+#: ``init_process_group`` does) instead of :func:`_made_default_group`; tests compare the two
+_BY_TORCH = False
+
+
+def _made_default_group(
+    rank: int, world_size: int, backend: str, store: Any, timeout: timedelta
+) -> SimProcessGroup:
+    """The default group torch's ``_new_process_group_helper`` (through the patched helper above) makes for a rank
+    thread, made directly: the same group, names, stores, and entries in the thread's world and torch's registry."""
+    # torch's generic path parses the backend's configuration, makes a ProcessGroup it then drops and reaches every
+    # field of the world through the thread-local world: about half of a rank's start-up at thousands of ranks
+    world = thread_world.current()
+    group_name = c10d.GroupName(str(world.group_count))  # torch's _process_group_name, unhashed
+    world.group_count += 1
+    c10d._check_valid_timeout(timeout)
+    thread_world.register(rank)
+    name = _presented(backend)
+    _active["creating"] = name
+    try:
+        pg = _sim_group(group_name, [], world_size, rank, timeout.total_seconds())
+    finally:
+        _active["creating"] = None
+    pg._set_group_name(group_name)
+    pg._set_group_desc("default_pg")
+    world.pg_map[pg] = (backend, c10d.PrefixStore(f"{group_name}/", c10d.PrefixStore("default_pg", store)))
+    world.pg_names[pg] = group_name
+    world.pg_backend_config[pg] = str(c10d.BackendConfig(backend))
+    c10d._register_process_group(group_name, pg)
+    tag = f"ptd:{group_name}"
+    world.tags_to_pg.setdefault("", []).append(pg)
+    world.tags_to_pg.setdefault(tag, []).append(pg)
+    world.pg_to_tag[pg] = tag
+    _present(pg, name)
+    _active["name"] = name  # groups made later without a backend take the default group's, as in torch
+    return pg
 
 
 def _patched_wait_all(futures: Any) -> Any:

@@ -11,6 +11,7 @@ whatever its name: programs written for the CPU present ``"nccl"`` there for NCC
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 
 import torch
@@ -86,7 +87,7 @@ def call_device(args: Iterable[object]) -> str | None:
 
 
 class DevicePolicy:
-    """What one group presented as ``name`` takes, per device type, on a GPU cluster."""
+    """What one group presented as ``name`` takes, per device type, on a GPU cluster (read-only: see :func:`policy`)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -125,3 +126,10 @@ class DevicePolicy:
                     f"gloo serves {what} for CPU tensors only; copy the tensor to the host (tensor.cpu()) and back, "
                     f"or use a group whose CUDA backend is NCCL (backend='nccl' or 'cpu:gloo,cuda:nccl')",
                 )
+
+
+@functools.cache
+def policy(name: str) -> DevicePolicy:
+    """The :class:`DevicePolicy` of ``name``, one shared by every group presented as ``name`` (every rank of a run
+    makes its default group with one)."""
+    return DevicePolicy(name)

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from simdist.algorithms import Reduction, nccl, reduce_op_of
 from simdist.c10d import funcol
 from simdist.c10d.arguments import SUPPORTED_DTYPES, GlooArguments, check_tensor
-from simdist.c10d.devices import DevicePolicy, call_device, gpu_index
+from simdist.c10d.devices import DevicePolicy, call_device, gpu_index, policy
 from simdist.comm import monitored, ops
 from simdist.comm.context import RunContext
 from simdist.comm.group import Call, GroupState, Instance
@@ -64,7 +64,7 @@ class SimProcessGroup(dist.ProcessGroup):
 
     def present_devices(self, name: str) -> None:
         """Take tensors as a group created with backend ``name`` takes them, on a GPU cluster."""
-        self.devices = DevicePolicy(name) if self.sim.emulates_cuda else None
+        self.devices = policy(name) if self.sim.emulates_cuda else None
 
     @property
     def _device_types(self) -> list[torch.device]:

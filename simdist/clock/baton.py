@@ -302,6 +302,8 @@ class Baton:
             return
         if not state.started:
             state.started = True
+            # made here, where torch is warm: a rank thread's first torch calls cost several times more
+            state.rng_state = self._initial_rng(state.rank)
             state.thread = threading.Thread(
                 target=self._thread_main, args=(state,), name=f"simdist-rank-{state.rank}", daemon=True
             )
@@ -394,7 +396,7 @@ class Baton:
     def _thread_main(self, state: RankState) -> None:
         _current.state = state
         if state.parent is None:
-            torch.set_rng_state(self._initial_rng(state.rank))
+            torch.set_rng_state(state.rng_state)
             torch.set_default_dtype(self._initial_dtype)
             for kept in self.per_rank:
                 kept.enter(state.rank)

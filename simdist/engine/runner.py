@@ -571,6 +571,10 @@ def _apply_faults(sim: RunContext, cluster: Cluster, options: RunOptions) -> Cra
 @contextlib.contextmanager
 def _entered(*contexts: Any) -> Any:
     """Enter ``contexts`` in order (a rank's memory tracker, then its dispatch mode)."""
+    if len(contexts) == 2:  # most ranks (a GPU rank, or memory accounting on the CPU): an ExitStack costs more
+        with contexts[0], contexts[1]:
+            yield
+        return
     with contextlib.ExitStack() as stack:
         for c in contexts:
             stack.enter_context(c)
@@ -602,6 +606,8 @@ def _check_arguments(fn: Any, args: Any, kwargs: Any) -> None:
 
 def _copy_for_rank(args: tuple, kwargs: dict[str, Any], rank: int) -> tuple[tuple, dict[str, Any]]:
     """A deep copy of the arguments for one rank, as a separate process would receive them."""
+    if not args and not kwargs:
+        return (), {}
     try:
         return copy.deepcopy((args, kwargs))
     except Exception as e:
