@@ -248,10 +248,10 @@ class _Static:
         self.remaining = np.bincount(cols.dst, minlength=n).astype(np.int64)
         first = np.argmax(self.missing.reshape(n, S + 1) > 0, axis=1)
         self.first_missing = np.where(self.remaining > 0, first, S).astype(np.int64)
-        self._routes(run)
         self.range_lo = self.range_hi = self.range_of = self.send_takes = None
-        if run.order is not None:
+        if run.order is not None:  # first: it may find the schedule unfit (ranges that overlap partly)
             self._ranges(cols)
+        self._routes(run)
         for value in self.__dict__.values():
             if isinstance(value, np.ndarray):
                 value.flags.writeable = False
