@@ -8,6 +8,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -63,6 +64,40 @@ def test_cyclic_garbage_is_freed_at_the_same_points_in_every_run(shift: int) -> 
     # the cycles were collected during the run: the peak is below every step's tensor kept at once
     assert all(m.peak_bytes < 30 * 100_000 for m in first.memory), [m.peak_bytes for m in first.memory]
     assert gc.isenabled()
+
+
+_REAL_SLEEP = time.sleep  # a run makes time.sleep simulated in rank code
+_LOCAL = threading.local()
+
+
+class _SlowToGo:
+    """Thread-local state whose teardown, as the rank's thread exits, takes real time."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def __del__(self) -> None:
+        _REAL_SLEEP(0.1)
+
+
+def _leaves_thread_local_state() -> None:
+    x = torch.ones(1000)
+    dist.all_reduce(x)
+    if dist.get_rank() == 0:
+        _LOCAL.kept = _SlowToGo(torch.ones(250_000))  # freed as the rank's thread exits
+        return
+    for _ in range(20):  # rank 1 goes on for 0.2 s of simulated time
+        x = x * 1.0
+        time.sleep(0.01)
+
+
+def test_what_a_ranks_thread_frees_as_it_exits_is_freed_when_the_rank_ends() -> None:
+    """A finished rank's thread exits in real time, freeing its thread-local state: the run waits for it, so the
+    free is at the rank's end in simulated time, not wherever the other ranks are when the OS gets to it."""
+    res = simdist.run(_leaves_thread_local_state, RING, memory=True)
+    last = [c for c in res.trace.counters if c.rank == 0][-1]
+    assert res.memory[0].current_bytes == 0
+    assert last.time < 0.1 < res.sim_time, (last.time, res.sim_time)
 
 
 def _seeded_by_the_clock() -> tuple:

@@ -318,6 +318,10 @@ class Baton:
             self.running = state
             state.sem.release()
         self._wait_for(state)
+        if state.finished and state.thread is not None and not self.is_abandoned(state):
+            # the thread's last references (its frames, its thread-local state) go as it exits: before the run
+            # goes on, so that what they free is freed at this point of simulated time, whatever the OS does
+            state.thread.join()
         if (
             state.exc is not None
             and self.failure is None
