@@ -21,8 +21,10 @@ GPU = REPO / "benchmarks" / "gpu"
 sys.path.insert(0, str(GPU))
 
 import compare
+import memory_trace
 import ops
 import predict
+import summary
 from model import Block, BlockShape
 
 
@@ -57,7 +59,7 @@ def _json(folder: Path, name: str) -> dict:
 @pytest.mark.slow
 def test_every_section_ran_and_wrote_its_results(dry_run: Path) -> None:
     log = (dry_run / "log.txt").read_text()
-    for section in ("real_nccl", "compute", "memory", "program"):
+    for section in ("real_nccl", "compute", "memory", "memory_trace", "program"):
         assert f"=== {section}: exit 0 after" in log, log[-3000:]
         assert _json(dry_run, f"{section}.json")["errors"] == [], section
     assert "=== summary ===" in log and "machine: device cpu" in log
@@ -88,13 +90,62 @@ def test_compare_reads_the_results_and_the_simulated_twin_trains_like_the_real_o
     assert "equal within 0.001" in out
 
 
+def test_the_memory_trace_replay_finds_the_peak_and_what_is_live_then() -> None:
+    # a hand-worked trace: a 100, b 50 (peak 150, a and b live), a freed, c 80 (130, below the peak); segment
+    # events and completed frees do not move the count, and a free of a block allocated before the trace is ignored
+    def alloc(addr: int, size: int) -> dict:
+        return {
+            "action": "alloc",
+            "addr": addr,
+            "size": size,
+            "frames": [{"name": "at::detail::empty_generic"}, {"name": f"at::_ops::op{addr}::call"}],
+        }
+
+    trace = [
+        {"action": "segment_alloc", "addr": 0, "size": 1 << 21},
+        alloc(1, 100),
+        {"action": "free_requested", "addr": 9, "size": 999},
+        alloc(2, 50),
+        {"action": "free_requested", "addr": 1, "size": 100},
+        {"action": "free_completed", "addr": 1, "size": 100},
+        alloc(3, 80),
+    ]
+    peak, at, blocks = memory_trace.live_at_peak(trace)
+    assert (peak, at) == (150, 3)
+    assert [(b["size"], b["order"]) for b in blocks] == [(100, 1), (50, 3)]
+    assert summary.allocating_op(blocks[0]["frames"]) == "op1"
+
+
+def test_a_block_is_named_by_its_op_and_a_kernels_scratch_by_the_kernel() -> None:
+    scratch = [
+        "torch::unwind::unwind() (??:0)",
+        "void at::native::gpu_reduce_kernel<float, float, 4> (Reduce.cu:0)",
+        "at::native::structured_sum_out::impl(at::Tensor const&) (??:0)",
+        "at::_ops::sum_dim_IntList::redispatch(c10::DispatchKeySet) (??:0)",
+        "torch::autograd::Engine::evaluate_function() (??:0)",
+    ]
+    output = [
+        "torch::unwind::unwind() (??:0)",
+        "at::detail::empty_generic(c10::ArrayRef<long>) (??:0)",
+        "at::_ops::empty_memory_format::call() (??:0)",
+        "at::native::layer_norm_cuda(at::Tensor const&) (??:0)",
+    ]
+    assert (
+        summary.allocating_op(scratch)
+        == "sum_dim_IntList (backward), scratch of at::native::gpu_reduce_kernel"
+    )
+    assert summary.allocating_op(output) == "layer_norm_cuda"
+
+
 def test_a_matmul_is_predicted_as_a_simulated_run_prices_it() -> None:
     # the GEMM shape model of the H100 preset, never faster than the roofline
     case = next(c for c in ops.cases(dry_run=False) if c.id == "mm bf16 4096x4096x4096")
     h100 = get_device("H100")
     a = torch.empty(4096, 4096, dtype=torch.bfloat16, device="meta")
     flops, moved = 2 * 4096**3, 3 * 4096 * 4096 * 2
-    roofline = max(flops / h100.flops_for(torch.bfloat16), moved / h100.memory_bandwidth) + h100.launch_overhead
+    roofline = (
+        max(flops / h100.flops_for(torch.bfloat16), moved / h100.memory_bandwidth) + h100.launch_overhead
+    )
     seconds, kernels = predict.op_seconds(case, "H100")
     assert kernels == 1 and seconds == pytest.approx(estimate(torch.mm, a, a, device="H100")[0], rel=1e-12)
     assert seconds >= roofline * (1 - 1e-12)
@@ -109,7 +160,16 @@ def test_attention_is_priced_as_the_fused_kernel_a_simulated_run_uses() -> None:
     h100 = get_device("H100")
     assert kernels == 1
     fused = h100.attention.seconds(
-        "cudnn", False, 4 * 32, 2048, 2048, 128, 128, False, h100.flops_for(torch.float16), h100.multiprocessors
+        "cudnn",
+        False,
+        4 * 32,
+        2048,
+        2048,
+        128,
+        128,
+        False,
+        h100.flops_for(torch.float16),
+        h100.multiprocessors,
     )
     assert seconds == pytest.approx(fused + h100.launch_overhead, rel=1e-9)
     # FlashAttention's FLOPs at the full rate bound it from below

@@ -49,6 +49,11 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "host": platform.node(),
         "cpu": platform.processor() or platform.machine(),
+        # the host's own speed sets an eager program's time per op: its processor and kernel (a sandboxed
+        # kernel, gVisor's, reports itself as 4.4.0 and passes every GPU call through its own proxy)
+        "cpu_model": _cpu_model(),
+        "kernel": platform.release(),
+        "cores": os.cpu_count(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if torch.cuda.is_available():
@@ -65,6 +70,18 @@ def machine() -> dict[str, Any]:
     else:
         info["device"] = "cpu"
     return info
+
+
+def _cpu_model() -> str | None:
+    """The host processor's model name from /proc/cpuinfo, or None where there is none (not Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None
 
 
 def _nccl() -> str | None:

@@ -3,6 +3,7 @@
 #   real_nccl.json  `real` on NCCL at one rank: every collective, returns on the CPU, error paths, python -m real
 #   compute.json    CUDA-event times of the ops simdist's cost model prices
 #   memory.json     max_memory_allocated() through a transformer block's training step
+#   memory_trace.json  the blocks live at the backward's peak, each with the op that allocated it
 #   program.json    the GPU-style training program run through `real` at one rank
 #   log.txt         everything printed
 # Needs torch and the standard library only. `bash benchmarks/gpu/run_all.sh --dry-run` runs it all with tiny
@@ -37,6 +38,7 @@ section() {  # section NAME SECONDS SCRIPT [ARGS...]
     section real_nccl 150 "$HERE/real_nccl.py"
     section compute 120 "$HERE/compute.py"
     section memory 45 "$HERE/memory.py"
+    section memory_trace 60 "$HERE/memory_trace.py"
     section program 90 "$HERE/program.py"
     echo "=== summary ==="
     "$PY" "$HERE/summary.py" "$OUT"

@@ -6,6 +6,7 @@ Needs the standard library only; the full tables against simdist's predictions c
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,44 @@ def memory(data: dict[str, Any]) -> None:
         print(f"  {r['dtype']} {shape}: {peaks}")
 
 
+def _short(frame: str) -> str:
+    """A C++ frame's function name without its return type, template arguments and parameters."""
+    name = frame.removeprefix("void ")
+    return re.split(r"[<(]", name, maxsplit=1)[0]
+
+
+def allocating_op(frames: list[str]) -> str:
+    """The aten op a block was allocated for (innermost first: the op, not the allocation it calls), "(backward)"
+    when autograd's engine ran it, and the function that asked for the memory when that is not the op's output
+    allocation (a kernel's scratch buffer)."""
+
+    def names(pattern: str) -> list[str]:
+        return [n for f in frames for n in re.findall(pattern, f)]
+
+    ops = names(r"at::_ops::(\w+)::(?:call|redispatch)")
+    native = [n for n in names(r"at::native::(\w+)") if "kernel" not in n]
+    op = next((n for n in ops + native if not n.startswith("empty")), ops[0] if ops else "?")
+    backward = any(
+        k in f for f in frames for k in ("autograd::Engine", "autograd::generated", "InputMetadata")
+    )
+    inner = next((f for f in frames if "unwind" not in f), "")
+    output = re.search(r"empty|create_out|TensorIterator|structured_\w+::meta|alloc|THPVariable", inner)
+    scratch = "" if output or not inner else f", scratch of {_short(inner)}"
+    return op + (" (backward)" if backward else "") + scratch
+
+
+def memory_trace(data: dict[str, Any]) -> None:
+    """The blocks live at each traced backward peak, largest first, with the op each was allocated for."""
+    for r in data["records"]:
+        shape = " ".join(f"{k}={v}" for k, v in r["shape"].items())
+        print(
+            f"memory trace {r['dtype']} {shape}: peak {r['replayed_peak'] / 2**20:.1f} MiB above the step's start, "
+            f"{len(r['live_at_peak'])} blocks live"
+        )
+        for block in sorted(r["live_at_peak"], key=lambda b: (-b["size"], b["order"]))[:8]:
+            print(f"  {block['size'] / 2**20:8.1f} MiB  {allocating_op(block['frames'])}")
+
+
 def program(data: dict[str, Any]) -> None:
     """The program's losses, step times, peak memory and checksum."""
     for r in data["records"]:
@@ -82,6 +121,7 @@ def main(folder: Path) -> None:
         ("real_nccl.json", real_nccl),
         ("compute.json", compute),
         ("memory.json", memory),
+        ("memory_trace.json", memory_trace),
         ("program.json", program),
     ):
         data = _load(folder, name)
