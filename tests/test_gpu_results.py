@@ -1,5 +1,6 @@
-"""The H100 measurement kept in benchmarks/gpu/results: the H100 and H200 presets follow from it by the stated rule,
-and docs/gpu-measurements.md shows what compare.py prints for it."""
+"""The GPU measurements kept in benchmarks/gpu/results: the H100 and H200 presets follow from the H100's by the
+stated rule, the two H200 runs agree with the H200 preset, and docs/gpu-measurements.md shows what compare.py and
+summary.py print for them."""
 
 from __future__ import annotations
 
@@ -20,10 +21,14 @@ from simdist.compute import get_device
 
 GPU = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu"
 RESULTS = GPU / "results" / "h100-2026-11-26"
+#: the H200 run (run_all.sh), and a second H200 machine's compute.py and memory_trace.py
+RESULTS_H200 = GPU / "results" / "h200-2026-11-27"
+SECOND_H200 = RESULTS_H200 / "second-machine"
 sys.path.insert(0, str(GPU))
 
 import calibrate
 import compare
+import summary
 from ops import by_id
 from predict import op_seconds
 
@@ -33,9 +38,9 @@ H200 = get_device("H200")
 H100_DATASHEET_BANDWIDTH = 3.35e12
 
 
-def measured() -> list[dict]:
-    """The compute records of the kept measurement."""
-    return json.loads((RESULTS / "compute.json").read_text())["records"]
+def measured(folder: Path = RESULTS) -> list[dict]:
+    """The compute records of a kept measurement (the H100's unless ``folder`` names another)."""
+    return json.loads((folder / "compute.json").read_text())["records"]
 
 
 def test_the_h100_preset_is_what_the_rule_gives_for_the_measurement() -> None:
@@ -56,7 +61,34 @@ def test_the_h100_preset_is_what_the_rule_gives_for_the_measurement() -> None:
 def test_the_h200_shares_the_h100s_compute_and_scales_its_datasheet_bandwidth() -> None:
     assert dict(H200.peak_flops) == dict(H100.peak_flops) and H200.tf32_flops == H100.tf32_flops
     assert H200.memory_bandwidth == pytest.approx(4.8e12 * H100.memory_bandwidth / H100_DATASHEET_BANDWIDTH)
-    assert "not measured on an H200" in H200.source and "3.02/3.35" in H200.source
+    assert "3.02/3.35" in H200.source and "benchmarks/gpu/results/h200-2026-11-27" in H200.source
+
+
+@pytest.mark.parametrize("folder", [RESULTS_H200, SECOND_H200], ids=["first", "second"])
+def test_both_h200_machines_give_the_h200_preset_within_three_percent(folder: Path) -> None:
+    # The rule applied to an H200's own measurement, against the preset inferred from the H100: the compute rates
+    # of the same die within the spread of two runs, and the scaled datasheet bandwidth within 1%.
+    rule = calibrate.figures(measured(folder))
+    preset = {
+        "bf16": H200.flops_for(torch.bfloat16),
+        "fp16": H200.flops_for(torch.float16),
+        "fp32": H200.flops_for(torch.float32),
+        "tf32": H200.tf32_flops,
+    }
+    for dtype, rate in preset.items():
+        assert rule[dtype] == pytest.approx(rate, rel=0.035), dtype
+    assert rule["bandwidth"] == pytest.approx(H200.memory_bandwidth, rel=0.01)
+    # the figures the source quotes for this machine
+    column = 0 if folder == RESULTS_H200 else 1
+    for dtype, quoted in (
+        ("bf16", "667/688"),
+        ("fp16", "631/627"),
+        ("fp32", "50.9/50.7"),
+        ("TF32", "359/358"),
+    ):
+        assert f"{dtype} {quoted}" in H200.source
+        assert calibrate.significant(rule[dtype.lower()] / 1e12) == float(quoted.split("/")[column]), dtype
+    assert calibrate.significant(rule["bandwidth"] / 1e12) == (4.31, 4.33)[column]
 
 
 def test_the_rule_takes_the_median_of_the_large_matmuls_and_of_the_largest_elementwise_ops() -> None:
@@ -91,10 +123,11 @@ def printed(call: Callable[[], object]) -> list[str]:
     return [line for line in buffer.getvalue().splitlines() if line.strip()]
 
 
-def assert_shown_in_order(lines: list[str]) -> None:
-    """Every line appears in docs/gpu-measurements.md as a whole line, in the order printed (prose may come between)."""
+def assert_shown_in_order(lines: list[str], after: str | None = None) -> None:
+    """Every line appears in docs/gpu-measurements.md as a whole line, in the order printed (prose may come between),
+    below the line ``after`` when given (a run's heading: the H100's and the H200's tables share many lines)."""
     doc = DOCS.read_text().splitlines()
-    at = 0
+    at = doc.index(after) + 1 if after is not None else 0
     for line in lines:
         assert line in doc[at:], (
             f"docs/gpu-measurements.md does not show, after its line {at}, what compare.py prints:\n{line}"
@@ -102,21 +135,60 @@ def assert_shown_in_order(lines: list[str]) -> None:
         at += doc[at:].index(line) + 1
 
 
-def section(name: str) -> dict:
-    """One JSON file of the kept measurement."""
-    return json.loads((RESULTS / f"{name}.json").read_text())
+#: each kept run, its device preset and the docs heading its tables sit under
+RUNS = {
+    "h100": (RESULTS, "H100", "### H100 SXM, 26 November 2026"),
+    "h200": (RESULTS_H200, "H200", "### H200 SXM, 27 November 2026"),
+}
 
 
-def test_the_docs_show_the_compute_and_memory_tables_compare_prints() -> None:
+def section(name: str, folder: Path = RESULTS) -> dict:
+    """One JSON file of a kept measurement."""
+    return json.loads((folder / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_the_docs_show_the_compute_and_memory_tables_compare_prints(run: str) -> None:
     # The op, class and memory tables as this version of simdist predicts them; the program's part, which
     # simulates a training run, is the slow test below.
-    assert_shown_in_order(printed(lambda: compare.compare_compute(section("compute"), "H100")))
-    assert_shown_in_order(printed(lambda: compare.compare_memory(section("memory"), "H100")))
+    folder, device, heading = RUNS[run]
+    assert_shown_in_order(
+        printed(lambda: compare.compare_compute(section("compute", folder), device)), heading
+    )
+    assert_shown_in_order(printed(lambda: compare.compare_memory(section("memory", folder), device)), heading)
 
 
 @pytest.mark.slow
-def test_the_docs_show_everything_compare_prints() -> None:
-    assert_shown_in_order(printed(lambda: compare.main([str(RESULTS)])))
+@pytest.mark.parametrize("run", RUNS)
+def test_the_docs_show_everything_compare_prints(run: str) -> None:
+    folder, _, heading = RUNS[run]
+    assert_shown_in_order(printed(lambda: compare.main([str(folder)])), heading)
+
+
+def test_the_docs_show_what_is_live_at_the_h200s_backward_peak() -> None:
+    trace = section("memory_trace", SECOND_H200)
+    assert_shown_in_order(
+        printed(lambda: summary.memory_trace(trace)), "#### What is live at the backward peak"
+    )
+    fp32 = next(r for r in trace["records"] if r["dtype"] == "fp32")
+    # the replayed peak is the allocator's own (to its rounding of a few small blocks to 512 bytes), and less the
+    # reduction's staging buffer it is simdist's peak for the same step, as compare.py prints it
+    assert abs(fp32["replayed_peak"] - fp32["max_memory_allocated"]) < 4096
+    scratch = [
+        b
+        for b in fp32["live_at_peak"]
+        if "scratch of at::native::gpu_reduce_kernel" in summary.allocating_op(b["frames"])
+    ]
+    # the kernel's staging buffer, and its few bytes of semaphores
+    assert (
+        max(b["size"] for b in scratch) == 64 * 2**20 and sum(b["size"] for b in scratch) < 64 * 2**20 + 1024
+    )
+    simdist_peak = next(
+        line
+        for line in printed(lambda: compare.compare_memory(section("memory", RESULTS_H200), "H200"))
+        if line.startswith("| d1024 h16 b8 s1024 | fp32 | backward |")
+    )
+    assert f"{(fp32['replayed_peak'] - scratch[0]['size']) / 2**20:.1f}" == simdist_peak.split("|")[5].strip()
 
 
 def matmul_errors(device: object) -> dict[str, list[float]]:
