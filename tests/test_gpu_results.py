@@ -165,6 +165,19 @@ def test_the_docs_show_everything_compare_prints(run: str) -> None:
     assert_shown_in_order(printed(lambda: compare.main([str(folder)])), heading)
 
 
+def test_the_docs_show_what_is_live_at_the_gpu_programs_peak() -> None:
+    trace = section("memory_trace", RESULTS_H200 / "third-machine")
+    heading = "#### Program: gpu_program on NVIDIA H200 vs simdist (H200 preset), world size 1"
+    program = next(r for r in trace["records"] if "program" in r)  # after the blocks, traced again there
+    assert_shown_in_order(printed(lambda: summary.memory_trace({"records": [program]})), heading)
+    labels = [summary.allocating_op(b["frames"]) for b in program["live_at_peak"]]
+    sizes = [b["size"] for b in program["live_at_peak"]]
+    # what the docs say is not the program's tensors: the two cuBLAS workspaces, cuBLASLt's, the reduction's scratch
+    not_tensors = sum(s for s, label in zip(sizes, labels, strict=True) if ", scratch of " in label)
+    assert round(not_tensors / 2**20) == 97
+    assert f"{(program['replayed_peak'] - not_tensors) / 2**20:.1f}" == "141.9"
+
+
 def test_the_docs_show_what_is_live_at_the_h200s_backward_peak() -> None:
     trace = section("memory_trace", SECOND_H200)
     assert_shown_in_order(

@@ -10,15 +10,20 @@ The blocks allocated before the trace (the model, its inputs, the workspaces) ar
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any
 
+import gpu_program
 import torch
 from common import Results, device, machine, parser
 from memory import training_step
 from model import BlockShape
 from summary import allocating_op
+from training import DRY_JOB, JOB, Job
+
+import real
 
 #: frames kept per allocation (innermost first), after dropping the allocator's and the recorder's own
 FRAMES = 14
@@ -105,6 +110,27 @@ def trace_step(shape: BlockShape, dtype: str, dev: torch.device, stacks: str) ->
     }
 
 
+def traced_program(job: Job) -> dict[str, Any]:
+    """gpu_program's rank, its allocations traced from before the model exists: its record, and the blocks live at
+    its peak (the workspaces cuBLAS creates on first use included, as max_memory_allocated counts them)."""
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="all")
+    try:
+        record = gpu_program.main(job)
+        snap = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    trace = snap["device_traces"][torch.cuda.current_device()]
+    peak, at, blocks = live_at_peak(trace)
+    return {
+        "record": record,
+        "replayed_peak": peak,
+        "peak_event": at,
+        "events": len(trace),
+        "live_at_peak": blocks,
+    }
+
+
 def main() -> None:
     """Trace every configuration and write memory_trace.json."""
     options = parser(__doc__.splitlines()[0]).parse_args()
@@ -133,6 +159,19 @@ def main() -> None:
             for block in sorted(record["live_at_peak"], key=lambda b: -b["size"])[:12]:
                 print(f"  {block['size'] / mib:8.1f} MiB  {allocating_op(block['frames'])}", flush=True)
         torch.cuda.empty_cache() if dev.type == "cuda" else None
+    if dev.type == "cuda":  # the GPU program, in its own process through real, as program.py runs it
+        job = DRY_JOB if options.dry_run else JOB
+        with results.guard("gpu_program"):
+            # by its module's name, not __main__'s, so that real's worker process can import it
+            from memory_trace import traced_program as rank
+
+            traced = real.run(rank, 1, backend="nccl", kwargs={"job": job}, timeout=60).returns[0]
+            results.add({"program": "gpu_program", "job": job.as_dict(), **traced})
+            print(
+                f"gpu_program: peak {traced['record']['peak_bytes'] / 2**20:.1f} MiB "
+                f"(replayed {traced['replayed_peak'] / 2**20:.1f}), {len(traced['live_at_peak'])} blocks live",
+                flush=True,
+            )
     sys.stdout.flush()
 
 

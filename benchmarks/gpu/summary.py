@@ -95,8 +95,22 @@ def allocating_op(frames: list[str]) -> str:
 
 
 def memory_trace(data: dict[str, Any]) -> None:
-    """The blocks live at each traced backward peak, largest first, with the op each was allocated for."""
+    """The blocks live at each traced peak, largest first, with the op each was allocated for; for the program,
+    every block, grouped by that op."""
     for r in data["records"]:
+        if "program" in r:
+            groups: dict[str, list[int]] = {}
+            for block in r["live_at_peak"]:
+                groups.setdefault(allocating_op(block["frames"]), []).append(block["size"])
+            # a program's record was once stored under "program" itself, in place of its name
+            name = r["program"] if isinstance(r["program"], str) else "gpu_program"
+            print(
+                f"memory trace {name}: peak {r['replayed_peak'] / 2**20:.1f} MiB, "
+                f"{len(r['live_at_peak'])} blocks live, by the op that allocated them:"
+            )
+            for op, sizes in sorted(groups.items(), key=lambda g: (-sum(g[1]), g[0])):
+                print(f"  {sum(sizes) / 2**20:8.1f} MiB in {len(sizes):3d}  {op}")
+            continue
         shape = " ".join(f"{k}={v}" for k, v in r["shape"].items())
         print(
             f"memory trace {r['dtype']} {shape}: peak {r['replayed_peak'] / 2**20:.1f} MiB above the step's start, "
