@@ -40,6 +40,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from simpy.core import NORMAL
 from simpy.events import Event
 
+from simdist.comm import lockstep
 from simdist.comm.lane import proxy
 from simdist.trace.trace import Message
 
@@ -252,6 +253,20 @@ class _Static:
         if run.order is not None:  # first: it may find the schedule unfit (ranges that overlap partly)
             self._ranges(cols)
         self._routes(run)
+        #: what every step holds where the steps are a ring's (see :mod:`simdist.comm.lockstep`), else None
+        self.lockstep = lockstep.plan(
+            n,
+            S,
+            self.src,
+            self.dst,
+            self.step,
+            self.count,
+            self.red,
+            self.hold,
+            self.link,
+            self.lat,
+            None if run.order is None else self.send_takes,
+        )
         for value in self.__dict__.values():
             if isinstance(value, np.ndarray):
                 value.flags.writeable = False
@@ -403,6 +418,11 @@ class BatchedRun:
         self.missing = static.missing.copy()
         self.remaining = static.remaining.copy()
         self.first_missing = static.first_missing.copy()
+        #: ``missing`` as a table: a rank's row, a step's column
+        self._miss2d = self.missing.reshape(n, S + 1)
+        #: the offsets of a whole step's payload rows, one per rank (shared by the entries that hold such rows)
+        self._iota = np.arange(n)
+        self._iota.flags.writeable = False
         self._started = False
         #: the memory as rows of equal chunks, by chunk length (see :meth:`_window`)
         self._windows: dict[tuple[int, bool], np.ndarray] = {}
@@ -456,6 +476,14 @@ class BatchedRun:
             self._listed = True
         if not self.delivering and self.heap[0][:2] < self._proxy_key:
             self._post(*self.heap[0][:2])
+
+    def _queue(
+        self, t: float, eids: np.ndarray, mi: np.ndarray, start: np.ndarray, pay: Any, poff: Any, c: int
+    ) -> None:
+        """Queue messages ``mi`` (sent in this order, under ids ``eids``) to arrive together at ``t``, while the
+        queue delivers (:meth:`_push` for one arrival time)."""
+        e = _Entry(eids, mi, start, pay, poff, c)
+        heappush(self.heap, (t, int(eids[0]), next(self._seq), e))
 
     def next_after(self, now: float) -> float:
         """The earliest time after ``now`` (seconds) at which a message is due (infinity: none)."""
@@ -534,6 +562,8 @@ class BatchedRun:
     def _deliver(self, e: _Entry) -> bool:
         """Deliver the messages of ``e`` (due now, in id order); False if simpy's queue now has an event due
         before the rest (which are queued again)."""
+        if self.lockstep is not None and lockstep.ENABLED and lockstep.deliver_step(self, e):
+            return True
         k = len(e.mi)
         i = 0
         while i < k:
@@ -768,7 +798,7 @@ class BatchedRun:
             c = int(count[0])
             if c and (count == c).all():  # equal chunks: one row each
                 pay = self._window(c)[self.sat[mi]]
-                poff = np.arange(k)
+                poff = self._iota if k == self.n else np.arange(k)
             else:
                 c = 0
                 pay = memory.mem[_expand(self.sat[mi], count)]
