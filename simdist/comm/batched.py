@@ -328,7 +328,8 @@ class _Static:
             los = np.concatenate([cols.slo[red], cols.dlo[red]])
             his = np.concatenate([cols.shi[red], cols.dhi[red]])
         some = his > los  # an empty range takes nothing (and marks nothing a result depends on)
-        los, his = los[some], his[some]
+        if not some.all():
+            los, his = los[some], his[some]
         top = int(his.max()) + 1 if len(his) else 0
         #: by element offset: the number of the range starting there (where a table that size is cheap)
         self.range_of: np.ndarray | None = None
@@ -348,27 +349,9 @@ class _Static:
         if clash or (u_hi[:-1] > u_lo[1:]).any():
             raise _NotBatched("element ranges that overlap partly")
         self.range_lo, self.range_hi = u_lo, u_hi
-        self.send_takes = self._send_takes(cols, u_lo)
-
-    def _send_takes(self, cols: Columns, u_lo: np.ndarray) -> np.ndarray:
-        """Per message: whether its sender may take, as it sends, elements it has not taken before (its reduction
-        range, unless it took that range at an earlier step). A rank sends its step-k messages after it has sent
-        its earlier ones and received every message of the steps before k, so what those took is taken."""
-        n, R = self.n, len(u_lo)
-        may = self.red & (self.count > 0)
-        if n * R > MAX_TABLE:
-            return may
-        number = (
-            self.range_of.__getitem__ if self.range_of is not None else lambda lo: np.searchsorted(u_lo, lo)
-        )
-        got = cols.red & (cols.dhi > cols.dlo)  # receivers take their own range as they reduce into it
-        earliest = np.full(n * R, np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(earliest, self.dst[got] * R + number(cols.dlo[got]), self.step[got])
-        send_key = self.src[may] * R + number(self.slo[may])
-        np.minimum.at(earliest, send_key, self.step[may])
-        out = may.copy()
-        out[may] = ~(earliest[send_key] < self.step[may])
-        return out
+        #: per message: whether its sender may take elements as it sends (a reduction's range: :meth:`_take` keeps
+        #: those it has not taken before)
+        self.send_takes = self.red & (self.count > 0)
 
 
 def _static_for(run: ScheduleRun, cols: Columns) -> _Static:
@@ -439,8 +422,11 @@ class BatchedRun:
             rows = self.order.rows
             self.rows = _raw_view(rows)
             self.row_width = rows.shape[1]
-            self.tat = memory.dst[self.src]  # type: ignore[union-attr]  # what a reduction takes
-            self.tat += self.slo
+            if np.array_equal(memory.src, memory.dst):  # type: ignore[union-attr]  # in place: what is sent
+                self.tat = self.sat
+            else:
+                self.tat = memory.dst[self.src]  # type: ignore[union-attr]  # what a reduction takes
+                self.tat += self.slo
         #: in flight: heap of (arrival time, first event id, sequence, entry)
         self.heap: list[tuple[float, int, int, _Entry]] = []
         self._seq = itertools.count()
@@ -719,12 +705,21 @@ class BatchedRun:
             win = self._windows[key] = sliding_window_view(flat, c, writeable=True)
         return win
 
-    def _take(self, ranks: np.ndarray, lo: np.ndarray, at: np.ndarray, count: np.ndarray) -> None:
-        """Gloo's order: ranks ``ranks``' elements ``[lo, lo + count)`` (at ``at`` in memory) enter a reduction;
-        keep those not taken before."""
-        some = count > 0
-        if not some.all():
-            ranks, lo, at, count = ranks[some], lo[some], at[some], count[some]
+    def _take(
+        self,
+        ranks: np.ndarray,
+        lo: np.ndarray,
+        at: np.ndarray,
+        count: np.ndarray,
+        rows: np.ndarray | None = None,
+    ) -> None:
+        """Gloo's order: ranks ``ranks``' elements ``[lo, lo + count)`` (at ``at`` in memory; ``rows``: those
+        elements, read already, where the counts are equal and not 0) enter a reduction; keep those not taken
+        before."""
+        if rows is None:
+            some = count > 0
+            if not some.all():
+                ranks, lo, at, count = ranks[some], lo[some], at[some], count[some]
         rid = self.range_of[lo] if self.range_of is not None else np.searchsorted(self.range_lo, lo)
         fresh = ~self.covered[ranks, rid]
         taken = int(np.count_nonzero(fresh))
@@ -732,11 +727,15 @@ class BatchedRun:
             return
         if taken < len(fresh):
             ranks, rid, lo, at, count = ranks[fresh], rid[fresh], lo[fresh], at[fresh], count[fresh]
+            if rows is not None:
+                rows = rows[fresh]
         self.covered[ranks, rid] = True
         self.dirty[ranks] = True
         c = int(count[0])
-        if (count == c).all():  # equal chunks: rows
-            self._window(c, rows=True)[ranks * self.row_width + lo] = self._window(c)[at]
+        if rows is not None or (count == c).all():  # equal chunks: rows
+            self._window(c, rows=True)[ranks * self.row_width + lo] = (
+                rows if rows is not None else self._window(c)[at]
+            )
         else:
             self.rows[_expand(ranks * self.row_width + lo, count)] = self.memory.mem[_expand(at, count)]  # type: ignore[union-attr]
 

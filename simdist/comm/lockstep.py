@@ -114,9 +114,9 @@ def deliver_step(br: BatchedRun, e: Any) -> bool:
         win = br._window(p.chunk)
         pay = e.pay if e.poff is br._iota else e.pay[e.poff]
         if p.reduces[k]:
-            if br.order is not None:
-                br._take(dst, br.dlo[mi], wat, br.count[mi])
             acc = win[wat]
+            if br.order is not None:  # the receivers' elements before the reduction: what gloo's result takes
+                br._take(dst, br.dlo[mi], wat, br.count[mi], acc)
             br.run.reduce(memory.tensor(acc), memory.tensor(pay))
             win[wat] = acc
         else:
