@@ -469,14 +469,16 @@ def _ring_collective(
     st.sampled_from([("gloo", "cpu"), ("gloo", "H100"), ("nccl", "H100")]),
     st.booleans(),
     st.integers(0, 3),
+    st.integers(1, 4),
 )
 @settings(max_examples=15, deadline=None)
 def test_ring_steps_in_lockstep_change_nothing(
-    n: int, chunk: int, coll: str, dtype: torch.dtype, op: str, where: tuple, p2p: bool, salt: int
+    n: int, chunk: int, coll: str, dtype: torch.dtype, op: str, where: tuple, p2p: bool, salt: int, block: int
 ) -> None:
     """A ring collective of equal chunks on a ring cluster, with or without a message holding one of its links:
     its steps in lockstep give the run of simpy's messages and the run of each group handled the general way
-    (data bit for bit, simulated times, message counts, memory statistics, trace hash)."""
+    (data bit for bit, simulated times, message counts, memory statistics, trace hash); the steps' offsets read
+    ``block`` steps at a time."""
     if op == "avg" and not dtype.is_floating_point:
         op = "sum"
     backend, device = where
@@ -486,6 +488,7 @@ def test_ring_steps_in_lockstep_change_nothing(
     args = (coll, numel, dtype, op, salt, dev, p2p)
     with pytest.MonkeyPatch.context() as mp:
         steps = _count_lockstep(mp)
+        mp.setattr(lockstep, "BLOCK", block)
         got = assert_same_run(_ring_collective, cluster, True, args=args, backend_name=backend, memory=True)
         assert any(steps[1:]) or p2p, "no step ran in lockstep"  # a link held apart puts ranks out of step
         mp.setattr(lockstep, "ENABLED", False)

@@ -406,6 +406,8 @@ class BatchedRun:
         #: the offsets of a whole step's payload rows, one per rank (shared by the entries that hold such rows)
         self._iota = np.arange(n)
         self._iota.flags.writeable = False
+        #: the per-message columns a lockstep step reads, a step at a time (see :mod:`simdist.comm.lockstep`)
+        self._step_rows: dict | None = None
         self._started = False
         #: the memory as rows of equal chunks, by chunk length (see :meth:`_window`)
         self._windows: dict[tuple[int, bool], np.ndarray] = {}

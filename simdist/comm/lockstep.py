@@ -33,11 +33,16 @@ class LockstepPlan:
         n: int,
         steps: int,
         chunk: int,
+        to: np.ndarray,
         link_set: list[slice] | list[int],
         reduces: np.ndarray,
         send_takes: np.ndarray | None,
     ) -> None:
         self.n, self.steps, self.chunk = n, steps, chunk
+        #: by rank: the rank it sends to at every step
+        self.to = to
+        #: a step's chunk lengths, one per message
+        self.counts = np.full(n, chunk, dtype=np.int64)
         #: the links every step uses (the same at every step): one slice of the network's link list, or their ids
         self.link_set = link_set
         #: per step: whether its messages reduce into their receivers (else they copy)
@@ -69,7 +74,7 @@ def plan(
         not (step.reshape(shape) == np.arange(S)).all()
         or not (src.reshape(shape) == np.arange(n)[:, None]).all()
     ):
-        return None
+        return None  # so rank r's step-k message is message r * S + k
     to = dst.reshape(shape)
     first = to[:, 0]
     if not (to == first[:, None]).all() or len(np.unique(first)) != n:
@@ -88,35 +93,74 @@ def plan(
     )  # a ring's links: read and written as a slice
     link_set = [slice(int(ids[0]), int(ids[-1]) + 1, gap)] if even else ids.tolist()
     takes = None if send_takes is None else send_takes.reshape(shape).any(axis=0)
-    return LockstepPlan(n, S, c, link_set, reduces[0], takes)
+    return LockstepPlan(n, S, c, first.copy(), link_set, reduces[0], takes)
+
+
+#: how many steps of a per-message column a :class:`StepRows` copies at a time
+BLOCK = 64
+
+
+class StepRows:
+    """A per-message column (rank ``r``'s step-``k`` message at ``r * steps + k``) read a step at a time: each step's
+    values by rank, copied from the column a block of steps at a time (a step's own values lie a rank's whole row
+    apart: reading them one step at a time misses the cache at every rank)."""
+
+    def __init__(self, column: np.ndarray, n: int, steps: int) -> None:
+        self.table = column.reshape(n, steps)
+        self.first = 0
+        self.block = self.table[:, :0].T
+
+    def __getitem__(self, k: int) -> np.ndarray:
+        """Step ``k``'s values, by rank."""
+        b = k - self.first
+        if not 0 <= b < len(self.block):
+            self.first, b = k, 0
+            self.block = np.ascontiguousarray(self.table[:, k : k + BLOCK].T)
+        return self.block[b]
+
+
+def _rows(br: BatchedRun) -> dict[str, StepRows]:
+    """The columns a lockstep step reads, a step at a time (made at the first lockstep step of ``br``)."""
+    rows = br._step_rows
+    if rows is None:
+        p = br.lockstep
+        rows = br._step_rows = {}
+        made: dict[int, StepRows] = {}  # one reader for columns that are one array (a ring's dlo and slo)
+        for name in ("wat", "sat", "dlo", "slo", "tat"):
+            column = getattr(br, name, None)
+            if column is not None:
+                rows[name] = made.setdefault(id(column), StepRows(column, p.n, p.steps))
+    return rows
 
 
 def deliver_step(br: BatchedRun, e: Any) -> bool:
     """Deliver entry ``e`` of ``br`` as one lockstep step, if it is one (False: nothing done, go the general way)."""
     p = br.lockstep
     mi = e.mi
-    n = p.n
+    n, S = p.n, p.steps
     if len(mi) != n:
         return False
     now = br.env._now
     if type(now) is not float:
         return False
-    k = int(br.step[mi[0]])
-    if k >= p.steps - 1 or not (br.step[mi] == k).all():  # the last step finishes ranks: one at a time
+    k = int(mi[0]) % S
+    if k >= S - 1 or not (mi % S == k).all():  # the last step finishes ranks: one at a time
         return False
     memory = br.memory
     moving = memory is not None and e.pay is not None
     if moving and e.c != p.chunk:
         return False
-    dst = br.dst[mi]
+    snd = mi // S
+    dst = p.to[snd]
     if moving:
-        wat = br.wat[mi]
+        rows = _rows(br)
+        wat = rows["wat"][k][snd]
         win = br._window(p.chunk)
         pay = e.pay if e.poff is br._iota else e.pay[e.poff]
         if p.reduces[k]:
             acc = win[wat]
             if br.order is not None:  # the receivers' elements before the reduction: what gloo's result takes
-                br._take(dst, br.dlo[mi], wat, br.count[mi], acc)
+                br._take(dst, rows["dlo"][k][snd], wat, p.counts, acc)
             br.run.reduce(memory.tensor(acc), memory.tensor(pay))
             win[wat] = acc
         else:
@@ -127,16 +171,18 @@ def deliver_step(br: BatchedRun, e: Any) -> bool:
     br._miss2d[:, k] = 0
     br.remaining -= 1
     br.first_missing.fill(k + 1)
-    nxt = br.cursor[dst]
     br.cursor += 1
-    _send_step(br, nxt, k + 1, now)
+    _send_step(br, dst, k + 1, now)
     return True
 
 
-def _send_step(br: BatchedRun, mi: np.ndarray, k: int, now: float) -> None:
-    """Messages ``mi`` (every rank's step-``k`` message) leave now: :meth:`BatchedRun._send` for a ring's step."""
+def _send_step(br: BatchedRun, snd: np.ndarray, k: int, now: float) -> None:
+    """Ranks ``snd`` (every rank, in this order) send their step-``k`` messages now: :meth:`BatchedRun._send`
+    for a ring's step."""
     p = br.lockstep
     n = p.n
+    mi = snd * p.steps
+    mi += k
     memory = br.memory
     free = br.network._free_at
     links = p.link_set
@@ -149,12 +195,15 @@ def _send_step(br: BatchedRun, mi: np.ndarray, k: int, now: float) -> None:
         return
     pay = poff = None
     if memory is not None:
-        if p.send_takes is not None and p.send_takes[k]:
-            takes = br.send_takes[mi]
-            sel = mi[takes]
-            br._take(br.src[sel], br.slo[sel], br.tat[sel], br.count[sel])
-        pay = br._window(p.chunk)[br.sat[mi]]
+        rows = _rows(br)
+        sat = rows["sat"][k][snd]
+        pay = br._window(p.chunk)[sat]
         poff = br._iota
+        if p.send_takes is not None and p.send_takes[k]:  # every message reduces: every sender may take
+            if br.tat is br.sat:  # in place: what it takes is what it sends
+                br._take(snd, rows["slo"][k][snd], sat, p.counts, pay)
+            else:
+                br._take(snd, rows["slo"][k][snd], rows["tat"][k][snd], p.counts)
     leave = now + float(br.hold[mi[0]])
     t = now + ((leave + br.lat) - now)  # Network.send's arithmetic, the same for every message
     if type(links[0]) is slice:
