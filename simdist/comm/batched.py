@@ -23,7 +23,8 @@ after another in simpy's order:
 Where data moves, the buffers are addressed together as one NumPy view of the process's memory spanning them
 (plain contiguous CPU buffers of one element type, each rank's memory apart from every other rank's); meta
 buffers (timing-only runs) move nothing. A schedule that does not fit these conditions, or a run that may be
-perturbed or faulty, keeps the one-message path (see :func:`batched_allowed`).
+perturbed or faulty, keeps the one-message path (see :func:`batched_allowed`). A ring's steps, all of whose
+messages arrive together, run in lockstep (:mod:`simdist.comm.lockstep`).
 """
 
 from __future__ import annotations
