@@ -237,6 +237,9 @@ class _Static:
             cols.red,
         )
         self.count = cols.shi - cols.slo
+        self.range_lo = self.range_hi = self.range_of = self.send_takes = None
+        if run.order is not None:  # first: it may find the schedule unfit (ranges that overlap partly)
+            self._ranges(cols)
         #: per message: its bytes (as an integer, then as a float: exact), times its seconds per byte in _routes
         self.hold = np.multiply(self.count, run.itemsize, dtype=np.float64)
         self.cursor = np.searchsorted(self.key, np.arange(n, dtype=np.int64) * (S + 1))
@@ -250,9 +253,6 @@ class _Static:
         self.remaining = np.bincount(cols.dst, minlength=n).astype(np.int64)
         first = np.argmax(self.missing.reshape(n, S + 1) > 0, axis=1)
         self.first_missing = np.where(self.remaining > 0, first, S).astype(np.int64)
-        self.range_lo = self.range_hi = self.range_of = self.send_takes = None
-        if run.order is not None:  # first: it may find the schedule unfit (ranges that overlap partly)
-            self._ranges(cols)
         self._routes(run)
         #: what every step holds where the steps are a ring's (see :mod:`simdist.comm.lockstep`), else None
         self.lockstep = lockstep.plan(
