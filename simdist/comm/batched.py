@@ -246,10 +246,8 @@ class _Static:
         #: by (rank, step) flattened: how many messages come before the rank's messages of later steps
         self.send_end = np.bincount(self.key, minlength=n * (S + 1))
         np.cumsum(self.send_end, out=self.send_end)
-        #: per message: where its receiver counts it (its rank's row of ``missing``, flattened)
-        self.mkey = cols.dst * (S + 1)
-        self.mkey += cols.step
-        self.missing = np.bincount(self.mkey, minlength=n * (S + 1)).astype(np.int32)
+        #: by (rank, step) flattened: how many messages the rank awaits at that step
+        self.missing = np.bincount(cols.dst * (S + 1) + cols.step, minlength=n * (S + 1)).astype(np.int32)
         self.remaining = np.bincount(cols.dst, minlength=n).astype(np.int64)
         first = np.argmax(self.missing.reshape(n, S + 1) > 0, axis=1)
         self.first_missing = np.where(self.remaining > 0, first, S).astype(np.int64)
@@ -594,12 +592,13 @@ class BatchedRun:
             self._land_data(mi, dst, e)
         if self.record:
             self._trace(mi, e.start)
-        key = self.mkey[mi]
+        step = self.step[mi]
+        key = dst * (self.S + 1)  # where each receiver counts its message
+        key += step
         miss = self.missing
         miss[key] -= 1
         self.remaining[dst] -= 1
         fm = self.first_missing
-        step = self.step[mi]
         moved = (step == fm[dst]) & (miss[key] == 0)
         if moved.any():
             ranks = dst[moved]
