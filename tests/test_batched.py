@@ -517,3 +517,38 @@ def test_only_a_rings_steps_run_in_lockstep(monkeypatch: pytest.MonkeyPatch) -> 
     del steps[1:]
     got = assert_same_run(_fake_step, ring_cluster, True, args=(25,), backend_name="nccl", tensors="fake")
     assert any(steps[1:]) and got.sim_time > 0
+
+
+def _send_during(numel: int, delay: float) -> list:
+    """A ring all-reduce in flight while rank 0, ``delay`` seconds in, sends rank 1 a large message on the ring's
+    own link."""
+    rank = dist.get_rank()
+    x = _data(rank, numel, torch.float32, 4)
+    w = dist.all_reduce(x, async_op=True)
+    big = torch.full((100_000,), float(rank))
+    if rank == 0:
+        simdist.charge(delay)
+        simdist.synchronize()
+        dist.send(big, 1)
+    elif rank == 1:
+        dist.recv(big, 0)
+    w.wait()
+    return [x, big]
+
+
+def test_a_step_whose_link_is_still_busy_goes_the_general_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A message sent between two of a ring's steps on one of its links, still on it when the next step leaves:
+    that step's messages start as their links free (the general way), with the run of simpy's messages."""
+    steps = _count_lockstep(monkeypatch)
+    free: list = []
+    real = lockstep.links_free
+
+    def noting(*args: object) -> bool:
+        free.append(real(*args))  # type: ignore[arg-type]
+        return free[-1]
+
+    monkeypatch.setattr(lockstep, "links_free", noting)
+    cluster = simdist.Cluster.ring(6, device="cpu", algorithms={"all_reduce": "ring"})
+    for i in range(12):  # into the all-reduce's 50 us at uneven points: some between two steps
+        assert_same_run(_send_during, cluster, True, args=(12, i * 4.3e-6))
+    assert any(steps[1:]) and False in free and True in free

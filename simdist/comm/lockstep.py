@@ -176,6 +176,14 @@ def deliver_step(br: BatchedRun, e: Any) -> bool:
     return True
 
 
+def links_free(links: list[slice] | list[int], free: list[float], now: float) -> bool:
+    """Whether every link of ``links`` (slices of ``free`` or ids) is free by ``now`` (``free``: when each link is
+    free, seconds)."""
+    if type(links[0]) is slice:
+        return max(max(free[sl]) for sl in links) <= now  # type: ignore[call-overload]
+    return max(map(free.__getitem__, links)) <= now  # type: ignore[arg-type]
+
+
 def _send_step(br: BatchedRun, snd: np.ndarray, k: int, now: float) -> None:
     """Ranks ``snd`` (every rank, in this order) send their step-``k`` messages now: :meth:`BatchedRun._send`
     for a ring's step."""
@@ -186,12 +194,8 @@ def _send_step(br: BatchedRun, snd: np.ndarray, k: int, now: float) -> None:
     memory = br.memory
     free = br.network._free_at
     links = p.link_set
-    if type(links[0]) is slice:
-        busy = max(max(free[sl]) for sl in links)  # type: ignore[call-overload]
-    else:
-        busy = max(map(free.__getitem__, links))  # type: ignore[arg-type]
-    if busy > now:
-        br._send(mi)  # a link still busy: each message its own start
+    if not links_free(links, free, now):
+        br._send(mi)  # a link still busy (other traffic on it): each message its own start
         return
     pay = poff = None
     if memory is not None:
