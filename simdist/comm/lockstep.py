@@ -152,6 +152,7 @@ def deliver_step(br: BatchedRun, e: Any) -> bool:
         return False
     snd = mi // S
     dst = p.to[snd]
+    landed = None
     if moving:
         rows = _rows(br)
         wat = rows["wat"][k][snd]
@@ -163,8 +164,10 @@ def deliver_step(br: BatchedRun, e: Any) -> bool:
                 br._take(dst, rows["dlo"][k][snd], wat, p.counts, acc)
             br.run.reduce(memory.tensor(acc), memory.tensor(pay))
             win[wat] = acc
+            landed = (wat, acc)
         else:
             win[wat] = pay
+            landed = (wat, pay)
     if br.record:
         br._trace(mi, e.start)
     # every rank had awaited this step's message alone: it now awaits its next step's, which it may send
@@ -172,7 +175,7 @@ def deliver_step(br: BatchedRun, e: Any) -> bool:
     br.remaining -= 1
     br.first_missing.fill(k + 1)
     br.cursor += 1
-    _send_step(br, dst, k + 1, now)
+    _send_step(br, dst, k + 1, now, landed)
     return True
 
 
@@ -184,9 +187,12 @@ def links_free(links: list[slice] | list[int], free: list[float], now: float) ->
     return max(map(free.__getitem__, links)) <= now  # type: ignore[arg-type]
 
 
-def _send_step(br: BatchedRun, snd: np.ndarray, k: int, now: float) -> None:
+def _send_step(
+    br: BatchedRun, snd: np.ndarray, k: int, now: float, landed: tuple[np.ndarray, np.ndarray] | None = None
+) -> None:
     """Ranks ``snd`` (every rank, in this order) send their step-``k`` messages now: :meth:`BatchedRun._send`
-    for a ring's step."""
+    for a ring's step. ``landed``: where step ``k - 1`` wrote, one offset per sender in this order, and the rows
+    it wrote there."""
     p = br.lockstep
     n = p.n
     mi = snd * p.steps
@@ -201,10 +207,14 @@ def _send_step(br: BatchedRun, snd: np.ndarray, k: int, now: float) -> None:
     if memory is not None:
         rows = _rows(br)
         sat = rows["sat"][k][snd]
-        pay = br._window(p.chunk)[sat]
+        forward = landed is not None and np.array_equal(sat, landed[0])
+        # each forwards the chunk it has just received (a ring's): the rows written, not read again
+        pay = landed[1] if forward else br._window(p.chunk)[sat]  # type: ignore[index]
         poff = br._iota
         if p.send_takes is not None and p.send_takes[k]:  # every message reduces: every sender may take
-            if br.tat is br.sat:  # in place: what it takes is what it sends
+            if forward and p.reduces[k - 1] and br.tat is br.sat:
+                pass  # in place, it sends what it has just reduced into, which gloo's result took then
+            elif br.tat is br.sat:  # in place: what it takes is what it sends
                 br._take(snd, rows["slo"][k][snd], sat, p.counts, pay)
             else:
                 br._take(snd, rows["slo"][k][snd], rows["tat"][k][snd], p.counts)
