@@ -17,6 +17,9 @@ Prints figures; it is not a test. Usage:
 - ``fake``: a Llama-style 7B DDP step on 64 ranks under ``tensors="fake"`` (``benchmarks/llama_step.py``, which
   also runs FSDP2 and 512 ranks).
 
+The host's speed moves by a third to a half between hours on a shared VM: the first and last lines time a plain
+Python loop of ten million additions, so that figures from different runs can be set side by side.
+
 The anchors, as their authors publish them: ASTRA-sim and SimAI simulate 10k+ GPUs for timing only; Maya
 reaches 1k-12k GPUs by deduplicating identical ranks; Multiverse 54k GPUs.
 """
@@ -105,12 +108,29 @@ def message_rate_repeated(n: int = 1024, numel: int = 4096, iters: int = 4) -> d
     """Messages per wall second of a run of ``iters`` ring all-reduces on ``n`` ranks in arrays (a training loop's
     all-reduce, every step): the whole run timed, the ranks' start-up shared by all of them; prints one line."""
     wall, cpu, res = _timed(n, numel, iters, "arrays")
-    row = {"messages": res.messages, "wall_s": wall, "per_s": res.messages / wall, "cpu_per_s": res.messages / cpu}
+    row = {
+        "messages": res.messages,
+        "wall_s": wall,
+        "per_s": res.messages / wall,
+        "cpu_per_s": res.messages / cpu,
+    }
     print(
         f"{n} ranks, {iters} ring all-reduces per run, in arrays: {res.messages:,} messages in {wall:.2f} s, "
         f"{row['per_s']:,.0f} msg/s ({row['cpu_per_s']:,.0f} per CPU second)"
     )
     return row
+
+
+#: a plain Python loop of ten million additions, run as a script's top level runs it (its names global, as
+#: ``python3 -c "..."`` runs it: about twice the time of the same loop inside a function)
+_LOOP = compile("s = 0\nfor i in range(10_000_000):\n    s += i\n", "<host speed>", "exec")
+
+
+def host_speed() -> float:
+    """Seconds :data:`_LOOP` takes here (the host's speed, for the figures beside it)."""
+    start = time.perf_counter()
+    exec(_LOOP, {})  # noqa: S102 - a constant loop, compiled above
+    return time.perf_counter() - start
 
 
 #: what the scale simulators others publish reach, for the table beside this run's figures
@@ -139,6 +159,7 @@ def main() -> None:
         f" torch {torch.__version__}"
     )
     print("anchors: " + "; ".join(f"{name} {scale} ({how})" for name, scale, how in ANCHORS))
+    print(f"host: a Python loop of ten million additions takes {host_speed():.2f} s")
     if "messages" in sections:
         print("\n## messages")
         simdist.run(_all_reduce, simdist.Cluster.ring(2, device="cpu"), args=(8, 1))  # one-time warm-up
@@ -157,6 +178,7 @@ def main() -> None:
         # the 64-rank DDP step (bf16, on H200s, whose 141 GiB hold its 75 GiB per rank); the 512-rank one and FSDP2
         # take tens of minutes: benchmarks/llama_step.py runs them
         llama_step.main(["--run", "ddp:64", "--device", "H200"])
+    print(f"\nhost: a Python loop of ten million additions takes {host_speed():.2f} s")
 
 
 if __name__ == "__main__":

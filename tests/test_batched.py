@@ -16,7 +16,7 @@ from test_lane import _cluster, _data, _polling, _program, _ring_all_reduce, ass
 import simdist
 from simdist.algorithms import ring
 from simdist.algorithms.schedule import msg, split_offsets
-from simdist.comm import batched
+from simdist.comm import batched, lockstep
 from simdist.network.routing import Router
 
 
@@ -416,3 +416,139 @@ def test_a_timeout_shows_a_batched_schedules_progress(every_schedule_batched: li
     schedule = texts[1].split("Its schedule:\n", 1)[1].splitlines()
     done = [line for line in schedule[1:7] if " *" not in line]
     assert 0 < len(done) < 6  # 300 us into steps of about 100 us: some steps done everywhere, some not
+
+
+# ----------------------------------------------------------------------------- a ring's steps in lockstep
+
+
+def _count_lockstep(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Every schedule that can run batched does; first the list of those that did (see
+    :func:`_batch_every_schedule`), then per group delivered, whether it went as one lockstep step."""
+    steps: list = [_batch_every_schedule(monkeypatch)]
+    real = lockstep.deliver_step
+
+    def noting(br: object, e: object) -> bool:
+        steps.append(real(br, e))  # type: ignore[arg-type]
+        return steps[-1]
+
+    monkeypatch.setattr(lockstep, "deliver_step", noting)
+    return steps
+
+
+def _ring_collective(
+    coll: str, numel: int, dtype: torch.dtype, op: str, salt: int, dev: str, p2p: bool
+) -> list:
+    """One ring collective; with ``p2p``, rank 0 sends rank 1 a large message while it is in flight (on the
+    ring's own link)."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    x = _data(rank, numel, dtype, salt).to(dev)
+    reduce_op = getattr(dist.ReduceOp, op.upper())
+    if coll == "all_reduce":
+        out, w = x, dist.all_reduce(x, reduce_op, async_op=True)
+    elif coll == "reduce_scatter":
+        out = torch.empty(numel // n, dtype=dtype, device=dev)
+        w = dist.reduce_scatter_tensor(out, x, reduce_op, async_op=True)
+    else:
+        out = torch.empty(numel * n, dtype=dtype, device=dev)
+        w = dist.all_gather_into_tensor(out, x, async_op=True)
+    big = torch.full((20_000,), float(rank), device=dev)
+    if p2p and rank == 0:
+        dist.send(big, 1)
+    elif p2p and rank == 1:
+        dist.recv(big, 0)
+    w.wait()
+    return [out.cpu(), x.cpu(), big.cpu()]
+
+
+@given(
+    st.integers(3, 7),
+    st.integers(1, 3),
+    st.sampled_from(["all_reduce", "reduce_scatter", "all_gather"]),
+    st.sampled_from([torch.float32, torch.float64, torch.float16, torch.int64]),
+    st.sampled_from(["sum", "max", "avg"]),
+    st.sampled_from([("gloo", "cpu"), ("gloo", "H100"), ("nccl", "H100")]),
+    st.booleans(),
+    st.integers(0, 3),
+    st.integers(1, 4),
+)
+@settings(max_examples=15, deadline=None)
+def test_ring_steps_in_lockstep_change_nothing(
+    n: int, chunk: int, coll: str, dtype: torch.dtype, op: str, where: tuple, p2p: bool, salt: int, block: int
+) -> None:
+    """A ring collective of equal chunks on a ring cluster, with or without a message holding one of its links:
+    its steps in lockstep give the run of simpy's messages and the run of each group handled the general way
+    (data bit for bit, simulated times, message counts, memory statistics, trace hash); the steps' offsets read
+    ``block`` steps at a time."""
+    if op == "avg" and not dtype.is_floating_point:
+        op = "sum"
+    backend, device = where
+    dev = "cuda" if backend == "nccl" else "cpu"
+    numel = n * chunk
+    cluster = simdist.Cluster.ring(n, device=device, algorithms={coll: "ring"})
+    args = (coll, numel, dtype, op, salt, dev, p2p)
+    with pytest.MonkeyPatch.context() as mp:
+        steps = _count_lockstep(mp)
+        mp.setattr(lockstep, "BLOCK", block)
+        got = assert_same_run(_ring_collective, cluster, True, args=args, backend_name=backend, memory=True)
+        assert any(steps[1:]) or p2p, "no step ran in lockstep"  # a link held apart puts ranks out of step
+        mp.setattr(lockstep, "ENABLED", False)
+        old = simdist.run(_ring_collective, cluster, args=args, backend_name=backend, memory=True)
+    assert old.sim_time == got.sim_time and old.messages == got.messages
+    assert old.trace.hash() == got.trace.hash() and old.memory == got.memory
+    for want, have in zip(old.returns, got.returns):
+        assert all(torch.equal(w.view(torch.uint8), h.view(torch.uint8)) for w, h in zip(want, have))
+
+
+def test_only_a_rings_steps_run_in_lockstep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps whose chunks differ (elements that do not divide by the ranks), routes of two links (a switch) and a
+    tree's messages go the general way; the same ring in a timing-only run (no data) runs in lockstep."""
+    steps = _count_lockstep(monkeypatch)
+    ring_cluster = simdist.Cluster.ring(5, device="H100", algorithms={"all_reduce": "ring"})
+    switch = simdist.Cluster.switch(
+        5, bandwidth="10GB/s", latency="3us", device="H100", algorithms={"all_reduce": "ring"}
+    )
+    tree = simdist.Cluster.ring(5, device="H100", algorithms={"all_reduce": "tree"})
+    made = steps[0]
+    for cluster, numel in ((ring_cluster, 23), (switch, 25), (tree, 25)):
+        made.clear()
+        del steps[1:]
+        assert_same_run(_ring_all_reduce, cluster, True, args=(numel, "cpu"))
+        assert made and not any(steps[1:])
+    del steps[1:]
+    got = assert_same_run(_fake_step, ring_cluster, True, args=(25,), backend_name="nccl", tensors="fake")
+    assert any(steps[1:]) and got.sim_time > 0
+
+
+def _send_during(numel: int, delay: float) -> list:
+    """A ring all-reduce in flight while rank 0, ``delay`` seconds in, sends rank 1 a large message on the ring's
+    own link."""
+    rank = dist.get_rank()
+    x = _data(rank, numel, torch.float32, 4)
+    w = dist.all_reduce(x, async_op=True)
+    big = torch.full((100_000,), float(rank))
+    if rank == 0:
+        simdist.charge(delay)
+        simdist.synchronize()
+        dist.send(big, 1)
+    elif rank == 1:
+        dist.recv(big, 0)
+    w.wait()
+    return [x, big]
+
+
+def test_a_step_whose_link_is_still_busy_goes_the_general_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A message sent between two of a ring's steps on one of its links, still on it when the next step leaves:
+    that step's messages start as their links free (the general way), with the run of simpy's messages."""
+    steps = _count_lockstep(monkeypatch)
+    free: list = []
+    real = lockstep.links_free
+
+    def noting(*args: object) -> bool:
+        free.append(real(*args))  # type: ignore[arg-type]
+        return free[-1]
+
+    monkeypatch.setattr(lockstep, "links_free", noting)
+    cluster = simdist.Cluster.ring(6, device="cpu", algorithms={"all_reduce": "ring"})
+    for i in range(12):  # into the all-reduce's 50 us at uneven points: some between two steps
+        assert_same_run(_send_during, cluster, True, args=(12, i * 4.3e-6))
+    assert any(steps[1:]) and False in free and True in free

@@ -30,7 +30,8 @@ def _rings(n: int, off: list[int], step0: int, blocks: list[tuple[int, bool]]) -
             out[:, b * w : (b + 1) * w] = windows[top - n + 1 : top + 1][::-1]
     for b, (_, reduces) in enumerate(blocks):
         red[:, b * w : (b + 1) * w] = reduces
-    return MsgTable(*(c.ravel() for c in cols), lo.ravel(), hi.ravel(), red.ravel())
+    lo, hi = lo.ravel(), hi.ravel()  # the same arrays as source and destination ranges (read, never written)
+    return MsgTable(src.ravel(), dst.ravel(), step.ravel(), lo, hi, lo, hi, red.ravel())
 
 
 def reduce_scatter(n: int, off: list[int], step0: int = 0) -> MsgTable:

@@ -23,7 +23,8 @@ after another in simpy's order:
 Where data moves, the buffers are addressed together as one NumPy view of the process's memory spanning them
 (plain contiguous CPU buffers of one element type, each rank's memory apart from every other rank's); meta
 buffers (timing-only runs) move nothing. A schedule that does not fit these conditions, or a run that may be
-perturbed or faulty, keeps the one-message path (see :func:`batched_allowed`).
+perturbed or faulty, keeps the one-message path (see :func:`batched_allowed`). A ring's steps, all of whose
+messages arrive together, run in lockstep (:mod:`simdist.comm.lockstep`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from simpy.core import NORMAL
 from simpy.events import Event
 
+from simdist.comm import lockstep
 from simdist.comm.lane import proxy
 from simdist.trace.trace import Message
 
@@ -235,23 +237,35 @@ class _Static:
             cols.red,
         )
         self.count = cols.shi - cols.slo
+        self.range_lo = self.range_hi = self.range_of = self.send_takes = None
+        if run.order is not None:  # first: it may find the schedule unfit (ranges that overlap partly)
+            self._ranges(cols)
         #: per message: its bytes (as an integer, then as a float: exact), times its seconds per byte in _routes
         self.hold = np.multiply(self.count, run.itemsize, dtype=np.float64)
         self.cursor = np.searchsorted(self.key, np.arange(n, dtype=np.int64) * (S + 1))
         #: by (rank, step) flattened: how many messages come before the rank's messages of later steps
         self.send_end = np.bincount(self.key, minlength=n * (S + 1))
         np.cumsum(self.send_end, out=self.send_end)
-        #: per message: where its receiver counts it (its rank's row of ``missing``, flattened)
-        self.mkey = cols.dst * (S + 1)
-        self.mkey += cols.step
-        self.missing = np.bincount(self.mkey, minlength=n * (S + 1)).astype(np.int32)
+        #: by (rank, step) flattened: how many messages the rank awaits at that step
+        self.missing = np.bincount(cols.dst * (S + 1) + cols.step, minlength=n * (S + 1)).astype(np.int32)
         self.remaining = np.bincount(cols.dst, minlength=n).astype(np.int64)
         first = np.argmax(self.missing.reshape(n, S + 1) > 0, axis=1)
         self.first_missing = np.where(self.remaining > 0, first, S).astype(np.int64)
-        self.range_lo = self.range_hi = self.range_of = self.send_takes = None
-        if run.order is not None:  # first: it may find the schedule unfit (ranges that overlap partly)
-            self._ranges(cols)
         self._routes(run)
+        #: what every step holds where the steps are a ring's (see :mod:`simdist.comm.lockstep`), else None
+        self.lockstep = lockstep.plan(
+            n,
+            S,
+            self.src,
+            self.dst,
+            self.step,
+            self.count,
+            self.red,
+            self.hold,
+            self.link,
+            self.lat,
+            None if run.order is None else self.send_takes,
+        )
         for value in self.__dict__.values():
             if isinstance(value, np.ndarray):
                 value.flags.writeable = False
@@ -313,7 +327,8 @@ class _Static:
             los = np.concatenate([cols.slo[red], cols.dlo[red]])
             his = np.concatenate([cols.shi[red], cols.dhi[red]])
         some = his > los  # an empty range takes nothing (and marks nothing a result depends on)
-        los, his = los[some], his[some]
+        if not some.all():
+            los, his = los[some], his[some]
         top = int(his.max()) + 1 if len(his) else 0
         #: by element offset: the number of the range starting there (where a table that size is cheap)
         self.range_of: np.ndarray | None = None
@@ -333,27 +348,9 @@ class _Static:
         if clash or (u_hi[:-1] > u_lo[1:]).any():
             raise _NotBatched("element ranges that overlap partly")
         self.range_lo, self.range_hi = u_lo, u_hi
-        self.send_takes = self._send_takes(cols, u_lo)
-
-    def _send_takes(self, cols: Columns, u_lo: np.ndarray) -> np.ndarray:
-        """Per message: whether its sender may take, as it sends, elements it has not taken before (its reduction
-        range, unless it took that range at an earlier step). A rank sends its step-k messages after it has sent
-        its earlier ones and received every message of the steps before k, so what those took is taken."""
-        n, R = self.n, len(u_lo)
-        may = self.red & (self.count > 0)
-        if n * R > MAX_TABLE:
-            return may
-        number = (
-            self.range_of.__getitem__ if self.range_of is not None else lambda lo: np.searchsorted(u_lo, lo)
-        )
-        got = cols.red & (cols.dhi > cols.dlo)  # receivers take their own range as they reduce into it
-        earliest = np.full(n * R, np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(earliest, self.dst[got] * R + number(cols.dlo[got]), self.step[got])
-        send_key = self.src[may] * R + number(self.slo[may])
-        np.minimum.at(earliest, send_key, self.step[may])
-        out = may.copy()
-        out[may] = ~(earliest[send_key] < self.step[may])
-        return out
+        #: per message: whether its sender may take elements as it sends (a reduction's range: :meth:`_take` keeps
+        #: those it has not taken before)
+        self.send_takes = self.red & (self.count > 0)
 
 
 def _static_for(run: ScheduleRun, cols: Columns) -> _Static:
@@ -403,6 +400,13 @@ class BatchedRun:
         self.missing = static.missing.copy()
         self.remaining = static.remaining.copy()
         self.first_missing = static.first_missing.copy()
+        #: ``missing`` as a table: a rank's row, a step's column
+        self._miss2d = self.missing.reshape(n, S + 1)
+        #: the offsets of a whole step's payload rows, one per rank (shared by the entries that hold such rows)
+        self._iota = np.arange(n)
+        self._iota.flags.writeable = False
+        #: the per-message columns a lockstep step reads, a step at a time (see :mod:`simdist.comm.lockstep`)
+        self._step_rows: dict | None = None
         self._started = False
         #: the memory as rows of equal chunks, by chunk length (see :meth:`_window`)
         self._windows: dict[tuple[int, bool], np.ndarray] = {}
@@ -419,8 +423,11 @@ class BatchedRun:
             rows = self.order.rows
             self.rows = _raw_view(rows)
             self.row_width = rows.shape[1]
-            self.tat = memory.dst[self.src]  # type: ignore[union-attr]  # what a reduction takes
-            self.tat += self.slo
+            if np.array_equal(memory.src, memory.dst):  # type: ignore[union-attr]  # in place: what is sent
+                self.tat = self.sat
+            else:
+                self.tat = memory.dst[self.src]  # type: ignore[union-attr]  # what a reduction takes
+                self.tat += self.slo
         #: in flight: heap of (arrival time, first event id, sequence, entry)
         self.heap: list[tuple[float, int, int, _Entry]] = []
         self._seq = itertools.count()
@@ -456,6 +463,14 @@ class BatchedRun:
             self._listed = True
         if not self.delivering and self.heap[0][:2] < self._proxy_key:
             self._post(*self.heap[0][:2])
+
+    def _queue(
+        self, t: float, eids: np.ndarray, mi: np.ndarray, start: np.ndarray, pay: Any, poff: Any, c: int
+    ) -> None:
+        """Queue messages ``mi`` (sent in this order, under ids ``eids``) to arrive together at ``t``, while the
+        queue delivers (:meth:`_push` for one arrival time)."""
+        e = _Entry(eids, mi, start, pay, poff, c)
+        heappush(self.heap, (t, int(eids[0]), next(self._seq), e))
 
     def next_after(self, now: float) -> float:
         """The earliest time after ``now`` (seconds) at which a message is due (infinity: none)."""
@@ -534,6 +549,8 @@ class BatchedRun:
     def _deliver(self, e: _Entry) -> bool:
         """Deliver the messages of ``e`` (due now, in id order); False if simpy's queue now has an event due
         before the rest (which are queued again)."""
+        if self.lockstep is not None and lockstep.ENABLED and lockstep.deliver_step(self, e):
+            return True
         k = len(e.mi)
         i = 0
         while i < k:
@@ -575,12 +592,13 @@ class BatchedRun:
             self._land_data(mi, dst, e)
         if self.record:
             self._trace(mi, e.start)
-        key = self.mkey[mi]
+        step = self.step[mi]
+        key = dst * (self.S + 1)  # where each receiver counts its message
+        key += step
         miss = self.missing
         miss[key] -= 1
         self.remaining[dst] -= 1
         fm = self.first_missing
-        step = self.step[mi]
         moved = (step == fm[dst]) & (miss[key] == 0)
         if moved.any():
             ranks = dst[moved]
@@ -689,12 +707,21 @@ class BatchedRun:
             win = self._windows[key] = sliding_window_view(flat, c, writeable=True)
         return win
 
-    def _take(self, ranks: np.ndarray, lo: np.ndarray, at: np.ndarray, count: np.ndarray) -> None:
-        """Gloo's order: ranks ``ranks``' elements ``[lo, lo + count)`` (at ``at`` in memory) enter a reduction;
-        keep those not taken before."""
-        some = count > 0
-        if not some.all():
-            ranks, lo, at, count = ranks[some], lo[some], at[some], count[some]
+    def _take(
+        self,
+        ranks: np.ndarray,
+        lo: np.ndarray,
+        at: np.ndarray,
+        count: np.ndarray,
+        rows: np.ndarray | None = None,
+    ) -> None:
+        """Gloo's order: ranks ``ranks``' elements ``[lo, lo + count)`` (at ``at`` in memory; ``rows``: those
+        elements, read already, where the counts are equal and not 0) enter a reduction; keep those not taken
+        before."""
+        if rows is None:
+            some = count > 0
+            if not some.all():
+                ranks, lo, at, count = ranks[some], lo[some], at[some], count[some]
         rid = self.range_of[lo] if self.range_of is not None else np.searchsorted(self.range_lo, lo)
         fresh = ~self.covered[ranks, rid]
         taken = int(np.count_nonzero(fresh))
@@ -702,11 +729,15 @@ class BatchedRun:
             return
         if taken < len(fresh):
             ranks, rid, lo, at, count = ranks[fresh], rid[fresh], lo[fresh], at[fresh], count[fresh]
+            if rows is not None:
+                rows = rows[fresh]
         self.covered[ranks, rid] = True
         self.dirty[ranks] = True
         c = int(count[0])
-        if (count == c).all():  # equal chunks: rows
-            self._window(c, rows=True)[ranks * self.row_width + lo] = self._window(c)[at]
+        if rows is not None or (count == c).all():  # equal chunks: rows
+            self._window(c, rows=True)[ranks * self.row_width + lo] = (
+                rows if rows is not None else self._window(c)[at]
+            )
         else:
             self.rows[_expand(ranks * self.row_width + lo, count)] = self.memory.mem[_expand(at, count)]  # type: ignore[union-attr]
 
@@ -768,7 +799,7 @@ class BatchedRun:
             c = int(count[0])
             if c and (count == c).all():  # equal chunks: one row each
                 pay = self._window(c)[self.sat[mi]]
-                poff = np.arange(k)
+                poff = self._iota if k == self.n else np.arange(k)
             else:
                 c = 0
                 pay = memory.mem[_expand(self.sat[mi], count)]
