@@ -14,6 +14,7 @@ from pathlib import Path
 import alpha_beta
 import markupsafe
 import pytest
+from warm_scripts import WarmScripts
 
 import simdist
 from simdist import algorithms
@@ -181,16 +182,26 @@ on_every_capability = pytest.mark.parametrize(
 )
 
 
+#: interpreters that imported torch, simdist and the scenarios' verdicts once, one per environment (so one per
+#: CPU capability), each running a scenario in a fork of itself as a fresh interpreter would run it
+WARM = WarmScripts(("torch", "simdist", "verdicts"), [str(ROOT / "scenarios")])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_interpreters_stop():
+    yield
+    WARM.close()
+
+
 def run_scenario(name: str, out_dir: Path, capability: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``scenarios/<name>.py --out out_dir`` in a fresh interpreter on this checkout's simdist, under
-    ``ATEN_CPU_CAPABILITY=capability`` where one is given."""
+    """Run ``scenarios/<name>.py --out out_dir`` as ``python`` runs it, on this checkout's simdist, under
+    ``ATEN_CPU_CAPABILITY=capability`` where one is given (in a fork of a warm interpreter: tests/warm_scripts.py)."""
     # The scenario's own directory comes first on its sys.path, not the checkout: without PYTHONPATH an
     # installed simdist (another checkout's, say) would be the one under test.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     if capability is not None:
         env["ATEN_CPU_CAPABILITY"] = capability
-    cmd = [sys.executable, str(ROOT / "scenarios" / f"{name}.py"), "--out", str(out_dir)]
-    return subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+    return WARM.run(ROOT / "scenarios" / f"{name}.py", ["--out", str(out_dir)], env)
 
 
 #: a tensor's address in a race report (``at 0x7f38d9b9a600``): where the allocator put it in this process

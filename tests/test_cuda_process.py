@@ -29,6 +29,16 @@ from simdist.cudart.process import emulated_process
 from simdist.errors import CudaEmulationError
 
 
+@pytest.fixture(autouse=True)
+def _threads_other_than_the_suites() -> Iterator[None]:
+    """Each test here starts with 3 intra-op threads, not the suite's 1 (tests/conftest.py): a run that leaves
+    its own 1 behind then changes the process's state."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    yield
+    torch.set_num_threads(threads)
+
+
 @contextlib.contextmanager
 def _group_of_one(backend: str = "gloo") -> Iterator[None]:
     """A real process group of one rank in this process (gloo underneath), destroyed afterwards."""

@@ -11,6 +11,7 @@ dependencies there are none.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import networkx as nx
@@ -101,14 +102,20 @@ def outside_package(name: str) -> str | None:
 
 
 MODULES = all_modules()
-EDGES = {name: imports(name, path, MODULES) for name, path in MODULES.items()}
+
+
+@functools.cache
+def import_edges() -> dict[str, list[tuple[str, bool, int]]]:
+    """Every module's imports of project modules (parsed when a test first asks: not at collection, where each
+    pytest worker would parse every module)."""
+    return {name: imports(name, path, MODULES) for name, path in MODULES.items()}
 
 
 def test_the_scan_sees_the_packages() -> None:
     assert {"simdist", "simdist.engine.runner", "simdist.c10d.backend", "simdist.clock.baton", "real.launcher"} <= set(
         MODULES
     )
-    assert ("simdist.clock.baton", False) in {(t, lazy) for t, lazy, _ in EDGES["simdist.engine.runner"]}
+    assert ("simdist.clock.baton", False) in {(t, lazy) for t, lazy, _ in import_edges()["simdist.engine.runner"]}
 
 
 #: what ``import real`` and ``python -m real`` load: the launcher, which must run where only torch is installed
@@ -127,7 +134,7 @@ def test_the_launcher_imports_nothing_of_the_simulator() -> None:
             seen.add(name)
             todo += [
                 target
-                for target, lazy, _ in EDGES[name]
+                for target, lazy, _ in import_edges()[name]
                 if not (name == EMULATION_ON_REQUEST and lazy and target.startswith("simdist."))
             ]
     assert "real.launcher" in seen and "simdist_base.script" in seen and EMULATION_ON_REQUEST in seen
@@ -137,7 +144,7 @@ def test_the_launcher_imports_nothing_of_the_simulator() -> None:
 def test_no_import_cycle_between_modules_counting_function_level_imports() -> None:
     graph = nx.DiGraph()
     graph.add_nodes_from(MODULES)
-    for name, edges in EDGES.items():
+    for name, edges in import_edges().items():
         for target, _, _ in edges:
             # a package's __init__ re-exporting its own submodules is not a dependency of the package's parts
             if not target.startswith(name + "."):
@@ -149,7 +156,7 @@ def test_no_import_cycle_between_modules_counting_function_level_imports() -> No
 def test_no_import_inside_a_function() -> None:
     lazy = [
         f"{MODULES[name].relative_to(ROOT)}:{line} imports {target}"
-        for name, edges in EDGES.items()
+        for name, edges in import_edges().items()
         for target, is_lazy, line in edges
         if is_lazy and (name, target) not in LAZY_ALLOWED
     ]
@@ -158,7 +165,7 @@ def test_no_import_inside_a_function() -> None:
 
 def test_layers_only_import_downwards() -> None:
     bad = []
-    for name, edges in EDGES.items():
+    for name, edges in import_edges().items():
         if not name.startswith("simdist"):
             continue
         outside = outside_package(name)

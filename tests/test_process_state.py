@@ -12,6 +12,7 @@ import random
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,16 @@ from simdist import patching
 from simdist.engine.rank_process import FIRST_PID
 
 RING2 = simdist.Cluster.ring(2)
+
+
+@pytest.fixture(autouse=True)
+def _threads_other_than_the_suites() -> Iterator[None]:
+    """Each test here starts with 3 intra-op threads, not the suite's 1 (tests/conftest.py): a run that leaves
+    its own 1 behind then changes the process's state."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    yield
+    torch.set_num_threads(threads)
 
 
 def _busy_step() -> list[float]:

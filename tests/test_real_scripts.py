@@ -77,8 +77,10 @@ PER_LAUNCH = {"MASTER_PORT", "TORCHELASTIC_ERROR_FILE"}
 
 
 def _env() -> dict[str, str]:
-    """This environment with this checkout first on the child's module path."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    """This environment with this checkout first on the child's module path, and without the suite's
+    OMP_NUM_THREADS (tests/conftest.py): each launcher's own thread count for its rank processes is compared."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    return {**env, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
 
 
 def _records(out: Path, nproc: int) -> list[dict]:

@@ -1,8 +1,10 @@
 """Rank 0 of two on simulated H100s raises in a hook while the other rank trains: run in a child process by
-``test_hostile_cuda.py``, so that a C++ path ending the process fails the test instead of ending pytest.
+``test_hostile_cuda.py``, so that a C++ path ending the process fails the tests instead of ending pytest.
 
-``python cuda_hook_raises.py WRAPPER HOOK`` (WRAPPER: ``fsdp2`` or ``ddp``; HOOK: ``tensor``, ``backward`` or
-``forward``) prints the run's error as JSON: the rank, the error's type and text, and the rank's traceback.
+``python cuda_hook_raises.py WRAPPER:HOOK ...`` (WRAPPER: ``fsdp2`` or ``ddp``; HOOK: ``tensor``, ``backward`` or
+``forward``) runs each case in turn, one process for all of them (each run in a process that ran the ones
+before, as a user's process runs one program after another), and prints one JSON object: for each
+``WRAPPER:HOOK``, its run's error (the rank, the error's type and text, and the rank's traceback), or null.
 """
 
 from __future__ import annotations
@@ -43,21 +45,19 @@ def program(wrapper: str, hook: str) -> None:
     out.sum().backward()
 
 
-if __name__ == "__main__":
+def report(wrapper: str, hook: str) -> dict | None:
+    """The error of one run with ``hook`` raising under ``wrapper``, as JSON values; None if it raised nothing."""
     try:
-        simdist.run(
-            program, simdist.Cluster.switch(2, device="H100"), args=tuple(sys.argv[1:3]), watchdog=120
-        )
+        simdist.run(program, simdist.Cluster.switch(2, device="H100"), args=(wrapper, hook), watchdog=120)
     except RankError as e:
-        print(
-            json.dumps(
-                {
-                    "rank": e.rank,
-                    "type": type(e.exc).__name__,
-                    "error": str(e.exc),
-                    "traceback": e.traceback_text,
-                }
-            )
-        )
-    else:
-        print(json.dumps(None))
+        return {
+            "rank": e.rank,
+            "type": type(e.exc).__name__,
+            "error": str(e.exc),
+            "traceback": e.traceback_text,
+        }
+    return None
+
+
+if __name__ == "__main__":
+    print(json.dumps({case: report(*case.split(":")) for case in sys.argv[1:]}))

@@ -5,6 +5,7 @@ a sweep over modules, dtypes and ``torch.cuda`` calls that must end in results o
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -83,11 +84,16 @@ def _self_check_fails() -> None:
         torch.__version__ = version
 
 
-def _hook_raises_in_a_child(wrapper: str, hook: str) -> None:
-    """``cuda_hook_raises.py`` in a child process (an abort there fails this case, not pytest); its run's
-    :class:`RankError` raised again here, from what the child reported."""
+#: the (wrapper, hook) pairs of ``cuda_hook_raises.py`` the cases below run, all in one child process
+_HOOK_CASES = (("fsdp2", "backward"), ("fsdp2", "tensor"), ("ddp", "backward"), ("ddp", "forward"))
+
+
+@functools.cache
+def _hook_reports() -> tuple[dict | None, str]:
+    """What ``cuda_hook_raises.py`` reported for every pair of :data:`_HOOK_CASES` (one launch for the four cases
+    that read it), or None and the tail of its output if the child process failed."""
     done = subprocess.run(
-        [sys.executable, str(HERE / "cuda_hook_raises.py"), wrapper, hook],
+        [sys.executable, str(HERE / "cuda_hook_raises.py"), *(f"{w}:{h}" for w, h in _HOOK_CASES)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -95,8 +101,17 @@ def _hook_raises_in_a_child(wrapper: str, hook: str) -> None:
         check=False,
     )
     tail = (done.stdout + done.stderr)[-3000:]
-    assert done.returncode == 0, f"the child process ended with status {done.returncode}:\n{tail}"
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    if done.returncode != 0:
+        return None, f"the child process ended with status {done.returncode}:\n{tail}"
+    return json.loads(done.stdout.strip().splitlines()[-1]), tail
+
+
+def _hook_raises_in_a_child(wrapper: str, hook: str) -> None:
+    """``cuda_hook_raises.py``'s run of ``wrapper`` and ``hook`` in a child process (an abort there fails this
+    case, not pytest); its run's :class:`RankError` raised again here, from what the child reported."""
+    reports, tail = _hook_reports()
+    assert reports is not None, tail
+    report = reports[f"{wrapper}:{hook}"]
     assert report is not None, f"the run raised nothing:\n{tail}"
     raise RankError(report["rank"], ValueError(report["error"]), report["traceback"])
 
