@@ -7,6 +7,7 @@
 """
 
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -29,6 +30,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="rewrite scenarios/expected/<name>.txt from the scenarios' output in this run (after an intended change)",
     )
+
+
+@pytest.fixture
+def threads_other_than_the_suites() -> Iterator[None]:
+    """The test starts with 3 intra-op threads, not the suite's 1 (set above): a run that leaves its own 1 behind
+    then changes the process's state, as the tests of what a run restores must see."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -32,14 +31,8 @@ from simdist.engine.rank_process import FIRST_PID
 RING2 = simdist.Cluster.ring(2)
 
 
-@pytest.fixture(autouse=True)
-def _threads_other_than_the_suites() -> Iterator[None]:
-    """Each test here starts with 3 intra-op threads, not the suite's 1 (tests/conftest.py): a run that leaves
-    its own 1 behind then changes the process's state."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(3)
-    yield
-    torch.set_num_threads(threads)
+#: each test starts with 3 intra-op threads, not the suite's 1, so that a run leaving its own 1 behind fails it
+pytestmark = pytest.mark.usefixtures("threads_other_than_the_suites")
 
 
 def _busy_step() -> list[float]:

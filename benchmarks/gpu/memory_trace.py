@@ -80,6 +80,12 @@ def live_at_peak(trace: list[dict[str, Any]]) -> tuple[int, int, list[dict[str, 
     return peak, at, blocks
 
 
+def peak_record(trace: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a results record keeps of an allocator trace: its peak, when, how many events, and what was live."""
+    peak, at, blocks = live_at_peak(trace)
+    return {"replayed_peak": peak, "peak_event": at, "events": len(trace), "live_at_peak": blocks}
+
+
 def trace_step(shape: BlockShape, dtype: str, dev: torch.device, stacks: str) -> dict[str, Any]:
     """The step's backward peak with the blocks live at it, and the allocator's own peak for comparison."""
     training_step(shape, dtype, dev, "second step")  # untraced: every thread's workspace exists from here on
@@ -97,16 +103,11 @@ def trace_step(shape: BlockShape, dtype: str, dev: torch.device, stacks: str) ->
         symbolise_s = time.perf_counter() - start
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    trace = snap["device_traces"][0]
-    peak, at, blocks = live_at_peak(trace)
     return {
         "max_memory_allocated": measured,
-        "replayed_peak": peak,
-        "peak_event": at,
-        "events": len(trace),
         "stacks": stacks,
         "symbolise_s": symbolise_s,
-        "live_at_peak": blocks,
+        **peak_record(snap["device_traces"][0]),
     }
 
 
@@ -120,15 +121,7 @@ def traced_program(job: Job) -> dict[str, Any]:
         snap = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    trace = snap["device_traces"][torch.cuda.current_device()]
-    peak, at, blocks = live_at_peak(trace)
-    return {
-        "record": record,
-        "replayed_peak": peak,
-        "peak_event": at,
-        "events": len(trace),
-        "live_at_peak": blocks,
-    }
+    return {"record": record, **peak_record(snap["device_traces"][torch.cuda.current_device()])}
 
 
 def main() -> None:
