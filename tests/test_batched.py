@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from test_lane import _cluster, _data, _polling, _program, _ring_all_reduce, assert_same_run, cases
 
@@ -55,7 +55,9 @@ def test_batched_runs_change_nothing(case: tuple, salt: int) -> None:
         cluster = _cluster(shape, n, device, coll, algo)
         args = (coll, numel, dtype, op, salt, subgroups, race, "cuda" if backend == "nccl" else "cpu")
         assert_same_run(_program, cluster, True, args=args, races="off", backend_name=backend, memory=True)
-        assert made, "no schedule of the run went batched"
+        # a case none of whose schedules can run batched (halving-doubling's partly overlapping ranges on 3 ranks)
+        # tells nothing: drawn again; were none batched at all, hypothesis would fail the test for filtering too much
+        assume(made)
 
 
 @pytest.mark.parametrize(("shape", "backend"), [("ring", "gloo"), ("ring", "nccl"), ("two_level", "gloo")])
