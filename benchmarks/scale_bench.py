@@ -8,7 +8,8 @@ Prints figures; it is not a test. Usage:
   (``simdist.comm.batched``, the default), one message at a time on lanes (``simdist.comm.lane``), and with every
   message a simpy event, in the same process; the three runs must agree on the simulated time, the message count
   and the trace hash, which the table shows. A last line times a run of four such all-reduces in arrays (the
-  ranks' start-up, some 0.8 s at 1,024 ranks, shared by all four).
+  ranks' start-up, some 0.8 s at 1,024 ranks, shared by all four); then one all-reduce each of element counts that
+  do not divide by the ranks (chunks of two lengths).
 - ``ranks``: one data-parallel step of 1,024-8,192 ranks on a switch cluster, and of 1,024 ranks on a ring cluster
   (four async ring all-reduces, some 8 million messages), against each rank's plain torch step run once in the
   same process (``benchmarks/scale_ranks.py``).
@@ -121,6 +122,22 @@ def message_rate_repeated(n: int = 1024, numel: int = 4096, iters: int = 4) -> d
     return row
 
 
+def message_rate_uneven(n: int = 1024, numels: tuple[int, ...] = (4095, 4608, 1000)) -> list[dict]:
+    """Messages per wall second of one ring all-reduce on ``n`` ranks in arrays for each element count in
+    ``numels`` (none divides by ``n``: chunks of two lengths, a step's parts arriving apart); prints one line each."""
+    rows = []
+    for numel in numels:
+        wall, cpu, res = _timed(n, numel, 1, "arrays")
+        q, extra = divmod(numel, n)
+        rows.append({"numel": numel, "messages": res.messages, "wall_s": wall, "per_s": res.messages / wall})
+        print(
+            f"{n} ranks, one ring all-reduce of {numel} elements ({extra} chunks of {q + 1}, {n - extra} of {q}), "
+            f"in arrays: {res.messages:,} messages in {wall:.2f} s, {res.messages / wall:,.0f} msg/s "
+            f"({res.messages / cpu:,.0f} per CPU second)"
+        )
+    return rows
+
+
 #: a plain Python loop of ten million additions, run as a script's top level runs it (its names global, as
 #: ``python3 -c "..."`` runs it: about twice the time of the same loop inside a function)
 _LOOP = compile("s = 0\nfor i in range(10_000_000):\n    s += i\n", "<host speed>", "exec")
@@ -166,6 +183,7 @@ def main() -> None:
         sizes = tuple(int(x) for x in args.ranks.split(","))
         message_rate(sizes)
         message_rate_repeated(max(sizes))
+        message_rate_uneven(max(sizes))
     if "ranks" in sections:
         print("\n## ranks")
         scale_ranks.rank_scaling()

@@ -465,6 +465,7 @@ def _ring_collective(
 @given(
     st.integers(3, 7),
     st.integers(1, 3),
+    st.integers(0, 6),
     st.sampled_from(["all_reduce", "reduce_scatter", "all_gather"]),
     st.sampled_from([torch.float32, torch.float64, torch.float16, torch.int64]),
     st.sampled_from(["sum", "max", "avg"]),
@@ -475,17 +476,27 @@ def _ring_collective(
 )
 @settings(max_examples=15, deadline=None)
 def test_ring_steps_in_lockstep_change_nothing(
-    n: int, chunk: int, coll: str, dtype: torch.dtype, op: str, where: tuple, p2p: bool, salt: int, block: int
+    n: int,
+    chunk: int,
+    extra: int,
+    coll: str,
+    dtype: torch.dtype,
+    op: str,
+    where: tuple,
+    p2p: bool,
+    salt: int,
+    block: int,
 ) -> None:
-    """A ring collective of equal chunks on a ring cluster, with or without a message holding one of its links:
-    its steps in lockstep give the run of simpy's messages and the run of each group handled the general way
-    (data bit for bit, simulated times, message counts, memory statistics, trace hash); the steps' offsets read
-    ``block`` steps at a time."""
+    """A ring collective on a ring cluster, of equal chunks or (``extra`` elements more, an all-reduce's) of
+    chunks of two lengths, with or without a message holding one of its links: its steps in lockstep, whole or a
+    part at a time, give the run of simpy's messages and the run of each group handled the general way (data bit
+    for bit, simulated times, message counts, memory statistics, trace hash); the steps' offsets read ``block``
+    steps at a time."""
     if op == "avg" and not dtype.is_floating_point:
         op = "sum"
     backend, device = where
     dev = "cuda" if backend == "nccl" else "cpu"
-    numel = n * chunk
+    numel = n * chunk + (extra % n if coll == "all_reduce" else 0)
     cluster = simdist.Cluster.ring(n, device=device, algorithms={coll: "ring"})
     args = (coll, numel, dtype, op, salt, dev, p2p)
     with pytest.MonkeyPatch.context() as mp:
@@ -502,8 +513,9 @@ def test_ring_steps_in_lockstep_change_nothing(
 
 
 def test_only_a_rings_steps_run_in_lockstep(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Steps whose chunks differ (elements that do not divide by the ranks), routes of two links (a switch) and a
-    tree's messages go the general way; the same ring in a timing-only run (no data) runs in lockstep."""
+    """Routes of two links (a switch) and a tree's messages go the general way; a ring whose chunks differ
+    (elements that do not divide by the ranks) runs its steps in lockstep a part at a time, and the same ring in
+    a timing-only run (no data) runs in lockstep."""
     steps = _count_lockstep(monkeypatch)
     ring_cluster = simdist.Cluster.ring(5, device="H100", algorithms={"all_reduce": "ring"})
     switch = simdist.Cluster.switch(
@@ -511,14 +523,58 @@ def test_only_a_rings_steps_run_in_lockstep(monkeypatch: pytest.MonkeyPatch) -> 
     )
     tree = simdist.Cluster.ring(5, device="H100", algorithms={"all_reduce": "tree"})
     made = steps[0]
-    for cluster, numel in ((ring_cluster, 23), (switch, 25), (tree, 25)):
+    for cluster, numel, lockstep_expected in (
+        (ring_cluster, 23, True),
+        (switch, 25, False),
+        (tree, 25, False),
+    ):
         made.clear()
         del steps[1:]
         assert_same_run(_ring_all_reduce, cluster, True, args=(numel, "cpu"))
-        assert made and not any(steps[1:])
+        assert made and any(steps[1:]) == lockstep_expected
     del steps[1:]
     got = assert_same_run(_fake_step, ring_cluster, True, args=(25,), backend_name="nccl", tensors="fake")
     assert any(steps[1:]) and got.sim_time > 0
+
+
+def _grads_step(width: int, dtype: torch.dtype, dev: str) -> list:
+    """Gradients of an MLP's sizes (``width`` squared, ``width``, ``width`` and one element), each all-reduced
+    asynchronously: four ring all-reduces in flight together on the same links."""
+    rank = dist.get_rank()
+    grads = [_data(rank, k, dtype, i).to(dev) for i, k in enumerate((width * width, width, width, 1))]
+    for w in [dist.all_reduce(g, async_op=True) for g in grads]:
+        w.wait()
+    return [g.cpu() for g in grads]
+
+
+@pytest.mark.parametrize(
+    ("n", "width", "dtype", "backend"), [(12, 4, torch.float32, "gloo"), (9, 5, torch.float64, "nccl")]
+)
+def test_chunks_of_two_lengths_run_a_part_of_a_step_at_a_time(
+    monkeypatch: pytest.MonkeyPatch, n: int, width: int, dtype: torch.dtype, backend: str
+) -> None:
+    """Four ring all-reduces in flight together whose elements do not divide by the ranks (chunks of one
+    element or none; a step's chunks of each length arrive apart): their steps go in lockstep a part at a time,
+    with the run of simpy's messages and of every group handled the general way."""
+    steps = _count_lockstep(monkeypatch)
+    parts: list = []
+    real = lockstep._deliver_part
+
+    def noting(*args: object) -> bool:
+        parts.append(real(*args))  # type: ignore[arg-type]
+        return parts[-1]
+
+    monkeypatch.setattr(lockstep, "_deliver_part", noting)
+    cluster = simdist.Cluster.ring(n, device="H100", algorithms={"all_reduce": "ring"})
+    args = (width, dtype, "cuda" if backend == "nccl" else "cpu")
+    got = assert_same_run(_grads_step, cluster, True, args=args, backend_name=backend)
+    assert len(steps[0]) == 4 and sum(parts) > len(parts) // 2  # most groups went as parts of steps
+    monkeypatch.setattr(lockstep, "ENABLED", False)
+    old = simdist.run(_grads_step, cluster, args=args, backend_name=backend)
+    assert old.sim_time == got.sim_time and old.messages == got.messages
+    assert old.trace.hash() == got.trace.hash()
+    for want, have in zip(old.returns, got.returns):
+        assert all(torch.equal(w.view(torch.uint8), h.view(torch.uint8)) for w, h in zip(want, have))
 
 
 def _send_during(numel: int, delay: float) -> list:

@@ -37,7 +37,9 @@ class LockstepPlan:
         link_set: list[slice] | list[int],
         reduces: np.ndarray,
         send_takes: np.ndarray | None,
+        by_rank: tuple[int, int] | None = None,
     ) -> None:
+        #: the chunk length of every message, or 0 where they differ (or are all empty)
         self.n, self.steps, self.chunk = n, steps, chunk
         #: by rank: the rank it sends to at every step
         self.to = to
@@ -49,6 +51,11 @@ class LockstepPlan:
         self.reduces = reduces.tolist()
         #: per step: whether any of its senders takes elements for gloo's order as it sends (None: no order)
         self.send_takes = None if send_takes is None else send_takes.tolist()
+        #: (first, gap) where rank ``r`` sends on link ``first + gap * r`` (a ring's links in rank order), else None
+        self.by_rank = by_rank
+        #: by the first ``m`` ranks: their numbers
+        self.iota = np.arange(n, dtype=np.int64)
+        self.iota.flags.writeable = False
 
 
 def plan(
@@ -80,20 +87,22 @@ def plan(
     if not (to == first[:, None]).all() or len(np.unique(first)) != n:
         return None
     c = int(count[0])
-    if c == 0 or not (count == c).all() or not (hold == hold[0]).all():
-        return None
+    if not (count == c).all() or not (hold == hold[0]).all():
+        c = 0  # chunks of several lengths: only a step's parts go in lockstep, never a whole step at once
     reduces = red.reshape(shape)
     if not (reduces == reduces[0]).all():
         return None
     # a one-link route leaves its sender: distinct senders use distinct links, and every step the same ones
-    ids = np.sort(link.reshape(shape)[:, 0])
+    link_of = link.reshape(shape)[:, 0]
+    ids = np.sort(link_of)
     gap = int(ids[1] - ids[0]) if n > 1 else 1
     even = (
         gap > 0 and (ids == ids[0] + gap * np.arange(n)).all()
     )  # a ring's links: read and written as a slice
     link_set = [slice(int(ids[0]), int(ids[-1]) + 1, gap)] if even else ids.tolist()
+    by_rank = (int(ids[0]), gap) if even and (link_of == ids).all() else None
     takes = None if send_takes is None else send_takes.reshape(shape).any(axis=0)
-    return LockstepPlan(n, S, c, first.copy(), link_set, reduces[0], takes)
+    return LockstepPlan(n, S, c, first.copy(), link_set, reduces[0], takes, by_rank)
 
 
 #: how many steps of a per-message column a :class:`StepRows` copies at a time
@@ -126,7 +135,7 @@ def _rows(br: BatchedRun) -> dict[str, StepRows]:
         p = br.lockstep
         rows = br._step_rows = {}
         made: dict[int, StepRows] = {}  # one reader for columns that are one array (a ring's dlo and slo)
-        for name in ("wat", "sat", "dlo", "slo", "tat"):
+        for name in ("wat", "sat", "dlo", "slo", "tat", "count"):
             column = getattr(br, name, None)
             if column is not None:
                 rows[name] = made.setdefault(id(column), StepRows(column, p.n, p.steps))
@@ -134,12 +143,11 @@ def _rows(br: BatchedRun) -> dict[str, StepRows]:
 
 
 def deliver_step(br: BatchedRun, e: Any) -> bool:
-    """Deliver entry ``e`` of ``br`` as one lockstep step, if it is one (False: nothing done, go the general way)."""
+    """Deliver entry ``e`` of ``br`` as one lockstep step, or part of one, if it is (False: nothing done, go the
+    general way)."""
     p = br.lockstep
     mi = e.mi
     n, S = p.n, p.steps
-    if len(mi) != n:
-        return False
     now = br.env._now
     if type(now) is not float:
         return False
@@ -148,8 +156,8 @@ def deliver_step(br: BatchedRun, e: Any) -> bool:
         return False
     memory = br.memory
     moving = memory is not None and e.pay is not None
-    if moving and e.c != p.chunk:
-        return False
+    if len(mi) != n or not p.chunk or (moving and e.c != p.chunk):
+        return _deliver_part(br, e, k, now)
     snd = mi // S
     dst = p.to[snd]
     landed = None
@@ -177,6 +185,126 @@ def deliver_step(br: BatchedRun, e: Any) -> bool:
     br.cursor += 1
     _send_step(br, dst, k + 1, now, landed)
     return True
+
+
+def _deliver_part(br: BatchedRun, e: Any, k: int, now: float) -> bool:
+    """Deliver entry ``e``: some of step ``k``'s messages (``k`` not the last step), where each receiver awaits
+    exactly its message of that step and has sent everything up to it (so, once it lands, sends exactly its
+    step-``k + 1`` message). A ring's chunks of two lengths arrive as two such parts of a step (elements that
+    do not divide by the ranks). What :meth:`BatchedRun._land` does for the entry, without working out which
+    receivers move on and what they may send."""
+    p = br.lockstep
+    S = p.steps
+    mi = e.mi
+    snd = mi // S
+    dst = p.to[snd]
+    step_k = dst * S
+    step_k += k
+    if not (br.first_missing[dst] == k).all() or not (br.cursor[dst] == step_k + 1).all():
+        return False
+    memory = br.memory
+    landed = None
+    c = e.c
+    if memory is not None and e.pay is not None:
+        rows = _rows(br)
+        if c:  # equal chunks: rows, their offsets read a step at a time
+            wat = rows["wat"][k][snd]
+            win = br._window(c)
+            pay = e.pay[e.poff]
+            if p.reduces[k]:
+                acc = win[wat]
+                if br.order is not None:
+                    br._take(dst, rows["dlo"][k][snd], wat, np.full(len(mi), c, dtype=np.int64), acc)
+                br.run.reduce(memory.tensor(acc), memory.tensor(pay))
+                win[wat] = acc
+                landed = (wat, acc)
+            else:
+                win[wat] = pay
+                landed = (wat, pay)
+        elif rows["count"][k][snd].any():  # chunks of several lengths in one part (else nothing moves)
+            br._land_data(mi, dst, e)
+    if br.record:
+        br._trace(mi, e.start)
+    br._miss2d[dst, k] = 0
+    br.remaining[dst] -= 1
+    br.first_missing[dst] = k + 1
+    br.cursor[dst] += 1
+    step_k += 1
+    _send_part(br, dst, step_k, k + 1, now, landed, c)
+    return True
+
+
+def _send_part(
+    br: BatchedRun,
+    snd: np.ndarray,
+    mi: np.ndarray,
+    k: int,
+    now: float,
+    landed: tuple[np.ndarray, np.ndarray] | None,
+    c: int,
+) -> None:
+    """Ranks ``snd`` send their step-``k`` messages ``mi`` now, in this order: :meth:`BatchedRun._send` where
+    their chunks are equal, each forwarding the ``c`` elements step ``k - 1`` has just written (``landed``: where,
+    and the rows) without reading them again, or all empty."""
+    p = br.lockstep
+    m = len(mi)
+    memory = br.memory
+    rows = _rows(br)
+    count = rows["count"][k][snd]
+    pay = poff = None
+    if memory is None:
+        c = 0
+    elif landed is not None and (count == c).all() and np.array_equal(sat := rows["sat"][k][snd], landed[0]):
+        pay, poff = landed[1], p.iota[:m]
+        if br.order is not None and p.reduces[k]:  # every message reduces and carries elements: may take
+            if p.reduces[k - 1] and br.tat is br.sat:
+                pass  # in place, it sends what it has just reduced into, which gloo's result took then
+            elif br.tat is br.sat:
+                br._take(snd, rows["slo"][k][snd], sat, count, pay)
+            else:
+                br._take(snd, rows["slo"][k][snd], rows["tat"][k][snd], count)
+    elif not count.any():  # empty chunks: nothing to read, nothing any reduction takes
+        pay, poff, c = memory.mem[:0], np.zeros(m, dtype=np.int64), 0
+    else:
+        br._send(mi)
+        return
+    env = br.env
+    eid0 = next(env._eid)
+    env._eid = itertools.count(eid0 + m)
+    br.network.messages += m
+    eids = np.arange(eid0, eid0 + m, dtype=np.int64)
+    free = br.network._free_at
+    spans = _spans(p, snd)
+    if spans is not None and max(max(free[sl]) for sl in spans) <= now:  # every link free: all start now
+        leave = now + float(br.hold[mi[0]])  # equal chunks: one hold
+        for sl in spans:
+            free[sl] = [leave] * len(range(sl.start, sl.stop, sl.step))
+        br._queue(now + ((leave + br.lat) - now), eids, mi, np.full(m, now), pay, poff, c)
+        return
+    start, t = br._reserve(now, mi)
+    br._push(t, eids, mi, start, pay, poff, c)
+
+
+def _spans(p: LockstepPlan, snd: np.ndarray) -> list[slice] | None:
+    """The links of senders ``snd`` (distinct, in any order) as slices of the network's link list, where they are
+    a run of consecutive ranks (wrapping around after the last) sending on links in rank order; else None."""
+    if p.by_rank is None:
+        return None
+    m, n = len(snd), p.n
+    lo, hi = int(snd.min()), int(snd.max())
+    if hi - lo == m - 1:  # m distinct ranks from lo to hi: all of them
+        ranges = [(lo, hi + 1)]
+    elif lo == 0 and hi == n - 1:  # perhaps the ranks from a to the last, then from the first to b
+        ranks = np.sort(snd)
+        cut = np.flatnonzero(ranks[1:] - ranks[:-1] != 1)
+        if len(cut) != 1:
+            return None
+        b = int(cut[0]) + 1
+        ranges = [(int(ranks[b]), n), (0, b)]
+    else:
+        return None
+    first, gap = p.by_rank
+    return [slice(first + gap * a, first + gap * b, gap) for a, b in ranges]
 
 
 def links_free(links: list[slice] | list[int], free: list[float], now: float) -> bool:
