@@ -4,6 +4,8 @@ Its oracle is the tensors' own sizes: a GPU program has no CPU twin for ``torch.
 
 from __future__ import annotations
 
+import gc
+
 import torch
 import torch.distributed as dist
 
@@ -15,6 +17,9 @@ def main(kind: str = "cuda") -> dict:
     that should explain them, and what the events answered."""
     init(kind)
     dev = device(kind)
+    # what earlier programs of the same process left in reference cycles goes now, not between the readings below
+    # (a garbage collection there frees their tensors and moves memory_allocated as this program's own do not)
+    gc.collect()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     a = torch.empty(1024, 256, device=dev)
