@@ -3,6 +3,7 @@ data bit for bit, simulated times, message counts, memory statistics and trace h
 
 from __future__ import annotations
 
+import types
 from datetime import timedelta
 
 import numpy as np
@@ -575,6 +576,29 @@ def test_chunks_of_two_lengths_run_a_part_of_a_step_at_a_time(
     assert old.trace.hash() == got.trace.hash()
     for want, have in zip(old.returns, got.returns):
         assert all(torch.equal(w.view(torch.uint8), h.view(torch.uint8)) for w, h in zip(want, have))
+
+
+@given(st.integers(2, 12), st.data())
+@settings(max_examples=60, deadline=None)
+def test_a_parts_links_are_slices_where_its_senders_are_consecutive_around_the_ring(
+    n: int, data: st.DataObject
+) -> None:
+    """:func:`lockstep._spans` against a set's own links: the senders of a part of a step, in any order, as one or
+    two slices of the link list where they are consecutive ranks around the ring, else None."""
+    first, gap = data.draw(st.integers(0, 5)), data.draw(st.integers(1, 3))
+    plan = types.SimpleNamespace(by_rank=(first, gap), n=n)
+    br = types.SimpleNamespace(lockstep=plan)
+    ranks = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n, unique=True))
+    snd = np.array(ranks, dtype=np.int64)
+    spans = lockstep._spans(br, snd)  # type: ignore[arg-type]
+    members = set(ranks)
+    consecutive = any({(a + i) % n for i in range(len(ranks))} == members for a in range(n))
+    assert (spans is not None) == consecutive
+    if spans is not None:
+        links = [link for sl in spans for link in range(sl.start, sl.stop, sl.step)]
+        assert sorted(links) == sorted(first + gap * r for r in ranks)
+    plan.by_rank = None
+    assert lockstep._spans(br, snd) is None  # type: ignore[arg-type]
 
 
 def _send_during(numel: int, delay: float) -> list:

@@ -198,9 +198,9 @@ def _deliver_part(br: BatchedRun, e: Any, k: int, now: float) -> bool:
     mi = e.mi
     snd = mi // S
     dst = p.to[snd]
-    step_k = dst * S
-    step_k += k
-    if not (br.first_missing[dst] == k).all() or not (br.cursor[dst] == step_k + 1).all():
+    # a rank that has every message before step k has sent its step-k message (a ring's rank sends step j once
+    # step j - 1's message is in), and none after it: it sends step k + 1 once step k's lands, which this is
+    if not (br.first_missing[dst] == k).all():
         return False
     memory = br.memory
     landed = None
@@ -229,7 +229,8 @@ def _deliver_part(br: BatchedRun, e: Any, k: int, now: float) -> bool:
     br.remaining[dst] -= 1
     br.first_missing[dst] = k + 1
     br.cursor[dst] += 1
-    step_k += 1
+    step_k = dst * S
+    step_k += k + 1
     _send_part(br, dst, step_k, k + 1, now, landed, c)
     return True
 
@@ -274,7 +275,7 @@ def _send_part(
     br.network.messages += m
     eids = np.arange(eid0, eid0 + m, dtype=np.int64)
     free = br.network._free_at
-    spans = _spans(p, snd)
+    spans = _spans(br, snd)
     if spans is not None and max(max(free[sl]) for sl in spans) <= now:  # every link free: all start now
         leave = now + float(br.hold[mi[0]])  # equal chunks: one hold
         for sl in spans:
@@ -285,9 +286,10 @@ def _send_part(
     br._push(t, eids, mi, start, pay, poff, c)
 
 
-def _spans(p: LockstepPlan, snd: np.ndarray) -> list[slice] | None:
+def _spans(br: BatchedRun, snd: np.ndarray) -> list[slice] | None:
     """The links of senders ``snd`` (distinct, in any order) as slices of the network's link list, where they are
     a run of consecutive ranks (wrapping around after the last) sending on links in rank order; else None."""
+    p = br.lockstep
     if p.by_rank is None:
         return None
     m, n = len(snd), p.n
@@ -295,12 +297,16 @@ def _spans(p: LockstepPlan, snd: np.ndarray) -> list[slice] | None:
     if hi - lo == m - 1:  # m distinct ranks from lo to hi: all of them
         ranges = [(lo, hi + 1)]
     elif lo == 0 and hi == n - 1:  # perhaps the ranks from a to the last, then from the first to b
-        ranks = np.sort(snd)
-        cut = np.flatnonzero(ranks[1:] - ranks[:-1] != 1)
-        if len(cut) != 1:
+        mark = br.__dict__.get("_mark")
+        if mark is None:
+            mark = br._mark = np.zeros(n, dtype=bool)  # a mark per rank, the run's own scratch
+        mark.fill(False)
+        mark[snd] = True
+        b = int(mark.argmin())  # the first rank not among them
+        a = n - (m - b)
+        if mark[b:a].any():  # else the m - b ranks from b on are all at a and after
             return None
-        b = int(cut[0]) + 1
-        ranges = [(int(ranks[b]), n), (0, b)]
+        ranges = [(a, n), (0, b)]
     else:
         return None
     first, gap = p.by_rank
