@@ -83,6 +83,19 @@ def test_set_device_to_an_index_the_node_lacks_is_refused():
     assert isinstance(info.value.exc, CudaError)
 
 
+def _local_device() -> None:
+    torch.zeros(2).to(dist.get_rank())  # as the DDP tutorial moves its model: device_id = rank % device_count()
+
+
+def test_a_node_of_more_gpus_than_torch_can_name_says_why_its_high_ranks_fail() -> None:
+    # one node of 130 GPUs (a ring cluster's ranks share one node): torch's 8-bit device index makes cuda:128 -128
+    with pytest.raises(
+        RankError, match=r"device -128 does not exist.*cuda:128 is cuda:-128.*at most 128"
+    ) as info:
+        simdist.run(_local_device, simdist.Cluster.ring(130, device="H100"))
+    assert isinstance(info.value.exc, CudaError) and info.value.rank == 128
+
+
 @pytest.mark.parametrize("index", [-2, 2])
 @pytest.mark.parametrize("query", ["get_device_properties", "get_device_name", "get_device_capability"])
 def test_device_queries_refuse_an_index_the_node_lacks(query: str, index: int) -> None:

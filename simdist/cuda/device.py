@@ -58,12 +58,24 @@ def set_current_stream(index: int, stream: int) -> None:
     streams[index] = stream
 
 
+#: how many devices torch can name in one process (``c10::DeviceIndex`` is 8 bits: ``torch.device("cuda", 128)`` is
+#: ``cuda:-128``)
+TORCH_MAX_DEVICES = 128
+
+
 def check(index: int) -> int:
     """``index`` if a simulated device has it; otherwise CUDA's invalid-ordinal error, with the count."""
     if not 0 <= index < _count[0]:
+        wrapped = ""
+        if index < 0 and _count[0] > TORCH_MAX_DEVICES:
+            wrapped = (
+                f"; torch numbers devices with 8 bits, so cuda:{index + 256} is cuda:{index} and no index past "
+                f"cuda:{TORCH_MAX_DEVICES - 1} can be named: give the cluster nodes of at most {TORCH_MAX_DEVICES} "
+                f"GPUs (a two_level cluster or a preset such as dgx-h100, whose ranks see their own node's GPUs)"
+            )
         raise CudaError(
             f"CUDA error: invalid device ordinal: device {index} does not exist; this simulated node has "
-            f"{_count[0]} GPUs (cuda:0 to cuda:{_count[0] - 1}), as many as the cluster has GPUs per node"
+            f"{_count[0]} GPUs (cuda:0 to cuda:{_count[0] - 1}), as many as the cluster has GPUs per node{wrapped}"
         )
     return index
 
