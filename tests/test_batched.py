@@ -428,14 +428,21 @@ def _count_lockstep(monkeypatch: pytest.MonkeyPatch) -> list:
     """Every schedule that can run batched does; first the list of those that did (see
     :func:`_batch_every_schedule`), then per group delivered, whether it went as one lockstep step."""
     steps: list = [_batch_every_schedule(monkeypatch)]
-    real = lockstep.deliver_step
-
-    def noting(br: object, e: object) -> bool:
-        steps.append(real(br, e))  # type: ignore[arg-type]
-        return steps[-1]
-
-    monkeypatch.setattr(lockstep, "deliver_step", noting)
+    _note_answers(monkeypatch, "deliver_step", steps)
     return steps
+
+
+def _note_answers(monkeypatch: pytest.MonkeyPatch, name: str, answers: list | None = None) -> list:
+    """Every answer ``lockstep.<name>`` gives from now on, appended to ``answers`` (a new list by default)."""
+    answers = [] if answers is None else answers
+    real = getattr(lockstep, name)
+
+    def noting(*args: object) -> object:
+        answers.append(real(*args))
+        return answers[-1]
+
+    monkeypatch.setattr(lockstep, name, noting)
+    return answers
 
 
 def _ring_collective(
@@ -558,14 +565,7 @@ def test_chunks_of_two_lengths_run_a_part_of_a_step_at_a_time(
     element or none; a step's chunks of each length arrive apart): their steps go in lockstep a part at a time,
     with the run of simpy's messages and of every group handled the general way."""
     steps = _count_lockstep(monkeypatch)
-    parts: list = []
-    real = lockstep._deliver_part
-
-    def noting(*args: object) -> bool:
-        parts.append(real(*args))  # type: ignore[arg-type]
-        return parts[-1]
-
-    monkeypatch.setattr(lockstep, "_deliver_part", noting)
+    parts = _note_answers(monkeypatch, "_deliver_part")
     cluster = simdist.Cluster.ring(n, device="H100", algorithms={"all_reduce": "ring"})
     args = (width, dtype, "cuda" if backend == "nccl" else "cpu")
     got = assert_same_run(_grads_step, cluster, True, args=args, backend_name=backend)
@@ -622,14 +622,7 @@ def test_a_step_whose_link_is_still_busy_goes_the_general_way(monkeypatch: pytes
     """A message sent between two of a ring's steps on one of its links, still on it when the next step leaves:
     that step's messages start as their links free (the general way), with the run of simpy's messages."""
     steps = _count_lockstep(monkeypatch)
-    free: list = []
-    real = lockstep.links_free
-
-    def noting(*args: object) -> bool:
-        free.append(real(*args))  # type: ignore[arg-type]
-        return free[-1]
-
-    monkeypatch.setattr(lockstep, "links_free", noting)
+    free = _note_answers(monkeypatch, "links_free")
     cluster = simdist.Cluster.ring(6, device="cpu", algorithms={"all_reduce": "ring"})
     for i in range(12):  # into the all-reduce's 50 us at uneven points: some between two steps
         assert_same_run(_send_during, cluster, True, args=(12, i * 4.3e-6))

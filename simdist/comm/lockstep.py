@@ -162,20 +162,8 @@ def deliver_step(br: BatchedRun, e: Any) -> bool:
     dst = p.to[snd]
     landed = None
     if moving:
-        rows = _rows(br)
-        wat = rows["wat"][k][snd]
-        win = br._window(p.chunk)
         pay = e.pay if e.poff is br._iota else e.pay[e.poff]
-        if p.reduces[k]:
-            acc = win[wat]
-            if br.order is not None:  # the receivers' elements before the reduction: what gloo's result takes
-                br._take(dst, rows["dlo"][k][snd], wat, p.counts, acc)
-            br.run.reduce(memory.tensor(acc), memory.tensor(pay))
-            win[wat] = acc
-            landed = (wat, acc)
-        else:
-            win[wat] = pay
-            landed = (wat, pay)
+        landed = _land_rows(br, k, snd, dst, p.chunk, pay, p.counts)
     if br.record:
         br._trace(mi, e.start)
     # every rank had awaited this step's message alone: it now awaits its next step's, which it may send
@@ -185,6 +173,33 @@ def deliver_step(br: BatchedRun, e: Any) -> bool:
     br.cursor += 1
     _send_step(br, dst, k + 1, now, landed)
     return True
+
+
+def _land_rows(
+    br: BatchedRun,
+    k: int,
+    snd: np.ndarray,
+    dst: np.ndarray,
+    c: int,
+    pay: np.ndarray,
+    counts: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Step ``k``'s chunks of ``c`` elements from senders ``snd`` (payload rows ``pay``) land in receivers ``dst``:
+    reduced into their elements or copied over them, their offsets read a step at a time; (where they landed, the
+    rows now there). ``counts``: ``c`` per message."""
+    rows = _rows(br)
+    wat = rows["wat"][k][snd]
+    win = br._window(c)
+    if not br.lockstep.reduces[k]:
+        win[wat] = pay
+        return wat, pay
+    acc = win[wat]
+    if br.order is not None:  # the receivers' elements before the reduction: what gloo's result takes
+        br._take(dst, rows["dlo"][k][snd], wat, counts, acc)
+    memory = br.memory
+    br.run.reduce(memory.tensor(acc), memory.tensor(pay))  # type: ignore[union-attr]
+    win[wat] = acc
+    return wat, acc
 
 
 def _deliver_part(br: BatchedRun, e: Any, k: int, now: float) -> bool:
@@ -206,22 +221,9 @@ def _deliver_part(br: BatchedRun, e: Any, k: int, now: float) -> bool:
     landed = None
     c = e.c
     if memory is not None and e.pay is not None:
-        rows = _rows(br)
         if c:  # equal chunks: rows, their offsets read a step at a time
-            wat = rows["wat"][k][snd]
-            win = br._window(c)
-            pay = e.pay[e.poff]
-            if p.reduces[k]:
-                acc = win[wat]
-                if br.order is not None:
-                    br._take(dst, rows["dlo"][k][snd], wat, np.full(len(mi), c, dtype=np.int64), acc)
-                br.run.reduce(memory.tensor(acc), memory.tensor(pay))
-                win[wat] = acc
-                landed = (wat, acc)
-            else:
-                win[wat] = pay
-                landed = (wat, pay)
-        elif rows["count"][k][snd].any():  # chunks of several lengths in one part (else nothing moves)
+            landed = _land_rows(br, k, snd, dst, c, e.pay[e.poff], np.full(len(mi), c, dtype=np.int64))
+        elif _rows(br)["count"][k][snd].any():  # chunks of several lengths in one part (else nothing moves)
             br._land_data(mi, dst, e)
     if br.record:
         br._trace(mi, e.start)
