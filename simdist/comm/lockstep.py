@@ -39,7 +39,7 @@ class LockstepPlan:
         send_takes: np.ndarray | None,
         by_rank: tuple[int, int] | None = None,
     ) -> None:
-        #: the chunk length of every message, or 0 where they differ (or are all empty)
+        #: ranks, steps, and the chunk length of every message (0 where they differ, or are all empty)
         self.n, self.steps, self.chunk = n, steps, chunk
         #: by rank: the rank it sends to at every step
         self.to = to
@@ -53,7 +53,7 @@ class LockstepPlan:
         self.send_takes = None if send_takes is None else send_takes.tolist()
         #: (first, gap) where rank ``r`` sends on link ``first + gap * r`` (a ring's links in rank order), else None
         self.by_rank = by_rank
-        #: by the first ``m`` ranks: their numbers
+        #: 0 to n - 1: a part's first ``m`` of them number its payload rows
         self.iota = np.arange(n, dtype=np.int64)
         self.iota.flags.writeable = False
 
