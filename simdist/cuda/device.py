@@ -67,7 +67,8 @@ def check(index: int) -> int:
     """``index`` if a simulated device has it; otherwise CUDA's invalid-ordinal error, with the count."""
     if not 0 <= index < _count[0]:
         wrapped = ""
-        if index < 0 and _count[0] > TORCH_MAX_DEVICES:
+        # an index of 128 to 255 that torch wrapped to -128 to -1
+        if -TORCH_MAX_DEVICES <= index < 0 and _count[0] > TORCH_MAX_DEVICES:
             wrapped = (
                 f"; torch numbers devices with 8 bits, so cuda:{index + 256} is cuda:{index} and no index past "
                 f"cuda:{TORCH_MAX_DEVICES - 1} can be named: give the cluster nodes of at most {TORCH_MAX_DEVICES} "
