@@ -7,6 +7,7 @@
 """
 
 import os
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -40,6 +41,23 @@ def threads_other_than_the_suites() -> Iterator[None]:
     torch.set_num_threads(3)
     yield
     torch.set_num_threads(threads)
+
+
+#: the signals whose Python handlers every test must leave as it found them: a test that left its own SIGINT handler
+#: (torch's elastic agent installs one that raises ``SignalException``) would turn every later Ctrl-C test on its
+#: worker into a wait for the watchdog
+_HANDLED = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_left_as_found(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail the test that changed a signal's Python handler (and put the handler back, for the tests after it)."""
+    before = {s: signal.getsignal(s) for s in _HANDLED}
+    yield
+    changed = {s.name: (before[s], now) for s in _HANDLED if (now := signal.getsignal(s)) != before[s]}
+    for name in changed:
+        signal.signal(signal.Signals[name], before[signal.Signals[name]])
+    assert not changed, f"{request.node.nodeid} left signal handlers changed (before, after): {changed}"
 
 
 @pytest.fixture

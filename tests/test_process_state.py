@@ -7,12 +7,16 @@ on simulated GPUs."""
 from __future__ import annotations
 
 import _thread
+import contextlib
 import os
 import random
+import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -95,17 +99,41 @@ def _stopped_by_the_watchdog() -> None:
         simdist.run(_spins, RING2, watchdog=0.5)
 
 
-def _interrupted() -> None:
-    """Ctrl-C while a rank computes in a loop: the run stops at once, whatever the watchdog's limit."""
-    timer = threading.Timer(0.5, _thread.interrupt_main)
+@contextlib.contextmanager
+def _ctrl_c_after(seconds: float, handler: Any = signal.default_int_handler) -> Iterator[None]:
+    """Ctrl-C (SIGINT as ``_thread.interrupt_main`` delivers it) ``seconds`` after entering, under ``handler``
+    (Python's own by default: set here, so that the test does not depend on what its worker inherited), and
+    within 30 s of wall time, far below the runs' watchdogs."""
+    previous = signal.signal(signal.SIGINT, handler)
+    timer = threading.Timer(seconds, _thread.interrupt_main)
     timer.start()
     start = time.monotonic()
     try:
-        with pytest.raises(KeyboardInterrupt):
-            simdist.run(_spins, RING2, watchdog=600)
+        yield
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - start < 30
+
+
+def _interrupted() -> None:
+    """Ctrl-C while a rank computes in a loop: the run stops at once, whatever the watchdog's limit."""
+    with _ctrl_c_after(0.5), pytest.raises(KeyboardInterrupt):
+        simdist.run(_spins, RING2, watchdog=120)
+
+
+class _Signalled(Exception):
+    """What a program's own SIGINT handler raises (torch elastic's agent installs one raising SignalException)."""
+
+
+def _raise_signalled(signum: int, frame: object) -> None:
+    raise _Signalled(f"signal {signum}")
+
+
+def _interrupted_under_the_programs_handler() -> None:
+    """Ctrl-C under a SIGINT handler that raises its own exception: the run stops as at a KeyboardInterrupt."""
+    with _ctrl_c_after(0.5, _raise_signalled), pytest.raises(_Signalled):
+        simdist.run(_spins, RING2, watchdog=120)
 
 
 def _with_memory() -> None:
@@ -153,13 +181,8 @@ def _cuda_failing() -> None:
 
 
 def _cuda_interrupted() -> None:
-    timer = threading.Timer(0.5, _thread.interrupt_main)
-    timer.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            simdist.run(_cuda_spins, H100_PAIR, watchdog=600)
-    finally:
-        timer.cancel()
+    with _ctrl_c_after(0.5), pytest.raises(KeyboardInterrupt):
+        simdist.run(_cuda_spins, H100_PAIR, watchdog=120)
 
 
 #: a torchrun-style script: its own init_process_group, argv, clocks, pid and output, each rank's own
@@ -184,7 +207,7 @@ if sys.argv[1] == "spin":
 def _script_run(how: str, tmp: Path) -> None:
     path = tmp / f"{how}.py"
     path.write_text(_SCRIPT)
-    simdist.run_script(path, RING2, argv=[how], local_ranks_filter=[1], watchdog=600)
+    simdist.run_script(path, RING2, argv=[how], local_ranks_filter=[1], watchdog=120)
 
 
 def _script_passing(tmp: Path) -> None:
@@ -197,13 +220,8 @@ def _script_failing(tmp: Path) -> None:
 
 
 def _script_interrupted(tmp: Path) -> None:
-    timer = threading.Timer(0.5, _thread.interrupt_main)
-    timer.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            _script_run("spin", tmp)
-    finally:
-        timer.cancel()
+    with _ctrl_c_after(0.5), pytest.raises(KeyboardInterrupt):
+        _script_run("spin", tmp)
 
 
 def _oracle() -> None:
@@ -218,6 +236,7 @@ def _oracle() -> None:
         _failing,
         _stopped_by_the_watchdog,
         _interrupted,
+        _interrupted_under_the_programs_handler,
         _with_memory,
         _oracle,
         _cuda_passing,

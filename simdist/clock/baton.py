@@ -343,7 +343,8 @@ class Baton:
                 return
 
     def _take_back(self, state: RankState) -> None:
-        """Take the baton back from ``state``'s thread now: the user interrupted the run (Ctrl-C) while it ran.
+        """Take the baton back from ``state``'s thread now: a signal's handler raised in this thread while it ran
+        (the user's Ctrl-C).
 
         Waiting for it to hand over could take until the watchdog's limit, or forever without one: a rank
         computing in a loop never hands over.
@@ -511,8 +512,11 @@ class Baton:
             if self.failure is None:
                 self.failure = e
             self.aborting = True
+            # A rank holds the baton only while this thread waits for it, where nothing of the simulator raises:
+            # what was raised there came from a signal's handler (Ctrl-C's KeyboardInterrupt, or whatever a
+            # handler installed by the program raises, such as torch elastic's SignalException).
             running = self.running
-            if isinstance(e, KeyboardInterrupt) and running is not None:
+            if running is not None:
                 self._take_back(running)
         finally:
             self._unwind()
