@@ -196,9 +196,10 @@ INVENTORY: tuple[Patch, ...] = (
     Patch("torch.distributed.tensor._random._PhiloxState", ("__init__", "state"), "simdist.cudart.install",
           "DTensor's random ops read CUDA's Philox seed and offset from the first 16 bytes of a simulated GPU "
           "generator's state, which goes on with the CPU generator's"),
-    Patch("torch.distributed.tensor._random.OffsetBasedRNGTracker", ("_distribute_region",),
+    Patch("torch.distributed.tensor._random.OffsetBasedRNGTracker", ("_distribute_region", "__init__"),
           "simdist.cudart.install",
-          "inside DTensor's RNG region a simulated GPU's generator draws counter-based numbers at the offset set"),
+          "inside DTensor's RNG region a simulated GPU's generator draws counter-based numbers at the offset set; "
+          "making the tracker compares CUDA's 16 bytes of the generator's state with rank 0's, as on a GPU"),
     Patch("torch.distributed.tensor._random", ("__class__", "manual_seed"), "simdist.cudart.install",
           "DTensor's RNG tracker, a module global (one per process), is each rank's own"),
     Patch("torch.utils", ("swap_tensors",), "simdist.cudart.install",

@@ -11,6 +11,7 @@ whole tensor's size past the old one, rounded likewise).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import runpy
@@ -253,6 +254,79 @@ def test_dtensors_manual_seed_makes_each_ranks_tracker_and_the_process_keeps_non
     assert all(torch.equal(r, stream.view(4, 2)) for r in res)
     # torch keeps the tracker in a module global: the run leaves the module and that global as it found them
     assert type(dtensor_rng) is types.ModuleType and vars(dtensor_rng)["_rng_tracker"] is None
+
+
+def _first_dtensor_draw(seeds: list[int]) -> dict:
+    """The simulated time of a rank's first DTensor random op (which makes its RNG tracker), the device states around
+    it, and whether torch's tracker logged that the states differed."""
+    rank = dist.get_rank()
+    torch.cuda.set_device(rank)
+    torch.manual_seed(seeds[rank])
+    mesh = init_device_mesh("cuda", (dist.get_world_size(),))
+    t = distribute_tensor(torch.zeros(4, 4, device="cuda"), mesh, [Shard(0)])
+    before = torch.cuda.get_rng_state()
+    handler = _Records()
+    logging.getLogger(dtensor_rng.__name__).addHandler(handler)
+    torch.cuda.synchronize()
+    start = simdist.now()
+    try:
+        torch.nn.init.uniform_(t)
+    finally:
+        logging.getLogger(dtensor_rng.__name__).removeHandler(handler)
+    torch.cuda.synchronize()
+    # the logger is the process's: each rank's handler sees every rank's records
+    warned = [text for by, text in handler.seen if by == rank]
+    return {
+        "seconds": simdist.now() - start,
+        "before": before,
+        "after": torch.cuda.get_rng_state(),
+        "warned": warned,
+    }
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen: list[tuple[int, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.seen.append((dist.get_rank(), record.getMessage()))
+
+
+def _reads(count: int) -> float:
+    """The simulated time of ``count`` reads to the host of one element each, on an idle simulated H100."""
+
+    def read() -> float:
+        torch.cuda.set_device(0)
+        x = torch.ones(count, dtype=torch.uint8, device="cuda")
+        y = x.clone()
+        torch.cuda.synchronize()
+        start = simdist.now()
+        all(x == y)
+        return simdist.now() - start
+
+    return simdist.run(read, _cluster(1)).returns[0]
+
+
+@pytest.mark.parametrize("seeds", [[3, 3], [3, 4]], ids=["same_seed", "other_seeds"])
+def test_the_tracker_compares_cudas_16_bytes_and_sets_rank_0s_whole_state(seeds) -> None:
+    # DTensor's tracker broadcasts rank 0's device state and compares it with each rank's, one element read to the
+    # host at a time: on CUDA 16 bytes, the Philox seed and offset. A simulated GPU's state goes on with the CPU
+    # generator's 5,056 bytes; only CUDA's are compared, so the first op costs what 16 reads cost, not 5,072.
+    res = simdist.run(_first_dtensor_draw, _cluster(2), args=(seeds,)).returns
+    assert res[0]["before"].numel() == STATE_BYTES
+    sixteen, every_byte = _reads(PHILOX_STATE_BYTES), _reads(STATE_BYTES)
+    assert all(r["seconds"] < 2 * sixteen < every_byte / 100 for r in res), (
+        [r["seconds"] for r in res],
+        sixteen,
+    )
+    # torch's warning where a rank's seed and offset differ from rank 0's, and only there
+    differ = seeds[0] != seeds[1]
+    assert [bool(r["warned"]) for r in res] == [False, differ]
+    assert not differ or "synchronizing RNG states of every rank" in res[1]["warned"][0]
+    # every rank goes on from rank 0's whole state, its CPU generator's too, as one Philox stream on CUDA
+    assert torch.equal(res[0]["after"], res[1]["after"])
+    assert torch.equal(res[1]["after"][PHILOX_STATE_BYTES:], res[0]["before"][PHILOX_STATE_BYTES:])
 
 
 #: a program that imports DTensor itself, inside the run (as a torchrun-style script does at its top)

@@ -86,6 +86,45 @@ def distribute_region(original: Any) -> Any:
     return region
 
 
+#: what torch's tracker logs where a rank's state differs from rank 0's (OffsetBasedRNGTracker.__init__, torch 2.13)
+_STATES_DIFFER = (
+    "DTensor is synchronizing RNG states of every rank with the state from rank 0. "
+    "This behavior is deprecated. "
+    "Please call `torch.manual_seed()` on every rank that participates in SPMD DTensor Operations with "
+    "the same seed. If using Pipeline Parallelism, each pipeline state would use a different seed, "
+    "but all ranks belonging to one pipeline stage would use the same seed."
+)
+
+
+def tracker_init(original: Any) -> Any:
+    """The tracker's constructor (``OffsetBasedRNGTracker.__init__``), which compares CUDA's state with rank 0's.
+
+    torch broadcasts rank 0's device state, compares it with the rank's own element by element (``all(a == b)``:
+    one read to the host each, on a device tensor) and sets it. On CUDA the state is 16 bytes; a simulated GPU's
+    goes on with the CPU generator's 5,056, and comparing those too would cost 5,072 reads of simulated time (60 ms
+    at 12 us each) and several seconds of wall time per rank. So the comparison reads CUDA's 16 bytes, as on a
+    GPU, and the whole state is broadcast and set as torch does (every rank's ordinary random ops then draw rank
+    0's numbers, as on CUDA, where both are one Philox stream).
+    """
+
+    def init(self: Any, device_mesh: Any, run_state_sync: bool = True) -> None:
+        original(self, device_mesh, run_state_sync=False)  # torch's checks, and its device; no state yet
+        if not run_state_sync:
+            return
+        rng_state = self._get_device_state()
+        torch.distributed.broadcast(rng_state, 0)
+        if rank() is None or rng_state.numel() != STATE_BYTES:
+            mine, theirs = self._get_device_state(), rng_state
+        else:
+            mine, theirs = self._get_device_state()[:PHILOX_STATE_BYTES], rng_state[:PHILOX_STATE_BYTES]
+        if not all(mine == theirs):
+            original.__globals__["logger"].warning(_STATES_DIFFER)
+        self._set_device_state(rng_state)
+
+    init.__wrapped__ = original  # type: ignore[attr-defined]
+    return init
+
+
 class PerRankTracker(types.ModuleType):
     """``torch.distributed.tensor._random`` during a run: its ``_rng_tracker`` is the calling rank's own (each
     rank makes one as its first DTensor random op runs, broadcasting rank 0's generator state as torch does)."""

@@ -174,6 +174,7 @@ def _patches() -> dict[str, Any]:
     patches[f"{dtensor}._PhiloxState.__init__"] = OnImport(dtensor_random.philox_state_init)
     patches[f"{dtensor}._PhiloxState.state"] = OnImport(lambda _: dtensor_random.philox_state_whole)
     patches[f"{dtensor}.OffsetBasedRNGTracker._distribute_region"] = OnImport(dtensor_random.distribute_region)
+    patches[f"{dtensor}.OffsetBasedRNGTracker.__init__"] = OnImport(dtensor_random.tracker_init)
     patches[f"{dtensor}.__class__"] = OnImport(lambda _: dtensor_random.PerRankTracker)
     patches[f"{dtensor}.manual_seed"] = OnImport(dtensor_random.manual_seed)
     patches["torch.utils.swap_tensors"] = swapping(torch.utils.swap_tensors)
