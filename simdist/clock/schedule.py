@@ -218,10 +218,15 @@ class PerturbedEnvironment(simpy.Environment):
     def _pick(self, queue: list[Any]) -> Any:
         """Pop the next entry: the earliest, with the chooser deciding among agents that tie with it."""
         head = queue[0]
-        key = head[:2]
+        when, priority = head[0], head[1]
         # Every entry tying with the root has only tying ancestors, so a tie exists iff a child of the root ties.
-        if not any(i < len(queue) and queue[i][:2] == key for i in (1, 2)):
+        n = len(queue)
+        if not (
+            (n > 1 and queue[1][0] == when and queue[1][1] == priority)
+            or (n > 2 and queue[2][0] == when and queue[2][1] == priority)
+        ):
             return heapq.heappop(queue)
+        key = (when, priority)
         tied = [heapq.heappop(queue)]
         while queue and queue[0][:2] == key:
             tied.append(heapq.heappop(queue))
