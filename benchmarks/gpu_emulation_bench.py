@@ -16,6 +16,10 @@ Per step: a training step (4 x Linear(256, 256) with ReLU, batch 32, forward, ba
 ``foreach=True``) written for CUDA and for the CPU, each run for ``steps`` steps on one simulated H100 rank; the
 process CPU time of runs of two lengths gives the cost of one step (the difference, over the steps between them),
 so the set-up of a run drops out. ``torch`` is the CPU program without simdist.
+
+FSDP2's initialisation: a model made on the meta device, sharded with ``fully_shard``, moved to the GPUs and reset
+(DTensor's random ops), on 8 and 32 ranks of ``dgx-h100`` nodes: wall time and simulated time, beside plain torch
+making and resetting the same model once per rank.
 """
 
 from __future__ import annotations
@@ -126,6 +130,46 @@ def per_step(short: int, long: int, repeats: int) -> dict[str, float]:
     return out
 
 
+def _fsdp2_init(layers: int, width: int) -> float:
+    """FSDP2's initialisation as its examples write it: the model made on the meta device, each layer and the
+    model wrapped with ``fully_shard``, then moved onto the GPU and reset (DTensor random ops, whose first makes the
+    rank's RNG tracker). Returns the rank's simulated time at the end."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(dist.get_rank() % 8)
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    model.to_empty(device="cuda")
+    for layer in model:
+        layer.reset_parameters()
+    torch.cuda.synchronize()
+    return simdist.now()
+
+
+def fsdp2_init(ranks: list[int], layers: int = 4, width: int = 64) -> list[tuple[int, float, float, float]]:
+    """(ranks, wall seconds, simulated ms, wall seconds of the same model made and reset once in plain torch, times
+    the ranks) of :func:`_fsdp2_init` on ``dgx-h100`` nodes."""
+    rows = []
+    for n in ranks:
+        start = time.perf_counter()
+        res = simdist.run(_fsdp2_init, simdist.Cluster.preset("dgx-h100", world_size=n), args=(layers, width))
+        wall = time.perf_counter() - start
+        start = time.perf_counter()
+        torch.manual_seed(0)
+        for _ in range(n):
+            for layer in torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)]):
+                layer.reset_parameters()
+        plain = time.perf_counter() - start
+        rows.append((n, wall, max(res.returns) * 1e3, plain))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls and steps (noisier)")
@@ -149,6 +193,12 @@ def main() -> None:
         print(f"{name:<20}{ms:>8.2f}")
     print(f"{'cuda / cpu':<20}{steps['cuda under simdist'] / steps['cpu under simdist']:>8.2f}")
     print(f"{'cuda / torch':<20}{steps['cuda under simdist'] / steps['torch']:>8.2f}")
+    print(
+        "\nFSDP2 on the meta device, fully_shard, to_empty, reset_parameters (4 x Linear(64,64)), dgx-h100 nodes"
+    )
+    print(f"{'ranks':>6}{'wall s':>9}{'simulated ms':>14}{'plain torch x ranks, s':>24}{'ratio':>8}")
+    for n, wall, sim_ms, plain in fsdp2_init([8] if args.quick else [8, 32]):
+        print(f"{n:>6}{wall:>9.2f}{sim_ms:>14.3f}{plain:>24.4f}{wall / plain:>8.0f}")
 
 
 if __name__ == "__main__":
