@@ -101,8 +101,8 @@ def tracker_init(original: Any) -> Any:
 
     torch broadcasts rank 0's device state, compares it with the rank's own element by element (``all(a == b)``:
     one read to the host each, on a device tensor) and sets it. On CUDA the state is 16 bytes; a simulated GPU's
-    goes on with the CPU generator's 5,056, and comparing those too would cost 5,072 reads of simulated time (60 ms
-    at 12 us each) and several seconds of wall time per rank. So the comparison reads CUDA's 16 bytes, as on a
+    goes on with the CPU generator's 5,056, and comparing those too would cost 5,072 reads (36 ms of simulated time
+    in benchmarks/gpu_emulation_bench.py's FSDP2 initialisation) and seconds of wall time per rank. So the comparison reads CUDA's 16 bytes, as on a
     GPU, and the whole state is broadcast and set as torch does (every rank's ordinary random ops then draw rank
     0's numbers, as on CUDA, where both are one Philox stream).
     """
