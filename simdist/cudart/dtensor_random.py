@@ -113,10 +113,9 @@ def tracker_init(original: Any) -> Any:
             return
         rng_state = self._get_device_state()
         torch.distributed.broadcast(rng_state, 0)
-        if rank() is None or rng_state.numel() != STATE_BYTES:
-            mine, theirs = self._get_device_state(), rng_state
-        else:
-            mine, theirs = self._get_device_state()[:PHILOX_STATE_BYTES], rng_state[:PHILOX_STATE_BYTES]
+        # a simulated GPU's state: CUDA's 16 bytes, then the CPU generator's; any other, whole
+        n = PHILOX_STATE_BYTES if rng_state.numel() == STATE_BYTES else rng_state.numel()
+        mine, theirs = self._get_device_state()[:n], rng_state[:n]
         if not all(mine == theirs):
             original.__globals__["logger"].warning(_STATES_DIFFER)
         self._set_device_state(rng_state)
