@@ -9,7 +9,7 @@ from pathlib import Path
 
 import explore_fns as fns
 import pytest
-from hypothesis import find, given, settings
+from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
@@ -25,8 +25,15 @@ finally:
     sys.path.remove(SCENARIOS)
 
 CPU4 = simdist.Cluster.switch(4, device="cpu")
-#: hypothesis's search, the same on every run of the suite
-FIND = settings(max_examples=30, deadline=None, database=None, derandomize=True)
+#: hypothesis's search, the same on every run of the suite; without the explain phase, which runs the found example
+#: again with each part varied to print what matters, which `find` never prints
+FIND = settings(
+    max_examples=30,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    phases=[phase for phase in Phase if phase is not Phase.explain],
+)
 
 
 def _fails(p: simdist.Perturbation) -> bool:
