@@ -53,28 +53,29 @@ def imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, 
     """(imported module, inside a function, line) for every import of a project module in ``path``."""
     tree = ast.parse(path.read_text(), str(path))
     is_pkg = path.name == "__init__.py"
-    lazy_nodes = {
-        id(n)
-        for f in ast.walk(tree)
-        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-        for n in ast.walk(f)
-        if isinstance(n, (ast.Import, ast.ImportFrom))
-    }
-    # `if TYPE_CHECKING:` imports exist for annotations only and never run
-    typing_only = {
-        id(n)
-        for block in ast.walk(tree)
-        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
-        for n in ast.walk(block)
-    }
+    # one walk down the tree, noting for each import whether it is inside a function (lazy) or inside an
+    # `if TYPE_CHECKING:` block (for annotations only: it never runs, and is left out)
+    flags: dict[int, tuple[bool, bool]] = {}
+    stack = [(tree, False, False)]
+    while stack:
+        node, lazy, typing_only = stack.pop()
+        for child in ast.iter_child_nodes(node):
+            child_lazy = lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            child_typing = typing_only or (isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test))
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                flags[id(child)] = (child_lazy, child_typing)
+            stack.append((child, child_lazy, child_typing))
     out = []
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
+    for node in ast.walk(tree):  # in the order of the walk, as the edges are listed
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        lazy, typing_only = flags[id(node)]
+        if typing_only:
             continue
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
+        else:
             base = node.module or ""
             if node.level:
                 pkg = name.split(".") if is_pkg else name.split(".")[:-1]
@@ -85,7 +86,7 @@ def imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, 
             while t and t not in modules:
                 t = t.rpartition(".")[0]
             if t and t != name:
-                out.append((t, id(node) in lazy_nodes, node.lineno))
+                out.append((t, lazy, node.lineno))
     return out
 
 
