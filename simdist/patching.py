@@ -234,7 +234,11 @@ HOOKS: Mapping[str, tuple[str, ...]] = {
 
 #: process settings a run changes and restores: what, (the modules that change it, why)
 SETTINGS: Mapping[str, tuple[str, str]] = {
-    "torch.get_num_threads()": (_RUN, "1 during a run: rank threads run one at a time"),
+    "torch.get_num_threads()": (
+        f"{_RUN}, simdist.clock.baton",
+        "1 during a run, set again in each thread of rank code (MKL keeps its count per thread): rank threads "
+        + "run one at a time",
+    ),
     "os.sched_getaffinity(0)": (_RUN, "pinned where allowed to the one CPU the run starts on: a baton hand-off is several times cheaper"),
     "gc.get_threshold(), gc.get_freeze_count()": (_RUN, "young objects collected less often among thousands of rank threads"),
     "gc.isenabled()": (

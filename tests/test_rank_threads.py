@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import pathlib
 import subprocess
 import sys
@@ -222,3 +223,50 @@ def test_rank_code_with_a_tqdm_progress_bar_runs_and_tqdm_is_restored() -> None:
     res = simdist.run(_with_a_progress_bar, simdist.Cluster.switch(2, device="cpu"), watchdog=5)
     assert res.returns == [3, 3]
     assert tqdm.std.tqdm.monitor_interval == before
+
+
+_THREAD_COUNTS = r"""
+import ctypes, re, threading
+import torch
+import simdist
+
+# OpenMP's own count for the calling thread (MKL's follows it in torch's set_num_threads), read without torch:
+# torch.get_num_threads() would set the thread's count first
+maps = open("/proc/self/maps").read().split()
+omp = ctypes.CDLL(next(p for p in maps if re.search(r"/lib(g|i)?omp[^/]*\.so", p)))
+
+def counts():
+    seen = [omp.omp_get_max_threads()]
+    t = threading.Thread(target=lambda: seen.append(omp.omp_get_max_threads()))
+    t.start()
+    t.join()
+    return seen
+
+before = torch.get_num_threads()
+print("a new thread outside a run", counts()[1])
+print("in a run", simdist.run(counts, simdist.Cluster.ring(2)).returns)
+print("torch's count after it as before it", torch.get_num_threads() == before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds OpenMP's library in /proc/self/maps")
+def test_rank_threads_run_torch_with_the_runs_intra_op_thread_count() -> None:
+    """A run sets torch's intra-op count to one; a thread of rank code gets it too. Without that, MKL's count,
+    kept per thread, would be the environment's (here four) until the thread's first parallel region, and a
+    small matmul in a rank would run four threads on the one CPU a run is pinned to."""
+    env = {**os.environ, "OMP_NUM_THREADS": "4"}
+    env.pop("MKL_NUM_THREADS", None)
+    out = subprocess.run(
+        [sys.executable, "-c", _THREAD_COUNTS],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == [
+        "a new thread outside a run 4",  # what a thread starts with: the check can tell
+        "in a run [[1, 1], [1, 1]]",  # each rank's thread and the thread it starts
+        "torch's count after it as before it True",
+    ], out.stdout + out.stderr[-3000:]

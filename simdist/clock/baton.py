@@ -171,6 +171,8 @@ class Baton:
         self._main_sem = _signal()
         self._initial_rng = initial_rng_state
         self._initial_dtype = torch.get_default_dtype()
+        #: torch's intra-op thread count for every thread of rank code: the running thread's, read in :meth:`run`
+        self._intra_op_threads = 1
         #: further per-rank process state, swapped like the RNG at every hand-off (cheap attribute swaps only)
         self.per_rank: list[PerRankState] = []
         self._stack_size = stack_size
@@ -400,6 +402,10 @@ class Baton:
 
     def _thread_main(self, state: RankState) -> None:
         _current.state = state
+        # MKL's thread count is kept per thread, and torch sets a new thread's own only at its first parallel
+        # region, which small ops never reach: until then MKL's kernels (a matmul) run as many threads as the
+        # machine has cores, on the one CPU a run is pinned to, and each waits out the others' time slices.
+        torch.set_num_threads(self._intra_op_threads)
         if state.parent is None:
             torch.set_rng_state(state.rng_state)
             torch.set_default_dtype(self._initial_dtype)
@@ -492,6 +498,7 @@ class Baton:
         # a stream frees up): never record that for autograd, whatever tensors it touches.
         grad_was = torch.is_grad_enabled()
         torch.set_grad_enabled(False)
+        self._intra_op_threads = torch.get_num_threads()
         try:
             self.start_all()
             env = self.env
