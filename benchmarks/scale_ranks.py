@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import _thread
 import argparse
+import os
 import platform
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -147,6 +150,38 @@ def per_op(calls: int = 300, batches: int = 7) -> dict:
     return row
 
 
+#: a child interpreter's measurement: 64-by-64 mm, mul and relu (MKL threads the mm) in this thread, then in the
+#: one rank of a CPU cluster (compute=False), before this thread has run any parallel region
+_MKL_OPS = r"""
+import time, torch, simdist
+N = 3000
+def loop():
+    x, w = torch.ones(64, 64), torch.ones(64, 64)
+    for _ in range(N):
+        x = torch.relu(x @ w * 0.001)
+def us(fn):
+    t = time.perf_counter(); fn(); return (time.perf_counter() - t) / N / 3 * 1e6
+cluster = simdist.Cluster.switch(1, device="cpu")
+rank = us(lambda: simdist.run(loop, cluster, compute=False))
+print(us(loop), rank)
+"""
+
+
+def mkl_ops_in_a_rank() -> dict:
+    """Ops MKL threads, in a rank of a process where ``OMP_NUM_THREADS`` is unset (a rank thread runs them with
+    the run's intra-op count, not the machine's core count), against the same in plain torch."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    out = subprocess.run(
+        [sys.executable, "-c", _MKL_OPS], env=env, capture_output=True, text=True, check=True
+    )
+    plain, rank = map(float, out.stdout.split()[-2:])
+    print(
+        f"MKL-threaded ops (64x64 mm, mul, relu), OMP_NUM_THREADS unset: {rank:.1f} us per op in a rank "
+        f"(compute=False), {plain:.1f} in plain torch"
+    )
+    return {"rank_us": rank, "torch_us": plain}
+
+
 #: the stack size of simdist's rank threads (simdist.engine.runner), which the thread floor's threads get too
 _STACK_BYTES = 16 * 1024 * 1024
 
@@ -205,6 +240,7 @@ def main() -> None:
     rank_scaling(ranks, args.cluster)
     thread_floor(ranks[0])
     per_op()
+    mkl_ops_in_a_rank()
 
 
 if __name__ == "__main__":
