@@ -68,8 +68,13 @@ class RankState:
     default_dtype: torch.dtype = torch.float32
     #: what the rank is blocked on (a human-readable description with the call site), or None when runnable
     waiting_on: str | None = None
-    #: compute time (seconds) charged since the rank's last synchronisation point (host-synchronous ranks)
+    #: compute time (seconds) charged since the rank's last synchronisation point (host-synchronous ranks), or
+    #: host time spent launching kernels since then (a host that runs ahead of its device)
     pending: float = 0.0
+    #: a host that runs ahead: the simulated time (seconds) it waited for its device until, without handing the
+    #: baton on, before its ``pending`` time (a value read, a stream's synchronisation); 0.0 when it has not since
+    #: its last synchronisation point. Its host time is ``max(env.now, at) + pending`` (see ``RankTime.host``).
+    at: float = 0.0
     #: simulated time (seconds) at which the rank's compute stream has run everything queued on it (ranks
     #: whose host runs ahead of the device; threads of a rank share their owner's)
     stream_end: float = 0.0
@@ -364,7 +369,7 @@ class Baton:
             stack = _user_stack(frame)
             if self.failure is None:
                 thread = state.thread.name if state.parent is not None and state.thread is not None else ""
-                self.failure = WatchdogError(state.rank, held, self.watchdog, self.env.now + state.pending, stack, thread)
+                self.failure = WatchdogError(state.rank, held, self.watchdog, max(self.env.now, state.at) + state.pending, stack, thread)
             self.aborting = True
             state.interrupted = True
             _async_raise(state.thread, RankAbort)

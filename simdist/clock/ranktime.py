@@ -11,7 +11,8 @@ Two models, chosen per run:
   the next synchronisation point). The stream runs its ops back to back, each starting at max(the stream's
   end, the host time its launch ended): launches overlap with the kernels running before them. Communication issued by the host starts on its own
   stream once the compute stream reaches the issue point (``issue_time``). The host waits for the device
-  only where it must: waiting on communication, reading a value to the host, or synchronising.
+  only where it must: waiting on communication, reading a value to the host, or synchronising. The last two
+  hand nothing on: the wait is host time settled at the next synchronisation point (``wait_for_device``).
 
 A rank whose host runs ahead may have side streams besides its compute stream (CUDA's ``torch.cuda.Stream``):
 each thread queues on its current stream (``RankState.stream``), streams run beside each other, and one waits
@@ -55,7 +56,9 @@ class RankTime:
         if self.host_runs_ahead:
             owner = state.owner
             stream = state.stream
-            host = self.env.now + state.pending  # a kernel starts no earlier than the host launched it
+            at = state.at
+            now = self.env.now
+            host = max(now, at) + state.pending  # a kernel starts no earlier than the host launched it
             if stream == 0:
                 start = max(host, owner.stream_end)
                 if self.slowdown is not None:
@@ -87,7 +90,7 @@ class RankTime:
         state = current_rank_state()
         if state is None:
             return self.env.now
-        host = self.env.now + state.pending
+        host = self.host(state)
         if not self.host_runs_ahead:
             return host
         stream = state.stream if stream is None else stream
@@ -110,11 +113,42 @@ class RankTime:
     def synchronize_stream(self, stream: int | None = None) -> None:
         """Wait on the calling rank's host until its ``stream`` (the current one for None) has run everything queued
         on it (``cudaStreamSynchronize``: a blocking copy, a value read to the host)."""
-        self.settle()
         state = current_rank_state()
-        if state is not None and self.host_runs_ahead:
-            wait = self.stream_end(stream) - self.env.now
-            self.baton.sleep(wait, f"rank {state.rank} synchronizing with its device")
+        if state is None or not self.host_runs_ahead:
+            self.settle()
+            return
+        owner = state.owner
+        stream = state.stream if stream is None else stream
+        self.wait_for_device(owner.stream_end if stream == 0 else owner.side_ends.get(stream, 0.0))
+
+    def wait_for_device(self, until: float) -> None:
+        """The calling rank's host waits until its device reaches ``until`` (seconds): a stream's or an event's
+        synchronisation, a value read.
+
+        A host that runs ahead does so without handing the baton on. Where its device will be is known when it
+        asks (a stream waits only for events already recorded and collectives already waited for), and the host
+        observes nothing of the other ranks until its next synchronisation point (issuing, waiting, polling,
+        recording an event, finishing), which first sleeps its host time off (:meth:`settle`). So until then
+        the wait is host time to come, as its launches are, and each of a GPU program's value reads costs no
+        hand-off (DDP's construction reads every rank's parameter count with ``item()``). The simulated times
+        are those of sleeping at once, to the bit: the host's time is kept as the time it waited until
+        (``RankState.at``) plus what it spent since. A host-synchronous rank, whose device is its host, settles.
+        """
+        state = current_rank_state()
+        if state is None:
+            return
+        if not self.host_runs_ahead:
+            self.settle()
+            return
+        # the same arithmetic as sleeping the pending time off, then sleeping until ``until``
+        now = self.env.now
+        at = max(now, state.at)
+        if state.pending > 0:
+            at += state.pending
+            state.pending = 0.0
+        if until - at > 0:
+            at += until - at
+        state.at = at
 
     def settle(self) -> None:
         """Bring the calling rank's host up to date: sleep off compute it has charged but not waited out.
@@ -122,8 +156,16 @@ class RankTime:
         A host that runs ahead has only its kernels' launches to settle: their compute is on the device.
         """
         state = current_rank_state()
-        if state is not None and state.pending > 0:
+        if state is None:
+            return
+        if state.at > self.env.now:  # it waited for its device without handing the baton on: sleep until then
+            until = state.at + state.pending if state.pending > 0 else state.at
+            state.at = state.pending = 0.0
+            # simpy's clock reaches now + (until - now), which is ``until`` exactly (0 <= now < until)
+            self.baton.sleep(until - self.env.now, f"rank {state.rank} computing")
+        elif state.pending > 0:
             pending, state.pending = state.pending, 0.0
+            state.at = 0.0
             self.baton.sleep(pending, f"rank {state.rank} computing")
 
     def issue_time(self) -> float:
@@ -140,18 +182,28 @@ class RankTime:
         return self.stream_end()
 
     def synchronize(self) -> None:
-        """Wait on the calling rank's host until every stream of its device has run everything queued on it."""
-        self.settle()
+        """Wait on the calling rank's host until every stream of its device has run everything queued on it (see
+        :meth:`wait_for_device`)."""
         state = current_rank_state()
-        if state is not None and self.host_runs_ahead:
-            owner = state.owner
-            end = max(owner.stream_end, *owner.side_ends.values()) if owner.side_ends else owner.stream_end
-            self.baton.sleep(end - self.env.now, f"rank {state.rank} synchronizing with its device")
+        if state is None or not self.host_runs_ahead:
+            self.settle()
+            return
+        owner = state.owner
+        self.wait_for_device(
+            max(owner.stream_end, *owner.side_ends.values()) if owner.side_ends else owner.stream_end
+        )
 
     def now(self) -> float:
         """The calling rank's current host time (seconds), compute it has charged but not slept off included."""
         state = current_rank_state()
-        return self.env.now + (state.pending if state is not None else 0.0)
+        return self.env.now if state is None else self.host(state)
+
+    def host(self, state: RankState) -> float:
+        """Rank thread ``state``'s host time (seconds): where the simulator is, or where the host waited for its
+        device until if later, plus what it has spent since and not slept off."""
+        at = state.at
+        now = self.env.now
+        return max(now, at) + state.pending
 
     def device_now(self) -> float:
         """Where the calling thread's current stream is (seconds): when an op enqueued now starts on the device
@@ -162,7 +214,7 @@ class RankTime:
         """When thread ``state`` is done: its host time, or the end of its rank's busiest stream if later."""
         owner = state.owner
         device = max(owner.stream_end, *owner.side_ends.values()) if owner.side_ends else owner.stream_end
-        return max(self.env.now + state.pending, device if self.host_runs_ahead else 0.0)
+        return max(self.host(state), device if self.host_runs_ahead else 0.0)
 
     def let_time_pass(self, event: Any, description: str) -> None:
         """A rank polled an operation that is not done: move it on to the next simulated time at which

@@ -56,10 +56,7 @@ def event_synchronize(self: Any) -> None:
     if self._time is None:
         return
     ctx = _ctx()
-    ctx.settle()
-    wait = self._time - ctx.now()
-    if wait > 0:
-        ctx.baton.sleep(wait, "cudaEventSynchronize")
+    ctx.time.wait_for_device(self._time)
     ctx.races.stream_waited(caller()[0], None, self._clock)
 
 

@@ -74,6 +74,10 @@ class WallClock:
     def synchronize_stream(self, stream: int | None = None) -> None:
         """Nothing is queued."""
 
+    def wait_for_device(self, until: float) -> None:
+        """Wait until the device reaches ``until`` (seconds): it has, when its event was recorded."""
+        self.sleep(until - time.perf_counter())
+
     @property
     def races(self) -> NoRaces:
         """Streams never overlap here (each kernel has run when its call returns): no race to look for."""
