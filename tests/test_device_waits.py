@@ -1,7 +1,7 @@
-"""A host that runs ahead of its GPU waits for it without handing the baton on (``RankTime.wait_for_device``).
+"""A host waits for its device without handing the baton on (``RankTime.wait_for_device``).
 
 A value read (``item()``), ``torch.cuda.synchronize()``, a stream's or an event's ``synchronize()``: the host waits
-for its device. Where the device will be is known when the host asks, so the wait is kept as host time to come
+for its device (on CPU devices, for its own compute). Where the device will be is known when the host asks, so the wait is kept as host time to come
 and slept off at the host's next synchronisation point, with the simulated times of sleeping at once.
 
 Oracle: the same program with the waits slept at once (the reference below, what every wait did before), compared
@@ -122,10 +122,12 @@ def _same_run(actions: list[str], n: int, monkeypatch: pytest.MonkeyPatch, **kw:
 
 
 def test_value_reads_cost_no_hand_off_and_time_as_sleeping_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ten rounds of a matmul and a read: the reference hands the baton back at each read (twice: its launch, then
-    the kernel), this run only where the ranks meet."""
-    handoffs, reference = _same_run(["matmul", "read"], 10, monkeypatch)
-    assert reference - handoffs >= 2 * 10 * 2, (handoffs, reference)
+    """Rounds of a matmul and a read on two ranks: the reference hands the baton back twice at each read (to sleep
+    off its launch, then to wait for the kernel), this run no more for 20 rounds than for 10."""
+    ten, ten_reference = _same_run(["matmul", "read"], 10, monkeypatch)
+    twenty, twenty_reference = _same_run(["matmul", "read"], 20, monkeypatch)
+    assert twenty == ten, (ten, twenty)
+    assert twenty_reference - ten_reference == 2 * 2 * 10, (ten_reference, twenty_reference)
 
 
 def _ddp_step() -> float:
@@ -158,3 +160,31 @@ def test_any_mix_of_waits_times_as_sleeping_at_once(actions: list[str], n: int, 
     """Any mix of kernels, reads, side streams, events, synchronisations and collectives: the same run."""
     with pytest.MonkeyPatch.context() as monkeypatch:
         _same_run(actions, n, monkeypatch, ranks=ranks)
+
+
+def _cpu_program(rounds: int) -> list[float]:
+    """On a CPU cluster (the host waits for its compute): compute, reads and ``simdist.synchronize()`` between
+    all-reduces."""
+    x = torch.full((8, 8), 0.5)
+    read = []
+    for i in range(rounds):
+        x = x @ x + dist.get_rank()
+        simdist.charge(1e-6 * (1 + dist.get_rank()))
+        read.append(x.sum().item())
+        if i % 2:
+            simdist.synchronize()
+        dist.all_reduce(x)
+        read.append(simdist.now())
+    return read
+
+
+def test_a_host_synchronous_rank_times_as_sleeping_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same on CPU devices, where a wait for the device is a wait for the host's own compute."""
+    cluster = simdist.Cluster.switch(3, device="cpu")
+    res = simdist.run(_cpu_program, cluster, args=(4,))
+    with monkeypatch.context() as m:
+        m.setattr(RankTime, "wait_for_device", _sleep_at_once)
+        ref = simdist.run(_cpu_program, cluster, args=(4,))
+    assert res.returns == ref.returns
+    assert res.sim_time == ref.sim_time
+    assert _events(res) == _events(ref)

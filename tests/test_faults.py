@@ -279,6 +279,25 @@ def test_a_crash_after_the_rank_finished_changes_nothing() -> None:
     assert late.trace_hash == plain.trace_hash
 
 
+def queue_and_read(seconds: float = 1e-3, read: bool = True) -> float:
+    """On a GPU: queue ``seconds`` of kernels (the host runs ahead), read a value if ``read``, and return."""
+    x = torch.ones(4, device="cuda")
+    simdist.charge(seconds)
+    return x.sum().item() if read else 0.0
+
+
+@pytest.mark.parametrize("read", [True, False])
+def test_a_crash_while_the_host_waits_for_its_gpu_lands_before_the_rank_ends(read: bool) -> None:
+    """The host reaches its device's end before its rank ends (a value read waits for it, the end waits for the
+    rest): a crash in between lands, where a crash after changes nothing."""
+    gpus = simdist.Cluster.switch(2, device="H100")
+    with pytest.raises(simdist.RankCrashError) as info:
+        simdist.run(queue_and_read, gpus, args=(1e-3, read), faults=[Crash(rank=1, at=0.5e-3)])
+    assert info.value.crashed == {1: 0.5e-3}
+    late = simdist.run(queue_and_read, gpus, args=(1e-3, read), faults=[Crash(rank=1, at=2e-3)])
+    assert late.trace_hash == simdist.run(queue_and_read, gpus, args=(1e-3, read)).trace_hash
+
+
 # ------------------------------------------------------------------ determinism
 
 

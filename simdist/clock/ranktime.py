@@ -114,7 +114,9 @@ class RankTime:
         """Wait on the calling rank's host until its ``stream`` (the current one for None) has run everything queued
         on it (``cudaStreamSynchronize``: a blocking copy, a value read to the host)."""
         state = current_rank_state()
-        if state is None or not self.host_runs_ahead:
+        if state is None:
+            return
+        if not self.host_runs_ahead:
             self.settle()
             return
         owner = state.owner
@@ -125,14 +127,16 @@ class RankTime:
         """The calling rank's host waits until its device reaches ``until`` (seconds): a stream's or an event's
         synchronisation, a value read.
 
-        A host that runs ahead does so without handing the baton on. Where its device will be is known when it
-        asks (a stream waits only for events already recorded and collectives already waited for), and the host
-        observes nothing of the other ranks until its next synchronisation point (issuing, waiting, polling,
-        recording an event, finishing), which first sleeps its host time off (:meth:`settle`). So until then
-        the wait is host time to come, as its launches are, and each of a GPU program's value reads costs no
-        hand-off (DDP's construction reads every rank's parameter count with ``item()``). The simulated times
-        are those of sleeping at once, to the bit: the host's time is kept as the time it waited until
-        (``RankState.at``) plus what it spent since. A host-synchronous rank, whose device is its host, settles.
+        It does so without handing the baton on. Where its device will be is known when the host asks (a stream
+        waits only for events already recorded and collectives already waited for), and the host observes nothing
+        of the other ranks until its next synchronisation point (issuing, waiting, polling, recording an event,
+        finishing), which first sleeps its host time off (:meth:`settle`). So until then the wait is host time to
+        come, as its launches are, and each of a program's value reads costs no hand-off (DDP's construction reads
+        every rank's parameter count with ``item()``). The simulated times are those of sleeping at once, to the
+        bit: the host's time is kept as the time it waited until (``RankState.at``) plus what it spent since.
+
+        A host-synchronous rank (CPU devices), whose device is its host, settles its compute instead: there a
+        synchronisation is a point where the ranks' order may change, which exploration enumerates.
         """
         state = current_rank_state()
         if state is None:
@@ -185,7 +189,9 @@ class RankTime:
         """Wait on the calling rank's host until every stream of its device has run everything queued on it (see
         :meth:`wait_for_device`)."""
         state = current_rank_state()
-        if state is None or not self.host_runs_ahead:
+        if state is None:
+            return
+        if not self.host_runs_ahead:
             self.settle()
             return
         owner = state.owner

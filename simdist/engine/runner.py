@@ -464,6 +464,7 @@ def _run(
             with rank_mode(rank):
                 result = fn(*a, **kw)
             sim.synchronize()
+            sim.settle()  # the rank ends when its host reaches its device's end: a crash before then lands
             return result
         finally:
             state = current_rank_state()
