@@ -167,3 +167,73 @@ def test_host_ops_charge_the_same_seconds_and_compute_the_same_values_either_way
     assert fast.sim_time == slow.sim_time
     for (a, ga), (b, gb) in zip(fast.returns, slow.returns):
         assert torch.equal(a, b) and torch.equal(ga, gb)
+
+
+#: factories as programs call them, keyword arguments included (torch hands a dispatch mode ``device=cpu`` and
+#: ``pin_memory=False`` for every one of them, which the cost mode leaves out: aten assumes both)
+FACTORIES = {
+    "ones": lambda: torch.ones(3),
+    "zeros_f64": lambda: torch.zeros(2, 3, dtype=torch.float64),
+    "full_int": lambda: torch.full((2,), 7),
+    "arange": lambda: torch.arange(1, 4, 0.5),
+    "eye": lambda: torch.eye(3, 2),
+    "linspace": lambda: torch.linspace(0, 1, 5, device="cpu"),
+    "rand": lambda: torch.rand(4),
+    "randn_f64": lambda: torch.randn(2, 2, dtype=torch.float64),
+    "randint": lambda: torch.randint(0, 10, (5,)),
+    "randperm": lambda: torch.randperm(6),
+    "scalar_tensor": lambda: torch.scalar_tensor(3.0),
+    "hann_window": lambda: torch.hann_window(4),
+    "tril_indices": lambda: torch.tril_indices(3, 3),
+    "pinned": lambda: torch.ones(2, pin_memory=False),
+    "requires_grad": lambda: torch.zeros(2, requires_grad=True),
+    "empty": lambda: torch.empty(3),
+}
+
+
+def _factories(names: list[str], use_gpu: bool) -> list[torch.Tensor]:
+    if use_gpu:
+        torch.ones(1, device="cuda")
+    torch.manual_seed(3)
+    return [FACTORIES[n]() for n in names]
+
+
+def _same(got: torch.Tensor, want: torch.Tensor, name: str) -> None:
+    assert (got.dtype, got.device, got.shape, got.requires_grad) == (
+        want.dtype,
+        want.device,
+        want.shape,
+        want.requires_grad,
+    ), name
+    if name == "empty":  # a run fills uninitialised memory with NaN (simdist.uninitialised)
+        assert got.isnan().all(), name
+    else:
+        assert torch.equal(got, want), name
+
+
+@pytest.mark.parametrize(("device", "use_gpu"), [("H100", False), ("H100", True), ("cpu", False)])
+def test_factories_make_what_plain_torch_makes(device: str, use_gpu: bool) -> None:
+    """Every factory above in one rank (of a GPU cluster, before and after it used its GPU, and of a CPU cluster).
+    Oracle: the same calls in plain torch, after the same seed."""
+    names = sorted(FACTORIES)
+    got = simdist.run(_factories, simdist.Cluster.switch(1, device=device), args=(names, use_gpu)).returns[0]
+    torch.manual_seed(3)
+    for name, g in zip(names, got, strict=True):
+        _same(g, FACTORIES[name](), name)
+
+
+def test_factory_keywords_aten_assumes_are_left_out_and_no_others() -> None:
+    cpu = torch.device("cpu")
+    kwargs = {"dtype": torch.float64, "device": cpu, "pin_memory": False}
+    assert cost._as_aten_assumes(kwargs) == {"dtype": torch.float64}
+    assert kwargs == {
+        "dtype": torch.float64,
+        "device": cpu,
+        "pin_memory": False,
+    }  # the caller's own is unchanged
+    kept = {"device": torch.device("cpu", 0), "pin_memory": True}
+    assert cost._as_aten_assumes(kept) is kept
+    assert cost._as_aten_assumes({"device": cpu}) == {}
+    # prims' factories require their device: they are not left to aten's assumption
+    assert not cost._op_info(torch.ops.prims.full.default).factory
+    assert cost._op_info(aten.full.default).factory and not cost._op_info(aten.full_like.default).factory

@@ -325,6 +325,7 @@ class _OpInfo:
         "attention",
         "call",
         "converts",
+        "factory",
         "flops",
         "free",
         "func",
@@ -362,6 +363,17 @@ class _OpInfo:
         self.pointwise: bool = is_pointwise(func)
         # out= arguments are written, not read: they are counted once, through the returned value.
         self.out_args: frozenset[str] = frozenset(a.name for a in schema.arguments if a.is_out)
+        #: whether it makes a tensor from no tensor (``torch.ones``, ``torch.rand``) with ``device`` and
+        #: ``pin_memory`` arguments that may be left out: see :func:`_as_aten_assumes` (prims' are required)
+        self.factory: bool = (
+            any(a.name == "device" for a in schema.arguments)
+            and all(
+                str(a.type).startswith("Optional")
+                for a in schema.arguments
+                if a.name in ("device", "pin_memory")
+            )
+            and not any("Tensor" in str(a.type) for a in schema.arguments)
+        )
 
 
 # Shared by all rank threads; a racing first insert stores an identical value, so no lock is needed. Keyed by
@@ -375,6 +387,20 @@ def _op_info(func: Any) -> _OpInfo:
     if info is None or info.func is not func:
         info = _INFO[id(func)] = _OpInfo(func)
     return info
+
+
+def _as_aten_assumes(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A factory's ``kwargs`` without ``device=cpu`` and ``pin_memory=False``, which aten assumes when they are not
+    given (the Python default device is torch's function mode, above aten): torch passes both to a dispatch mode for
+    every factory of a program, and each costs the C++ operator's argument parsing some 2.5 us."""
+    device = kwargs.get("device")
+    host = type(device) is torch.device and device.type == "cpu" and device.index is None
+    unpinned = kwargs.get("pin_memory") is False
+    if not (host or unpinned):
+        return kwargs
+    return {
+        k: v for k, v in kwargs.items() if not ((host and k == "device") or (unpinned and k == "pin_memory"))
+    }
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -554,9 +580,13 @@ class ComputeCostMode(TorchDispatchMode):
                 # GPU's stream, not device memory
                 if self._before is not None:
                     self._before(func, args, kwargs or {})
+                if kwargs and info.factory:
+                    kwargs = _as_aten_assumes(kwargs)
                 return info.call(*args, **kwargs) if kwargs else info.call(*args)
         if self._before is not None:
             self._before(func, args, kwargs or {})
+        if kwargs and info.factory:
+            kwargs = _as_aten_assumes(kwargs)
         out = info.call(*args, **kwargs) if kwargs else info.call(*args)
         if self._after is not None:
             self._after(func, args, kwargs, out)
