@@ -20,6 +20,11 @@ so the set-up of a run drops out. ``torch`` is the CPU program without simdist.
 FSDP2's initialisation: a model made on the meta device, sharded with ``fully_shard``, moved to the GPUs and reset
 (DTensor's random ops), on 8 and 32 ranks of ``dgx-h100`` nodes: wall time and simulated time, beside plain torch
 making and resetting the same model once per rank.
+
+DDP's construction and one step on 64 and 128 ranks of ``dgx-h100`` nodes: torch's DDP reads every rank's parameter
+count with ``item()``, ``n`` value reads on each of ``n`` ranks; wall time, beside the same run with every wait for
+the GPU slept at once (as simdist did before it kept such waits as host time), which must give the same simulated
+time.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from collections.abc import Callable
 import torch
 
 import simdist
+from simdist.clock.baton import current_rank_state
+from simdist.clock.ranktime import RankTime
 from simdist.compute import ComputeCostMode, get_device
 from simdist.cuda import native
 from simdist.cuda.rank import RankCuda
@@ -170,6 +177,55 @@ def fsdp2_init(ranks: list[int], layers: int = 4, width: int = 64) -> list[tuple
     return rows
 
 
+def _ddp_step() -> float:
+    """The PyTorch DDP tutorial's step: DDP's construction (which reads every rank's parameter count with ``item()``:
+    ``n`` value reads on each of ``n`` ranks) and one step of a small model; returns the rank's simulated time."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("nccl")
+    device = dist.get_rank() % 8
+    torch.cuda.set_device(device)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 10), torch.nn.ReLU(), torch.nn.Linear(10, 5)).to(device)
+    ddp = DistributedDataParallel(model, device_ids=[device])
+    torch.optim.SGD(ddp.parameters(), lr=1e-3).zero_grad()
+    ddp(torch.randn(20, 10)).sum().backward()
+    torch.cuda.synchronize()
+    return simdist.now()
+
+
+def _waits_slept_at_once(self: RankTime, until: float) -> None:
+    """A host's wait for its GPU as it was before it kept waits as host time: two baton hand-offs each."""
+    state = current_rank_state()
+    if state is not None:
+        self.settle()
+        if self.host_runs_ahead:
+            self.baton.sleep(until - self.env.now, "synchronizing with its device")
+
+
+def ddp_construction(ranks: list[int]) -> list[tuple[int, float, float, float]]:
+    """(ranks, wall seconds, wall seconds with the waits slept at once, simulated ms) of :func:`_ddp_step` on
+    ``dgx-h100`` nodes."""
+    rows = []
+    simdist.run(_ddp_step, simdist.Cluster.preset("dgx-h100", world_size=8))  # the process's first DDP run: imports
+    for n in ranks:
+        cluster = simdist.Cluster.preset("dgx-h100", world_size=n)
+        start = time.perf_counter()
+        res = simdist.run(_ddp_step, cluster)
+        wall = time.perf_counter() - start
+        kept = RankTime.wait_for_device
+        RankTime.wait_for_device = _waits_slept_at_once  # type: ignore[method-assign]
+        try:
+            start = time.perf_counter()
+            ref = simdist.run(_ddp_step, cluster)
+            slept = time.perf_counter() - start
+        finally:
+            RankTime.wait_for_device = kept  # type: ignore[method-assign]
+        assert ref.sim_time == res.sim_time, (ref.sim_time, res.sim_time)
+        rows.append((n, wall, slept, max(res.returns) * 1e3))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls and steps (noisier)")
@@ -199,6 +255,13 @@ def main() -> None:
     print(f"{'ranks':>6}{'wall s':>9}{'simulated ms':>14}{'plain torch x ranks, s':>24}{'ratio':>8}")
     for n, wall, sim_ms, plain in fsdp2_init([8] if args.quick else [8, 32]):
         print(f"{n:>6}{wall:>9.2f}{sim_ms:>14.3f}{plain:>24.4f}{wall / plain:>8.0f}")
+    print(
+        "\nDDP's construction and one step (the DDP tutorial's model), dgx-h100 nodes: n value reads on each of n "
+        "ranks;\nagainst the same run with each wait for the GPU slept at once (two baton hand-offs per read)"
+    )
+    print(f"{'ranks':>6}{'wall s':>9}{'slept at once, s':>18}{'ratio':>8}{'simulated ms':>14}")
+    for n, wall, slept, sim_ms in ddp_construction([32] if args.quick else [64, 128]):
+        print(f"{n:>6}{wall:>9.2f}{slept:>18.2f}{slept / wall:>8.2f}{sim_ms:>14.3f}")
 
 
 if __name__ == "__main__":
