@@ -112,16 +112,28 @@ class RankTime:
 
     def synchronize_stream(self, stream: int | None = None) -> None:
         """Wait on the calling rank's host until its ``stream`` (the current one for None) has run everything queued
-        on it (``cudaStreamSynchronize``: a blocking copy, a value read to the host)."""
+        on it (``cudaStreamSynchronize``: a blocking copy, a value read to the host; see :meth:`wait_for_device`)."""
+        self._synchronize(stream, every=False)
+
+    def synchronize(self) -> None:
+        """Wait on the calling rank's host until every stream of its device has run everything queued on it (see
+        :meth:`wait_for_device`)."""
+        self._synchronize(None, every=True)
+
+    def _synchronize(self, stream: int | None, every: bool) -> None:
+        """The calling rank's host waits for its ``stream`` (the thread's current one for None), or for ``every``
+        stream of its device."""
         state = current_rank_state()
-        if state is None:
-            return
-        if not self.host_runs_ahead:
+        if state is None or not self.host_runs_ahead:
             self.settle()
             return
         owner = state.owner
-        stream = state.stream if stream is None else stream
-        self.wait_for_device(owner.stream_end if stream == 0 else owner.side_ends.get(stream, 0.0))
+        if every:
+            until = max(owner.stream_end, *owner.side_ends.values()) if owner.side_ends else owner.stream_end
+        else:
+            stream = state.stream if stream is None else stream
+            until = owner.stream_end if stream == 0 else owner.side_ends.get(stream, 0.0)
+        self.wait_for_device(until)
 
     def wait_for_device(self, until: float) -> None:
         """The calling rank's host waits until its device reaches ``until`` (seconds): a stream's or an event's
@@ -139,9 +151,7 @@ class RankTime:
         synchronisation is a point where the ranks' order may change, which exploration enumerates.
         """
         state = current_rank_state()
-        if state is None:
-            return
-        if not self.host_runs_ahead:
+        if state is None or not self.host_runs_ahead:
             self.settle()
             return
         # the same arithmetic as sleeping the pending time off, then sleeping until ``until``
@@ -184,20 +194,6 @@ class RankTime:
         if not self.host_runs_ahead or state is None:
             return self.env.now
         return self.stream_end()
-
-    def synchronize(self) -> None:
-        """Wait on the calling rank's host until every stream of its device has run everything queued on it (see
-        :meth:`wait_for_device`)."""
-        state = current_rank_state()
-        if state is None:
-            return
-        if not self.host_runs_ahead:
-            self.settle()
-            return
-        owner = state.owner
-        self.wait_for_device(
-            max(owner.stream_end, *owner.side_ends.values()) if owner.side_ends else owner.stream_end
-        )
 
     def now(self) -> float:
         """The calling rank's current host time (seconds), compute it has charged but not slept off included."""
