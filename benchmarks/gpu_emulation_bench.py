@@ -17,6 +17,10 @@ Per step: a training step (4 x Linear(256, 256) with ReLU, batch 32, forward, ba
 process CPU time of runs of two lengths gives the cost of one step (the difference, over the steps between them),
 so the set-up of a run drops out. ``torch`` is the CPU program without simdist.
 
+Factories (``torch.rand``, ``torch.ones``) on the host of a rank that used its GPU: under the cost mode, against the
+same with the ``device=cpu`` and ``pin_memory=False`` torch hands a dispatch mode passed on to aten (which the cost
+mode leaves out), and against plain torch.
+
 FSDP2's initialisation: a model made on the meta device, sharded with ``fully_shard``, moved to the GPUs and reset
 (DTensor's random ops), on 8 and 32 ranks of ``dgx-h100`` nodes: wall time and simulated time, beside plain torch
 making and resetting the same model once per rank.
@@ -40,7 +44,7 @@ import torch
 import simdist
 from simdist.clock.baton import current_rank_state
 from simdist.clock.ranktime import RankTime
-from simdist.compute import ComputeCostMode, get_device
+from simdist.compute import ComputeCostMode, cost, get_device
 from simdist.cuda import native
 from simdist.cuda.rank import RankCuda
 from simdist.cuda.tensor import SimCudaTensor
@@ -108,6 +112,27 @@ def _process_seconds(fn: Callable[[], object]) -> float:
     start = time.process_time()
     fn()
     return time.process_time() - start
+
+
+def factories(calls: int, repeats: int) -> list[tuple[str, float, float, float]]:
+    """(factory, torch, under the cost mode of a rank that used its GPU, the same with the ``device=cpu`` and
+    ``pin_memory=False`` torch hands the mode passed on to aten), microseconds per call."""
+    rank = RankCuda(0, lambda index: 0, lambda: None)
+    rank.use()
+    calls_of = {"torch.rand(20)": lambda: torch.rand(20), "torch.ones(20)": lambda: torch.ones(20)}
+    rows = []
+    for name, fn in calls_of.items():
+        plain = _per_call(fn, calls, repeats)
+        with ComputeCostMode(H100, lambda seconds, name: None, cuda=rank):
+            lean = _per_call(fn, calls, repeats)
+            kept = cost._as_aten_assumes
+            cost._as_aten_assumes = lambda kwargs: kwargs
+            try:
+                full = _per_call(fn, calls, repeats)
+            finally:
+                cost._as_aten_assumes = kept
+        rows.append((name, plain, lean, full))
+    return rows
 
 
 def per_step(short: int, long: int, repeats: int) -> dict[str, float]:
@@ -207,7 +232,8 @@ def ddp_construction(ranks: list[int]) -> list[tuple[int, float, float, float]]:
     """(ranks, wall seconds, wall seconds with the waits slept at once, simulated ms) of :func:`_ddp_step` on
     ``dgx-h100`` nodes."""
     rows = []
-    simdist.run(_ddp_step, simdist.Cluster.preset("dgx-h100", world_size=8))  # the process's first DDP run: imports
+    # the process's first DDP run pays its imports: not timed
+    simdist.run(_ddp_step, simdist.Cluster.preset("dgx-h100", world_size=8))
     for n in ranks:
         cluster = simdist.Cluster.preset("dgx-h100", world_size=n)
         start = time.perf_counter()
@@ -241,6 +267,12 @@ def main() -> None:
     print(f"{'op':<18}{'torch':>8}{'cpu, cost mode':>16}{'cuda, cost mode':>17}{'cuda/cpu':>10}")
     for name, plain, cpu, cuda in rows:
         print(f"{name:<18}{plain:>8.1f}{cpu:>16.1f}{cuda:>17.1f}{cuda / cpu:>10.2f}")
+    print(
+        "\nfactories on the host of a rank that used its GPU, us of thread CPU time per call (best of repeats)"
+    )
+    print(f"{'factory':<18}{'torch':>8}{'cost mode':>11}{'keywords passed on':>20}{'ratio':>8}")
+    for name, plain, lean, full in factories(calls, repeats):
+        print(f"{name:<18}{plain:>8.1f}{lean:>11.1f}{full:>20.1f}{full / lean:>8.2f}")
     steps = per_step(short, long, repeats=3 if not args.quick else 1)
     print(
         "\nper training step, ms of process CPU time (4 x Linear(256,256), batch 32, fwd+bwd+AdamW foreach)"
