@@ -5,14 +5,18 @@ Prints figures; it is not a test. Usage: ``python benchmarks/engine_bench.py [--
 The step is a 2-layer MLP (16 -> 16 -> 1, batch 8) forward and backward under the H100 cost model plus one
 all-reduce of its flattened gradients, on a single-switch cluster. The reference for the step is the same
 per-rank work done with plain torch in one thread, one rank after another (what the simulator cannot avoid
-doing), so the ratio shows the simulator's own overhead.
+doing), so the ratio shows the simulator's own overhead. A second reference seeds as a rank does
+(:func:`seeded_as_in_a_rank`): plain torch's ``torch.manual_seed`` costs a CPU-only build some 0.3 ms a call, about
+half of the plain step, which a rank skips.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import platform
 import time
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -21,6 +25,19 @@ import simdist
 from simdist.c10d import backend
 
 HANDOFFS = 2000
+
+
+@contextlib.contextmanager
+def seeded_as_in_a_rank() -> Iterator[None]:
+    """``torch.manual_seed`` seeding the CPU generator only while inside, as it does in a simdist rank: plain torch's
+    also queues a lazy seeding of CUDA, XPU and MTIA, each with a formatted stack trace (0.25-0.35 ms a call on a
+    2-core VM with a CPU-only build), which simdist leaves out. The numbers drawn after it are the same."""
+    original = torch.manual_seed
+    torch.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))
+    try:
+        yield
+    finally:
+        torch.manual_seed = original
 
 
 def mlp_local(rank: int, width: int = 16) -> torch.Tensor:
@@ -59,8 +76,9 @@ def handoff_us(n: int = 2) -> float:
     return (time.perf_counter() - t0) / (n * HANDOFFS) * 1e6
 
 
-def step_seconds(n: int) -> tuple[float, float, float]:
-    """(simulated wall seconds, plain-torch serial seconds for the same local work, simulated step time)."""
+def step_seconds(n: int) -> tuple[float, float, float, float]:
+    """(simulated wall seconds, plain-torch serial seconds for the same local work, the same seeded as a rank seeds,
+    simulated step time)."""
     c = simdist.Cluster.switch(n, bandwidth="50GB/s", latency="5us", device="H100")
     t0 = time.perf_counter()
     res = simdist.run(mlp_step, c, trace="collectives")
@@ -69,7 +87,12 @@ def step_seconds(n: int) -> tuple[float, float, float]:
     for r in range(n):
         mlp_local(r)
     torch_wall = time.perf_counter() - t0
-    return sim_wall, torch_wall, res.sim_time
+    with seeded_as_in_a_rank():
+        t0 = time.perf_counter()
+        for r in range(n):
+            mlp_local(r)
+        ops_wall = time.perf_counter() - t0
+    return sim_wall, torch_wall, ops_wall, res.sim_time
 
 
 def message_rate(n: int = 64, algorithm: str = "ring") -> tuple[float, int]:
@@ -88,10 +111,15 @@ def main() -> None:
     simdist.run(mlp_step, simdist.Cluster.switch(2, device="H100"))  # one-time torch warm-up (dispatch modes)
     hs = [handoff_us() for _ in range(3)]
     print(f"baton hand-off: {min(hs):.1f} us per round trip (best of 3, {HANDOFFS} hand-offs per rank, 2 ranks)")
-    print(f"{'ranks':>6} {'wall s':>8} {'torch-only s':>13} {'ratio':>6} {'sim step us':>12}")
+    print(
+        f"{'ranks':>6} {'wall s':>8} {'torch-only s':>13} {'ratio':>6} {'seeded as a rank s':>19} {'ratio':>6} "
+        f"{'sim step us':>12}"
+    )
     for n in (int(x) for x in args.ranks.split(",")):
-        wall, ref, sim_t = step_seconds(n)
-        print(f"{n:>6} {wall:>8.2f} {ref:>13.2f} {wall / ref:>6.2f} {sim_t * 1e6:>12.2f}")
+        wall, ref, ops, sim_t = step_seconds(n)
+        print(
+            f"{n:>6} {wall:>8.2f} {ref:>13.2f} {wall / ref:>6.2f} {ops:>19.2f} {wall / ops:>6.2f} {sim_t * 1e6:>12.2f}"
+        )
     rate, count = message_rate()
     print(f"message rate: {rate:,.0f} simulated messages per wall second ({count} messages, 64-rank ring all-reduce x5)")
 

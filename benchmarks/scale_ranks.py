@@ -10,14 +10,19 @@ one per gradient (256, 16, 16 and 1 elements): at 1,024 ranks some 8 million mes
 is the same per-rank forward/backward run with plain torch in this thread, one rank after another, right after
 the simulated run: what the simulator cannot avoid doing. The ratio is wall over wall; the CPU columns (the
 process's CPU seconds, every thread included) give the same comparison without the time this process waited for
-a core, which on a shared machine can be most of the wall time.
+a core, which on a shared machine can be most of the wall time. "seeded as a rank" is the same plain step again
+with ``torch.manual_seed`` seeding the CPU generator only, as it does in a rank: plain torch's also queues lazy
+seedings of CUDA, XPU and MTIA with a formatted stack trace each, about half of this step's plain time on a
+CPU-only build, which a rank leaves out. Its ratio compares the simulated step with the same work; the first
+ratio flatters the simulator by that half.
 
 It then prints what a thread per rank costs before any simulation (the thread floor): the plain step run by as
 many live threads as the first world size has ranks, one thread at a time as a simulated run's ranks run (each
 thread started as the one before it waits, each keeping its result until the last has run), against the same
-steps in this thread, as CPU time. And the per-op share on its own: the step's forward and backward run over and over by one rank of a
-switch cluster of H100s (a warm thread: no start-up, no all-reduce) against the same in plain torch, both as CPU
-time, best of several batches, divided by the ops the step dispatches.
+steps in this thread, as CPU time. And the per-op share on its own: the step's forward and backward run over and
+over by one rank of a switch cluster of H100s (a warm thread: no start-up, no all-reduce) against the same in plain
+torch, both as CPU time, best of several batches, divided by the ops the step dispatches. Both of these seed as a
+rank does on either side.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from engine_bench import mlp_local, mlp_step
+from engine_bench import mlp_local, mlp_step, seeded_as_in_a_rank
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import simdist
@@ -69,6 +74,11 @@ def _one(n: int, shape: str = "switch") -> dict:
     for r in range(n):
         mlp_local(r)
     torch_wall, torch_cpu = time.perf_counter() - torch_wall, time.process_time() - torch_cpu
+    with seeded_as_in_a_rank():
+        ops_wall, ops_cpu = time.perf_counter(), time.process_time()
+        for r in range(n):
+            mlp_local(r)
+        ops_wall, ops_cpu = time.perf_counter() - ops_wall, time.process_time() - ops_cpu
     return {
         "ranks": n,
         "wall_s": wall,
@@ -77,6 +87,10 @@ def _one(n: int, shape: str = "switch") -> dict:
         "cpu_s": cpu,
         "torch_cpu_s": torch_cpu,
         "cpu_ratio": cpu / torch_cpu,
+        "ops_s": ops_wall,
+        "ops_cpu_s": ops_cpu,
+        "ops_ratio": wall / ops_wall,
+        "ops_cpu_ratio": cpu / ops_cpu,
         "sim_step_s": result.sim_time,
         "messages": result.messages,
     }
@@ -92,12 +106,14 @@ def rank_scaling(ranks: tuple[int, ...] = (1024, 4096, 8192), shape: str = "swit
     print(f"{shape} cluster")
     print(
         f"{'ranks':>6} {'messages':>10} {'wall s':>8} {'plain torch s':>14} {'ratio':>6} {'cpu s':>7} "
-        f"{'torch cpu s':>12} {'cpu ratio':>9} {'sim step us':>12}"
+        f"{'torch cpu s':>12} {'cpu ratio':>9} {'seeded as a rank s':>19} {'ratio':>6} {'cpu ratio':>9} "
+        f"{'sim step us':>12}"
     )
     for r in rows:
         print(
             f"{r['ranks']:>6} {r['messages']:>10,} {r['wall_s']:>8.2f} {r['torch_s']:>14.2f} {r['ratio']:>6.2f} "
-            f"{r['cpu_s']:>7.2f} {r['torch_cpu_s']:>12.2f} {r['cpu_ratio']:>9.2f} {r['sim_step_s'] * 1e6:>12.2f}"
+            f"{r['cpu_s']:>7.2f} {r['torch_cpu_s']:>12.2f} {r['cpu_ratio']:>9.2f} {r['ops_s']:>19.2f} "
+            f"{r['ops_ratio']:>6.2f} {r['ops_cpu_ratio']:>9.2f} {r['sim_step_s'] * 1e6:>12.2f}"
         )
     return rows
 
@@ -136,7 +152,8 @@ def per_op(calls: int = 300, batches: int = 7) -> dict:
         simulated.append(_best_batch(calls, batches))
 
     simdist.run(rank, _cluster(1, "switch"), races="off")
-    plain = _best_batch(calls, batches)
+    with seeded_as_in_a_rank():
+        plain = _best_batch(calls, batches)
     row = {
         "ops": counting.ops,
         "step_us": simulated[0] / calls * 1e6,
@@ -200,25 +217,26 @@ def thread_floor(n: int) -> dict:
 
     old = threading.stack_size(_STACK_BYTES)
     threads, locks = [], []
-    cpu = time.process_time()
     try:
-        for r in range(n):
-            go_on = _thread.allocate_lock()
-            go_on.acquire()
-            locks.append(go_on)
-            threads.append(threading.Thread(target=rank, args=(r, go_on), daemon=True))
-            threads[-1].start()
-            ran.acquire()
-        for go_on, t in zip(locks, threads):
-            go_on.release()
-            t.join()
+        with seeded_as_in_a_rank():
+            cpu = time.process_time()
+            for r in range(n):
+                go_on = _thread.allocate_lock()
+                go_on.acquire()
+                locks.append(go_on)
+                threads.append(threading.Thread(target=rank, args=(r, go_on), daemon=True))
+                threads[-1].start()
+                ran.acquire()
+            for go_on, t in zip(locks, threads):
+                go_on.release()
+                t.join()
+            cpu = time.process_time() - cpu
+            plain = time.process_time()
+            for r in range(n):
+                mlp_local(r)
+            plain = time.process_time() - plain
     finally:
         threading.stack_size(old)
-    cpu = time.process_time() - cpu
-    plain = time.process_time()
-    for r in range(n):
-        mlp_local(r)
-    plain = time.process_time() - plain
     row = {"ranks": n, "threads_cpu_s": cpu, "torch_cpu_s": plain, "ratio": cpu / plain}
     print(
         f"thread floor: {n} live threads running the plain step one at a time: {cpu:.2f} cpu s, "

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 import simdist
 
@@ -45,6 +46,8 @@ def test_rank_scaling_reports_the_step_a_separate_run_simulates(
         assert r["messages"] == expected.messages
         assert r["ratio"] == r["wall_s"] / r["torch_s"]
         assert r["cpu_ratio"] == r["cpu_s"] / r["torch_cpu_s"]
+        assert r["ops_ratio"] == r["wall_s"] / r["ops_s"]
+        assert r["ops_cpu_ratio"] == r["cpu_s"] / r["ops_cpu_s"]
     if shape == "ring":  # four all-reduces of 2(n-1) messages per rank
         assert [r["messages"] for r in rows] == [4 * 2 * 1 * 2, 4 * 2 * 2 * 3]
     table = capsys.readouterr().out.splitlines()
@@ -72,3 +75,22 @@ def test_thread_floor_runs_the_plain_step_in_as_many_threads(capsys: pytest.Capt
     assert [c[2] - alive for c in calls] == [1, 2, 3, 0, 0, 0]
     assert row["ratio"] == row["threads_cpu_s"] / row["torch_cpu_s"]
     assert capsys.readouterr().out.startswith("thread floor: 3 live threads")
+
+
+def test_the_reference_seeded_as_in_a_rank_draws_what_plain_torch_and_a_rank_draw() -> None:
+    """The second reference does the same work: the same gradients as plain torch's seeding and as a rank's."""
+    engine_bench = _load("engine_bench")
+    original = torch.manual_seed
+    plain = [engine_bench.mlp_local(r) for r in range(3)]
+    with engine_bench.seeded_as_in_a_rank():
+        assert torch.manual_seed is not original
+        seeded = [engine_bench.mlp_local(r) for r in range(3)]
+    assert torch.manual_seed is original
+    in_ranks = simdist.run(
+        lambda: engine_bench.mlp_local(torch.distributed.get_rank()), simdist.Cluster.switch(3)
+    )
+    for a, b, c in zip(plain, seeded, in_ranks.returns):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    with pytest.raises(ValueError), engine_bench.seeded_as_in_a_rank():
+        raise ValueError
+    assert torch.manual_seed is original
