@@ -12,7 +12,8 @@ Prints figures; it is not a test. Usage:
   do not divide by the ranks (chunks of two lengths).
 - ``ranks``: one data-parallel step of 1,024-8,192 ranks on a switch cluster, and of 1,024 ranks on a ring cluster
   (four async ring all-reduces, some 8 million messages), against each rank's plain torch step run once in the
-  same process (``benchmarks/scale_ranks.py``).
+  same process, as written and seeded as a rank seeds (the same work: plain ``torch.manual_seed`` costs about
+  half of this step; ``benchmarks/scale_ranks.py``).
 - ``symmetry``: ``symmetric=True`` steps of 16,384 and 100,000 ranks, and the check of a reduced run against the
   full one (``benchmarks/scale_symmetry.py``).
 - ``fake``: a Llama-style 7B DDP step on 64 ranks under ``tensors="fake"`` (``benchmarks/llama_step.py``, which
