@@ -11,7 +11,10 @@ measured run, as it is of every run. Three columns compare, in the same process:
 - ``races=warn``: the default outside tests (every aten op of rank code checked while a bucket is in flight);
 - ``torch DDP``: torch's own DistributedDataParallel (C++ reducer) doing the same step under the simulator;
 - ``serial torch``: the same per-rank forward/backward/step done with plain torch, one rank after another in
-  one thread, without any communication: the floor any simulator of this program has to pay.
+  one thread, without any communication: the floor any simulator of this program has to pay;
+- ``seeded as a rank``: the same again with ``torch.manual_seed`` seeding the CPU generator only, as it does in a
+  rank (``engine_bench.seeded_as_in_a_rank``): plain torch's lazy seeding of CUDA, XPU and MTIA costs some 0.3 ms a
+  call on a CPU-only build, which a rank skips. Its ratio compares the step with the same work.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from engine_bench import seeded_as_in_a_rank
 from torch.nn.parallel import DistributedDataParallel
 
 import simdist
@@ -79,14 +83,22 @@ def main() -> None:
     warm = simdist.Cluster.two_level(1, 2, device="H100")
     timed(bucketed_step, warm, "off")  # one-time torch warm-up (dispatch modes, autograd hooks)
     timed(torch_ddp_step, warm, "off")
-    print(f"{'ranks':>6} {'races=off s':>12} {'races=warn s':>13} {'torch DDP s':>12} {'serial torch s':>15} {'off/serial':>11}")
+    print(
+        f"{'ranks':>6} {'races=off s':>12} {'races=warn s':>13} {'torch DDP s':>12} {'serial torch s':>15} "
+        f"{'off/serial':>11} {'seeded as a rank s':>19} {'off/seeded':>11}"
+    )
     for n in (int(x) for x in args.ranks.split(",")):
         cluster = simdist.Cluster.two_level(n // 8, 8, device="H100")
         off = timed(bucketed_step, cluster, "off")
         warn = timed(bucketed_step, cluster, "warn")
         ddp = timed(torch_ddp_step, cluster, "off")
         ref = serial(n)
-        print(f"{n:>6} {off:>12.2f} {warn:>13.2f} {ddp:>12.2f} {ref:>15.2f} {off / ref:>11.2f}")
+        with seeded_as_in_a_rank():
+            same = serial(n)
+        print(
+            f"{n:>6} {off:>12.2f} {warn:>13.2f} {ddp:>12.2f} {ref:>15.2f} {off / ref:>11.2f} {same:>19.2f} "
+            f"{off / same:>11.2f}"
+        )
 
 
 if __name__ == "__main__":
