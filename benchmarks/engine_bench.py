@@ -17,14 +17,28 @@ import contextlib
 import platform
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import simdist
 from simdist.c10d import backend
 
 HANDOFFS = 2000
+
+
+class CountingMode(TorchDispatchMode):
+    """Counts the aten ops that reach a dispatch mode (what a rank's modes see of a step)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
 
 
 @contextlib.contextmanager

@@ -15,21 +15,9 @@ import platform
 import time
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from engine_bench import CountingMode
 
 import simdist
-
-
-class _Count(TorchDispatchMode):
-    """Counts the aten ops a function dispatches."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        self.ops += 1
-        return func(*args, **(kwargs or {}))
 
 
 def work(steps: int) -> None:
@@ -46,7 +34,7 @@ def work(steps: int) -> None:
 
 def ops_per_step() -> int:
     """aten ops one step of ``work`` dispatches."""
-    counter = _Count()
+    counter = CountingMode()
     work(1)
     with counter:
         work(1)

@@ -39,8 +39,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from engine_bench import mlp_local, mlp_step, seeded_as_in_a_rank
-from torch.utils._python_dispatch import TorchDispatchMode
+from engine_bench import CountingMode, mlp_local, mlp_step, seeded_as_in_a_rank
 
 import simdist
 
@@ -118,18 +117,6 @@ def rank_scaling(ranks: tuple[int, ...] = (1024, 4096, 8192), shape: str = "swit
     return rows
 
 
-class _Counting(TorchDispatchMode):
-    """Counts the aten ops that reach a dispatch mode."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        self.ops += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _best_batch(calls: int, batches: int) -> float:
     """CPU seconds of the calling thread for ``calls`` of ``mlp_local``, best of ``batches``."""
     best = float("inf")
@@ -143,7 +130,7 @@ def _best_batch(calls: int, batches: int) -> float:
 
 def per_op(calls: int = 300, batches: int = 7) -> dict:
     """Microseconds the cost mode adds to each op of the step, in a warm rank thread of a GPU cluster; printed."""
-    with _Counting() as counting:
+    with CountingMode() as counting:
         mlp_local(0)
     simulated: list[float] = []
 
