@@ -21,8 +21,9 @@ many live threads as the first world size has ranks, one thread at a time as a s
 thread started as the one before it waits, each keeping its result until the last has run), against the same
 steps in this thread, as CPU time. And the per-op share on its own: the step's forward and backward run over and
 over by one rank of a switch cluster of H100s (a warm thread: no start-up, no all-reduce) against the same in plain
-torch, both as CPU time, best of several batches, divided by the ops the step dispatches. Both of these seed as a
-rank does on either side.
+torch, both as CPU time, best of several batches, divided by the ops the step dispatches, beside the same plain
+step under a pass-through Python dispatch mode (what torch charges any mode). Both of these seed as a rank does on
+either side.
 """
 
 from __future__ import annotations
@@ -129,7 +130,9 @@ def _best_batch(calls: int, batches: int) -> float:
 
 
 def per_op(calls: int = 300, batches: int = 7) -> dict:
-    """Microseconds the cost mode adds to each op of the step, in a warm rank thread of a GPU cluster; printed."""
+    """Microseconds the cost mode adds to each op of the step, in a warm rank thread of a GPU cluster, and what a
+    pass-through Python dispatch mode alone adds in plain torch (torch's share, which no simdist change removes);
+    printed."""
     with CountingMode() as counting:
         mlp_local(0)
     simulated: list[float] = []
@@ -141,15 +144,21 @@ def per_op(calls: int = 300, batches: int = 7) -> dict:
     simdist.run(rank, _cluster(1, "switch"), races="off")
     with seeded_as_in_a_rank():
         plain = _best_batch(calls, batches)
+        with CountingMode():
+            mode = _best_batch(calls, batches)
     row = {
         "ops": counting.ops,
         "step_us": simulated[0] / calls * 1e6,
         "torch_step_us": plain / calls * 1e6,
+        "mode_step_us": mode / calls * 1e6,
         "per_op_us": (simulated[0] - plain) / calls / counting.ops * 1e6,
+        "mode_per_op_us": (mode - plain) / calls / counting.ops * 1e6,
     }
     print(
         f"per op: {row['ops']} ops per step; {row['step_us']:.0f} us per step in a warm rank, "
-        f"{row['torch_step_us']:.0f} us in plain torch: {row['per_op_us']:.1f} us per op over plain torch"
+        f"{row['torch_step_us']:.0f} us in plain torch: {row['per_op_us']:.1f} us per op over plain torch; "
+        f"a pass-through dispatch mode alone: {row['mode_step_us']:.0f} us per step, {row['mode_per_op_us']:.1f} "
+        "us per op"
     )
     return row
 

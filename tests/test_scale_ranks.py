@@ -94,3 +94,15 @@ def test_the_reference_seeded_as_in_a_rank_draws_what_plain_torch_and_a_rank_dra
     with pytest.raises(ValueError), engine_bench.seeded_as_in_a_rank():
         raise ValueError
     assert torch.manual_seed is original
+
+
+def test_per_op_reports_the_rank_and_a_pass_through_mode_against_plain_torch(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    scale_ranks = _load("scale_ranks")
+    row = scale_ranks.per_op(calls=2, batches=1)
+    assert row["ops"] == 48  # the step's ops, as a dispatch mode sees them
+    assert row["per_op_us"] == pytest.approx((row["step_us"] - row["torch_step_us"]) / row["ops"])
+    assert row["mode_per_op_us"] == pytest.approx((row["mode_step_us"] - row["torch_step_us"]) / row["ops"])
+    assert min(row["step_us"], row["torch_step_us"], row["mode_step_us"]) > 0
+    assert capsys.readouterr().out.startswith("per op: 48 ops per step;")
