@@ -447,3 +447,54 @@ def test_default_device_and_device_contexts_place_factories_on_the_gpu():
     made, scoped, after = _run(_default_device)[0]
     assert made == (torch.device("cuda", 0), torch.device("cuda", 0))
     assert scoped == torch.device("cuda", 1) and after == torch.device("cpu")
+
+
+def _stacked_norms(n: int, with_values: bool):
+    """``n`` stacks of two 0-dim replicated DTensors, then of their local tensors: results and device time of each
+    (clip_grad_norm_ stacks such norms of an FSDP2 model's gradients)."""
+    from torch.distributed.tensor import DTensor, Replicate, init_device_mesh
+
+    torch.cuda.set_device(dist.get_rank())
+    mesh = init_device_mesh("cuda", (dist.get_world_size(),))
+    local = torch.full((), float(dist.get_rank() + 1), device="cuda")
+    norm = DTensor.from_local(local, mesh, [Replicate()])
+    seen = []
+    for operands in ([norm, norm], [local, local]):
+        torch.cuda.synchronize()
+        start = simdist.now()
+        for _ in range(n):
+            out = torch.stack(operands)
+        torch.cuda.synchronize()
+        values = out.to_local() if isinstance(out, DTensor) else out
+        seen.append((simdist.now() - start, values.device, values.is_meta, values.shape))
+    return seen, values.cpu() if with_values else None
+
+
+@pytest.mark.parametrize("tensors", ["real", "fake"])
+def test_a_dtensor_op_on_a_list_of_0_dim_dtensors_runs_on_the_gpu_and_takes_its_local_ops_time(tensors: str):
+    # the oracle: a replicated DTensor's op is its local tensors' op, on the same device in the same time
+    for rank, ((dtensor, plain), values) in enumerate(
+        _run(_stacked_norms, args=(5, tensors == "real"), tensors=tensors)
+    ):
+        assert dtensor[1:] == plain[1:] == (torch.device("cuda", rank), False, torch.Size([2]))
+        assert plain[0] > 0 and dtensor[0] == plain[0]
+        if tensors == "real":
+            assert torch.equal(values, torch.full((2,), float(rank + 1)))
+
+
+def _with_modes_disabled():
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    a = torch.ones(4, device="cuda")
+    with _disable_current_modes():  # as library code that steps outside every mode does
+        out = [a + a, torch.stack([a, a])]
+    return [(t.device, t.is_meta, t.shape) for t in out]
+
+
+@pytest.mark.parametrize("tensors", ["real", "fake"])
+def test_an_op_run_with_modes_disabled_leaves_its_result_on_the_gpu(tensors: str):
+    for seen in _run(_with_modes_disabled, tensors=tensors):
+        assert seen == [
+            (torch.device("cuda", 0), False, torch.Size([4])),
+            (torch.device("cuda", 0), False, torch.Size([2, 4])),
+        ]

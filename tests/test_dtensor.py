@@ -83,14 +83,18 @@ def reference() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         opt.zero_grad()
         loss_fn(m(x), y).backward()
         opt.step()
-    return {k: p.detach().clone() for k, p in m.named_parameters()}, {k: p.grad.clone() for k, p in m.named_parameters()}
+    return {k: p.detach().clone() for k, p in m.named_parameters()}, {
+        k: p.grad.clone() for k, p in m.named_parameters()
+    }
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
     return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
 
 
-def _train(m: nn.Module, dp_rank: int, dp_size: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def _train(
+    m: nn.Module, dp_rank: int, dp_size: int
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """``STEPS`` SGD steps on this data-parallel rank's share of each batch; full parameters and gradients."""
     opt = torch.optim.SGD(m.parameters(), lr=LR)
     share = BATCH // dp_size
@@ -108,31 +112,47 @@ def check_training(returns: list, tol: dict | None = None) -> None:
     tol = tol or {"rtol": 1e-5, "atol": 1e-6}
     for r, (got_p, got_g) in enumerate(returns):
         for k in params:
-            assert_close(got_p[k], params[k], **tol, msg=lambda m, k=k, r=r: f"parameter {k} on rank {r}: {m}")
+            assert_close(
+                got_p[k], params[k], **tol, msg=lambda m, k=k, r=r: f"parameter {k} on rank {r}: {m}"
+            )
             assert_close(got_g[k], grads[k], **tol, msg=lambda m, k=k, r=r: f"gradient {k} on rank {r}: {m}")
 
 
 # ---------------------------------------------------------------------------------------- redistribution
-def _redistribute() -> dict[str, torch.Tensor]:
+def _redistribute(device: str = "cpu") -> dict[str, torch.Tensor]:
     n, r = dist.get_world_size(), dist.get_rank()
-    mesh = init_device_mesh("cpu", (n,))
-    t = torch.arange(4.0 * n * 2 * n).reshape(4 * n, 2 * n)
+    if device == "cuda":  # as a GPU program starts: NCCL, which takes device memory only
+        dist.destroy_process_group()
+        dist.init_process_group("nccl")
+        torch.cuda.set_device(r)
+    mesh = init_device_mesh(device, (n,))
+    t = torch.arange(4.0 * n * 2 * n, device=device).reshape(4 * n, 2 * n)
     s0 = distribute_tensor(t, mesh, [Shard(0)])
-    partial = DTensor.from_local(torch.full((2 * n, 3), float(r + 1)), mesh, [Partial()])
-    return {
+    partial = DTensor.from_local(torch.full((2 * n, 3), float(r + 1), device=device), mesh, [Partial()])
+    got = {
         "shard_to_replicate": s0.redistribute(mesh, [Replicate()]).to_local(),
+        # on a CPU mesh an all-gather and a chunk; on GPUs one all-to-all (torch.ops._dtensor.shard_dim_alltoall)
         "s0_to_s1": s0.redistribute(mesh, [Shard(1)]).to_local(),
         "s1_full_tensor": s0.redistribute(mesh, [Shard(1)]).full_tensor(),
         "partial_to_shard0": partial.redistribute(mesh, [Shard(0)]).to_local(),
         "partial_to_replicate": partial.redistribute(mesh, [Replicate()]).to_local(),
         "full_tensor": s0.full_tensor(),
     }
+    return {k: v.cpu() for k, v in got.items()}
 
 
-@pytest.mark.parametrize("progress", PROGRESS)
-@pytest.mark.parametrize("n", SIZES)
-def test_redistribution_and_full_tensor(n, progress):
-    res = run(_redistribute, n, progress)
+@pytest.mark.parametrize(
+    ("n", "progress", "device"),
+    [*((n, p, "cpu") for n in SIZES for p in PROGRESS), (2, "nccl", "cuda"), (4, "nccl", "cuda")],
+)
+def test_redistribution_and_full_tensor(n, progress, device):
+    if device == "cpu":
+        res = run(_redistribute, n, progress)
+    else:
+        gpus = simdist.Cluster.switch(n, bandwidth="100GB/s", latency="2us", device="H100")
+        res = simdist.run(_redistribute, gpus, args=(device,), progress=progress, races="error")
+        # a shard-to-shard redistribution on GPUs is one all-to-all of the whole tensor
+        assert "nccl:all_to_all_single" in [s.name for s in res.trace.collectives(0)]
     t = torch.arange(4.0 * n * 2 * n).reshape(4 * n, 2 * n)
     total = torch.full((2 * n, 3), n * (n + 1) / 2)
     for r, got in enumerate(res.returns):
@@ -255,7 +275,11 @@ def test_fsdp2_tp_trace_is_the_same_in_another_process():
     root = os.path.dirname(here)
     env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": root}
     out = subprocess.run(
-        [sys.executable, "-c", _PROCESS_SCRIPT.format(tests=here)], env=env, cwd=root, capture_output=True, text=True,
+        [sys.executable, "-c", _PROCESS_SCRIPT.format(tests=here)],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
         check=True,
     )
     res = run(_fsdp2_tp, 4, "gloo")

@@ -101,6 +101,48 @@ def test_collectives_on_fake_tensors_take_the_time_of_collectives_on_data(
     assert fake.messages == real.messages
 
 
+def _functional_collectives(sizes: list[int], dtype: torch.dtype) -> float:
+    """The functional collectives DTensor and tensor parallelism issue, each result used; then a DTensor
+    redistribution."""
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+    dev = torch.device("cuda", int(dist.get_rank()) % 8)
+    torch.cuda.set_device(dev)
+    group, n = dist.group.WORLD, dist.get_world_size()
+    for size in sizes:
+        x = torch.ones(size * n, dtype=dtype, device=dev)
+        x = funcol.all_reduce(x, "sum", group) + 1
+        gathered = funcol.all_gather_tensor(x, 0, group) * 2
+        x = funcol.reduce_scatter_tensor(gathered, "sum", 0, group) - 1
+        x = funcol.all_to_all_single(x, None, None, group) * 3
+        x = funcol.broadcast(x, 0, group) + 1
+    # a DTensor's shard-to-shard redistribution: one all-to-all (torch.ops._dtensor.shard_dim_alltoall)
+    mesh = init_device_mesh("cuda", (n,))
+    sharded = distribute_tensor(torch.ones(2 * n, 2 * n, dtype=dtype, device=dev), mesh, [Shard(0)])
+    sharded.redistribute(mesh, [Shard(1)]).to_local().mul_(2)
+    torch.cuda.synchronize()
+    return simdist.now()
+
+
+@settings(max_examples=4, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 5000), min_size=1, max_size=2),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.int64]),
+    n=st.sampled_from([2, 3, 4]),
+)
+def test_functional_collectives_on_fake_tensors_take_the_time_of_those_on_data(
+    sizes: list[int], dtype: torch.dtype, n: int
+) -> None:
+    # funcol's meta kernels (for tracing) return without communicating: a fake run must not take them
+    real = simdist.run(_functional_collectives, _gpus(n), args=(sizes, dtype), races="off")
+    fake = simdist.run(_functional_collectives, _gpus(n), args=(sizes, dtype), tensors="fake")
+    assert fake.returns == real.returns
+    assert fake.messages == real.messages > 0
+    names = [s.name for s in real.trace.collectives(0)]
+    assert [s.name for s in fake.trace.collectives(0)] == names and names[-1] == "nccl:all_to_all_single"
+
+
 def test_the_race_detector_is_off_by_default_in_a_fake_run(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SIMDIST_RACES", "error")
     res = simdist.run(lambda: None, _gpus(1), tensors="fake")
@@ -167,3 +209,35 @@ def test_a_fake_run_is_reproducible() -> None:
         simdist.run(_collectives, _gpus(3), args=([300, 7], torch.float32), tensors="fake") for _ in range(2)
     ]
     assert runs[0].trace_hash == runs[1].trace_hash
+
+
+def _fsdp2_clipped_steps(steps: int) -> float:
+    """pytorch/examples' FSDP2 training loop in small: a model made on the meta device, sharded per layer,
+    materialised on the GPU, then steps that clip the gradients' norm (a DTensor of 0-dim norms stacked)."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.cuda.set_device(dist.get_rank())
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = torch.nn.Sequential(*(torch.nn.Linear(32, 32) for _ in range(3)))
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    model.to_empty(device="cuda")
+    for layer in model:
+        layer.reset_parameters()
+    optim = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x = torch.randn(8, 32, device="cuda")
+    for _ in range(steps):
+        model(x).square().mean().backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+        optim.step()
+        optim.zero_grad()
+    torch.cuda.synchronize()
+    return simdist.now()
+
+
+def test_an_fsdp2_step_that_clips_its_gradients_takes_the_time_of_the_step_with_data() -> None:
+    real = simdist.run(_fsdp2_clipped_steps, _gpus(2), args=(2,), races="off")
+    fake = simdist.run(_fsdp2_clipped_steps, _gpus(2), args=(2,), tensors="fake")
+    assert fake.returns == real.returns and fake.messages == real.messages

@@ -16,6 +16,7 @@ the device's own generator, as on CUDA, not from the CPU's.
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 from collections.abc import Callable
@@ -177,13 +178,25 @@ class SimCudaTensor(torch.Tensor):
     @never_compiled
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         # Reached where no rank's dispatch mode is active (a simulator thread, code that disables modes):
-        # the op runs as under the mode, uncharged.
-        call = unwrap(func, args, kwargs or {})
+        # the op runs as under the mode, uncharged, its results kept where its operands keep their data (the
+        # meta device in a timing-only run).
+        call = unwrap(func, args, kwargs or {}, _elem_device(args, kwargs))
         if call is None:
             return func(*args, **(kwargs or {}))
         if call is NotImplemented:
             return NotImplemented
         return rewrap(call, call.run())
+
+
+def _elem_device(args: Any, kwargs: dict[str, Any] | None) -> torch.device:
+    """Where the simulated-GPU operands of a call keep their data: the meta device where the first one's is
+    there (a timing-only run), else the CPU."""
+    for a in itertools.chain(args, (kwargs or {}).values()):
+        items = a if isinstance(a, (list, tuple)) else (a,)
+        for t in items:
+            if type(t) is SimCudaTensor:
+                return META if t._elem.is_meta else CPU
+    return CPU
 
 
 def host_values(t: torch.Tensor) -> torch.Tensor:
@@ -268,7 +281,9 @@ _MIXED_DEVICES = frozenset(
 #: namespaces whose ops move data between ranks or devices (collectives take and give device buffers)
 _MIXED_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_dtensor", "fsdp"})
 #: namespaces of collectives that reach a process group with the CPU tensors of their device operands
-_COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional"})
+_COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_dtensor"})
+#: the kernels a functional collective runs on host tensors, reached by redispatch from meta ones
+_HOST_KERNELS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
 #: per thread, how many collectives with simulated-GPU operands are running (their buffers reach the process
 #: group unwrapped, and the group must take them for device memory)
@@ -377,6 +392,11 @@ class Call:
         if self.device is not None and func.namespace in _COLLECTIVE_NAMESPACES:
             _ON_DEVICE.depth = getattr(_ON_DEVICE, "depth", 0) + 1
             try:
+                if self.elem_device == META and func.namespace != "c10d":
+                    # a timing-only run's tensors are meta tensors, whose functional-collective kernels are
+                    # funcol's Python ones for tracing: they return without communicating. The CPU kernels (torch's
+                    # C++ ones, simdist's run-scoped ones) reach the process group as with data.
+                    return func.redispatch(_HOST_KERNELS, *args, **kwargs)
                 return func(*args, **kwargs)
             finally:
                 _ON_DEVICE.depth -= 1
@@ -595,10 +615,13 @@ def unwrap(func: Any, args: Any, kwargs: dict[str, Any], target: torch.device = 
                     if type(t) is SimCudaTensor:
                         dev = _joined(func, dev, t)
                         items[j] = t._elem
-                    elif isinstance(t, torch.Tensor) and t.dim() > 0 and not t.is_meta:
+                    elif isinstance(t, torch.Tensor):
+                        # a subclass unwraps first, whatever its shape: a list of 0-dim DTensors (the norms
+                        # clip_grad_norm_ stacks) must reach DTensor's dispatch with this mode still active
                         if not _plain(type(t)):
                             return None if _fake(t) else NotImplemented
-                        host = True
+                        if t.dim() > 0 and not t.is_meta:
+                            host = True
                 if new_args is None:
                     new_args = list(args)
                 new_args[i] = items if kind is list else tuple(items)
