@@ -113,8 +113,8 @@ def _functional_collectives(sizes: list[int], dtype: torch.dtype) -> float:
     for size in sizes:
         x = torch.ones(size * n, dtype=dtype, device=dev)
         x = funcol.all_reduce(x, "sum", group) + 1
-        gathered = funcol.all_gather_tensor(x, 0, group) * 2
-        x = funcol.reduce_scatter_tensor(gathered, "sum", 0, group) - 1
+        gathered = funcol.all_gather_single(x, 0, group) * 2
+        x = funcol.reduce_scatter_single(gathered, "sum", 0, group) - 1
         x = funcol.all_to_all_single(x, None, None, group) * 3
         x = funcol.broadcast(x, 0, group) + 1
     # a DTensor's shard-to-shard redistribution: one all-to-all (torch.ops._dtensor.shard_dim_alltoall)

@@ -33,7 +33,7 @@ def launch(sim: RunContext, st: GroupState, inst: Instance) -> None:
     # NCCL's model times what NCCL would run: not a group that presents gloo for these tensors
     by_nccl = backend_for(st.backend_name, first.device_type()) != "gloo"
     selection = sim.selector.select(
-        st.index, st.global_ranks, st.algorithms, first.collective, first.sizes().nbytes, st.nccl_enabled, by_nccl
+        st.index, st.global_ranks, st.algorithms, first.collective, first.buffer_bytes(n), st.nccl_enabled, by_nccl
     )
     algo = selection.algorithm
     plan = kind.plan(specs, algo)
@@ -79,7 +79,7 @@ def _launch_symmetric(sim: RunContext, st: GroupState, inst: Instance) -> None:
     first = calls[0].spec
     write = symmetric_data.writer(first, calls[0].site)
     by_nccl = backend_for(st.backend_name, first.device_type()) != "gloo"
-    nbytes = first.sizes().nbytes
+    nbytes = first.buffer_bytes(st.size)
     selection = sim.selector.select(
         st.index, st.global_ranks, st.algorithms, first.collective, nbytes, st.nccl_enabled, by_nccl
     )

@@ -75,6 +75,11 @@ class OpSpec(ABC):
     def sizes(self) -> Sizes:
         """Sizes for the trace span and algorithm selection."""
 
+    def buffer_bytes(self, group_size: int) -> int:
+        """The bytes of the buffer the algorithm is chosen and timed for on a group of ``group_size`` ranks
+        (``sizes().nbytes`` unless a rank's call holds only its own chunk of it)."""
+        return self.sizes().nbytes
+
     @classmethod
     def check_across(cls, ops: list, sites: list[str]) -> None:
         """Raise :class:`CollectiveMismatchError` if the matched calls disagree beyond their signatures
@@ -373,6 +378,9 @@ class Gather(OpSpec):
     def sizes(self) -> Sizes:
         return Sizes.of(self.input, self.input)
 
+    def buffer_bytes(self, group_size: int) -> int:
+        return group_size * _nbytes(self.input)  # the root's buffer: every rank's chunk
+
     @classmethod
     def plan(cls, ops: list[Gather], algo: Algorithm) -> plans.Plan:
         root = ops[0].root
@@ -394,6 +402,9 @@ class Scatter(OpSpec):
 
     def sizes(self) -> Sizes:
         return Sizes.of(self.output, self.output)
+
+    def buffer_bytes(self, group_size: int) -> int:
+        return group_size * _nbytes(self.output)  # the root's buffer: every rank's chunk
 
     @classmethod
     def plan(cls, ops: list[Scatter], algo: Algorithm) -> plans.Plan:

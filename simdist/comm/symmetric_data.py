@@ -109,6 +109,22 @@ def _reduce_scatter_tensor(calls: list[ops.ReduceScatterTensor], members: list[i
         raw_flat(c.output).copy_(result)
 
 
+def _gather(calls: list[ops.Gather], members: list[int], size: int) -> None:
+    root = calls[0].root
+    if root in members:
+        sources = _inputs_by_rank([c.input.clone() for c in calls], members, size)
+        torch._foreach_copy_(list(calls[members.index(root)].outputs), sources)
+
+
+def _scatter(calls: list[ops.Scatter], members: list[int], size: int) -> None:
+    # only the root holds the chunks: from a root not simulated, the members' outputs keep what they held
+    root = calls[0].root
+    if root in members:
+        chunks = [t.clone() for t in calls[members.index(root)].inputs]
+        for c, r in zip(calls, members):
+            raw_flat(c.output).copy_(chunks[r].reshape(-1))
+
+
 def _nothing(calls: list, members: list[int], size: int) -> None:
     return None
 
@@ -125,6 +141,8 @@ WRITERS: dict[type, Writer] = {
     ops.AllGatherIntoTensorCoalesced: _all_gather_flat,
     ops.ReduceScatter: _reduce_scatter,
     ops.ReduceScatterTensor: _reduce_scatter_tensor,
+    ops.Gather: _gather,
+    ops.Scatter: _scatter,
     ops.Barrier: _nothing,
 }
 
@@ -134,9 +152,14 @@ def writer(spec: ops.OpSpec, site: str) -> Writer:
     found = WRITERS.get(type(spec))
     if found is None:
         supported = ", ".join(sorted({k.name for k in WRITERS}))
+        why = (
+            ": its closed form does not see how every rank's n-1 simultaneous messages share the links (measured: "
+            "7% short of the full run's time at 4 KB per pair of ranks on a switch of 48 ranks, 45% at 256 KB)"
+            if spec.collective == "all_to_all"
+            else ""
+        )
         raise SymmetryError(
-            f"{spec.name} at {site}: a symmetric run (symmetric=True) supports the collectives whose ranks are "
-            f"alike ({supported}), not {spec.name}, whose ranks send and receive different things; run without "
-            "symmetric=True"
+            f"{spec.name} at {site}: a symmetric run (symmetric=True) supports {supported}, not {spec.name}{why}. "
+            "Run without symmetric=True"
         )
     return found
