@@ -111,6 +111,28 @@ def test_a_scatter_or_gather_takes_the_full_runs_time(kind: str, preset: str, n:
         assert_same_times(full.sim_time, reduced.sim_time)
 
 
+def coalesced_reduce_scatter(n_elems: int) -> float:
+    """Two tensors reduce-scattered in one call, as DTensor and FSDP2 issue them through funcol."""
+    import torch.distributed._functional_collectives as funcol
+
+    n = dist.get_world_size()
+    pieces = [torch.ones(n * n_elems), torch.ones(n * 2 * n_elems)]
+    for piece in funcol.reduce_scatter_single_coalesced(pieces, "sum", [0, 0], dist.group.WORLD):
+        if isinstance(piece, funcol.AsyncCollectiveTensor):
+            piece.wait()
+    return simdist.now()
+
+
+@pytest.mark.parametrize(("preset", "n"), [("switch", 8), ("ring", 12), ("dgx-h100", 16)])
+def test_a_coalesced_reduce_scatter_takes_the_full_runs_time(preset: str, n: int) -> None:
+    cluster = simdist.Cluster.preset(preset, world_size=n)
+    for n_elems in (1, 1000, 64_000):
+        full = simdist.run(coalesced_reduce_scatter, cluster, args=(n_elems,), races="off")
+        reduced = simdist.run(coalesced_reduce_scatter, cluster, args=(n_elems,), races="off", symmetric=True)
+        assert "nccl:reduce_scatter_tensor_coalesced" in [s.name for s in reduced.trace.collectives(0)]
+        assert_same_times(full.sim_time, reduced.sim_time)
+
+
 def test_rank_code_sees_the_whole_world_and_unsimulated_ranks_return_a_marker() -> None:
     reduced = simdist.run(mlp_step, simdist.Cluster.switch(10), races="off", symmetric=True)
     assert reduced.simulated_ranks == [0, 1, 5, 9]
@@ -207,6 +229,13 @@ def collectives(n_elems: int) -> dict[str, list[torch.Tensor]]:
     r = x.clone()
     dist.reduce(r, dst=0)
     out["reduce"] = [r]
+    import torch.distributed._functional_collectives as funcol
+
+    # two tensors at once: one coalesced reduce-scatter (funcol's, as DTensor and FSDP2 issue them)
+    halves = funcol.reduce_scatter_single_coalesced([big, big * 2], "sum", [0, 0], dist.group.WORLD)
+    out["reduce_scatter_tensor_coalesced"] = [
+        h.wait() if isinstance(h, funcol.AsyncCollectiveTensor) else h for h in halves
+    ]
     for root in (n - 1, 2 % n):  # the last rank is always simulated; rank 2 of more than 5 is not
         landed = [torch.empty(n_elems, dtype=torch.float64) for _ in range(n)] if rank == root else None
         dist.gather(x, landed, dst=root)
@@ -233,6 +262,7 @@ def expected(rank: int, n: int, n_elems: int, simulated: list[int]) -> dict[str,
         rooted[f"scatter_{root}"] = [bigs[root][mine] if root in simulated else np.full(n_elems, -1.0)]
     return {
         **rooted,
+        "reduce_scatter_tensor_coalesced": [total[mine], 2 * total[mine]],
         "all_reduce_SUM": [np.sum(xs, axis=0)],
         "all_reduce_AVG": [np.sum(xs, axis=0) / n],
         "all_reduce_MAX": [np.max(xs, axis=0)],

@@ -141,6 +141,7 @@ WRITERS: dict[type, Writer] = {
     ops.AllGatherIntoTensorCoalesced: _all_gather_flat,
     ops.ReduceScatter: _reduce_scatter,
     ops.ReduceScatterTensor: _reduce_scatter_tensor,
+    ops.ReduceScatterTensorCoalesced: _reduce_scatter_tensor,  # its input is rank-major too
     ops.Gather: _gather,
     ops.Scatter: _scatter,
     ops.Barrier: _nothing,
