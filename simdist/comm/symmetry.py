@@ -88,24 +88,35 @@ class NotSimulated:
 
 def check_alike(trace: Trace, simulated: tuple[int, ...]) -> None:
     """Raise :class:`SymmetryError` unless every simulated rank's spans (stream, name, start, end) are the first
-    simulated rank's: a rank that ran other ops, or the same ops at other times, breaks the symmetry."""
+    simulated rank's: a rank that ran other ops, or the same ops at other times, breaks the symmetry. Of the
+    ranks that differ, the one named is the one whose timeline parts from the first rank's first in simulated
+    time, and of those one that ran another op over one that ran the same op at another time: a rank that
+    waited in a collective for a rank that differs, or did not wait for it, differs as a consequence."""
     timelines: dict[int, list[Span]] = {r: [] for r in simulated}
     for span in trace.spans:
         timelines[span.rank].append(span)
     base_rank = simulated[0]
     base = timelines[base_rank]
+    first: tuple[float, bool, int, int, Span | None, Span | None] | None = None
     for r in simulated[1:]:
         other = timelines[r]
         for i in range(max(len(base), len(other))):
             a = base[i] if i < len(base) else None
             b = other[i] if i < len(other) else None
             if a is None or b is None or _key(a) != _key(b):
-                raise SymmetryError(
-                    f"symmetric=True, but rank {r} did not run as rank {base_rank} did: span #{i} of rank "
-                    f"{base_rank} is {_describe(a)}, of rank {r} {_describe(b)}. A symmetric run needs every rank to "
-                    "run the same ops on same-shaped tensors at the same times (no rank-dependent control flow, no "
-                    "work only some ranks do, such as logging on rank 0); run without symmetric=True"
-                )
+                when = base[i - 1].end if i else 0.0  # the timelines agree until then
+                only_times = a is not None and b is not None and _key(a)[:2] == _key(b)[:2]
+                if first is None or (when, only_times) < first[:2]:
+                    first = (when, only_times, r, i, a, b)
+                break
+    if first is not None:
+        _, _, r, i, a, b = first
+        raise SymmetryError(
+            f"symmetric=True, but rank {r} did not run as rank {base_rank} did: span #{i} of rank "
+            f"{base_rank} is {_describe(a)}, of rank {r} {_describe(b)}. A symmetric run needs every rank to "
+            "run the same ops on same-shaped tensors at the same times (no rank-dependent control flow, no "
+            "work only some ranks do, such as logging on rank 0); run without symmetric=True"
+        )
 
 
 def _key(span: Span) -> tuple[str, str, float, float]:

@@ -48,6 +48,15 @@ def _gloo_group_on_gpus() -> None:
     dist.all_reduce(torch.ones(1000), group=dist.new_group(backend="gloo"))
 
 
+def _upper_half_computes_first() -> None:
+    x = torch.randn(32, 32)
+    if dist.get_rank() >= 4:
+        x = x @ x  # work only some ranks do (uneven shards, say)
+    # pairs (0, 4), (1, 5), ...: rank 0 waits for rank 4 (simulated); rank 1 for rank 5, which is not
+    pairs = [dist.new_group([r, r + 4]) for r in range(4)]
+    dist.all_reduce(x, group=pairs[dist.get_rank() % 4])
+
+
 def _symmetric(fn, cluster=SWITCH8, **kw):
     return lambda: simdist.run(fn, cluster, races="off", symmetric=True, **kw)
 
@@ -65,6 +74,14 @@ CASES = [
         _symmetric(_last_rank_computes_more),
         error=simdist.SymmetryError,
         match=r"rank 7 did not run as rank 0 did: span #\d+ of rank 0 is .* of rank 7 aten::mm",
+    ),
+    Case(
+        "ranks-differ-one-in-consequence",
+        "ranks 4-7 compute first; rank 1 then starts a collective earlier than rank 0, which waited for rank 4",
+        _symmetric(_upper_half_computes_first),
+        error=simdist.SymmetryError,
+        # the rank whose difference comes first in time, not rank 1, whose later difference it caused
+        match=r"rank 4 did not run as rank 0 did: span #1 of rank 0 is nccl:all_reduce .* of rank 4 aten::mm",
     ),
     Case(
         "rank-reduces-another-shape",
