@@ -31,7 +31,7 @@ from simdist.cuda.fallbacks import FALLBACKS, unsupported
 from simdist.cuda.meta_outputs import MetaOutputs
 from simdist.cuda.rngstate import DeviceGenerator
 from simdist.cuda.swap import swap_keeping_own
-from simdist.errors import DeviceMismatchError, HostConversionError
+from simdist.errors import DeviceMismatchError, HostConversionError, NoValuesError
 from simdist.untraced import never_compiled
 
 CPU = torch.device("cpu")
@@ -160,6 +160,13 @@ class SimCudaTensor(torch.Tensor):
     def __reduce_ex__(self, protocol: Any) -> Any:
         # torch.load(weights_only=True) refuses classes it does not know: saved as the CPU tensor it holds, what
         # torch.load(map_location="cpu") of a real checkpoint gives
+        if self._elem.is_meta:
+            # a timing-only run's tensor: a checkpoint of meta tensors would load without an error and hold nothing
+            raise NoValuesError(
+                f"saving a tensor on {self._dev} (torch.save, pickle) copies its values to the host, and this run is "
+                'timing-only (tensors="fake"): its tensors hold shapes and dtypes but no values. Leave checkpoints '
+                'out of the timed code, or run with tensors="real" at a size that fits'
+            )
         return self._elem.detach().clone().requires_grad_(self.requires_grad).__reduce_ex__(protocol)
 
     # ------------------------------------------------------------------ a traceable wrapper subclass

@@ -4,6 +4,7 @@ data (a model made on the meta device and moved with ``to_empty``), with the run
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +36,8 @@ def _read(how: str) -> None:
         x.unsqueeze(0).masked_select(x.unsqueeze(0) > 0)
     elif how == "argwhere":
         torch.argwhere(torch.ones(4, device="cuda"))
+    elif how == "save":  # a checkpoint: torch.save copies each tensor to the host
+        torch.save(torch.nn.Linear(4, 4, device="cuda").state_dict(), io.BytesIO())
 
 
 def _fake(fn: Callable[..., Any], *args: object) -> simdist.RunResult:
@@ -117,6 +120,9 @@ CASES: list[Case] = [
          match=r"NoValuesError: .*masked_select reads the values of a tensor on cuda:0 \(to the host, or for the shape"),
     Case("fake-argwhere", "argwhere (a shape from values) in a timing-only run", lambda: _fake(_read, "argwhere"),
          error=simdist.RankError, match=r"NoValuesError: .*aten::nonzero reads the values"),
+    Case("fake-save", "torch.save of a model's state in a timing-only run", lambda: _fake(_read, "save"),
+         error=simdist.RankError,
+         match=r"NoValuesError: saving a tensor on cuda:0 \(torch.save, pickle\) copies its values to the host"),
     Case("fake-repr", "print(t) of a fake tensor", lambda: _fake(_shown).returns, check=lambda r: (
         r == ["tensor(..., device='cuda:0', size=(2, 3), dtype=torch.bfloat16, no values)"]) or pytest.fail(str(r))),
     Case("fake-host-values", "host tensors and copies of them on the device in a timing-only run",
