@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from fsdp_tp_fns import fsdp2_over_tp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -243,49 +244,12 @@ def test_an_fsdp2_step_that_clips_its_gradients_takes_the_time_of_the_step_with_
     assert fake.returns == real.returns and fake.messages == real.messages
 
 
-def _fsdp2_tp_steps(steps: int) -> float:
-    """pytorch/examples' FSDP2 x tensor-parallel loop in small: a 2-D (dp, tp) mesh of simulated GPUs, sequence
-    parallel norms, column- and row-wise linears, FSDP2 over dp, AdamW."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-        parallelize_module,
-    )
-
-    torch.cuda.set_device(dist.get_rank())
-    mesh = init_device_mesh("cuda", (2, 2), mesh_dim_names=("dp", "tp"))
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.LayerNorm(32), torch.nn.Linear(32, 64), torch.nn.Linear(64, 32)
-    ).cuda()
-    plan = {
-        "0": SequenceParallel(),
-        "1": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-        "2": RowwiseParallel(output_layouts=Shard(1)),
-    }
-    parallelize_module(model, mesh["tp"], plan)
-    parallelize_module(model[1], mesh["tp"], ColwiseParallel())
-    fully_shard(model, mesh=mesh["dp"])
-    optim = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
-    for step in range(steps):
-        torch.manual_seed(step + mesh["dp"].get_local_rank())
-        model(torch.randn(4, 8, 32, device="cuda")).sum().backward()
-        optim.step()
-        optim.zero_grad()
-    torch.cuda.synchronize()
-    return simdist.now()
-
-
 def test_an_fsdp2_over_tensor_parallel_step_takes_the_time_and_memory_of_the_step_with_data() -> None:
     # a first run in the process keeps a cycle past its peak (see the test of the Llama-style step): not compared
-    simdist.run(_fsdp2_tp_steps, _gpus(4), args=(0,), tensors="fake", memory=True)
-    real = simdist.run(_fsdp2_tp_steps, _gpus(4), args=(2,), races="off", memory=True)
-    fake = simdist.run(_fsdp2_tp_steps, _gpus(4), args=(2,), tensors="fake", memory=True)
+    # tensor-parallel groups of 2, the model made on the GPU
+    simdist.run(fsdp2_over_tp, _gpus(4), args=(32, 2, 0, False), tensors="fake", memory=True)
+    real = simdist.run(fsdp2_over_tp, _gpus(4), args=(32, 2, 2, False), races="off", memory=True)
+    fake = simdist.run(fsdp2_over_tp, _gpus(4), args=(32, 2, 2, False), tensors="fake", memory=True)
     assert fake.returns == real.returns and fake.messages == real.messages
     assert fake.trace_hash == real.trace_hash
     assert [m.peak_bytes for m in fake.memory] == [m.peak_bytes for m in real.memory]

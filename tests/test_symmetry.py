@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from fsdp_tp_fns import fsdp2_over_tp
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -178,49 +179,12 @@ def test_a_timing_only_step_times_as_the_full_timing_only_run() -> None:
     assert [m.peak_bytes for m in reduced.memory] == [m.peak_bytes for m in full.memory]
 
 
-def fsdp2_over_tp_step(width: int) -> None:
-    """FSDP2 over tensor parallelism on a 2-D (dp, tp) mesh of GPUs, made on the meta device: sequence-parallel
-    norm, column- and row-wise linears, a step of AdamW."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-        parallelize_module,
-    )
-
-    torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
-    tp = torch.cuda.device_count()  # a node's GPUs
-    mesh = init_device_mesh("cuda", (dist.get_world_size() // tp, tp), mesh_dim_names=("dp", "tp"))
-    torch.manual_seed(0)  # else DTensor's random-number tracker has rank 0 send its seed to the others
-    with torch.device("meta"):
-        model = torch.nn.Sequential(
-            torch.nn.LayerNorm(width), torch.nn.Linear(width, 4 * width), torch.nn.Linear(4 * width, width)
-        )
-    plan = {
-        "0": SequenceParallel(),
-        "1": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-        "2": RowwiseParallel(output_layouts=Shard(1)),
-    }
-    parallelize_module(model, mesh["tp"], plan)
-    parallelize_module(model[1], mesh["tp"], ColwiseParallel())
-    fully_shard(model, mesh=mesh["dp"])
-    model.to_empty(device="cuda")
-    for layer in model:
-        layer.reset_parameters()
-    optim = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
-    model(torch.randn(2, 16, width, device="cuda")).sum().backward()
-    optim.step()
-
-
 def test_fsdp2_over_tensor_parallelism_times_as_the_full_run() -> None:
     # two nodes of four GPUs: tensor-parallel groups inside a node, FSDP's groups across the nodes
     cluster = simdist.Cluster.preset("dgx-h100", world_size=8, gpus_per_node=4)
-    full = simdist.run(fsdp2_over_tp_step, cluster, args=(64,), tensors="fake")
-    reduced = simdist.run(fsdp2_over_tp_step, cluster, args=(64,), tensors="fake", symmetric=True)
+    # made on the meta device and materialised on the GPUs, tensor-parallel groups of 4, one step
+    full = simdist.run(fsdp2_over_tp, cluster, args=(64, 4, 1, True), tensors="fake")
+    reduced = simdist.run(fsdp2_over_tp, cluster, args=(64, 4, 1, True), tensors="fake", symmetric=True)
     assert len(reduced.simulated_ranks) < 8
     # the broadcast at its start ends on each rank at its own time in the full run, on all at the last one's here
     # (docs/symmetry.md, condition 3): the step and the last rank agree
