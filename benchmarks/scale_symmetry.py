@@ -11,6 +11,10 @@ collectives timed by NCCL's model (6 ranks simulated: both ends of the first nod
 figure checks the reduction against the full run at a size the full run manages; the others time the reduced
 run alone. "build" is the wall time of making the cluster (a networkx graph of every rank and link), "run" that
 of ``simdist.run``; "total" is both.
+
+``--fsdp-tp 64,16384`` adds FSDP2 over tensor parallelism (``benchmarks/fsdp_tp_step.py``: tensor-parallel groups
+of a ``dgx-h100`` node's 8 GPUs, FSDP2 over the rest, width 4,096, made on the meta device, two steps), timing-only
+(``tensors="fake"``) and symmetric; its first size is also run in full, as the check.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from fsdp_tp_step import fsdp2_over_tp
 
 import simdist
 
@@ -121,6 +126,37 @@ def scale(n: int, setup: str = "ring") -> dict[str, Any]:
     }
 
 
+#: the FSDP2-over-TP step: width, tensor-parallel group size, steps
+FSDP_TP = (4096, 8, 2)
+
+
+def fsdp_tp(ranks: tuple[int, ...]) -> dict[str, Any]:
+    """FSDP2 over tensor parallelism, timing-only: the full run and the symmetric run at the first size, then
+    the symmetric run alone at the others (wall seconds of ``simdist.run``, simulated step)."""
+
+    def run(n: int, **kw: Any) -> tuple[Any, float]:
+        cluster = simdist.Cluster.preset("dgx-h100", world_size=n)
+        return _timed(
+            lambda: simdist.run(fsdp2_over_tp, cluster, args=(*FSDP_TP, True), tensors="fake", **kw)
+        )
+
+    full, full_wall = run(ranks[0])
+    rows = []
+    for n in ranks:
+        reduced, wall = run(n, symmetric=True)
+        rows.append({"ranks": n, "run_wall_s": wall, "sim_step_s": reduced.sim_time})
+    first = rows[0]["sim_step_s"]
+    return {
+        "check": {
+            "ranks": ranks[0],
+            "full_sim_s": full.sim_time,
+            "full_wall_s": full_wall,
+            "relative_difference": abs(full.sim_time - first) / full.sim_time,
+        },
+        "scale": rows,
+    }
+
+
 def figures(ranks: tuple[int, ...] = (16_384, 100_000), check_ranks: int = CHECK_RANKS) -> dict[str, Any]:
     """Every figure this benchmark prints: the check against the full run, then one row per world size."""
     for fn, make in SETUPS.values():  # the first runs import what rank code needs: not timed
@@ -138,8 +174,27 @@ def main() -> None:
     parser.add_argument(
         "--check-ranks", type=int, default=CHECK_RANKS, help="world size of the full-run check"
     )
+    parser.add_argument(
+        "--fsdp-tp", default="", help="world sizes (multiples of 8) of the FSDP2-over-TP step, e.g. 64,16384"
+    )
     args = parser.parse_args()
     show(figures(tuple(int(x) for x in args.ranks.split(",")), args.check_ranks))
+    if args.fsdp_tp:
+        show_fsdp_tp(fsdp_tp(tuple(int(x) for x in args.fsdp_tp.split(","))))
+
+
+def show_fsdp_tp(out: dict[str, Any]) -> None:
+    """Print what :func:`fsdp_tp` returned."""
+    c = out["check"]
+    print(
+        f"FSDP2 over TP (width {FSDP_TP[0]}, TP {FSDP_TP[1]}, {FSDP_TP[2]} steps, tensors='fake'): full run on "
+        f"{c['ranks']} ranks {c['full_sim_s'] * 1e3:.6f} ms simulated in {c['full_wall_s']:.2f} s "
+        f"(symmetric: relative difference {c['relative_difference']:.1e})"
+    )
+    for row in out["scale"]:
+        print(
+            f"  symmetric, {row['ranks']:>6} ranks: {row['run_wall_s']:.2f} s, step {row['sim_step_s'] * 1e3:.3f} ms"
+        )
 
 
 def show(out: dict[str, Any]) -> None:

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from fsdp_tp_fns import fsdp2_over_tp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -31,6 +30,8 @@ _SPEC = importlib.util.spec_from_file_location(
 llama_step = importlib.util.module_from_spec(_SPEC)
 sys.modules["llama_step"] = llama_step  # dataclasses resolve the module by name
 _SPEC.loader.exec_module(llama_step)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))  # a folder of scripts
+from fsdp_tp_step import fsdp2_over_tp
 
 TINY = llama_step.PRESETS["tiny"]
 

@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from fsdp_tp_fns import fsdp2_over_tp
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import simdist
 from simdist.comm.symmetry import sampled_ranks
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))  # a folder of scripts
+from fsdp_tp_step import fsdp2_over_tp
 
 #: every test here but the one that expects it fails if a run warns that its collectives overlapped
 pytestmark = pytest.mark.filterwarnings("error::simdist.SymmetryWarning")

@@ -1,6 +1,7 @@
 """FSDP2 over tensor parallelism on a 2-D (dp, tp) mesh of simulated GPUs, as pytorch/examples'
 ``distributed/tensor_parallelism/fsdp_tp_example.py`` writes it, in small: a sequence-parallel norm, a column-wise
-and a row-wise linear, ``fully_shard`` over the data-parallel dimension, AdamW."""
+and a row-wise linear, ``fully_shard`` over the data-parallel dimension, AdamW. Rank code for
+``benchmarks/scale_symmetry.py --fsdp-tp`` and for the tests of timing-only and symmetric runs."""
 
 from __future__ import annotations
 
