@@ -41,9 +41,11 @@ from real.errors import RealConfigError
 #: the environment variable that picks how rank processes start
 START_METHOD_VARIABLE = "SIMDIST_REAL_START_METHOD"
 START_METHODS = ("forkserver", "spawn")
-#: what the server imports before forking: everything a rank process imports on its way to the rank code,
-#: and DTensor, which torch imports at the first backward through a tensor subclass (emulated CUDA tensors)
-PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor", "real.rank_process")
+#: what the server imports before forking: everything a rank process imports on its way to the rank code;
+#: DTensor, which torch imports at the first backward through a tensor subclass (emulated CUDA tensors); and
+#: TorchDynamo, which torch imports at the first call of a function it keeps from being compiled (every
+#: optimizer's constructor and step, DistributedDataParallel's): a second of CPU in each rank process otherwise
+PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor", "torch._dynamo", "real.rank_process")
 #: imported too where the launching process has imported simdist (so its environment has what simdist needs;
 #: the launcher itself never imports the simulator): the runtime's worker, and with it the simdist modules
 #: that rank code of simdist's users often imports

@@ -183,8 +183,9 @@ on_every_capability = pytest.mark.parametrize(
 
 
 #: interpreters that imported torch, simdist and the scenarios' verdicts once, one per environment (so one per
-#: CPU capability), each running a scenario in a fork of itself as a fresh interpreter would run it
-WARM = WarmScripts(("torch", "simdist", "verdicts"), [str(ROOT / "scenarios")])
+#: CPU capability), each running a scenario in a fork of itself as a fresh interpreter would run it; DTensor and
+#: TorchDynamo too, which torch imports lazily in most scenarios (at the first optimizer): 1-2 s of CPU a run
+WARM = WarmScripts(("torch", "torch.distributed.tensor", "torch._dynamo", "simdist", "verdicts"), [str(ROOT / "scenarios")])
 
 
 @pytest.fixture(scope="session", autouse=True)
