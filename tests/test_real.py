@@ -93,7 +93,7 @@ def test_rank_exception_names_the_rank_and_carries_its_traceback() -> None:
 
 
 #: timeouts of successive launches of a hung rank: the first is enough for an idle machine to start it
-HANG_TIMEOUTS = (10, 40, 160)
+HANG_TIMEOUTS = (4, 20, 160)
 
 
 @pytest.mark.real

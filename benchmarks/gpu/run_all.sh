@@ -34,7 +34,8 @@ section() {  # section NAME SECONDS SCRIPT [ARGS...]
 {
     echo "run_all.sh ${DRY[*]:-} at $(date -u +%FT%TZ) on $(hostname); OUT=$OUT"
     command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-    "$PY" -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())'
+    # versions without importing torch (seconds of CPU; each section and the summary record what torch sees)
+    "$PY" -c 'import sys; from importlib.metadata import version; print("python", sys.version.split()[0], "torch", version("torch"))'
     section real_nccl 150 "$HERE/real_nccl.py"
     section compute 120 "$HERE/compute.py"
     section memory 45 "$HERE/memory.py"
