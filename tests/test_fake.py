@@ -13,7 +13,9 @@ import importlib.util
 import math
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -38,6 +40,17 @@ TINY = llama_step.PRESETS["tiny"]
 
 def _gpus(n: int) -> simdist.Cluster:
     return simdist.Cluster.preset("dgx-h100", world_size=n)
+
+
+def _with_and_without_data(
+    fn: Callable[..., Any], n: int, *args: Any, **options: Any
+) -> tuple[simdist.RunResult, simdist.RunResult]:
+    """``fn(*args)`` on ``n`` simulated GPUs with data, then timing-only: the same returned (simulated) times and the
+    same messages."""
+    real = simdist.run(fn, _gpus(n), args=args, races="off", **options)
+    fake = simdist.run(fn, _gpus(n), args=args, tensors="fake", **options)
+    assert fake.returns == real.returns and fake.messages == real.messages
+    return real, fake
 
 
 def _step(strategy: str, tensors: str, steps: int = 2) -> simdist.RunResult:
@@ -97,10 +110,7 @@ def _collectives(sizes: list[int], dtype: torch.dtype) -> float:
 def test_collectives_on_fake_tensors_take_the_time_of_collectives_on_data(
     sizes: list[int], dtype: torch.dtype, n: int
 ) -> None:
-    real = simdist.run(_collectives, _gpus(n), args=(sizes, dtype), races="off")
-    fake = simdist.run(_collectives, _gpus(n), args=(sizes, dtype), tensors="fake")
-    assert fake.returns == real.returns
-    assert fake.messages == real.messages
+    _with_and_without_data(_collectives, n, sizes, dtype)
 
 
 def _functional_collectives(sizes: list[int], dtype: torch.dtype) -> float:
@@ -137,10 +147,8 @@ def test_functional_collectives_on_fake_tensors_take_the_time_of_those_on_data(
     sizes: list[int], dtype: torch.dtype, n: int
 ) -> None:
     # funcol's meta kernels (for tracing) return without communicating: a fake run must not take them
-    real = simdist.run(_functional_collectives, _gpus(n), args=(sizes, dtype), races="off")
-    fake = simdist.run(_functional_collectives, _gpus(n), args=(sizes, dtype), tensors="fake")
-    assert fake.returns == real.returns
-    assert fake.messages == real.messages > 0
+    real, fake = _with_and_without_data(_functional_collectives, n, sizes, dtype)
+    assert real.messages > 0
     names = [s.name for s in real.trace.collectives(0)]
     assert [s.name for s in fake.trace.collectives(0)] == names and names[-1] == "nccl:all_to_all_single"
 
@@ -240,18 +248,14 @@ def _fsdp2_clipped_steps(steps: int) -> float:
 
 
 def test_an_fsdp2_step_that_clips_its_gradients_takes_the_time_of_the_step_with_data() -> None:
-    real = simdist.run(_fsdp2_clipped_steps, _gpus(2), args=(2,), races="off")
-    fake = simdist.run(_fsdp2_clipped_steps, _gpus(2), args=(2,), tensors="fake")
-    assert fake.returns == real.returns and fake.messages == real.messages
+    _with_and_without_data(_fsdp2_clipped_steps, 2, 2)
 
 
 def test_an_fsdp2_over_tensor_parallel_step_takes_the_time_and_memory_of_the_step_with_data() -> None:
     # a first run in the process keeps a cycle past its peak (see the test of the Llama-style step): not compared
     # tensor-parallel groups of 2, the model made on the GPU
     simdist.run(fsdp2_over_tp, _gpus(4), args=(32, 2, 0, False), tensors="fake", memory=True)
-    real = simdist.run(fsdp2_over_tp, _gpus(4), args=(32, 2, 2, False), races="off", memory=True)
-    fake = simdist.run(fsdp2_over_tp, _gpus(4), args=(32, 2, 2, False), tensors="fake", memory=True)
-    assert fake.returns == real.returns and fake.messages == real.messages
+    real, fake = _with_and_without_data(fsdp2_over_tp, 4, 32, 2, 2, False, memory=True)
     assert fake.trace_hash == real.trace_hash
     assert [m.peak_bytes for m in fake.memory] == [m.peak_bytes for m in real.memory]
     assert [m.breakdown for m in fake.memory] == [m.breakdown for m in real.memory]
