@@ -49,9 +49,15 @@ def all_modules() -> dict[str, Path]:
     }
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """``path``'s syntax tree, parsed once for every scan of this module (read only)."""
+    return ast.parse(path.read_text(), str(path))
+
+
 def imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, bool, int]]:
     """(imported module, inside a function, line) for every import of a project module in ``path``."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parsed(path)
     is_pkg = path.name == "__init__.py"
     # one walk down the tree, noting for each import whether it is inside a function (lazy) or inside an
     # `if TYPE_CHECKING:` block (for annotations only: it never runs, and is left out)
@@ -216,7 +222,7 @@ _MUTATORS = {"append", "extend", "insert", "remove", "clear", "add", "discard", 
 def writes_into_other_modules(name: str, path: Path) -> list[tuple[str, str, int]]:
     """(attribute, module written, line) for each write of ``name``'s code into another simdist module's state:
     a call of its ``install_*`` function, an assignment to its attribute, an in-place change of one."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parsed(path)
     modules: dict[str, str] = {}  # local name -> simdist module
     objects: dict[str, tuple[str, str]] = {}  # local name -> (simdist module, attribute)
     for node in ast.walk(tree):
