@@ -15,7 +15,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import simdist
-from simdist.compute import get_device
+from simdist.compute import cost, get_device
 from simdist.compute.memory import CATEGORIES
 from simdist.errors import ClusterSpecError, OutOfMemoryError
 
@@ -145,6 +145,26 @@ def test_a_rank_over_capacity_raises_out_of_memory_naming_rank_op_time_and_tenso
     assert isinstance(err, torch.OutOfMemoryError)
     again = pickle.loads(pickle.dumps(err))
     assert (again.rank, again.op, str(again)) == (1, "aten::randn", text)
+
+
+@pytest.mark.parametrize("path", ["short", "general"])
+def test_a_view_of_a_tensor_on_a_nearly_full_gpu_allocates_nothing(
+    path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A view's size argument is no allocation: viewing 768 KiB on a 1 MiB GPU is no out-of-memory error, whether
+    the view takes the cost mode's short way for plain ops or the general one (which plans allocations)."""
+    if path == "general":
+        monkeypatch.setattr(cost, "_INFO", {})
+        monkeypatch.setattr(cost, "plain", lambda func: False)
+    tiny = dataclasses.replace(H100, name="tiny", memory_capacity=1 << 20)
+
+    def fn() -> tuple[tuple[int, ...], ...]:
+        x = torch.ones(192, 1024, device="cuda")  # 768 KiB
+        return tuple(x.view(-1).shape), tuple(x.view(1024, 192).shape), tuple(x.view([1024, -1]).shape)
+
+    res = simdist.run(fn, cluster(tiny, 1), memory=True)
+    assert res.returns == [((192 * 1024,), (1024, 192), (1024, 192))]
+    assert res.memory[0].peak_bytes == 192 * 1024 * FLOAT
 
 
 def test_rank_code_can_catch_the_simulated_error_as_torchs() -> None:

@@ -24,14 +24,17 @@ from simdist.cuda.tensor import (
     META,
     TO_COPY,
     TO_OVERLOADS,
+    Call,
     SimCudaTensor,
     on_host,
+    plain,
     rewrap,
     unwrap,
+    unwrap_plain,
     without_values,
 )
 from simdist.cuda.tensor import CPU as HOST_DEVICE
-from simdist.cuda.transfers import planned_bytes, transfer
+from simdist.cuda.transfers import copies_or_plans, planned_bytes, transfer
 from simdist.errors import NoValuesError
 from simdist.untraced import never_compiled
 
@@ -334,9 +337,11 @@ class _OpInfo:
         "name",
         "out_args",
         "pinned",
+        "plain_gpu",
         "pointwise",
         "tf32",
         "uninitialised",
+        "writes",
     )
 
     def __init__(self, func: torch._ops.OpOverload) -> None:
@@ -373,6 +378,20 @@ class _OpInfo:
                 if a.name in ("device", "pin_memory")
             )
             and not any("Tensor" in str(a.type) for a in schema.arguments)
+        )
+        #: whether one of its outputs is an argument it writes (in place, ``out=``): rewrap returns the caller's
+        self.writes: bool = any(r.alias_info is not None and r.alias_info.is_write for r in schema.returns)
+        #: whether a call of it on simulated-GPU tensors and scalars alone may take ComputeCostMode's short way:
+        #: no copy across the host link, nothing planned before it runs, no values read (see simdist.cuda.tensor.plain)
+        self.plain_gpu: bool = (
+            not self.converts
+            and not self.pinned
+            and not self.uninitialised
+            and plain(func)
+            and not copies_or_plans(func)
+            and func not in _VALUE_READS
+            and torch.Tag.data_dependent_output not in func.tags
+            and torch.Tag.dynamic_output_shape not in func.tags
         )
 
 
@@ -558,6 +577,16 @@ class ComputeCostMode(TorchDispatchMode):
         info = _INFO.get(id(func))  # _op_info's look-up, inline: this runs for every op of every rank
         if info is None or info.func is not func:
             info = _op_info(func)
+        if (
+            info.plain_gpu
+            and not kwargs
+            and args
+            and type(args[0]) is SimCudaTensor
+            and self._cuda is not None
+        ):
+            result = self._plain_on_gpu(func, info, args)
+            if result is not _NOT_PLAIN:
+                return result
         if not info.uninitialised:
             return self._dispatch(func, info, args, kwargs)
         before = uninitialised.stored_bytes(func, args)
@@ -668,20 +697,7 @@ class ComputeCostMode(TorchDispatchMode):
             planned = planned_bytes(call)
             if planned:
                 self._reserve(planned, func)
-        failure = None
-        try:
-            out = call.run(cuda.generator, cuda.meta_outputs)
-        except NotImplementedError as e:
-            if not cuda.fake:
-                raise
-            failure = str(e).splitlines()[0]
-        if failure is not None:
-            # raised outside the handler: torch's C++ caller keeps the meta kernel's error otherwise, and loses this one
-            raise NoValuesError(
-                f"rank {cuda.rank}: {func._schema.name} on {call.device} has no kernel that works from shapes alone "
-                '(torch has no meta kernel for it), and this run is timing-only (tensors="fake"); leave it out of the '
-                f'timed code, or run with tensors="real" at a size that fits. torch: {failure}'
-            )
+        out = self._run(call)
         result = rewrap(call, out)
         if self._after is not None:
             self._after(func, call.inputs(), None, result)
@@ -702,22 +718,100 @@ class ComputeCostMode(TorchDispatchMode):
             return result
         info = _op_info(func)
         if not info.free:
-            if self._region is not None:
-                if info.pointwise:
-                    self._region.pointwise(info.name, call.args, call.kwargs, out)
-                    if cuda.on_kernel is not None:
-                        cuda.on_kernel(call, out)
-                    return result
-                self._region.other(call.args, call.kwargs)
-            seconds = _info_cost(info, call.args, call.kwargs, out, self.device)
-            if self._provider is not None:
-                seconds = self._provider(info.name, call.args, call.kwargs, seconds)
-            if type(seconds) in (int, float) and seconds > 0:
-                self._kernel(seconds, info.name)
-                if cuda.on_kernel is not None:
-                    cuda.on_kernel(call, out)
+            self._device_kernel(info, call, out)
         return result
 
+    def _plain_on_gpu(self, func: Any, info: _OpInfo, args: Sequence[Any]) -> Any:
+        """:meth:`_on_gpu` the short way, for a :func:`~simdist.cuda.tensor.plain` op whose arguments are
+        simulated-GPU tensors of the current device and scalars: what it does for such an op, without its general
+        cases (no keywords, no host operand, no copy, nothing planned, no values read). ``_NOT_PLAIN`` where the
+        call is not such a call after all, before anything is done: :meth:`_on_gpu` takes it."""
+        cuda = self._cuda
+        found = unwrap_plain(args)
+        if found is None:
+            return _NOT_PLAIN
+        elems, dev = found
+        index = dev.index
+        if index is not None and cuda.on_device is not None and index != cuda_devices.current():
+            return _NOT_PLAIN
+        if cuda.fake and not all(e.is_meta for e in elems if isinstance(e, torch.Tensor)):
+            return _NOT_PLAIN  # operands with values from the host: without_values decides
+        cuda.use()
+        call = Call(func, tuple(elems), {}, args, {})
+        call.device = call.out_device = dev
+        call.elem_device = self._target
+        if self._before is not None:
+            self._before(func, call.args, call.kwargs)
+        # Call.run's way for an op without a fallback, random numbers or memory left uninitialised
+        failure = None
+        try:
+            if self._target is META and cuda.meta_outputs is not None:
+                out = cuda.meta_outputs.call(func, call.args, {})
+            else:
+                out = info.call(*call.args)
+        except NotImplementedError as e:
+            if not cuda.fake:
+                raise
+            failure = e
+        if failure is not None:
+            raise self._no_meta_kernel(call, failure)
+        # rewrap's result for an op that writes no argument, where the result is a plain tensor on the host or,
+        # in a timing-only run, the meta device
+        if info.writes or type(out) is not torch.Tensor or (out.is_meta and self._target is not META):
+            result = rewrap(call, out)
+        else:
+            result = SimCudaTensor(out, dev)
+        if self._after is not None:
+            self._after(func, call.inputs(), None, result)
+        if self._zero_cost or _without_data(out, self._price_meta or cuda.fake):
+            return result
+        if not info.free:
+            self._device_kernel(info, call, out)
+        return result
+
+    def _run(self, call: Call) -> Any:
+        """``call`` run on its CPU (or, timing-only, meta) tensors; an op without a meta kernel in a timing-only run
+        is a :class:`NoValuesError`."""
+        cuda = self._cuda
+        failure = None
+        try:
+            return call.run(cuda.generator, cuda.meta_outputs)
+        except NotImplementedError as e:
+            if not cuda.fake:
+                raise
+            failure = e
+        # raised outside the handler: torch's C++ caller keeps the meta kernel's error otherwise, and loses this one
+        raise self._no_meta_kernel(call, failure)
+
+    def _no_meta_kernel(self, call: Call, failure: NotImplementedError) -> NoValuesError:
+        """The error for ``call`` in a timing-only run, whose meta kernel torch lacks (``failure``)."""
+        return NoValuesError(
+            f"rank {self._cuda.rank}: {call.func._schema.name} on {call.device} has no kernel that works from shapes "
+            'alone (torch has no meta kernel for it), and this run is timing-only (tensors="fake"); leave it out of '
+            f'the timed code, or run with tensors="real" at a size that fits. torch: {str(failure).splitlines()[0]}'
+        )
+
+    def _device_kernel(self, info: _OpInfo, call: Call, out: Any) -> None:
+        """The kernel of ``call`` (an op with a kernel, ``info`` its), priced and charged on the current stream."""
+        cuda = self._cuda
+        if self._region is not None:
+            if info.pointwise:
+                self._region.pointwise(info.name, call.args, call.kwargs, out)
+                if cuda.on_kernel is not None:
+                    cuda.on_kernel(call, out)
+                return
+            self._region.other(call.args, call.kwargs)
+        seconds = _info_cost(info, call.args, call.kwargs, out, self.device)
+        if self._provider is not None:
+            seconds = self._provider(info.name, call.args, call.kwargs, seconds)
+        if type(seconds) in (int, float) and seconds > 0:
+            self._kernel(seconds, info.name)
+            if cuda.on_kernel is not None:
+                cuda.on_kernel(call, out)
+
+
+#: what ComputeCostMode._plain_on_gpu returns for a call it leaves to the general path
+_NOT_PLAIN = object()
 
 #: ops that hand a tensor's values to the host as Python numbers (torch tags most: ``data_dependent_output``)
 _VALUE_READS = frozenset({aten._local_scalar_dense.default, aten.is_nonzero.default})

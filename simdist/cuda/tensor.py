@@ -681,6 +681,54 @@ def unwrap(func: Any, args: Any, kwargs: dict[str, Any], target: torch.device = 
     return call
 
 
+#: argument types a plain call (:func:`plain`) may hold besides simulated-GPU tensors: scalars, and lists of them
+PLAIN_SCALARS = frozenset({int, float, bool, type(None)})
+
+
+def plain(func: Any) -> bool:
+    """Whether ``func``, called with simulated-GPU tensors of one device and scalars only (no keywords), needs none of
+    :func:`unwrap`'s, :meth:`Call.run`'s or :func:`rewrap`'s special cases: not ``Tensor.to``, no fallback kernel,
+    no collective, no mixed devices, no random numbers, no memory left uninitialised, no device argument (a
+    factory). Such a call unwraps to its operands' CPU tensors, runs its operator on them, and its result, where
+    the op writes no argument, is a new wrapper on the same device: :class:`~simdist.compute.cost.ComputeCostMode`
+    takes that short way for most ops of a GPU program."""
+    if type(func) is not torch._ops.OpOverload:
+        return False
+    if func in TO_OVERLOADS or func in FALLBACKS or func in uninitialised.OPS:
+        return False
+    if func.namespace in _COLLECTIVE_NAMESPACES:
+        return False
+    info = _schema(func)
+    if info.mixed or info.random or info.generator:
+        return False
+    return not any(a.name == "device" for a in func._schema.arguments)
+
+
+def unwrap_plain(args: Any) -> tuple[list[Any], torch.device] | None:
+    """A :func:`plain` op's positional ``args`` with their simulated-GPU tensors replaced by their CPU tensors, and
+    the device they are on; None where the call is not plain after all (an operand of another kind, operands on two
+    devices, no simulated-GPU operand): :func:`unwrap` then decides."""
+    dev = None
+    elems = list(args)
+    for i, a in enumerate(args):
+        kind = type(a)
+        if kind is SimCudaTensor:
+            if dev is None:
+                dev = a._dev
+            elif a._dev != dev:
+                return None
+            elems[i] = a._elem
+        elif kind not in PLAIN_SCALARS:
+            if kind is not list and kind is not tuple:
+                return None
+            for t in a:
+                if type(t) not in PLAIN_SCALARS:
+                    return None
+    if dev is None:
+        return None
+    return elems, dev
+
+
 def _original(info: _Schema, n: int, call: Call) -> Any:
     """The caller's tensor that output ``n`` is (the argument an in-place or ``out=`` op wrote), or None."""
     j = info.aliases[n] if n < len(info.aliases) else None

@@ -88,10 +88,18 @@ def transfer(call: Call, out: Any) -> Transfer | None:
     return Transfer(direction, dst.numel() * dst.element_size(), blocking, src if to_device else dst)
 
 
+def copies_or_plans(func: Any) -> bool:
+    """Whether ``func`` may be a copy across the host link (:func:`transfer`) or allocate what :func:`planned_bytes`
+    knows before it runs; ops that are neither skip both."""
+    if func in _COPIES or func in _LIKE:
+        return True
+    return not func.is_view and any(a.name == "size" for a in func._schema.arguments)
+
+
 def planned_bytes(call: Call) -> int:
     """Bytes the op will allocate on the device, where that is known before it runs (factories, copies to the
     device, ``*_like``); 0 otherwise (the op's outputs are accounted once they exist)."""
-    if call.out_device is None:
+    if call.out_device is None or call.func.is_view:  # a view allocates nothing, whatever its size argument
         return 0
     func = call.func
     kwargs = call.orig_kwargs
