@@ -126,6 +126,10 @@ OPS = {
     "to_half_and_back": lambda x, y: x.half().float(),
     "one_from_the_host": lambda x, y: x + torch.ones(x.shape[1]).cuda(),
     "item": lambda x, y: x * float(x.sum().item() != 0.0),
+    "copy_": lambda x, y: torch.empty_like(x).copy_(x),
+    "copy_from_the_host": lambda x, y: x.clone().copy_(x.cpu()),
+    "foreach": lambda x, y: torch._foreach_add([x, y], 1.0)[0],
+    "foreach_": lambda x, y: torch._foreach_mul_([x, y], [0.5, 2.0]) or x,
 }
 
 

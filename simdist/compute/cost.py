@@ -381,9 +381,10 @@ class _OpInfo:
         )
         #: whether one of its outputs is an argument it writes (in place, ``out=``): rewrap returns the caller's
         self.writes: bool = any(r.alias_info is not None and r.alias_info.is_write for r in schema.returns)
-        #: whether a call of it on simulated-GPU tensors and scalars alone may take ComputeCostMode's short way:
-        #: no copy across the host link, nothing planned before it runs, no values read (see simdist.cuda.tensor.plain)
-        self.plain_gpu: bool = (
+        #: whether a call of it on simulated-GPU tensors of one device and scalars alone may take ComputeCostMode's
+        #: short way: no copy across the host link, nothing planned before it runs, no values read (see
+        #: simdist.cuda.tensor.plain); ``copy_`` between two tensors of one simulated GPU is one too
+        self.plain_gpu: bool = func is COPY or (
             not self.converts
             and not self.pinned
             and not self.uninitialised
@@ -581,8 +582,8 @@ class ComputeCostMode(TorchDispatchMode):
             info.plain_gpu
             and not kwargs
             and args
-            and type(args[0]) is SimCudaTensor
             and self._cuda is not None
+            and (type(args[0]) is SimCudaTensor or (type(args[0]) is list and args[0]))
         ):
             result = self._plain_on_gpu(func, info, args)
             if result is not _NOT_PLAIN:
@@ -723,19 +724,27 @@ class ComputeCostMode(TorchDispatchMode):
 
     def _plain_on_gpu(self, func: Any, info: _OpInfo, args: Sequence[Any]) -> Any:
         """:meth:`_on_gpu` the short way, for a :func:`~simdist.cuda.tensor.plain` op whose arguments are
-        simulated-GPU tensors of the current device and scalars: what it does for such an op, without its general
+        simulated-GPU tensors of one device and scalars: what it does for such an op, without its general
         cases (no keywords, no host operand, no copy, nothing planned, no values read). ``_NOT_PLAIN`` where the
         call is not such a call after all, before anything is done: :meth:`_on_gpu` takes it."""
         cuda = self._cuda
-        found = unwrap_plain(args)
+        # (in a timing-only run, operands with values from the host go the general way: without_values decides)
+        found = unwrap_plain(args, cuda.fake)
         if found is None:
             return _NOT_PLAIN
         elems, dev = found
         index = dev.index
         if index is not None and cuda.on_device is not None and index != cuda_devices.current():
-            return _NOT_PLAIN
-        if cuda.fake and not all(e.is_meta for e in elems if isinstance(e, torch.Tensor)):
-            return _NOT_PLAIN  # operands with values from the host: without_values decides
+            # another device is current (an autograd node's op): the work goes to the operands' device, as _on_gpu
+            with cuda.on_device(index):
+                return self._plain_on_this_gpu(func, info, args, elems, dev)
+        return self._plain_on_this_gpu(func, info, args, elems, dev)
+
+    def _plain_on_this_gpu(
+        self, func: Any, info: _OpInfo, args: Sequence[Any], elems: list[Any], dev: torch.device
+    ) -> Any:
+        """:meth:`_plain_on_gpu` on the stream it charges: ``elems`` are ``args`` unwrapped, on device ``dev``."""
+        cuda = self._cuda
         cuda.use()
         call = Call(func, tuple(elems), {}, args, {})
         call.device = call.out_device = dev

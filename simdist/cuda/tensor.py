@@ -681,7 +681,8 @@ def unwrap(func: Any, args: Any, kwargs: dict[str, Any], target: torch.device = 
     return call
 
 
-#: argument types a plain call (:func:`plain`) may hold besides simulated-GPU tensors: scalars, and lists of them
+#: argument types a plain call (:func:`plain`) may hold besides simulated-GPU tensors and lists of them: scalars, and
+#: lists of scalars
 PLAIN_SCALARS = frozenset({int, float, bool, type(None)})
 
 
@@ -704,10 +705,11 @@ def plain(func: Any) -> bool:
     return not any(a.name == "device" for a in func._schema.arguments)
 
 
-def unwrap_plain(args: Any) -> tuple[list[Any], torch.device] | None:
-    """A :func:`plain` op's positional ``args`` with their simulated-GPU tensors replaced by their CPU tensors, and
-    the device they are on; None where the call is not plain after all (an operand of another kind, operands on two
-    devices, no simulated-GPU operand): :func:`unwrap` then decides."""
+def unwrap_plain(args: Any, fake: bool = False) -> tuple[list[Any], torch.device] | None:
+    """A :func:`plain` op's positional ``args`` with their simulated-GPU tensors (alone or in lists) replaced by their
+    CPU tensors, and the device they are on; None where the call is not plain after all (an operand of another kind,
+    operands on two devices, no simulated-GPU operand; in a timing-only run, ``fake``, an operand with values from
+    the host): :func:`unwrap` then decides."""
     dev = None
     elems = list(args)
     for i, a in enumerate(args):
@@ -718,9 +720,26 @@ def unwrap_plain(args: Any) -> tuple[list[Any], torch.device] | None:
             elif a._dev != dev:
                 return None
             elems[i] = a._elem
-        elif kind not in PLAIN_SCALARS:
-            if kind is not list and kind is not tuple:
+            if fake and not a._elem.is_meta:
                 return None
+        elif kind in PLAIN_SCALARS:
+            continue
+        elif kind is not list and kind is not tuple:
+            return None
+        elif a and type(a[0]) is SimCudaTensor:  # a foreach op's tensors
+            items = []
+            for t in a:
+                if type(t) is not SimCudaTensor:
+                    return None
+                if dev is None:
+                    dev = t._dev
+                elif t._dev != dev:
+                    return None
+                if fake and not t._elem.is_meta:
+                    return None
+                items.append(t._elem)
+            elems[i] = items if kind is list else tuple(items)
+        else:
             for t in a:
                 if type(t) not in PLAIN_SCALARS:
                     return None
