@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from test_lane import _cluster, _data, _polling, _program, _ring_all_reduce, assert_same_run, cases
 
@@ -56,9 +56,34 @@ def test_batched_runs_change_nothing(case: tuple, salt: int) -> None:
         cluster = _cluster(shape, n, device, coll, algo)
         args = (coll, numel, dtype, op, salt, subgroups, race, "cuda" if backend == "nccl" else "cpu")
         assert_same_run(_program, cluster, True, args=args, races="off", backend_name=backend, memory=True)
-        # a case none of whose schedules can run batched (halving-doubling's partly overlapping ranges on 3 ranks)
-        # tells nothing: drawn again; were none batched at all, hypothesis would fail the test for filtering too much
+        # a case none of whose schedules can run batched (gloo's model: reductions on the rank's thread) tells
+        # nothing: drawn again; were none batched at all, hypothesis would fail the test for filtering too much
         assume(made)
+
+
+@given(
+    coll=st.sampled_from(["all_reduce", "reduce_scatter"]),
+    n=st.sampled_from([4, 5, 7, 8, 16]),
+    numel=st.sampled_from([1, 5, 33, 289, 70_001]),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    op=st.sampled_from(["sum", "avg"]),
+    subgroups=st.booleans(),
+    salt=st.integers(0, 3),
+)
+@example(coll="all_reduce", n=5, numel=70_001, dtype=torch.float32, op="sum", subgroups=False, salt=0)
+@settings(max_examples=12, deadline=None)
+def test_halving_doubling_in_gloos_order_runs_batched(
+    coll: str, n: int, numel: int, dtype: torch.dtype, op: str, subgroups: bool, salt: int
+) -> None:
+    """Halving-doubling's reductions take nested element ranges (halves, then quarters, ...), which gloo's order tracks
+    by the segments between their bounds (70,001 elements: numbered without a table): the same run as one message
+    at a time, bit for bit."""
+    with pytest.MonkeyPatch.context() as mp:
+        made = _batch_every_schedule(mp)
+        cluster = _cluster("switch", n, "cpu", coll, "rhd")
+        args = (coll, numel, dtype, op, salt, subgroups, False, "cpu")
+        assert_same_run(_program, cluster, True, args=args, races="off", backend_name="gloo", memory=True)
+        assert made
 
 
 @pytest.mark.parametrize(("shape", "backend"), [("ring", "gloo"), ("ring", "nccl"), ("two_level", "gloo")])

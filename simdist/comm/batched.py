@@ -237,8 +237,9 @@ class _Static:
             cols.red,
         )
         self.count = cols.shi - cols.slo
-        self.range_lo = self.range_hi = self.range_of = self.send_takes = None
-        if run.order is not None:  # first: it may find the schedule unfit (ranges that overlap partly)
+        self.range_lo = self.range_hi = self.range_of = self.send_takes = self.bounds = None
+        self.nested = False
+        if run.order is not None:
             self._ranges(cols)
         #: per message: its bytes (as an integer, then as a float: exact), times its seconds per byte in _routes
         self.hold = np.multiply(self.count, run.itemsize, dtype=np.float64)
@@ -335,7 +336,7 @@ class _Static:
         # offsets within one buffer, as dense as the ranges themselves: mark them (cheaper than sorting millions)
         if top <= max(1 << 16, 4 * len(los)):
             hi_of = np.zeros(top, dtype=np.int64)
-            hi_of[los] = his  # any writer's: ranges that share a start but not an end are refused below
+            hi_of[los] = his  # any writer's: ranges that share a start but not an end are nested (below)
             u_lo = np.flatnonzero(hi_of)
             u_hi = hi_of[u_lo]
             clash = (his != hi_of[los]).any()
@@ -345,9 +346,17 @@ class _Static:
             u_lo, first = np.unique(los, return_index=True)
             u_hi = his[first]
             clash = (his != u_hi[np.searchsorted(u_lo, los)]).any()
-        if clash or (u_hi[:-1] > u_lo[1:]).any():
-            raise _NotBatched("element ranges that overlap partly")
+        #: whether ranges overlap partly (halving-doubling's halves, quarters, ...): then the numbered ranges are the
+        #: segments between any two consecutive bounds of them, and a message's range one or more of those
+        self.nested = bool(clash or (u_hi[:-1] > u_lo[1:]).any())
+        if self.nested:
+            bounds = np.unique(np.concatenate([los, his]))
+            u_lo, u_hi = bounds[:-1], bounds[1:]
+            if self.range_of is not None:  # every bound numbered, the last too (where the last segment ends)
+                self.range_of[bounds] = np.arange(len(bounds))
         self.range_lo, self.range_hi = u_lo, u_hi
+        #: the ranges' bounds, ascending (where they overlap partly): what numbers an offset without the table
+        self.bounds = np.append(u_lo, u_hi[-1:]) if self.nested else None
         #: per message: whether its sender may take elements as it sends (a reduction's range: :meth:`_take` keeps
         #: those it has not taken before)
         self.send_takes = self.red & (self.count > 0)
@@ -722,7 +731,14 @@ class BatchedRun:
             some = count > 0
             if not some.all():
                 ranks, lo, at, count = ranks[some], lo[some], at[some], count[some]
-        rid = self.range_of[lo] if self.range_of is not None else np.searchsorted(self.range_lo, lo)
+        if self.nested:
+            rid = self._segment(lo)
+            parts = self._segment(lo + count) - rid
+            if (parts != 1).any():
+                self._take_segments(ranks, lo, at, rid, parts, rows)
+                return
+        else:
+            rid = self.range_of[lo] if self.range_of is not None else np.searchsorted(self.range_lo, lo)
         fresh = ~self.covered[ranks, rid]
         taken = int(np.count_nonzero(fresh))
         if not taken:
@@ -740,6 +756,42 @@ class BatchedRun:
             )
         else:
             self.rows[_expand(ranks * self.row_width + lo, count)] = self.memory.mem[_expand(at, count)]  # type: ignore[union-attr]
+
+    def _segment(self, offsets: np.ndarray) -> np.ndarray:
+        """The numbers of the segments starting at ``offsets`` (or, at the last bound, how many there are), where
+        the ranges overlap partly."""
+        if self.range_of is not None:
+            return self.range_of[offsets]
+        return np.searchsorted(self.bounds, offsets)  # type: ignore[arg-type]
+
+    def _take_segments(
+        self,
+        ranks: np.ndarray,
+        lo: np.ndarray,
+        at: np.ndarray,
+        rid: np.ndarray,
+        parts: np.ndarray,
+        rows: np.ndarray | None,
+    ) -> None:
+        """:meth:`_take` where messages span several segments (``parts`` each, the first ``rid``): each segment
+        not taken before from its rank is taken, from the memory at ``at`` or from the message's row of ``rows``."""
+        piece = np.repeat(np.arange(len(rid)), parts)  # the message of each segment
+        rid = _expand(rid, parts)
+        ranks = ranks[piece]
+        fresh = ~self.covered[ranks, rid]
+        if not fresh.any():
+            return
+        piece, rid, ranks = piece[fresh], rid[fresh], ranks[fresh]
+        self.covered[ranks, rid] = True
+        self.dirty[ranks] = True
+        seg_lo = self.range_lo[rid]
+        count = self.range_hi[rid] - seg_lo
+        within = seg_lo - lo[piece]  # where each segment starts in its message's elements
+        if rows is None:
+            values = self.memory.mem[_expand(at[piece] + within, count)]  # type: ignore[union-attr]
+        else:
+            values = rows.reshape(-1)[_expand(piece * rows.shape[1] + within, count)]
+        self.rows[_expand(ranks * self.row_width + seg_lo, count)] = values
 
     def _sync_covered(self) -> None:
         """Tell the gloo result which element ranges of each rank it has taken (it checks them when it writes)."""
@@ -948,10 +1000,6 @@ class _Entry:
         return _Entry(eids[order], mi, start, np.concatenate(pays), np.concatenate(offs)[order], c)
 
 
-class _NotBatched(Exception):
-    """A schedule found unfit for arrays while setting up (its reason in the message)."""
-
-
 def make(run: ScheduleRun, msgs: Sequence[Any]) -> BatchedRun | None:
     """``run``'s batched form, or None where it keeps the one-message path."""
     if not ENABLED or run.lane is None or len(msgs) < MIN_MESSAGES:
@@ -962,7 +1010,4 @@ def make(run: ScheduleRun, msgs: Sequence[Any]) -> BatchedRun | None:
     memory = _memory_for(run.src_bufs, run.dst_bufs)
     if isinstance(memory, str):
         return None
-    try:
-        return BatchedRun(run, cols, memory)
-    except _NotBatched:
-        return None
+    return BatchedRun(run, cols, memory)
