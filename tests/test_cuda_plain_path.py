@@ -13,6 +13,7 @@ import torch.distributed as dist
 from cuda_fns import ddp_train, fsdp2_train
 from hypothesis import given
 from hypothesis import strategies as st
+from test_device_waits import _events
 from test_fake import TINY, llama_step
 
 import simdist
@@ -20,17 +21,6 @@ from simdist.compute import cost
 from simdist.errors import DeviceMismatchError
 
 DGX2 = simdist.Cluster.preset("dgx-h100", world_size=2)
-
-
-def _events(res: simdist.RunResult) -> tuple[list[str], list[str]]:
-    spans = sorted(
-        repr((s.rank, s.stream, s.name, s.start, s.end, sorted(s.args.items()))) for s in res.trace.spans
-    )
-    messages = sorted(
-        repr((m.src, m.dst, m.src_stream, m.dst_stream, m.start, m.end, m.nbytes, m.name))
-        for m in res.trace.messages
-    )
-    return spans, messages
 
 
 def _both_ways(monkeypatch: pytest.MonkeyPatch, fn: Any, *args: Any, **options: Any) -> tuple[Any, Any, int]:
