@@ -751,19 +751,7 @@ class ComputeCostMode(TorchDispatchMode):
         call.elem_device = self._target
         if self._before is not None:
             self._before(func, call.args, call.kwargs)
-        # Call.run's way for an op without a fallback, random numbers or memory left uninitialised
-        failure = None
-        try:
-            if self._target is META and cuda.meta_outputs is not None:
-                out = cuda.meta_outputs.call(func, call.args, {})
-            else:
-                out = info.call(*call.args)
-        except NotImplementedError as e:
-            if not cuda.fake:
-                raise
-            failure = e
-        if failure is not None:
-            raise self._no_meta_kernel(call, failure)
+        out = self._run(call, info)
         # rewrap's result for an op that writes no argument, where the result is a plain tensor on the host or,
         # in a timing-only run, the meta device
         if info.writes or type(out) is not torch.Tensor or (out.is_meta and self._target is not META):
@@ -778,13 +766,18 @@ class ComputeCostMode(TorchDispatchMode):
             self._device_kernel(info, call, out)
         return result
 
-    def _run(self, call: Call) -> Any:
-        """``call`` run on its CPU (or, timing-only, meta) tensors; an op without a meta kernel in a timing-only run
-        is a :class:`NoValuesError`."""
+    def _run(self, call: Call, plain: _OpInfo | None = None) -> Any:
+        """``call`` run on its CPU (or, timing-only, meta) tensors: by :meth:`Call.run`, or for a plain op (``plain``
+        its info) by its operator at once, Call.run's way for an op without a fallback, random numbers or memory
+        left uninitialised. An op without a meta kernel in a timing-only run is a :class:`NoValuesError`."""
         cuda = self._cuda
         failure = None
         try:
-            return call.run(cuda.generator, cuda.meta_outputs)
+            if plain is None:
+                return call.run(cuda.generator, cuda.meta_outputs)
+            if self._target is META and cuda.meta_outputs is not None:
+                return cuda.meta_outputs.call(call.func, call.args, {})
+            return plain.call(*call.args)
         except NotImplementedError as e:
             if not cuda.fake:
                 raise
