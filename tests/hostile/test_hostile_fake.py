@@ -36,6 +36,10 @@ def _read(how: str) -> None:
         x.unsqueeze(0).masked_select(x.unsqueeze(0) > 0)
     elif how == "argwhere":
         torch.argwhere(torch.ones(4, device="cuda"))
+    elif how == "no_meta_kernel":  # torch has no meta kernel for histogram's: shapes alone do not run it
+        torch.histogram(torch.ones(4, device="cuda"), 4)
+    elif how == "no_meta_kernel_plain":  # nor for geqrf's (an op of device tensors alone, without keywords)
+        torch.geqrf(torch.ones(4, 4, device="cuda"))
     elif how == "save":  # a checkpoint: torch.save copies each tensor to the host
         torch.save(torch.nn.Linear(4, 4, device="cuda").state_dict(), io.BytesIO())
 
@@ -120,6 +124,14 @@ CASES: list[Case] = [
          match=r"NoValuesError: .*masked_select reads the values of a tensor on cuda:0 \(to the host, or for the shape"),
     Case("fake-argwhere", "argwhere (a shape from values) in a timing-only run", lambda: _fake(_read, "argwhere"),
          error=simdist.RankError, match=r"NoValuesError: .*aten::nonzero reads the values"),
+    Case("fake-no-meta-kernel", "an op torch has no meta kernel for, in a timing-only run",
+         lambda: _fake(_read, "no_meta_kernel"), error=simdist.RankError,
+         match=r"NoValuesError: rank 0: aten::histogram on cuda:0 has no kernel that works from shapes alone .*torch: "
+               r"aten::histogram.bin_ct: attempted to run this operator with Meta tensors"),
+    Case("fake-no-meta-kernel-plain", "an op of device tensors alone torch has no meta kernel for, timing-only",
+         lambda: _fake(_read, "no_meta_kernel_plain"), error=simdist.RankError,
+         match=r"NoValuesError: rank 0: aten::geqrf on cuda:0 has no kernel that works from shapes alone .*torch: "
+               r"aten::geqrf: attempted to run this operator with Meta tensors"),
     Case("fake-save", "torch.save of a model's state in a timing-only run", lambda: _fake(_read, "save"),
          error=simdist.RankError,
          match=r"NoValuesError: saving a tensor on cuda:0 \(torch.save, pickle\) copies its values to the host"),
