@@ -3,6 +3,10 @@ data bit for bit, simulated times, message counts, memory statistics and trace h
 
 from __future__ import annotations
 
+import ctypes
+import gc
+import mmap
+import sys
 import types
 from datetime import timedelta
 
@@ -84,6 +88,84 @@ def test_halving_doubling_in_gloos_order_runs_batched(
         args = (coll, numel, dtype, op, salt, subgroups, False, "cpu")
         assert_same_run(_program, cluster, True, args=args, races="off", backend_name="gloo", memory=True)
         assert made
+
+
+@given(cases(), st.integers(0, 3))
+@example(("reduce_scatter", "rhd", 5, "switch", "cpu", "gloo", torch.float32, "sum", 33, False, False), 0)
+@settings(max_examples=12, deadline=None)
+def test_rows_read_by_element_indices_change_nothing(case: tuple, salt: int) -> None:
+    """Where NumPy would refuse a window over the memory (:class:`batched._Rows`; here forced for every window,
+    gloo's result rows included): the same run as one message at a time, bit for bit."""
+    with pytest.MonkeyPatch.context() as mp:
+        made = _batch_every_schedule(mp)
+        mp.setattr(batched, "_MAX_VIEW_BYTES", 0)
+        coll, algo, n, shape, device, backend, dtype, op, numel, subgroups, race = case
+        cluster = _cluster(shape, n, device, coll, algo)
+        args = (coll, numel, dtype, op, salt, subgroups, race, "cuda" if backend == "nccl" else "cpu")
+        assert_same_run(_program, cluster, True, args=args, races="off", backend_name=backend, memory=True)
+        assume(made)
+
+
+#: where the buffers of the test below are asked for: 64 TiB apart (x86-64's user space spans 128 TiB)
+_FAR = (0x1000_0000_0000, 0x5000_0000_0000)
+_FAR_NUMEL = 1 << 20
+#: the ranks' buffers (as the ranks' own: a run gives each rank a copy of a tensor passed in its arguments)
+_FAR_BUFFERS: list[torch.Tensor] = []
+
+
+def _all_reduce_into() -> list[torch.Tensor]:
+    t = _FAR_BUFFERS[dist.get_rank()]
+    t.copy_(_data(dist.get_rank(), _FAR_NUMEL, torch.float32, 3))
+    dist.all_reduce(t)
+    return [t.clone()]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="maps memory at chosen addresses through Linux's mmap")
+def test_buffers_far_apart_in_memory_run_batched(every_schedule_batched: list) -> None:
+    """Ranks' buffers 64 TiB apart (one mapped high, as a large allocation can be, the others in the heap): a window
+    of chunks over the memory spanning them would be larger than NumPy allows (it raised "array is too big" from
+    within the simulator); the rows are read by element indices instead, with the result of the messages one by
+    one and of NumPy's sum."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype, libc.munmap.restype = ctypes.c_void_p, ctypes.c_int
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    nbytes = _FAR_NUMEL * 4
+    mapped = []
+    for hint in _FAR:
+        addr = libc.mmap(
+            hint, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0
+        )
+        assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+        mapped.append(addr)
+    if mapped[1] - mapped[0] < 1 << 45:  # the kernel places a mapping elsewhere where the address is taken
+        for addr in mapped:
+            libc.munmap(addr, nbytes)
+        pytest.skip(
+            f"the kernel mapped the buffers at {hex(mapped[0])} and {hex(mapped[1])}, not 64 TiB apart"
+        )
+    high = [torch.frombuffer((ctypes.c_byte * nbytes).from_address(a), dtype=torch.float32) for a in mapped]
+    _FAR_BUFFERS[:] = [high[0], torch.empty(_FAR_NUMEL), high[1], torch.empty(_FAR_NUMEL)]
+    span = max(b.data_ptr() for b in _FAR_BUFFERS) + nbytes - min(b.data_ptr() for b in _FAR_BUFFERS)
+    assert span // 4 * (_FAR_NUMEL // 4) * 4 > batched._MAX_VIEW_BYTES  # a ring chunk's window: too large
+    cluster = simdist.Cluster.ring(4, device="H100", algorithms={"all_reduce": "ring"})
+    got = assert_same_run(_all_reduce_into, cluster, True, races="off")
+    assert every_schedule_batched == [True]
+    want = np.sum([_data(r, _FAR_NUMEL, torch.float32, 3).double().numpy() for r in range(4)], axis=0)
+    assert np.allclose(got.returns[0][0].double().numpy(), want, rtol=1e-5, atol=1e-3)
+    # unmapped once nothing refers to the buffers (a failure above leaves them mapped: its report may read them)
+    _FAR_BUFFERS.clear()
+    del high, got
+    gc.collect()
+    for addr in mapped:
+        libc.munmap(addr, nbytes)
 
 
 @pytest.mark.parametrize(("shape", "backend"), [("ring", "gloo"), ("ring", "nccl"), ("two_level", "gloo")])

@@ -56,6 +56,9 @@ MIN_MESSAGES = 4096
 MAX_TABLE = 1 << 26
 
 _RAW = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+#: the largest array NumPy makes, in bytes, a view's nominal size included: a window over memory that spans
+#: buffers far apart in the address space (one in the heap, one mapped high) can exceed it (:class:`_Rows`)
+_MAX_VIEW_BYTES = int(np.iinfo(np.intp).max)
 
 
 def _expand(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -70,6 +73,25 @@ def _expand(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
         return (starts[:, None] + np.arange(c, dtype=np.int64)).ravel()
     ends = counts.cumsum()
     return (starts - (ends - counts)).repeat(counts) + np.arange(int(ends[-1]), dtype=np.int64)
+
+
+class _Rows:
+    """Rows of ``c`` elements of ``flat`` starting at any element, read and written by their starts as a sliding
+    window view's rows are (``rows[starts]``, ``rows[starts] = values``), through element indices: for memory
+    whose window NumPy refuses to make (its nominal size, rows times elements, over :data:`_MAX_VIEW_BYTES`)."""
+
+    def __init__(self, flat: np.ndarray, c: int) -> None:
+        self.flat, self.c = flat, c
+
+    def _indices(self, starts: np.ndarray) -> np.ndarray:
+        starts = np.asarray(starts, dtype=np.int64).reshape(-1)
+        return _expand(starts, np.full(len(starts), self.c, dtype=np.int64))
+
+    def __getitem__(self, starts: np.ndarray) -> np.ndarray:
+        return self.flat[self._indices(starts)].reshape(-1, self.c)
+
+    def __setitem__(self, starts: np.ndarray, values: np.ndarray) -> None:
+        self.flat[self._indices(starts)] = np.asarray(values).reshape(-1)
 
 
 def _strided_runs(links: np.ndarray, most: int = 4) -> list[tuple[int, int, slice]] | None:
@@ -706,14 +728,17 @@ class BatchedRun:
             mem[rw] = acc
             mem[widx[~per]] = e.pay[pidx[~per]]
 
-    def _window(self, c: int, rows: bool = False) -> np.ndarray:
+    def _window(self, c: int, rows: bool = False) -> np.ndarray | _Rows:
         """The memory (``rows``: gloo's result rows, flat) as overlapping rows of ``c`` elements, row ``i``
         starting at element ``i``: a message's chunk is the row at its offset."""
         key = (c, rows)
         win = self._windows.get(key)
         if win is None:
             flat = self.rows if rows else self.memory.mem  # type: ignore[union-attr]
-            win = self._windows[key] = sliding_window_view(flat, c, writeable=True)
+            if (len(flat) - c + 1) * c * flat.itemsize > _MAX_VIEW_BYTES:
+                win = self._windows[key] = _Rows(flat, c)
+            else:
+                win = self._windows[key] = sliding_window_view(flat, c, writeable=True)
         return win
 
     def _take(
