@@ -440,7 +440,7 @@ class BatchedRun:
         self._step_rows: dict | None = None
         self._started = False
         #: the memory as rows of equal chunks, by chunk length (see :meth:`_window`)
-        self._windows: dict[tuple[int, bool], np.ndarray] = {}
+        self._windows: dict[tuple[int, bool], np.ndarray | _Rows] = {}
         if memory is not None:  # per message: where its payload is read, and where it lands
             self.sat = memory.src[self.src]
             self.sat += self.slo
